@@ -1,0 +1,568 @@
+//! The cluster config: one TOML file for the whole cluster, read by the
+//! preload (`LOCKSTEP_CONFIG`), the follower (`--config`) and the CLI.
+//!
+//! Every error is one line that names the field at fault.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::region::{RegionSpec, MAX_NODES};
+
+/// Smallest ring accepted.
+pub const MIN_RING: u64 = 1 << 20;
+
+/// One-sided write transport between nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// All nodes on one host; writers map each other's region files.
+    Shm,
+    /// Emulated RNIC: region servers apply writes sent over TCP.
+    Tcp,
+    /// RDMA verbs (cargo feature `rdma`, needs a device).
+    Rdma,
+}
+
+/// When a follower acknowledges an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// Written to RocksDB without fsync: survives process crashes (APUS).
+    MemoryAck,
+    /// Group-committed fsync before the ack: survives power loss.
+    Fsync,
+}
+
+/// Whether a backup's server accepts clients other than the replay stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackupClients {
+    /// Close other clients at once (default).
+    Deny,
+    /// Let them through (monitoring; their writes are NOT replicated).
+    Allow,
+}
+
+/// How the leader is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ElectionMode {
+    /// `election.leader` leads view 1 forever.
+    Static,
+    /// Leader elected through ZooKeeper.
+    Zookeeper,
+}
+
+/// `[election]`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Election {
+    /// static | zookeeper.
+    #[serde(default = "default_mode")]
+    pub mode: ElectionMode,
+    /// Leader of view 1 in static mode.
+    #[serde(default = "default_leader")]
+    pub leader: u64,
+    /// ZooKeeper connect string.
+    #[serde(default = "default_zk")]
+    pub zookeeper: String,
+    /// ZooKeeper session timeout.
+    #[serde(default = "default_session")]
+    pub session_timeout_ms: u64,
+}
+
+fn default_mode() -> ElectionMode {
+    ElectionMode::Static
+}
+fn default_leader() -> u64 {
+    1
+}
+fn default_zk() -> String {
+    "127.0.0.1:2181".into()
+}
+fn default_session() -> u64 {
+    2000
+}
+
+impl Default for Election {
+    fn default() -> Self {
+        Election {
+            mode: default_mode(),
+            leader: default_leader(),
+            zookeeper: default_zk(),
+            session_timeout_ms: default_session(),
+        }
+    }
+}
+
+/// `[[nodes]]`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    /// Node id, 1..=15.
+    pub id: u64,
+    /// Where this node's server listens.
+    pub app: SocketAddr,
+    /// This node's follower: control channel and region server.
+    pub control: SocketAddr,
+    /// Prometheus metrics (HTTP), if wanted.
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    cluster: String,
+    #[serde(default = "default_transport")]
+    transport: TransportKind,
+    #[serde(default)]
+    ring_size: Option<Size>,
+    data_dir: PathBuf,
+    #[serde(default)]
+    max_entry: Option<Size>,
+    #[serde(default = "default_durability")]
+    durability: Durability,
+    #[serde(default = "default_backup_clients")]
+    backup_clients: BackupClients,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    key_file: Option<PathBuf>,
+    #[serde(default)]
+    server: Option<Vec<String>>,
+    #[serde(default)]
+    election: Election,
+    #[serde(default)]
+    nodes: Vec<Node>,
+}
+
+fn default_transport() -> TransportKind {
+    TransportKind::Shm
+}
+fn default_durability() -> Durability {
+    Durability::MemoryAck
+}
+fn default_backup_clients() -> BackupClients {
+    BackupClients::Deny
+}
+
+/// A byte size: an integer or a string like "64MiB".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Size(u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Int(u64),
+            Text(String),
+        }
+        match Either::deserialize(d)? {
+            Either::Int(n) => Ok(Size(n)),
+            Either::Text(s) => parse_size(&s).map(Size).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parses "4096", "64KiB", "64MiB", "1GiB" (also KB/MB/GB as binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (use e.g. \"64MiB\")"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KB" | "KiB" => 1 << 10,
+        "M" | "MB" | "MiB" => 1 << 20,
+        "G" | "GB" | "GiB" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// A validated cluster config.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Cluster name: names region files and znodes.
+    pub cluster: String,
+    /// Transport between nodes.
+    pub transport: TransportKind,
+    /// Ring size in bytes (power of two, at least 1 MiB).
+    pub ring_size: u64,
+    /// Data directory; node N keeps its RocksDB in `<data_dir>/node-N`.
+    pub data_dir: PathBuf,
+    /// Largest payload of one entry; longer reads are split.
+    pub max_entry: u32,
+    /// When followers ack.
+    pub durability: Durability,
+    /// Whether backups serve other clients.
+    pub backup_clients: BackupClients,
+    /// Cluster key authenticating tcp transport peers (None for shm).
+    pub key: Option<String>,
+    /// Server command template for `lockstep up` ({port}, {data}, {node}).
+    pub server: Option<Vec<String>>,
+    /// Election settings.
+    pub election: Election,
+    /// The nodes, sorted by id.
+    pub nodes: Vec<Node>,
+    /// Non-fatal remarks (e.g. an even cluster size).
+    pub warnings: Vec<String>,
+}
+
+/// A config that cannot be used, with one line saying why.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("{}: cannot read config: {e}", path.display())))?;
+        Self::parse_in(&text, path.parent())
+            .map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+    }
+
+    /// Parses and validates config text (relative `key_file` paths resolve
+    /// against the current directory).
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        Self::parse_in(text, None)
+    }
+
+    fn parse_in(text: &str, base: Option<&Path>) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            let msg = e.message().replace('\n', " ");
+            ConfigError(match line {
+                Some(l) => format!("line {l}: {msg}"),
+                None => msg,
+            })
+        })?;
+        Self::validate(raw, base)
+    }
+
+    fn validate(raw: RawConfig, base: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut warnings = Vec::new();
+        if raw.cluster.is_empty()
+            || raw.cluster.len() > 64
+            || !raw
+                .cluster
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return err(format!(
+                "cluster: {:?} must be 1-64 characters of [A-Za-z0-9_-] (it names files and znodes)",
+                raw.cluster
+            ));
+        }
+        let ring_size = raw.ring_size.map(|s| s.0).unwrap_or(64 << 20);
+        if !ring_size.is_power_of_two() {
+            return err(format!("ring_size: {ring_size} bytes is not a power of two"));
+        }
+        if ring_size < MIN_RING {
+            return err(format!(
+                "ring_size: {ring_size} bytes is below the minimum of 1 MiB"
+            ));
+        }
+        let max_entry = raw.max_entry.map(|s| s.0).unwrap_or(64 << 10);
+        if max_entry == 0 || crate::entry::footprint(max_entry as usize) as u64 > ring_size / 4 {
+            return err(format!(
+                "max_entry: {max_entry} bytes must be between 1 and a quarter of ring_size"
+            ));
+        }
+        if raw.data_dir.as_os_str().is_empty() {
+            return err("data_dir: must not be empty");
+        }
+        let key = match (&raw.key, &raw.key_file) {
+            (Some(_), Some(_)) => return err("key, key_file: give one of them, not both"),
+            (Some(k), None) => Some(k.clone()),
+            (None, Some(f)) => {
+                let f = match base {
+                    Some(b) if f.is_relative() => b.join(f),
+                    _ => f.clone(),
+                };
+                let k = std::fs::read_to_string(&f).map_err(|e| {
+                    ConfigError(format!("key_file: cannot read {}: {e}", f.display()))
+                })?;
+                Some(k.trim().to_string())
+            }
+            (None, None) => None,
+        };
+        if let Some(k) = &key {
+            if k.len() < 16 {
+                return err("key: the cluster key must be at least 16 characters");
+            }
+        }
+        if raw.transport == TransportKind::Tcp && key.is_none() {
+            return err("key: the tcp transport needs a cluster key (key or key_file)");
+        }
+        if let Some(cmd) = &raw.server {
+            if cmd.is_empty() || cmd[0].is_empty() {
+                return err("server: the server command must name a program");
+            }
+        }
+        let mut nodes = raw.nodes;
+        if nodes.is_empty() {
+            return err("nodes: the cluster has no nodes (add [[nodes]] tables)");
+        }
+        if nodes.len() > MAX_NODES {
+            return err(format!(
+                "nodes: {} nodes, at most {MAX_NODES} are supported",
+                nodes.len()
+            ));
+        }
+        let mut ids = HashSet::new();
+        let mut addrs = HashSet::new();
+        for n in &nodes {
+            if n.id == 0 || n.id > MAX_NODES as u64 {
+                return err(format!(
+                    "nodes.id: {} is out of range (1..={MAX_NODES})",
+                    n.id
+                ));
+            }
+            if !ids.insert(n.id) {
+                return err(format!("nodes.id: duplicate id {}", n.id));
+            }
+            let mut own = vec![("app", n.app), ("control", n.control)];
+            if let Some(m) = n.metrics {
+                own.push(("metrics", m));
+            }
+            for (field, a) in own {
+                if a.port() == 0 {
+                    return err(format!("nodes.{field}: node {} needs a fixed port, not 0", n.id));
+                }
+                if !addrs.insert(a) {
+                    return err(format!(
+                        "nodes.{field}: address {a} of node {} is used twice",
+                        n.id
+                    ));
+                }
+            }
+        }
+        nodes.sort_by_key(|n| n.id);
+        if nodes.len() % 2 == 0 {
+            warnings.push(format!(
+                "nodes: an even cluster size ({}) tolerates no more failures than {}",
+                nodes.len(),
+                nodes.len() - 1
+            ));
+        }
+        if nodes.len() == 1 {
+            warnings.push("nodes: a single node replicates nothing".into());
+        }
+        if raw.election.mode == ElectionMode::Static && !ids.contains(&raw.election.leader) {
+            return err(format!(
+                "election.leader: node {} is not in the config",
+                raw.election.leader
+            ));
+        }
+        if raw.election.mode == ElectionMode::Zookeeper {
+            if raw.election.zookeeper.trim().is_empty() {
+                return err("election.zookeeper: needs a connect string such as 127.0.0.1:2181");
+            }
+            if raw.election.session_timeout_ms < 100 {
+                return err("election.session_timeout_ms: must be at least 100");
+            }
+        }
+        Ok(Config {
+            cluster: raw.cluster,
+            transport: raw.transport,
+            ring_size,
+            data_dir: raw.data_dir,
+            max_entry: max_entry as u32,
+            durability: raw.durability,
+            backup_clients: raw.backup_clients,
+            key,
+            server: raw.server,
+            election: raw.election,
+            nodes,
+            warnings,
+        })
+    }
+
+    /// The node with id `id`.
+    pub fn node(&self, id: u64) -> Result<&Node, ConfigError> {
+        self.nodes.iter().find(|n| n.id == id).ok_or_else(|| {
+            let ids: Vec<String> = self.nodes.iter().map(|n| n.id.to_string()).collect();
+            ConfigError(format!(
+                "node {id} is not in the config (ids: {})",
+                ids.join(", ")
+            ))
+        })
+    }
+
+    /// Ids of all nodes.
+    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.nodes.iter().map(|n| n.id)
+    }
+
+    /// Votes needed for a majority.
+    pub fn majority(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    /// Region identity of node `id`.
+    pub fn region_spec(&self, id: u64) -> RegionSpec {
+        RegionSpec {
+            cluster: self.cluster.clone(),
+            node: id,
+            ring_size: self.ring_size,
+        }
+    }
+
+    /// RocksDB directory of node `id`.
+    pub fn node_data_dir(&self, id: u64) -> PathBuf {
+        self.data_dir.join(format!("node-{id}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+cluster = "demo"
+transport = "shm"
+ring_size = "64MiB"
+data_dir = "/tmp/lockstep-demo"
+[election]
+mode = "static"
+leader = 1
+[[nodes]]
+id = 1
+app = "127.0.0.1:7001"
+control = "127.0.0.1:7101"
+[[nodes]]
+id = 2
+app = "127.0.0.1:7002"
+control = "127.0.0.1:7102"
+[[nodes]]
+id = 3
+app = "127.0.0.1:7003"
+control = "127.0.0.1:7103"
+metrics = "127.0.0.1:7203"
+"#;
+
+    fn bad(text: &str) -> String {
+        Config::parse(text).unwrap_err().0
+    }
+
+    #[test]
+    fn good_config_parses() {
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(c.ring_size, 64 << 20);
+        assert_eq!(c.nodes.len(), 3);
+        assert_eq!(c.majority(), 2);
+        assert_eq!(c.max_entry, 64 << 10);
+        assert!(c.warnings.is_empty());
+        assert_eq!(c.node(3).unwrap().metrics.unwrap().port(), 7203);
+        assert_eq!(c.node_data_dir(2), PathBuf::from("/tmp/lockstep-demo/node-2"));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = bad(&GOOD.replace("cluster = \"demo\"", "cluster = \"demo\"\nring_sise = 4"));
+        assert!(e.contains("unknown field `ring_sise`"), "{e}");
+        assert!(e.starts_with("line 3:"), "{e}");
+        let e = bad(&GOOD.replace("metrics =", "metrix ="));
+        assert!(e.contains("unknown field `metrix`"), "{e}");
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn duplicates_are_named() {
+        let e = bad(&GOOD.replace("id = 2", "id = 1"));
+        assert_eq!(e, "nodes.id: duplicate id 1");
+        let e = bad(&GOOD.replace("127.0.0.1:7002", "127.0.0.1:7001"));
+        assert!(e.starts_with("nodes.app: address 127.0.0.1:7001"), "{e}");
+        let e = bad(&GOOD.replace("127.0.0.1:7203", "127.0.0.1:7101"));
+        assert!(e.starts_with("nodes.metrics:"), "{e}");
+    }
+
+    #[test]
+    fn cluster_size() {
+        let two = GOOD.split("[[nodes]]\nid = 3").next().unwrap();
+        let c = Config::parse(two).unwrap();
+        assert!(c.warnings[0].contains("even cluster size"), "{:?}", c.warnings);
+        let none = GOOD.split("[[nodes]]").next().unwrap();
+        assert!(bad(none).starts_with("nodes: the cluster has no nodes"));
+    }
+
+    #[test]
+    fn ring_size_rules() {
+        let e = bad(&GOOD.replace("\"64MiB\"", "3000000"));
+        assert_eq!(e, "ring_size: 3000000 bytes is not a power of two");
+        let e = bad(&GOOD.replace("\"64MiB\"", "\"512KiB\""));
+        assert_eq!(e, "ring_size: 524288 bytes is below the minimum of 1 MiB");
+        let e = bad(&GOOD.replace("\"64MiB\"", "\"64 parsecs\""));
+        assert!(e.contains("unknown size unit"), "{e}");
+    }
+
+    #[test]
+    fn node_lookup_and_leader() {
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(
+            c.node(5).unwrap_err().0,
+            "node 5 is not in the config (ids: 1, 2, 3)"
+        );
+        let e = bad(&GOOD.replace("leader = 1", "leader = 9"));
+        assert_eq!(e, "election.leader: node 9 is not in the config");
+        let e = bad(&GOOD.replace("id = 3", "id = 0"));
+        assert!(e.starts_with("nodes.id: 0 is out of range"), "{e}");
+    }
+
+    #[test]
+    fn tcp_needs_a_key() {
+        let tcp = GOOD.replace("\"shm\"", "\"tcp\"");
+        assert!(bad(&tcp).starts_with("key:"));
+        let e = bad(&tcp.replace("cluster = \"demo\"", "cluster = \"demo\"\nkey = \"short\""));
+        assert!(e.contains("at least 16"), "{e}");
+        let c = Config::parse(&tcp.replace(
+            "cluster = \"demo\"",
+            "cluster = \"demo\"\nkey = \"0123456789abcdef\"",
+        ))
+        .unwrap();
+        assert_eq!(c.key.as_deref(), Some("0123456789abcdef"));
+        let e = bad(&tcp.replace(
+            "cluster = \"demo\"",
+            "cluster = \"demo\"\nkey_file = \"/nonexistent/key\"",
+        ));
+        assert!(e.starts_with("key_file: cannot read /nonexistent/key"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = bad(&GOOD.replace("\"shm\"", "\"carrier-pigeon\""));
+        assert!(e.contains("carrier-pigeon"), "{e}");
+        let e = bad(&GOOD.replace("cluster = \"demo\"", "cluster = \"de mo\""));
+        assert!(e.starts_with("cluster:"), "{e}");
+        let e = bad(&GOOD.replace("127.0.0.1:7101", "not-an-address"));
+        assert!(e.contains("invalid socket address"), "{e}");
+        let e = bad("cluster = \"x\"");
+        assert!(e.contains("missing field `data_dir`"), "{e}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("MiB").is_err());
+    }
+}

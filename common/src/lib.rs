@@ -1,0 +1,14 @@
+//! lockstep-common: what every lockstep process shares — the entry codec,
+//! the ring, the region layout, the cluster config and the transports.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod entry;
+pub mod region;
+pub mod ring;
+pub mod transport;
+pub mod words;
+
+pub use config::Config;
+pub use entry::{EntryHeader, Kind};
+pub use region::{Region, RegionSpec, Role};

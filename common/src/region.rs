@@ -1,0 +1,726 @@
+//! A node's region: a control block followed by the ring, in a file under
+//! `/dev/shm` mapped `MAP_SHARED` by the follower process and the preloaded
+//! server (and, with the shm transport, by the other nodes' writers).
+//!
+//! This module and `hooks`/`verbs` are the only homes of `unsafe`: the
+//! mapping itself and the futex calls. Everything else sees the region as a
+//! slice of `AtomicU64` words.
+//!
+//! Control block (word indices; each field on its own cache line):
+//! identity (magic, layout version, node, ring size, cluster hash), view,
+//! leader, role, commit, tail, doorbell, follower heartbeat, writer hand-off
+//! (next seq / next position), the ack array, and the replay slots through
+//! which the passive preload reports what the server consumed.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::words::{self, WordsError};
+
+/// "LOCKSTEP" in ASCII, little-endian.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"LOCKSTEP");
+/// Bumped whenever the control block layout changes.
+pub const LAYOUT_VERSION: u64 = 1;
+/// Bytes of control block before the ring.
+pub const CONTROL_SIZE: u64 = 32 * 1024;
+/// Highest node id (ids are 1..=MAX_NODES).
+pub const MAX_NODES: usize = 15;
+/// Replay connections the passive preload can track at once.
+pub const REPLAY_SLOTS: usize = 1024;
+
+const LINE: usize = 8; // words per cache line
+const W_MAGIC: usize = 0;
+const W_VERSION: usize = 1;
+const W_NODE: usize = 2;
+const W_RING_SIZE: usize = 3;
+const W_CLUSTER: usize = 4;
+const W_VIEW: usize = LINE;
+const W_LEADER: usize = 2 * LINE;
+const W_ROLE: usize = 3 * LINE;
+const W_COMMIT: usize = 4 * LINE;
+const W_TAIL: usize = 5 * LINE;
+const W_BELL: usize = 6 * LINE;
+const W_BELL_WAITERS: usize = 7 * LINE;
+const W_HEARTBEAT: usize = 8 * LINE;
+const W_NEXT_SEQ: usize = 9 * LINE;
+const W_NEXT_POS: usize = 10 * LINE;
+const W_PRELOAD: usize = 11 * LINE;
+const W_ACK: usize = 16 * LINE; // ack[id] at W_ACK + id * LINE
+const W_REPLAY: usize = 512; // (port, consumed) pairs
+const CONTROL_WORDS: usize = (CONTROL_SIZE / 8) as usize;
+
+const _: () = assert!(W_ACK + (MAX_NODES + 1) * LINE <= W_REPLAY);
+const _: () = assert!(W_REPLAY + 2 * REPLAY_SLOTS <= CONTROL_WORDS);
+
+/// Role of a node in its current view, as the preload sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum Role {
+    /// Not yet part of a view (follower starting, recovering): the preload
+    /// serves only replay connections.
+    Joining = 0,
+    /// Backup: the preload is passive.
+    Backup = 1,
+    /// Leader: the preload is active and replicates inputs.
+    Leader = 2,
+}
+
+impl Role {
+    fn from_u64(v: u64) -> Role {
+        match v {
+            1 => Role::Backup,
+            2 => Role::Leader,
+            _ => Role::Joining,
+        }
+    }
+}
+
+/// Byte offset in the region of a control word (for one-sided remote writes).
+pub fn word_offset(word: usize) -> u64 {
+    (word * 8) as u64
+}
+
+/// Region offset of node `id`'s ack slot.
+pub fn ack_offset(id: u64) -> u64 {
+    word_offset(W_ACK + id as usize * LINE)
+}
+/// Region offset of the commit word.
+pub fn commit_offset() -> u64 {
+    word_offset(W_COMMIT)
+}
+/// Region offset of the tail word.
+pub fn tail_offset() -> u64 {
+    word_offset(W_TAIL)
+}
+/// Region offset of the view word.
+pub fn view_offset() -> u64 {
+    word_offset(W_VIEW)
+}
+/// Region offset of the doorbell word.
+pub fn bell_offset() -> u64 {
+    word_offset(W_BELL)
+}
+/// Region offset of ring byte `ring_offset`.
+pub fn ring_offset(ring_offset: u64) -> u64 {
+    CONTROL_SIZE + ring_offset
+}
+
+/// What a region must be: used to create one and to check one found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionSpec {
+    /// Cluster name (hashed into the control block).
+    pub cluster: String,
+    /// Node id owning the region.
+    pub node: u64,
+    /// Ring size in bytes (power of two).
+    pub ring_size: u64,
+}
+
+impl RegionSpec {
+    /// Total bytes of the region file.
+    pub fn file_len(&self) -> u64 {
+        CONTROL_SIZE + self.ring_size
+    }
+
+    /// `/dev/shm/lockstep-<cluster>-<node>`.
+    pub fn default_path(&self) -> PathBuf {
+        region_path(&self.cluster, self.node)
+    }
+}
+
+/// Path of node `node`'s region file for `cluster`.
+pub fn region_path(cluster: &str, node: u64) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/lockstep-{cluster}-{node}"))
+}
+
+fn cluster_hash(name: &str) -> u64 {
+    let mut h = crate::entry::OutputHash::default();
+    h.update(name.as_bytes());
+    h.0
+}
+
+/// Why a region could not be created, opened or written.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    /// The file exists already (create refuses to reuse it).
+    #[error("region file {0} already exists (another follower running, or a stale file: remove it)")]
+    Exists(PathBuf),
+    /// The file does not exist.
+    #[error("region file {0} does not exist (is the follower for this node running?)")]
+    Missing(PathBuf),
+    /// The file is not a lockstep region or has another layout.
+    #[error("region file {path}: {what}")]
+    Mismatch {
+        /// File path.
+        path: PathBuf,
+        /// What does not match.
+        what: String,
+    },
+    /// An OS call failed.
+    #[error("region file {path}: {op}: {source}")]
+    Io {
+        /// File path.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A write fell outside the region or was misaligned.
+    #[error(transparent)]
+    Range(#[from] WordsError),
+}
+
+/// A mapped region. Dropping it unmaps (the file stays).
+pub struct Region {
+    ptr: *mut AtomicU64,
+    words: usize,
+    ring_size: u64,
+    path: PathBuf,
+}
+
+// SAFETY: the mapping is only accessed through `AtomicU64`, which is Sync;
+// the pointer stays valid until Drop, which needs `&mut self`.
+unsafe impl Send for Region {}
+// SAFETY: as above, all access is atomic.
+unsafe impl Sync for Region {}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("path", &self.path)
+            .field("ring_size", &self.ring_size)
+            .finish()
+    }
+}
+
+fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> RegionError + 'a {
+    move |source| RegionError::Io {
+        path: path.to_path_buf(),
+        op,
+        source,
+    }
+}
+
+impl Region {
+    /// Creates a new region file at `path`; fails if it exists.
+    pub fn create(path: &Path, spec: &RegionSpec) -> Result<Region, RegionError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::AlreadyExists {
+                    RegionError::Exists(path.to_path_buf())
+                } else {
+                    io_err(path, "create")(e)
+                }
+            })?;
+        file.set_len(spec.file_len())
+            .map_err(io_err(path, "set length"))?;
+        let region = Self::map(&file, path, spec.file_len(), spec.ring_size)?;
+        let w = region.words();
+        w[W_VERSION].store(LAYOUT_VERSION, Ordering::Relaxed);
+        w[W_NODE].store(spec.node, Ordering::Relaxed);
+        w[W_RING_SIZE].store(spec.ring_size, Ordering::Relaxed);
+        w[W_CLUSTER].store(cluster_hash(&spec.cluster), Ordering::Relaxed);
+        // Magic last: a half-initialised file is never taken for a region.
+        w[W_MAGIC].store(MAGIC, Ordering::Release);
+        Ok(region)
+    }
+
+    /// Opens an existing region and checks it matches `spec`.
+    pub fn open(path: &Path, spec: &RegionSpec) -> Result<Region, RegionError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::NotFound {
+                    RegionError::Missing(path.to_path_buf())
+                } else {
+                    io_err(path, "open")(e)
+                }
+            })?;
+        let len = file.metadata().map_err(io_err(path, "stat"))?.len();
+        let mismatch = |what: String| RegionError::Mismatch {
+            path: path.to_path_buf(),
+            what,
+        };
+        if len < CONTROL_SIZE {
+            return Err(mismatch(format!(
+                "{len} bytes is too short to be a lockstep region"
+            )));
+        }
+        let region = Self::map(&file, path, len, len - CONTROL_SIZE)?;
+        let w = region.words();
+        if w[W_MAGIC].load(Ordering::Acquire) != MAGIC {
+            return Err(mismatch("not a lockstep region (bad magic)".into()));
+        }
+        let version = w[W_VERSION].load(Ordering::Relaxed);
+        if version != LAYOUT_VERSION {
+            return Err(mismatch(format!(
+                "layout version {version}, this build expects {LAYOUT_VERSION}"
+            )));
+        }
+        let ring = w[W_RING_SIZE].load(Ordering::Relaxed);
+        if ring != spec.ring_size || len != spec.file_len() {
+            return Err(mismatch(format!(
+                "ring size {ring} ({len} bytes), config says {} ({} bytes)",
+                spec.ring_size,
+                spec.file_len()
+            )));
+        }
+        let node = w[W_NODE].load(Ordering::Relaxed);
+        if node != spec.node {
+            return Err(mismatch(format!(
+                "belongs to node {node}, expected node {}",
+                spec.node
+            )));
+        }
+        if w[W_CLUSTER].load(Ordering::Relaxed) != cluster_hash(&spec.cluster) {
+            return Err(mismatch(format!(
+                "belongs to another cluster than {:?}",
+                spec.cluster
+            )));
+        }
+        Ok(region)
+    }
+
+    /// Opens the region if a matching one exists, otherwise creates it.
+    /// Returns whether it was created. A file with another layout is an
+    /// error, never silently replaced.
+    pub fn open_or_create(path: &Path, spec: &RegionSpec) -> Result<(Region, bool), RegionError> {
+        match Self::open(path, spec) {
+            Ok(r) => Ok((r, false)),
+            Err(RegionError::Missing(_)) => Ok((Self::create(path, spec)?, true)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// An anonymous shared region, for tests and benchmarks.
+    pub fn anonymous(spec: &RegionSpec) -> Result<Region, RegionError> {
+        let len = spec.file_len();
+        let path = PathBuf::from("<anonymous>");
+        // SAFETY: a fresh anonymous mapping of `len` bytes, checked for
+        // MAP_FAILED; mmap returns page-aligned (so 8-aligned) memory that
+        // is zeroed, a valid bit pattern for AtomicU64.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io_err(&path, "mmap")(io::Error::last_os_error()));
+        }
+        let region = Region {
+            ptr: ptr as *mut AtomicU64,
+            words: (len / 8) as usize,
+            ring_size: spec.ring_size,
+            path,
+        };
+        let w = region.words();
+        w[W_VERSION].store(LAYOUT_VERSION, Ordering::Relaxed);
+        w[W_NODE].store(spec.node, Ordering::Relaxed);
+        w[W_RING_SIZE].store(spec.ring_size, Ordering::Relaxed);
+        w[W_CLUSTER].store(cluster_hash(&spec.cluster), Ordering::Relaxed);
+        w[W_MAGIC].store(MAGIC, Ordering::Release);
+        Ok(region)
+    }
+
+    fn map(file: &std::fs::File, path: &Path, len: u64, ring_size: u64) -> Result<Region, RegionError> {
+        // SAFETY: mapping `len` bytes of an open file we sized or measured;
+        // MAP_FAILED is checked. The memory is only ever accessed as atomics.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io_err(path, "mmap")(io::Error::last_os_error()));
+        }
+        Ok(Region {
+            ptr: ptr as *mut AtomicU64,
+            words: (len / 8) as usize,
+            ring_size,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The whole region as atomic words.
+    pub fn words(&self) -> &[AtomicU64] {
+        // SAFETY: `ptr` is a live, page-aligned mapping of `words * 8` bytes
+        // (see `map`); AtomicU64 has the size and alignment of u64 and every
+        // bit pattern is valid. The slice borrows `self`, so it cannot
+        // outlive the mapping.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.words) }
+    }
+
+    /// The ring part of the region.
+    pub fn ring(&self) -> &[AtomicU64] {
+        &self.words()[CONTROL_WORDS..]
+    }
+
+    /// Ring size in bytes.
+    pub fn ring_size(&self) -> u64 {
+        self.ring_size
+    }
+
+    /// Total bytes of the region.
+    pub fn len(&self) -> u64 {
+        self.words as u64 * 8
+    }
+
+    /// Always false: a region has at least a control block.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Path of the backing file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// One-sided write of `bytes` at region offset `offset` (bounds- and
+    /// alignment-checked; the last 8 bytes land last, with release), then
+    /// rings the doorbell.
+    pub fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), RegionError> {
+        words::store(self.words(), offset, bytes)?;
+        self.bell().ring();
+        Ok(())
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        &self.words()[i]
+    }
+
+    /// Current view of this node.
+    pub fn view(&self) -> u64 {
+        self.word(W_VIEW).load(Ordering::Acquire)
+    }
+    /// Sets the view (follower only).
+    pub fn set_view(&self, v: u64) {
+        self.word(W_VIEW).store(v, Ordering::Release)
+    }
+    /// Leader of the current view (0: none).
+    pub fn leader(&self) -> u64 {
+        self.word(W_LEADER).load(Ordering::Acquire)
+    }
+    /// Sets the leader id.
+    pub fn set_leader(&self, id: u64) {
+        self.word(W_LEADER).store(id, Ordering::Release)
+    }
+    /// This node's role, read by the preload.
+    pub fn role(&self) -> Role {
+        Role::from_u64(self.word(W_ROLE).load(Ordering::Acquire))
+    }
+    /// Sets the role (follower only).
+    pub fn set_role(&self, r: Role) {
+        self.word(W_ROLE).store(r as u64, Ordering::Release);
+        self.bell().ring();
+    }
+    /// Highest committed seq.
+    pub fn commit(&self) -> u64 {
+        self.word(W_COMMIT).load(Ordering::Acquire)
+    }
+    /// Raises the commit word to at least `seq`.
+    pub fn raise_commit(&self, seq: u64) {
+        self.word(W_COMMIT).fetch_max(seq, Ordering::AcqRel);
+    }
+    /// Sets the commit word (view change only).
+    pub fn set_commit(&self, seq: u64) {
+        self.word(W_COMMIT).store(seq, Ordering::Release);
+    }
+    /// Writer's last published end position.
+    pub fn tail(&self) -> u64 {
+        self.word(W_TAIL).load(Ordering::Acquire)
+    }
+    /// Publishes the writer's end position.
+    pub fn set_tail(&self, pos: u64) {
+        self.word(W_TAIL).store(pos, Ordering::Release)
+    }
+    /// `ack[id]`: highest seq node `id` stored in the current view.
+    pub fn ack(&self, id: u64) -> u64 {
+        self.word(W_ACK + id as usize * LINE).load(Ordering::Acquire)
+    }
+    /// Sets `ack[id]` locally.
+    pub fn set_ack(&self, id: u64, seq: u64) {
+        self.word(W_ACK + id as usize * LINE)
+            .store(seq, Ordering::Release);
+        self.bell().ring();
+    }
+    /// Resets every ack slot (new view).
+    pub fn clear_acks(&self) {
+        for id in 0..=MAX_NODES as u64 {
+            self.word(W_ACK + id as usize * LINE).store(0, Ordering::Release);
+        }
+    }
+    /// Follower heartbeat (milliseconds since the epoch; 0: never).
+    pub fn heartbeat(&self) -> u64 {
+        self.word(W_HEARTBEAT).load(Ordering::Acquire)
+    }
+    /// Updates the follower heartbeat.
+    pub fn set_heartbeat(&self, ms: u64) {
+        self.word(W_HEARTBEAT).store(ms, Ordering::Release)
+    }
+    /// Writer hand-off: (next seq, next ring position) for a new leader's
+    /// preload, set by the follower before it flips the role to leader.
+    pub fn writer_start(&self) -> (u64, u64) {
+        (
+            self.word(W_NEXT_SEQ).load(Ordering::Acquire),
+            self.word(W_NEXT_POS).load(Ordering::Acquire),
+        )
+    }
+    /// Sets the writer hand-off.
+    pub fn set_writer_start(&self, seq: u64, pos: u64) {
+        self.word(W_NEXT_SEQ).store(seq, Ordering::Release);
+        self.word(W_NEXT_POS).store(pos, Ordering::Release);
+    }
+    /// Pid of the preloaded server attached to this region (0: none).
+    pub fn preload_pid(&self) -> u64 {
+        self.word(W_PRELOAD).load(Ordering::Acquire)
+    }
+    /// Records the attached server's pid.
+    pub fn set_preload_pid(&self, pid: u64) {
+        self.word(W_PRELOAD).store(pid, Ordering::Release)
+    }
+    /// The doorbell pollers of this region park on.
+    pub fn bell(&self) -> Doorbell<'_> {
+        Doorbell {
+            seq: self.word(W_BELL),
+            waiters: self.word(W_BELL_WAITERS),
+        }
+    }
+    /// Replay slot `i`: (source port word, consumed-bytes word).
+    pub fn replay_slot(&self, i: usize) -> ReplaySlot<'_> {
+        assert!(i < REPLAY_SLOTS);
+        ReplaySlot {
+            port: self.word(W_REPLAY + 2 * i),
+            consumed: self.word(W_REPLAY + 2 * i + 1),
+        }
+    }
+    /// Finds the replay slot registered for source port `port`.
+    pub fn find_replay_slot(&self, port: u16) -> Option<usize> {
+        (0..REPLAY_SLOTS).find(|&i| self.replay_slot(i).port() == Some(port))
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`words` describe the mapping made in `map` or
+        // `anonymous`; no borrow of it survives `&mut self`.
+        unsafe {
+            libc::munmap(self.ptr as *mut libc::c_void, self.words * 8);
+        }
+    }
+}
+
+/// A replay connection's registration: the follower claims a slot with the
+/// source port of its replay socket before connecting; the passive preload
+/// recognises the accepted connection by that port and adds every byte the
+/// server reads from it to `consumed`.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplaySlot<'a> {
+    port: &'a AtomicU64,
+    consumed: &'a AtomicU64,
+}
+
+const SLOT_USED: u64 = 1 << 32;
+
+impl<'a> ReplaySlot<'a> {
+    /// Registered port, if the slot is in use.
+    pub fn port(&self) -> Option<u16> {
+        let v = self.port.load(Ordering::Acquire);
+        (v & SLOT_USED != 0).then_some(v as u16)
+    }
+    /// Claims the slot for `port` if free; resets `consumed`.
+    pub fn claim(&self, port: u16) -> bool {
+        self.consumed.store(0, Ordering::Relaxed);
+        self.port
+            .compare_exchange(0, SLOT_USED | port as u64, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+    /// Frees the slot.
+    pub fn release(&self) {
+        self.port.store(0, Ordering::Release)
+    }
+    /// Bytes the server consumed on this connection.
+    pub fn consumed(&self) -> u64 {
+        self.consumed.load(Ordering::Acquire)
+    }
+    /// Adds `n` bytes consumed (passive preload).
+    pub fn add_consumed(&self, n: u64) {
+        self.consumed.fetch_add(n, Ordering::AcqRel);
+    }
+}
+
+/// A futex-backed doorbell: writers bump it after posting an entry or an
+/// ack; pollers that ran out of spinning park on it instead of sleeping a
+/// timer's worth.
+#[derive(Clone, Copy, Debug)]
+pub struct Doorbell<'a> {
+    seq: &'a AtomicU64,
+    waiters: &'a AtomicU64,
+}
+
+impl<'a> Doorbell<'a> {
+    fn futex_word(&self) -> &AtomicU32 {
+        // SAFETY: the low half of an 8-aligned AtomicU64 on little-endian
+        // x86_64/aarch64 is a 4-aligned u32 inside the same live mapping;
+        // the futex syscall and this view only touch it atomically.
+        unsafe { &*(self.seq as *const AtomicU64 as *const AtomicU32) }
+    }
+
+    /// Current doorbell value (pass to [`Doorbell::wait`]).
+    pub fn value(&self) -> u32 {
+        self.futex_word().load(Ordering::Acquire)
+    }
+
+    /// Bumps the doorbell and wakes parked waiters, if any.
+    pub fn ring(&self) {
+        self.seq.fetch_add(1, Ordering::AcqRel);
+        if self.waiters.load(Ordering::SeqCst) != 0 {
+            // SAFETY: FUTEX_WAKE on a valid shared-memory u32; no pointer
+            // arguments besides the word itself.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.futex_word().as_ptr(),
+                    libc::FUTEX_WAKE,
+                    i32::MAX,
+                    std::ptr::null::<libc::timespec>(),
+                );
+            }
+        }
+    }
+
+    /// Parks until the doorbell moves past `seen` or `timeout` passes.
+    pub fn wait(&self, seen: u32, timeout: Duration) {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        if self.value() == seen {
+            let ts = libc::timespec {
+                tv_sec: timeout.as_secs() as libc::time_t,
+                tv_nsec: timeout.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: FUTEX_WAIT on a valid shared u32 with a stack timespec
+            // that outlives the call; spurious wake-ups are fine for callers.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.futex_word().as_ptr(),
+                    libc::FUTEX_WAIT,
+                    seen,
+                    &ts as *const libc::timespec,
+                );
+            }
+        }
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(node: u64) -> RegionSpec {
+        RegionSpec {
+            cluster: "unit".into(),
+            node,
+            ring_size: 1 << 20,
+        }
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("lockstep-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    #[test]
+    fn create_twice_fails_and_open_checks_layout() {
+        let p = tmp("twice");
+        let r = Region::create(&p, &spec(1)).unwrap();
+        r.set_view(3);
+        assert!(matches!(Region::create(&p, &spec(1)), Err(RegionError::Exists(_))));
+        let r2 = Region::open(&p, &spec(1)).unwrap();
+        assert_eq!(r2.view(), 3);
+        let e = Region::open(&p, &spec(2)).unwrap_err().to_string();
+        assert!(e.contains("belongs to node 1"), "{e}");
+        let mut other = spec(1);
+        other.ring_size = 1 << 21;
+        let e = Region::open(&p, &other).unwrap_err().to_string();
+        assert!(e.contains("ring size"), "{e}");
+        let mut other = spec(1);
+        other.cluster = "else".into();
+        let e = Region::open(&p, &other).unwrap_err().to_string();
+        assert!(e.contains("another cluster"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn open_rejects_foreign_files() {
+        let p = tmp("foreign");
+        std::fs::write(&p, vec![0u8; (CONTROL_SIZE + (1 << 20)) as usize]).unwrap();
+        let e = Region::open(&p, &spec(1)).unwrap_err().to_string();
+        assert!(e.contains("bad magic"), "{e}");
+        std::fs::write(&p, b"short").unwrap();
+        let e = Region::open(&p, &spec(1)).unwrap_err().to_string();
+        assert!(e.contains("too short"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+        let e = Region::open(&p, &spec(1)).unwrap_err();
+        assert!(matches!(e, RegionError::Missing(_)));
+    }
+
+    #[test]
+    fn writes_are_bounds_checked() {
+        let r = Region::anonymous(&spec(1)).unwrap();
+        assert!(r.write(r.len() - 8, &[1; 8]).is_ok());
+        assert!(r.write(r.len(), &[1; 8]).is_err());
+        assert!(r.write(4, &[1; 8]).is_err());
+        r.write(ack_offset(2), &7u64.to_le_bytes()).unwrap();
+        assert_eq!(r.ack(2), 7);
+    }
+
+    #[test]
+    fn replay_slots_claim_and_find() {
+        let r = Region::anonymous(&spec(1)).unwrap();
+        assert!(r.replay_slot(3).claim(40000));
+        assert!(!r.replay_slot(3).claim(40001));
+        assert_eq!(r.find_replay_slot(40000), Some(3));
+        r.replay_slot(3).add_consumed(10);
+        assert_eq!(r.replay_slot(3).consumed(), 10);
+        r.replay_slot(3).release();
+        assert_eq!(r.find_replay_slot(40000), None);
+    }
+
+    #[test]
+    fn doorbell_wakes_a_parked_waiter() {
+        let r = std::sync::Arc::new(Region::anonymous(&spec(1)).unwrap());
+        let seen = r.bell().value();
+        let r2 = r.clone();
+        let t = std::thread::spawn(move || {
+            r2.bell().wait(seen, Duration::from_secs(30));
+            r2.bell().value()
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        r.bell().ring();
+        assert_ne!(t.join().unwrap(), seen);
+    }
+}

@@ -1,0 +1,86 @@
+//! Shared-memory transport: every node maps the other nodes' region files
+//! and writes into them directly. True one-sided writes; nodes must share a
+//! host (and /dev/shm).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::{Transport, TransportError};
+use crate::config::Config;
+use crate::region::{Region, RegionError};
+
+/// Writes straight into mapped peer regions. A peer whose region does not
+/// exist yet (its follower is not up) is mapped on first successful use.
+pub struct ShmTransport {
+    me: u64,
+    local: Arc<Region>,
+    config: Config,
+    peers: Mutex<HashMap<u64, Arc<Region>>>,
+}
+
+impl ShmTransport {
+    /// Prepares writes from node `me`; peers are mapped lazily.
+    pub fn open(config: &Config, me: u64, local: Arc<Region>) -> Result<Self, TransportError> {
+        config.node(me).map_err(|_| TransportError::UnknownNode(me))?;
+        Ok(ShmTransport {
+            me,
+            local,
+            config: config.clone(),
+            peers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn peer(&self, node: u64) -> Result<Arc<Region>, TransportError> {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = peers.get(&node) {
+            return Ok(r.clone());
+        }
+        if self.config.node(node).is_err() {
+            return Err(TransportError::UnknownNode(node));
+        }
+        let spec = self.config.region_spec(node);
+        let region = Arc::new(Region::open(&spec.default_path(), &spec)?);
+        peers.insert(node, region.clone());
+        Ok(region)
+    }
+
+    /// Forgets a peer's mapping (its region file was recreated).
+    pub fn forget(&self, node: u64) {
+        self.peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&node);
+    }
+}
+
+impl Transport for ShmTransport {
+    fn write(&self, node: u64, view: u64, offset: u64, bytes: &[u8]) -> Result<(), TransportError> {
+        let region = if node == self.me {
+            self.local.clone()
+        } else {
+            match self.peer(node) {
+                Ok(r) => r,
+                Err(TransportError::Region(RegionError::Missing(_))) => {
+                    // A peer that is down misses the write, as with RDMA;
+                    // it catches up from a peer when it comes back.
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let theirs = region.view();
+        if theirs > view {
+            return Err(TransportError::Fenced {
+                node,
+                ours: view,
+                theirs,
+            });
+        }
+        region.write(offset, bytes)?;
+        Ok(())
+    }
+
+    fn local(&self) -> &Region {
+        &self.local
+    }
+}

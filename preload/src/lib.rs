@@ -1,0 +1,1 @@
+//! liblockstep.so (work in progress).
