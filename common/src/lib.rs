@@ -3,7 +3,9 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod control;
 pub mod entry;
+pub mod handshake;
 pub mod region;
 pub mod ring;
 pub mod transport;

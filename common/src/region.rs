@@ -138,7 +138,9 @@ pub fn region_path(cluster: &str, node: u64) -> PathBuf {
     PathBuf::from(format!("/dev/shm/lockstep-{cluster}-{node}"))
 }
 
-fn cluster_hash(name: &str) -> u64 {
+/// FNV-1a hash of a cluster name: stored in every region's control block
+/// and sent in the tcp handshake.
+pub fn cluster_hash(name: &str) -> u64 {
     let mut h = crate::entry::OutputHash::default();
     h.update(name.as_bytes());
     h.0
@@ -362,6 +364,20 @@ impl Region {
             ring_size,
             path: path.to_path_buf(),
         })
+    }
+
+    /// Clears everything but the identity words: ring, view, role, acks,
+    /// commit, tail, replay slots. Used by a follower that starts over with
+    /// a region file left behind by an earlier run; writers that still map
+    /// the file keep writing into the same memory.
+    pub fn reset(&self) {
+        for (i, w) in self.words().iter().enumerate().skip(LINE) {
+            // Parked waiters keep their bookkeeping.
+            if i != W_BELL && i != W_BELL_WAITERS {
+                w.store(0, Ordering::Relaxed);
+            }
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     /// The whole region as atomic words.

@@ -1,0 +1,8 @@
+//! lockstep-follower as a library: the per-node runtime and its parts, so
+//! benches and tests can drive them directly.
+
+pub mod divergence;
+pub mod metrics;
+pub mod node;
+pub mod replay;
+pub mod store;

@@ -1,0 +1,167 @@
+//! Counters and latency histograms, served as Prometheus text over HTTP.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Upper bounds of the latency buckets, in microseconds.
+const BUCKETS_US: [u64; 14] = [
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 100_000,
+];
+
+/// A fixed-bucket latency histogram (lock-free).
+#[derive(Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS_US.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let us = d.as_micros() as u64;
+        let i = BUCKETS_US
+            .iter()
+            .position(|b| us <= *b)
+            .unwrap_or(BUCKETS_US.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (i, b) in BUCKETS_US.iter().enumerate() {
+            cum += self.counts[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cum}", *b as f64 / 1e6);
+        }
+        cum += self.counts[BUCKETS_US.len()].load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+        );
+        let _ = writeln!(out, "{name}_count {cum}");
+    }
+}
+
+/// Everything the follower counts.
+#[derive(Default)]
+pub struct Metrics {
+    /// Entries stored.
+    pub persisted_entries: AtomicU64,
+    /// Acks posted to the leader.
+    pub acks: AtomicU64,
+    /// Entries applied to the local server.
+    pub applied_entries: AtomicU64,
+    /// Output divergences detected.
+    pub divergences: AtomicU64,
+    /// Catch-ups from a peer.
+    pub catchups: AtomicU64,
+    /// Entries fetched from peers.
+    pub fetched_entries: AtomicU64,
+    /// RocksDB append latency per batch.
+    pub persist: Histogram,
+    /// Entry visible in the ring → ack posted.
+    pub ack: Histogram,
+    /// Apply latency per entry (write + wait for the server to consume).
+    pub apply: Histogram,
+}
+
+impl Metrics {
+    /// Prometheus text exposition; `gauges` are (name, help, value).
+    pub fn render(&self, gauges: &[(&str, &str, u64)]) -> String {
+        let mut out = String::new();
+        let counters = [
+            ("lockstep_persisted_entries_total", "Entries stored in RocksDB", &self.persisted_entries),
+            ("lockstep_acks_total", "Acks posted to the leader", &self.acks),
+            ("lockstep_applied_entries_total", "Entries applied to the local server", &self.applied_entries),
+            ("lockstep_divergences_total", "Output divergences from the leader", &self.divergences),
+            ("lockstep_catchups_total", "Catch-ups from a peer", &self.catchups),
+            ("lockstep_fetched_entries_total", "Entries fetched from peers", &self.fetched_entries),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        self.persist.render(
+            "lockstep_persist_seconds",
+            "RocksDB append latency per batch",
+            &mut out,
+        );
+        self.ack.render(
+            "lockstep_ack_seconds",
+            "Entry seen in the ring to ack posted",
+            &mut out,
+        );
+        self.apply
+            .render("lockstep_apply_seconds", "Apply latency per entry", &mut out);
+        out
+    }
+}
+
+/// Serves `GET /metrics` on `addr` from a background thread; `body` is
+/// called per request.
+pub fn serve(
+    addr: SocketAddr,
+    body: Arc<dyn Fn() -> String + Send + Sync>,
+) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr)?;
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut reader = BufReader::new(&stream);
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    continue;
+                }
+                // Skip the request headers.
+                let mut h = String::new();
+                while reader.read_line(&mut h).map(|n| n > 2).unwrap_or(false) {
+                    h.clear();
+                }
+                let (status, text) = if line.starts_with("GET /metrics") || line.starts_with("GET / ") {
+                    ("200 OK", body())
+                } else {
+                    ("404 Not Found", "not found\n".to_string())
+                };
+                let mut s = &stream;
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+            }
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let m = Metrics::default();
+        m.persist.observe(Duration::from_micros(3));
+        m.persist.observe(Duration::from_millis(500));
+        let text = m.render(&[("lockstep_view", "view", 2)]);
+        assert!(text.contains("lockstep_persist_seconds_bucket{le=\"0.000005\"} 1"), "{text}");
+        assert!(text.contains("lockstep_persist_seconds_bucket{le=\"+Inf\"} 2"));
+        assert!(text.contains("lockstep_persist_seconds_count 2"));
+        assert!(text.contains("lockstep_view 2"));
+    }
+}

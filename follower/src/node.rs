@@ -1,0 +1,613 @@
+//! The follower runtime of one node: polls the region's ring, persists
+//! entries to RocksDB, acks them to the leader, applies committed entries
+//! to the local server, serves the control channel and metrics.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use crossbeam_utils::Backoff;
+use lockstep_common::config::{Config, ElectionMode};
+use lockstep_common::control::{self, FetchedEntry, NodeStatus, Request, Response};
+use lockstep_common::entry::{self, EntryHeader};
+use lockstep_common::handshake::{self, Channel};
+use lockstep_common::region::{self, Region, Role};
+use lockstep_common::ring::{ReadOutcome, RingReader};
+use lockstep_common::transport::{self, tcp::RegionServer, Transport};
+
+use crate::metrics::{self, Metrics};
+use crate::replay::Replayer;
+use crate::store::LogStore;
+
+/// Catch up from a peer when the ring's tail is ahead of us but nothing
+/// readable appears at our position for this long (a lost write).
+const GAP_PATIENCE: Duration = Duration::from_millis(200);
+/// Minimum spacing of catch-up attempts.
+const CATCHUP_SPACING: Duration = Duration::from_millis(500);
+/// Entries per catch-up batch.
+const FETCH_BATCH: usize = 1024;
+/// Timeout of one control-channel exchange.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// State shared by the follower's threads.
+pub struct Node {
+    config: Config,
+    me: u64,
+    region: Arc<Region>,
+    transport: Box<dyn Transport>,
+    store: Mutex<LogStore>,
+    persisted: AtomicU64,
+    committed: AtomicU64,
+    applied: AtomicU64,
+    /// Counters and histograms.
+    pub metrics: Metrics,
+    stop: Arc<AtomicBool>,
+    region_server: RegionServer,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn pid_alive(pid: u64) -> bool {
+    pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+impl Node {
+    /// Opens the store and the region and takes this node's role.
+    pub fn start(config: Config, me: u64, stop: Arc<AtomicBool>) -> anyhow::Result<Arc<Node>> {
+        config.node(me)?;
+        if config.election.mode == ElectionMode::Zookeeper {
+            bail!("election.mode = \"zookeeper\" is not supported by this build yet; use \"static\"");
+        }
+        let dir = config.node_data_dir(me);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create data directory {}", dir.display()))?;
+        let store = LogStore::open(&dir, config.durability)
+            .with_context(|| format!("cannot open the log store in {}", dir.display()))?;
+        let spec = config.region_spec(me);
+        let path = spec.default_path();
+        let (region, created) = Region::open_or_create(&path, &spec)?;
+        if !created {
+            let pid = region.preload_pid();
+            if pid_alive(pid) {
+                bail!(
+                    "a server (pid {pid}) is still attached to {}: stop it first — a starting follower rebuilds a fresh server from the log",
+                    path.display()
+                );
+            }
+            region.reset();
+        }
+        let region = Arc::new(region);
+        let transport = transport::open(&config, me, region.clone())?;
+        let last = store.last();
+        let view = store.view()?.max(1);
+        store.set_view(view)?;
+        let leader = config.election.leader;
+        region.set_view(view);
+        region.set_leader(leader);
+        region.clear_acks();
+        region.set_heartbeat(now_ms());
+        let committed = store.commit()?;
+        region.set_commit(committed);
+        if leader == me {
+            region.set_writer_start(last.seq + 1, last.end_pos);
+            region.set_ack(me, last.seq);
+            region.set_tail(last.end_pos);
+            // A restarted leader first rebuilds its (fresh) server.
+            region.set_role(if last.seq == 0 {
+                Role::Leader
+            } else {
+                Role::Joining
+            });
+        } else {
+            region.set_role(Role::Backup);
+        }
+        log::info!(
+            "node {me}: view {view}, leader {leader}, log ends at seq {} (pos {}), region {}",
+            last.seq,
+            last.end_pos,
+            path.display()
+        );
+        let region_server = RegionServer::new(region.clone());
+        Ok(Arc::new(Node {
+            persisted: AtomicU64::new(last.seq),
+            committed: AtomicU64::new(committed),
+            applied: AtomicU64::new(0),
+            config,
+            me,
+            region,
+            transport,
+            store: Mutex::new(store),
+            metrics: Metrics::default(),
+            stop,
+            region_server,
+        }))
+    }
+
+    fn store(&self) -> MutexGuard<'_, LogStore> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn is_leader_node(&self) -> bool {
+        self.region.leader() == self.me
+    }
+
+    /// This node's status.
+    pub fn status(&self) -> NodeStatus {
+        let role = match self.region.role() {
+            Role::Leader => "leader",
+            Role::Backup => "backup",
+            Role::Joining => "joining",
+        };
+        let persisted = self.persisted.load(Ordering::Acquire);
+        let applied = if self.region.role() == Role::Leader {
+            persisted
+        } else {
+            self.applied.load(Ordering::Acquire)
+        };
+        NodeStatus {
+            node: self.me,
+            view: self.region.view(),
+            leader: self.region.leader(),
+            role: role.into(),
+            persisted,
+            committed: self.committed.load(Ordering::Acquire),
+            applied,
+            divergences: self.metrics.divergences.load(Ordering::Relaxed),
+            server_pid: self.region.preload_pid(),
+            follower_pid: std::process::id() as u64,
+        }
+    }
+
+    /// Runs every thread; returns when `stop` is set.
+    pub fn run(self: &Arc<Self>) -> anyhow::Result<()> {
+        let me = self.config.node(self.me)?.clone();
+        let listener = TcpListener::bind(me.control)
+            .with_context(|| format!("cannot listen on control address {}", me.control))?;
+        listener.set_nonblocking(true)?;
+        let n = self.clone();
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || n.accept_loop(listener))?;
+        if let Some(addr) = me.metrics {
+            let n = self.clone();
+            metrics::serve(addr, Arc::new(move || n.render_metrics()))
+                .with_context(|| format!("cannot listen on metrics address {addr}"))?;
+        }
+        let n = self.clone();
+        std::thread::Builder::new()
+            .name("heartbeat".into())
+            .spawn(move || n.heartbeat_loop())?;
+        let n = self.clone();
+        let applier = std::thread::Builder::new()
+            .name("apply".into())
+            .spawn(move || n.apply_loop())?;
+        // A node that starts behind (or late) asks a peer for what it missed.
+        if !self.is_leader_node() {
+            let mut r = self.reader();
+            self.catch_up(&mut r);
+            self.poll_loop(r);
+        } else {
+            self.poll_loop(self.reader());
+        }
+        let _ = applier.join();
+        let store = self.store();
+        store.set_applied(self.applied.load(Ordering::Acquire))?;
+        store.set_commit(self.committed.load(Ordering::Acquire))?;
+        store.flush()?;
+        log::info!("node {}: stopped cleanly", self.me);
+        Ok(())
+    }
+
+    fn reader(&self) -> RingReader {
+        let last = self.store().last();
+        let mut r = RingReader::new(
+            self.config.ring_size,
+            last.end_pos,
+            last.seq + 1,
+            self.config.max_entry,
+        );
+        r.set_min_view(self.region.view());
+        r
+    }
+
+    fn render_metrics(&self) -> String {
+        let s = self.status();
+        self.metrics.render(&[
+            ("lockstep_view", "Current view", s.view),
+            ("lockstep_leader", "Leader of the current view", s.leader),
+            ("lockstep_persisted_seq", "Highest seq stored", s.persisted),
+            ("lockstep_committed_seq", "Highest seq known committed", s.committed),
+            ("lockstep_applied_seq", "Highest seq applied", s.applied),
+            (
+                "lockstep_apply_lag",
+                "Committed entries not yet applied",
+                s.committed.saturating_sub(s.applied),
+            ),
+        ])
+    }
+
+    /// Posts `ack[me] = seq` into the leader's region.
+    fn ack(&self, seq: u64) {
+        let leader = self.region.leader();
+        let view = self.region.view();
+        if let Err(e) =
+            self.transport
+                .write(leader, view, region::ack_offset(self.me), &seq.to_le_bytes())
+        {
+            log::warn!("ack {seq} to node {leader} failed: {e}");
+        }
+        self.transport.flush();
+        self.metrics.acks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn learn_commit(&self, seq: u64) {
+        self.committed.fetch_max(seq, Ordering::AcqRel);
+    }
+
+    /// Persist-and-ack loop over the local ring.
+    fn poll_loop(&self, mut reader: RingReader) {
+        let ring = self.region.ring();
+        let mut buf = Vec::new();
+        let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut gap_since: Option<Instant> = None;
+        let mut last_catchup = Instant::now() - CATCHUP_SPACING;
+        let backoff = Backoff::new();
+        while !self.stopping() {
+            let seen = self.region.bell().value();
+            let mut need_catchup = false;
+            let mut first_seen = None;
+            let mut max_lc = 0;
+            while batch.len() < 256 {
+                match reader.poll(ring, self.region.tail(), &mut buf) {
+                    ReadOutcome::Entry { header, pos, len } => {
+                        first_seen.get_or_insert_with(Instant::now);
+                        max_lc = max_lc.max(header.last_committed);
+                        batch.push((pos, buf[..len].to_vec()));
+                    }
+                    ReadOutcome::Empty => break,
+                    ReadOutcome::Lapped { expected } => {
+                        log::warn!("fell a ring lap behind at seq {expected}: catching up from a peer");
+                        need_catchup = true;
+                        break;
+                    }
+                    ReadOutcome::Corrupt { expected, error } => {
+                        log::error!("corrupt entry at seq {expected}: {error}; fetching it from a peer");
+                        need_catchup = true;
+                        break;
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                let refs: Vec<(u64, &[u8])> = batch.iter().map(|(p, b)| (*p, b.as_slice())).collect();
+                let t = Instant::now();
+                let res = self.store().append(&refs);
+                if let Err(e) = res {
+                    log::error!("cannot persist entries: {e}; stopping");
+                    self.stop.store(true, Ordering::Relaxed);
+                    return;
+                }
+                self.metrics.persist.observe(t.elapsed());
+                let last = entry_seq(&batch[batch.len() - 1].1);
+                self.metrics
+                    .persisted_entries
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                self.persisted.store(last, Ordering::Release);
+                self.ack(last);
+                if let Some(f) = first_seen {
+                    self.metrics.ack.observe(f.elapsed());
+                }
+                self.learn_commit(max_lc.min(last));
+                batch.clear();
+                gap_since = None;
+                backoff.reset();
+                continue;
+            }
+            let tail_ahead = self.region.tail() > reader.pos();
+            if tail_ahead && !self.is_leader_node() {
+                let since = *gap_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > GAP_PATIENCE {
+                    need_catchup = true;
+                }
+            } else {
+                gap_since = None;
+            }
+            if need_catchup && last_catchup.elapsed() >= CATCHUP_SPACING {
+                last_catchup = Instant::now();
+                self.catch_up(&mut reader);
+                gap_since = None;
+                continue;
+            }
+            self.learn_commit(self.region.commit().min(self.persisted.load(Ordering::Acquire)));
+            if backoff.is_completed() {
+                // Writers ring after writing: a write since `seen` makes
+                // this return at once.
+                self.region.bell().wait(seen, Duration::from_millis(5));
+            } else {
+                backoff.snooze();
+            }
+        }
+    }
+
+    /// Fetches entries from `reader.expected()` on from a peer (the leader
+    /// first), stores them, acks, and moves the reader past them.
+    fn catch_up(&self, reader: &mut RingReader) {
+        self.metrics.catchups.fetch_add(1, Ordering::Relaxed);
+        let leader = self.region.leader();
+        let mut peers: Vec<u64> = vec![leader];
+        peers.extend(self.config.ids().filter(|&i| i != leader && i != self.me));
+        for peer in peers {
+            if peer == self.me {
+                continue;
+            }
+            match self.fetch_from(peer, reader.expected()) {
+                Ok(0) => continue,
+                Ok(n) => {
+                    let last = self.store().last();
+                    log::info!("caught up {n} entries from node {peer}, now at seq {}", last.seq);
+                    reader.reset(last.end_pos, last.seq + 1);
+                    self.persisted.store(last.seq, Ordering::Release);
+                    self.ack(last.seq);
+                    return;
+                }
+                Err(e) => log::warn!("catch-up from node {peer} failed: {e:#}"),
+            }
+        }
+    }
+
+    fn control_connect(&self, peer: u64) -> anyhow::Result<TcpStream> {
+        let addr = self.config.node(peer)?.control;
+        let s = handshake::connect(
+            addr,
+            &self.config.cluster,
+            self.config.key.as_deref(),
+            self.me,
+            Channel::Control,
+            CONTROL_TIMEOUT,
+        )?;
+        s.set_read_timeout(Some(CONTROL_TIMEOUT))?;
+        s.set_write_timeout(Some(CONTROL_TIMEOUT))?;
+        Ok(s)
+    }
+
+    fn fetch_from(&self, peer: u64, from: u64) -> anyhow::Result<u64> {
+        let mut s = self.control_connect(peer)?;
+        control::send_json(&mut s, &Request::Fetch { from, to: 0 })?;
+        match control::recv_json::<Response>(&mut s)? {
+            Response::Entries => {}
+            Response::Error(e) => bail!("node {peer} refused: {e}"),
+            other => bail!("node {peer} answered {other:?}"),
+        }
+        let mut n = 0u64;
+        loop {
+            let batch = control::recv_entries(&mut s)?;
+            if batch.is_empty() {
+                break;
+            }
+            for e in &batch {
+                let (h, _) = entry::decode(&e.bytes, self.config.max_entry)
+                    .with_context(|| format!("node {peer} sent a bad entry {}", e.seq))?;
+                if h.seq != e.seq {
+                    bail!("node {peer} sent entry {} labelled {}", h.seq, e.seq);
+                }
+            }
+            let refs: Vec<(u64, &[u8])> = batch.iter().map(|e| (e.pos, e.bytes.as_slice())).collect();
+            self.store().append(&refs)?;
+            n += batch.len() as u64;
+            self.metrics
+                .fetched_entries
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            self.persisted
+                .store(batch[batch.len() - 1].seq, Ordering::Release);
+        }
+        Ok(n)
+    }
+
+    /// Leader: keeps backups' commit words fresh, so idle backups apply.
+    /// Every node: refreshes its heartbeat for the preload.
+    fn heartbeat_loop(&self) {
+        let mut sent = 0u64;
+        let mut last_send = Instant::now();
+        while !self.stopping() {
+            let bell = self.region.bell();
+            let seen = bell.value();
+            self.region.set_heartbeat(now_ms());
+            if self.region.role() == Role::Leader {
+                let c = self.region.commit();
+                self.learn_commit(c.min(self.persisted.load(Ordering::Acquire)));
+                if c != sent || last_send.elapsed() > Duration::from_millis(100) {
+                    let view = self.region.view();
+                    for peer in self.config.ids().filter(|&i| i != self.me) {
+                        if let Err(e) = self.transport.write(
+                            peer,
+                            view,
+                            region::commit_offset(),
+                            &c.to_le_bytes(),
+                        ) {
+                            log::debug!("commit heartbeat to node {peer}: {e}");
+                        }
+                    }
+                    self.transport.flush();
+                    sent = c;
+                    last_send = Instant::now();
+                }
+            }
+            bell.wait(seen, Duration::from_millis(20));
+        }
+    }
+
+    /// Applies committed entries to the local server (backups, and a
+    /// restarted leader before it serves again).
+    fn apply_loop(&self) {
+        let app = match self.config.node(self.me) {
+            Ok(n) => n.app,
+            Err(_) => return,
+        };
+        let mut replayer = Replayer::new(app, self.region.clone(), self.stop.clone());
+        let mut applied = 0u64;
+        let mut last_saved = Instant::now();
+        while !self.stopping() {
+            let role = self.region.role();
+            if role == Role::Leader {
+                // The leader's server consumed its inputs itself.
+                replayer.close_all();
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            let persisted = self.persisted.load(Ordering::Acquire);
+            let target = if role == Role::Joining && self.is_leader_node() {
+                persisted
+            } else {
+                self.committed.load(Ordering::Acquire).min(persisted)
+            };
+            if applied < target {
+                let want = ((target - applied) as usize).min(256);
+                let entries = match self.store().range(applied + 1, want) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        log::error!("cannot read the log: {e}; stopping");
+                        self.stop.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                };
+                for (seq, e) in entries {
+                    if seq != applied + 1 {
+                        log::error!("log gap at seq {} while applying; stopping", applied + 1);
+                        self.stop.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    let t = Instant::now();
+                    let h: EntryHeader = e.header();
+                    if let Err(err) = replayer.apply(&h, e.payload()) {
+                        if !self.stopping() {
+                            log::error!("applying seq {seq} failed: {err}");
+                        }
+                        return;
+                    }
+                    self.metrics.apply.observe(t.elapsed());
+                    self.metrics.applied_entries.fetch_add(1, Ordering::Relaxed);
+                    applied = seq;
+                    self.applied.store(seq, Ordering::Release);
+                }
+                self.metrics
+                    .divergences
+                    .store(replayer.checked.diverged, Ordering::Relaxed);
+                continue;
+            }
+            if role == Role::Joining && self.is_leader_node() {
+                log::info!("node {}: server rebuilt up to seq {applied}; serving as leader", self.me);
+                self.region.set_role(Role::Leader);
+                continue;
+            }
+            replayer.drain_all();
+            self.metrics
+                .divergences
+                .store(replayer.checked.diverged, Ordering::Relaxed);
+            if last_saved.elapsed() > Duration::from_secs(1) {
+                let _ = self.store().set_applied(applied);
+                let _ = self.store().set_commit(self.committed.load(Ordering::Acquire));
+                last_saved = Instant::now();
+            }
+            let bell = self.region.bell();
+            let seen = bell.value();
+            if self.committed.load(Ordering::Acquire).min(self.persisted.load(Ordering::Acquire)) <= applied {
+                bell.wait(seen, Duration::from_millis(2));
+            }
+        }
+        replayer.close_all();
+    }
+
+    fn accept_loop(self: Arc<Self>, listener: TcpListener) {
+        while !self.stopping() {
+            match listener.accept() {
+                Ok((stream, from)) => {
+                    let n = self.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("peer".into())
+                        .spawn(move || n.serve_peer(stream, from));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    log::warn!("control accept: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    fn serve_peer(&self, mut stream: TcpStream, from: std::net::SocketAddr) {
+        let _ = stream.set_nonblocking(false);
+        let hello = match handshake::accept(&mut stream, &self.config.cluster, self.config.key.as_deref()) {
+            Ok(h) => h,
+            Err(e) => {
+                log::warn!("refused a connection from {from}: {e}");
+                return;
+            }
+        };
+        match hello.channel {
+            Channel::Region => self.region_server.serve(stream, hello.node),
+            Channel::Control => {
+                if let Err(e) = self.serve_control(&mut stream) {
+                    if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                        log::debug!("control connection from {from}: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    fn serve_control(&self, s: &mut TcpStream) -> std::io::Result<()> {
+        s.set_read_timeout(None)?;
+        loop {
+            let req: Request = control::recv_json(s)?;
+            match req {
+                Request::Status => control::send_json(s, &Response::Status(self.status()))?,
+                Request::Fetch { from, to } => {
+                    control::send_json(s, &Response::Entries)?;
+                    let mut next = from.max(1);
+                    loop {
+                        let batch = match self.store().range(next, FETCH_BATCH) {
+                            Ok(b) => b,
+                            Err(e) => {
+                                log::error!("serving fetch: {e}");
+                                break;
+                            }
+                        };
+                        let batch: Vec<FetchedEntry> = batch
+                            .into_iter()
+                            .take_while(|(seq, _)| to == 0 || *seq <= to)
+                            .map(|(seq, e)| FetchedEntry {
+                                seq,
+                                pos: e.pos,
+                                bytes: e.bytes,
+                            })
+                            .collect();
+                        if batch.is_empty() {
+                            break;
+                        }
+                        next = batch[batch.len() - 1].seq + 1;
+                        control::send_entries(s, &batch)?;
+                    }
+                    control::send_entries(s, &[])?;
+                }
+            }
+        }
+    }
+}
+
+fn entry_seq(bytes: &[u8]) -> u64 {
+    EntryHeader::parse(bytes).map(|h| h.seq).unwrap_or(0)
+}

@@ -1,0 +1,351 @@
+//! The follower's durable log: RocksDB with one key per entry (big-endian
+//! seq, so iteration is log order) and a `meta` column family for the view,
+//! commit and applied marks.
+//!
+//! A stored value is the entry's ring position (u64 LE) followed by the
+//! encoded entry, so a node that catches up from a peer knows where the
+//! next entry starts in the ring.
+
+use std::path::Path;
+
+use lockstep_common::config::Durability;
+use lockstep_common::entry::{self, EntryHeader};
+use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+
+const META: &str = "meta";
+const K_VIEW: &[u8] = b"view";
+const K_COMMIT: &[u8] = b"commit";
+const K_APPLIED: &[u8] = b"applied";
+
+/// Why the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// RocksDB reported an error.
+    #[error("rocksdb: {0}")]
+    Db(#[from] rocksdb::Error),
+    /// A stored value does not decode.
+    #[error("stored entry {seq} is corrupt: {what}")]
+    Corrupt {
+        /// Seq of the bad entry.
+        seq: u64,
+        /// What is wrong.
+        what: String,
+    },
+    /// An append would leave a gap or go backwards.
+    #[error("append of seq {got} but the log ends at {last}")]
+    Gap {
+        /// Seq offered.
+        got: u64,
+        /// Last stored seq.
+        last: u64,
+    },
+}
+
+/// One stored entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredEntry {
+    /// Ring position where the entry starts.
+    pub pos: u64,
+    /// The encoded entry (header, payload, canary).
+    pub bytes: Vec<u8>,
+}
+
+impl StoredEntry {
+    /// Decodes the header (the bytes were checked when stored).
+    pub fn header(&self) -> EntryHeader {
+        EntryHeader::parse(&self.bytes).expect("stored entries were checked")
+    }
+    /// The payload bytes.
+    pub fn payload(&self) -> &[u8] {
+        let h = self.header();
+        &self.bytes[entry::HEADER_LEN..entry::HEADER_LEN + h.len as usize]
+    }
+    /// Ring position just past this entry.
+    pub fn end(&self) -> u64 {
+        self.pos + self.bytes.len() as u64
+    }
+}
+
+/// The last stored entry's identity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogEnd {
+    /// Its seq (0: empty log).
+    pub seq: u64,
+    /// Its view.
+    pub view: u64,
+    /// Ring position just past it.
+    pub end_pos: u64,
+}
+
+/// RocksDB-backed log store.
+pub struct LogStore {
+    db: DB,
+    sync: bool,
+    last: LogEnd,
+}
+
+fn key(seq: u64) -> [u8; 8] {
+    seq.to_be_bytes()
+}
+
+fn u64_value(v: Option<Vec<u8>>) -> u64 {
+    v.and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .unwrap_or(0)
+}
+
+impl LogStore {
+    /// Opens (creating if needed) the store at `dir`.
+    pub fn open(dir: &Path, durability: Durability) -> Result<LogStore, StoreError> {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::None);
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, Options::default()),
+            ColumnFamilyDescriptor::new(META, Options::default()),
+        ];
+        let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
+        let mut store = LogStore {
+            db,
+            sync: durability == Durability::Fsync,
+            last: LogEnd::default(),
+        };
+        store.last = store.scan_last()?;
+        Ok(store)
+    }
+
+    fn scan_last(&self) -> Result<LogEnd, StoreError> {
+        let mut it = self.db.iterator(IteratorMode::End);
+        match it.next() {
+            None => Ok(LogEnd::default()),
+            Some(kv) => {
+                let (k, v) = kv?;
+                let seq = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| {
+                    StoreError::Corrupt {
+                        seq: 0,
+                        what: "bad key".into(),
+                    }
+                })?);
+                let e = Self::decode_value(seq, &v)?;
+                Ok(LogEnd {
+                    seq,
+                    view: e.header().view,
+                    end_pos: e.end(),
+                })
+            }
+        }
+    }
+
+    fn decode_value(seq: u64, v: &[u8]) -> Result<StoredEntry, StoreError> {
+        if v.len() < 8 {
+            return Err(StoreError::Corrupt {
+                seq,
+                what: "value too short".into(),
+            });
+        }
+        let pos = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
+        let bytes = v[8..].to_vec();
+        entry::decode(&bytes, u32::MAX).map_err(|e| StoreError::Corrupt {
+            seq,
+            what: e.to_string(),
+        })?;
+        Ok(StoredEntry { pos, bytes })
+    }
+
+    /// Identity of the last stored entry.
+    pub fn last(&self) -> LogEnd {
+        self.last
+    }
+
+    /// Appends entries `(pos, encoded bytes)` that must continue the log
+    /// without a gap; one RocksDB write (fsynced in `fsync` mode).
+    pub fn append(&mut self, entries: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::default();
+        let mut last = self.last;
+        let mut value = Vec::new();
+        for (pos, bytes) in entries {
+            let h = EntryHeader::parse(bytes).map_err(|e| StoreError::Corrupt {
+                seq: last.seq + 1,
+                what: e.to_string(),
+            })?;
+            if h.seq != last.seq + 1 {
+                return Err(StoreError::Gap {
+                    got: h.seq,
+                    last: last.seq,
+                });
+            }
+            value.clear();
+            value.extend_from_slice(&pos.to_le_bytes());
+            value.extend_from_slice(bytes);
+            batch.put(key(h.seq), &value);
+            last = LogEnd {
+                seq: h.seq,
+                view: h.view,
+                end_pos: pos + bytes.len() as u64,
+            };
+        }
+        let mut wo = WriteOptions::default();
+        wo.set_sync(self.sync);
+        self.db.write_opt(batch, &wo)?;
+        self.last = last;
+        Ok(())
+    }
+
+    /// The entry with seq `seq`, if stored.
+    pub fn get(&self, seq: u64) -> Result<Option<StoredEntry>, StoreError> {
+        match self.db.get(key(seq))? {
+            None => Ok(None),
+            Some(v) => Ok(Some(Self::decode_value(seq, &v)?)),
+        }
+    }
+
+    /// Up to `max` entries starting at `from`, in order.
+    pub fn range(&self, from: u64, max: usize) -> Result<Vec<(u64, StoredEntry)>, StoreError> {
+        let mut out = Vec::new();
+        let start = key(from);
+        for kv in self
+            .db
+            .iterator(IteratorMode::From(&start, rocksdb::Direction::Forward))
+        {
+            if out.len() >= max {
+                break;
+            }
+            let (k, v) = kv?;
+            let seq = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
+            out.push((seq, Self::decode_value(seq, &v)?));
+        }
+        Ok(out)
+    }
+
+    /// Removes every entry after `seq` (uncommitted tail of an old view).
+    pub fn truncate_after(&mut self, seq: u64) -> Result<(), StoreError> {
+        if seq >= self.last.seq {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::default();
+        batch.delete_range(key(seq + 1), key(u64::MAX));
+        batch.delete(key(u64::MAX));
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db.write_opt(batch, &wo)?;
+        self.last = self.scan_last()?;
+        Ok(())
+    }
+
+    fn meta_get(&self, k: &[u8]) -> Result<u64, StoreError> {
+        let cf = self.db.cf_handle(META).expect("meta column family");
+        Ok(u64_value(self.db.get_cf(cf, k)?))
+    }
+
+    fn meta_put(&self, k: &[u8], v: u64) -> Result<(), StoreError> {
+        let cf = self.db.cf_handle(META).expect("meta column family");
+        let mut wo = WriteOptions::default();
+        wo.set_sync(self.sync);
+        self.db.put_cf_opt(cf, k, v.to_le_bytes(), &wo)?;
+        Ok(())
+    }
+
+    /// Stored view (0: never set).
+    pub fn view(&self) -> Result<u64, StoreError> {
+        self.meta_get(K_VIEW)
+    }
+    /// Stores the view (always synced: a promise to refuse older views).
+    pub fn set_view(&self, v: u64) -> Result<(), StoreError> {
+        let cf = self.db.cf_handle(META).expect("meta column family");
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db.put_cf_opt(cf, K_VIEW, v.to_le_bytes(), &wo)?;
+        Ok(())
+    }
+    /// Stored commit mark.
+    pub fn commit(&self) -> Result<u64, StoreError> {
+        self.meta_get(K_COMMIT)
+    }
+    /// Stores the commit mark.
+    pub fn set_commit(&self, v: u64) -> Result<(), StoreError> {
+        self.meta_put(K_COMMIT, v)
+    }
+    /// Stored applied mark.
+    pub fn applied(&self) -> Result<u64, StoreError> {
+        self.meta_get(K_APPLIED)
+    }
+    /// Stores the applied mark.
+    pub fn set_applied(&self, v: u64) -> Result<(), StoreError> {
+        self.meta_put(K_APPLIED, v)
+    }
+
+    /// Flushes memtables and WAL (clean shutdown).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush_wal(true)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockstep_common::entry::{encode, Kind};
+
+    fn e(seq: u64, view: u64, payload: &[u8]) -> Vec<u8> {
+        encode(&EntryHeader::new(Kind::Data, view, seq, 1, 0), payload)
+    }
+
+    fn tmpdir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("lockstep-store-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn append_get_range_and_reopen() {
+        let d = tmpdir("basic");
+        {
+            let mut s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+            assert_eq!(s.last(), LogEnd::default());
+            let a = e(1, 1, b"hello");
+            let b = e(2, 1, b"world");
+            s.append(&[(0, &a), (128, &b)]).unwrap();
+            assert_eq!(s.last().seq, 2);
+            assert_eq!(s.last().end_pos, 128 + b.len() as u64);
+            assert_eq!(s.get(2).unwrap().unwrap().payload(), b"world");
+            assert!(matches!(
+                s.append(&[(0, &e(5, 1, b""))]),
+                Err(StoreError::Gap { got: 5, last: 2 })
+            ));
+            s.set_applied(2).unwrap();
+            s.set_view(3).unwrap();
+        }
+        let s = LogStore::open(&d, Durability::Fsync).unwrap();
+        assert_eq!(s.last().seq, 2);
+        assert_eq!(s.applied().unwrap(), 2);
+        assert_eq!(s.view().unwrap(), 3);
+        let r = s.range(1, 10).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].1.pos, 0);
+        assert_eq!(r[1].1.payload(), b"world");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn truncate_drops_the_tail() {
+        let d = tmpdir("trunc");
+        let mut s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+        let es: Vec<Vec<u8>> = (1..=5).map(|i| e(i, 1, b"x")).collect();
+        let refs: Vec<(u64, &[u8])> = es
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (i as u64 * 128, b.as_slice()))
+            .collect();
+        s.append(&refs).unwrap();
+        s.truncate_after(3).unwrap();
+        assert_eq!(s.last().seq, 3);
+        assert!(s.get(4).unwrap().is_none());
+        s.append(&[(384, &e(4, 2, b"new"))]).unwrap();
+        assert_eq!(s.get(4).unwrap().unwrap().header().view, 2);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,0 +1,500 @@
+//! A test harness for whole clusters on this machine: writes a config with
+//! free loopback ports, starts real follower processes and real servers
+//! under the preload, and stops everything (and removes region files and
+//! data) when dropped — also when a test fails.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockstep_common::control::NodeStatus;
+
+/// Directory holding the built binaries (target/debug).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let deps = exe.parent().expect("deps dir");
+    let dir = deps.parent().expect("target dir").to_path_buf();
+    for b in ["lockstep-follower", "liblockstep.so", "lockstep"] {
+        assert!(
+            dir.join(b).exists(),
+            "{} missing: run `cargo build --workspace` first (scripts/test does)",
+            dir.join(b).display()
+        );
+    }
+    dir
+}
+
+/// A free loopback port (bind 0, read it, release it).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// What kind of server each node runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Server {
+    /// redis-server.
+    Redis,
+    /// memcached -t 1.
+    Memcached,
+}
+
+/// One node's ports.
+#[derive(Clone, Debug)]
+pub struct NodePorts {
+    /// Node id.
+    pub id: u64,
+    /// App (server) address.
+    pub app: SocketAddr,
+    /// Follower control address.
+    pub control: SocketAddr,
+}
+
+/// A running test cluster.
+pub struct TestCluster {
+    /// Cluster name (unique per test).
+    pub name: String,
+    /// Temp directory with config, data and logs.
+    pub dir: PathBuf,
+    /// Config file path.
+    pub config_path: PathBuf,
+    /// Nodes.
+    pub nodes: Vec<NodePorts>,
+    server: Server,
+    followers: Vec<Option<Child>>,
+    servers: Vec<Option<Child>>,
+    bins: PathBuf,
+}
+
+/// Options for a test cluster.
+pub struct Options {
+    /// Node count.
+    pub nodes: usize,
+    /// Transport name.
+    pub transport: &'static str,
+    /// Ring size string.
+    pub ring_size: &'static str,
+    /// Which server.
+    pub server: Server,
+    /// Extra top-level TOML lines.
+    pub extra: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            nodes: 3,
+            transport: "shm",
+            ring_size: "8MiB",
+            server: Server::Redis,
+            extra: String::new(),
+        }
+    }
+}
+
+impl TestCluster {
+    /// Writes the config; starts nothing yet.
+    pub fn new(test: &str, opts: Options) -> TestCluster {
+        let name = format!("t{}-{}", std::process::id(), test);
+        let dir = std::env::temp_dir().join(format!("lockstep-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let nodes: Vec<NodePorts> = (1..=opts.nodes as u64)
+            .map(|id| NodePorts {
+                id,
+                app: SocketAddr::from(([127, 0, 0, 1], free_port())),
+                control: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            })
+            .collect();
+        let mut toml = format!(
+            "cluster = \"{name}\"\ntransport = \"{}\"\nring_size = \"{}\"\ndata_dir = \"{}\"\nbackup_clients = \"allow\"\nkey = \"test-cluster-key-0123456789\"\n{}\n[election]\nmode = \"static\"\nleader = 1\n",
+            opts.transport,
+            opts.ring_size,
+            dir.join("data").display(),
+            opts.extra
+        );
+        for n in &nodes {
+            toml.push_str(&format!(
+                "[[nodes]]\nid = {}\napp = \"{}\"\ncontrol = \"{}\"\n",
+                n.id, n.app, n.control
+            ));
+        }
+        let config_path = dir.join("cluster.toml");
+        std::fs::write(&config_path, toml).expect("write config");
+        let n = nodes.len();
+        TestCluster {
+            name,
+            dir,
+            config_path,
+            nodes,
+            server: opts.server,
+            followers: (0..n).map(|_| None).collect(),
+            servers: (0..n).map(|_| None).collect(),
+            bins: bin_dir(),
+        }
+    }
+
+    /// The loaded config.
+    pub fn config(&self) -> lockstep_common::Config {
+        lockstep_common::Config::load(&self.config_path).expect("config")
+    }
+
+    fn idx(&self, id: u64) -> usize {
+        (id - 1) as usize
+    }
+
+    fn log(&self, what: &str, id: u64) -> std::fs::File {
+        let p = self.dir.join(format!("{what}-{id}.log"));
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .expect("log file")
+    }
+
+    /// Starts node `id`'s follower and waits until it answers.
+    pub fn start_follower(&mut self, id: u64) {
+        let log = self.log("follower", id);
+        let child = Command::new(self.bins.join("lockstep-follower"))
+            .arg("--config")
+            .arg(&self.config_path)
+            .arg("--node")
+            .arg(id.to_string())
+            .env("LOCKSTEP_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn follower");
+        let i = self.idx(id);
+        self.followers[i] = Some(child);
+        self.wait("follower answering", Duration::from_secs(30), |c| {
+            c.status(id).is_ok()
+        });
+    }
+
+    /// Starts node `id`'s server under the preload and waits until it
+    /// listens and is attached to its region.
+    pub fn start_server(&mut self, id: u64) {
+        let n = self.nodes[self.idx(id)].clone();
+        let data = self.dir.join(format!("server-{id}"));
+        let _ = std::fs::remove_dir_all(&data);
+        std::fs::create_dir_all(&data).expect("server dir");
+        let mut cmd = match self.server {
+            Server::Redis => {
+                let mut c = Command::new("redis-server");
+                c.args(["--port", &n.app.port().to_string(), "--bind", "127.0.0.1"])
+                    .args(["--save", "", "--appendonly", "no", "--enable-debug-command", "yes"])
+                    .arg("--dir")
+                    .arg(&data);
+                c
+            }
+            Server::Memcached => {
+                let mut c = Command::new("memcached");
+                c.args(["-u", "root", "-t", "1", "-U", "0", "-l", "127.0.0.1"])
+                    .args(["-p", &n.app.port().to_string()]);
+                c
+            }
+        };
+        let log = self.log("server", id);
+        let child = cmd
+            .env("LD_PRELOAD", self.bins.join("liblockstep.so"))
+            .env("LOCKSTEP_CONFIG", &self.config_path)
+            .env("LOCKSTEP_NODE", id.to_string())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn server");
+        let i = self.idx(id);
+        self.servers[i] = Some(child);
+        self.wait("server listening and attached", Duration::from_secs(60), |c| {
+            TcpStream::connect(n.app).is_ok()
+                && c.status(id).map(|s| s.server_pid != 0).unwrap_or(false)
+        });
+    }
+
+    /// Starts every follower, then every server; waits until the leader
+    /// serves.
+    pub fn start_all(&mut self) {
+        for id in 1..=self.nodes.len() as u64 {
+            self.start_follower(id);
+        }
+        for id in 1..=self.nodes.len() as u64 {
+            self.start_server(id);
+        }
+        self.wait("leader active", Duration::from_secs(60), |c| {
+            c.status(1).map(|s| s.role == "leader").unwrap_or(false)
+        });
+    }
+
+    /// SIGKILLs node `id`'s follower.
+    pub fn kill_follower(&mut self, id: u64) {
+        let i = self.idx(id);
+        if let Some(mut c) = self.followers[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGKILLs node `id`'s server.
+    pub fn kill_server(&mut self, id: u64) {
+        let i = self.idx(id);
+        if let Some(mut c) = self.servers[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Node `id`'s status over the control channel.
+    pub fn status(&self, id: u64) -> Result<NodeStatus, String> {
+        query_status(&self.config(), id)
+    }
+
+    /// Polls `cond` until true; panics with the follower logs after `limit`.
+    pub fn wait(&self, what: &str, limit: Duration, cond: impl Fn(&TestCluster) -> bool) {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if cond(self) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("timed out waiting for {what}\n{}", self.logs());
+    }
+
+    /// Waits until every node has applied everything the leader persisted.
+    pub fn wait_converged(&self, limit: Duration) {
+        self.wait("all nodes applied the leader's log", limit, |c| {
+            let Ok(l) = c.status(1) else { return false };
+            (1..=c.nodes.len() as u64).all(|id| {
+                c.status(id)
+                    .map(|s| s.applied >= l.persisted && s.persisted >= l.persisted)
+                    .unwrap_or(false)
+            })
+        });
+    }
+
+    /// The tail of every log file, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        if let Ok(rd) = std::fs::read_dir(&self.dir) {
+            let mut paths: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+            paths.sort();
+            for p in paths {
+                if p.extension().map(|e| e == "log").unwrap_or(false) {
+                    let text = std::fs::read_to_string(&p).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                    out.push_str(&format!("--- {}\n", p.display()));
+                    for l in tail.into_iter().rev() {
+                        out.push_str(l);
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// App address of node `id`.
+    pub fn app(&self, id: u64) -> SocketAddr {
+        self.nodes[self.idx(id)].app
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for c in self.servers.iter_mut().chain(self.followers.iter_mut()) {
+            if let Some(mut c) = c.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        for n in &self.nodes {
+            let _ = std::fs::remove_file(lockstep_common::region::region_path(&self.name, n.id));
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Status of node `id` over its control channel.
+pub fn query_status(config: &lockstep_common::Config, id: u64) -> Result<NodeStatus, String> {
+    use lockstep_common::control::{self, Request, Response};
+    use lockstep_common::handshake::{self, Channel};
+    let addr = config.node(id).map_err(|e| e.0)?.control;
+    let mut s = handshake::connect(
+        addr,
+        &config.cluster,
+        config.key.as_deref(),
+        0,
+        Channel::Control,
+        Duration::from_secs(2),
+    )
+    .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    control::send_json(&mut s, &Request::Status).map_err(|e| e.to_string())?;
+    match control::recv_json::<Response>(&mut s).map_err(|e| e.to_string())? {
+        Response::Status(st) => Ok(st),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// A minimal RESP client.
+pub struct Resp {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+/// A RESP reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// +simple
+    Status(String),
+    /// -error
+    Error(String),
+    /// :int
+    Int(i64),
+    /// $bulk (None: nil)
+    Bulk(Option<Vec<u8>>),
+    /// *array (None: nil)
+    Array(Option<Vec<Reply>>),
+}
+
+impl Resp {
+    /// Connects to a Redis server.
+    pub fn connect(addr: SocketAddr) -> std::io::Result<Resp> {
+        let s = TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))?;
+        s.set_nodelay(true)?;
+        Ok(Resp {
+            r: BufReader::new(s.try_clone()?),
+            w: s,
+        })
+    }
+
+    /// Sends one command and reads its reply.
+    pub fn cmd(&mut self, args: &[&[u8]]) -> std::io::Result<Reply> {
+        self.send(args)?;
+        self.read()
+    }
+
+    /// Sends one command without reading.
+    pub fn send(&mut self, args: &[&[u8]]) -> std::io::Result<()> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        self.w.write_all(&out)
+    }
+
+    /// Reads one reply.
+    pub fn read(&mut self) -> std::io::Result<Reply> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let line = line.trim_end_matches("\r\n");
+        let (t, rest) = line.split_at(1);
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, line.to_string());
+        Ok(match t {
+            "+" => Reply::Status(rest.into()),
+            "-" => Reply::Error(rest.into()),
+            ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
+            "$" => {
+                let n: i64 = rest.parse().map_err(|_| bad())?;
+                if n < 0 {
+                    Reply::Bulk(None)
+                } else {
+                    let mut b = vec![0u8; n as usize + 2];
+                    self.r.read_exact(&mut b)?;
+                    b.truncate(n as usize);
+                    Reply::Bulk(Some(b))
+                }
+            }
+            "*" => {
+                let n: i64 = rest.parse().map_err(|_| bad())?;
+                if n < 0 {
+                    Reply::Array(None)
+                } else {
+                    let mut v = Vec::new();
+                    for _ in 0..n {
+                        v.push(self.read()?);
+                    }
+                    Reply::Array(Some(v))
+                }
+            }
+            _ => return Err(bad()),
+        })
+    }
+}
+
+/// `DEBUG DIGEST` of the Redis server at `addr`.
+pub fn redis_digest(addr: SocketAddr) -> String {
+    let mut c = Resp::connect(addr).expect("connect for digest");
+    match c.cmd(&[b"DEBUG", b"DIGEST"]).expect("DEBUG DIGEST") {
+        Reply::Status(s) => s,
+        other => panic!("DEBUG DIGEST answered {other:?}"),
+    }
+}
+
+/// Runs `threads` clients against `addr`, each doing `ops` order-sensitive
+/// operations on shared keys (lists, appends, counters, MULTI/EXEC, SELECT).
+pub fn redis_mixed_workload(addr: SocketAddr, threads: usize, ops: usize) {
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut c = Resp::connect(addr).expect("connect");
+                for i in 0..ops {
+                    let v = format!("{t}:{i}");
+                    let r = match i % 7 {
+                        0 => c.cmd(&[b"LPUSH", b"shared:list", v.as_bytes()]),
+                        1 => c.cmd(&[b"RPUSH", b"shared:list", v.as_bytes()]),
+                        2 => c.cmd(&[b"APPEND", b"shared:str", v.as_bytes()]),
+                        3 => c.cmd(&[b"INCR", b"shared:counter"]),
+                        4 => {
+                            c.send(&[b"MULTI"]).unwrap();
+                            c.send(&[b"INCRBY", b"shared:tx", b"3"]).unwrap();
+                            c.send(&[b"RPUSH", b"shared:txlist", v.as_bytes()]).unwrap();
+                            c.send(&[b"EXEC"]).unwrap();
+                            for _ in 0..3 {
+                                c.read().unwrap();
+                            }
+                            c.read()
+                        }
+                        5 => {
+                            c.cmd(&[b"SELECT", b"3"]).unwrap();
+                            let r = c.cmd(&[b"RPUSH", b"db3:list", v.as_bytes()]);
+                            c.cmd(&[b"SELECT", b"0"]).unwrap();
+                            r
+                        }
+                        _ => c.cmd(&[b"SET", format!("key:{t}:{}", i % 50).as_bytes(), v.as_bytes()]),
+                    };
+                    match r.expect("command") {
+                        Reply::Error(e) => panic!("server error: {e}"),
+                        _ => {}
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("client thread");
+    }
+}
+
+/// Removes a path if it exists.
+pub fn remove(p: &Path) {
+    let _ = std::fs::remove_dir_all(p);
+    let _ = std::fs::remove_file(p);
+}

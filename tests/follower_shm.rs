@@ -1,0 +1,89 @@
+//! Three nodes on one host with the shm transport and a static leader: real
+//! redis-server under the preload, real follower processes, real RocksDB.
+
+mod cluster;
+
+use std::time::Duration;
+
+use cluster::{redis_digest, redis_mixed_workload, Options, Resp, TestCluster};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+const CONVERGE: Duration = Duration::from_secs(120);
+
+fn assert_same_digest(c: &TestCluster) {
+    let leader = redis_digest(c.app(1));
+    for id in 2..=c.nodes.len() as u64 {
+        assert_eq!(redis_digest(c.app(id)), leader, "node {id} differs from the leader\n{}", c.logs());
+    }
+}
+
+#[test]
+fn mixed_workload_leaves_identical_replicas() {
+    let mut c = TestCluster::new("mixed", Options::default());
+    c.start_all();
+    redis_mixed_workload(c.app(1), 8, 300);
+    c.wait_converged(CONVERGE);
+    assert_same_digest(&c);
+    let mut r = Resp::connect(c.app(2)).unwrap();
+    let len = r.cmd(&[b"LLEN", b"shared:list"]).unwrap();
+    let pushes = 8 * (0..300).filter(|i| i % 7 < 2).count() as i64;
+    assert_eq!(len, cluster::Reply::Int(pushes), "list length on a backup");
+    for id in 1..=3 {
+        assert_eq!(c.status(id).unwrap().divergences, 0, "node {id} saw divergence");
+    }
+}
+
+#[test]
+fn follower_killed_mid_load_restarts_with_fresh_server_and_converges() {
+    let mut c = TestCluster::new("restart", Options::default());
+    c.start_all();
+    let app = c.app(1);
+    let load = std::thread::spawn(move || redis_mixed_workload(app, 4, 600));
+    std::thread::sleep(Duration::from_millis(700));
+    c.kill_follower(3);
+    c.kill_server(3);
+    std::thread::sleep(Duration::from_millis(300));
+    c.start_follower(3);
+    c.start_server(3);
+    load.join().unwrap();
+    c.wait_converged(CONVERGE);
+    assert_same_digest(&c);
+}
+
+#[test]
+fn follower_down_at_start_joins_later_and_converges() {
+    let mut c = TestCluster::new("late", Options::default());
+    for id in [1, 2] {
+        c.start_follower(id);
+    }
+    for id in [1, 2] {
+        c.start_server(id);
+    }
+    redis_mixed_workload(c.app(1), 4, 200);
+    c.start_follower(3);
+    c.start_server(3);
+    redis_mixed_workload(c.app(1), 2, 50);
+    c.wait_converged(CONVERGE);
+    assert_same_digest(&c);
+}
+
+#[test]
+fn follower_a_ring_lap_behind_catches_up_from_a_peer() {
+    let mut c = TestCluster::new("lap", Options { ring_size: "1MiB", ..Options::default() });
+    c.start_all();
+    let pid = c.status(3).unwrap().follower_pid as i32;
+    kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+    // More than a ring's worth of input while node 3 is frozen.
+    let mut r = Resp::connect(c.app(1)).unwrap();
+    let value = vec![b'v'; 4096];
+    for i in 0..600 {
+        r.cmd(&[b"SET", format!("big:{}", i % 97).as_bytes(), &value]).unwrap();
+        r.cmd(&[b"APPEND", b"order", format!("{i},").as_bytes()]).unwrap();
+    }
+    kill(Pid::from_raw(pid), Signal::SIGCONT).unwrap();
+    c.wait_converged(CONVERGE);
+    assert_same_digest(&c);
+    let log = std::fs::read_to_string(c.dir.join("follower-3.log")).unwrap();
+    assert!(log.contains("lap behind") || log.contains("caught up"), "node 3 never caught up:\n{log}");
+}
