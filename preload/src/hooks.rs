@@ -1,490 +1,947 @@
-//! The interposed libc functions. This module is the preload's only home of
-//! `unsafe`: resolving the real functions, the exported symbols, reading
-//! iovecs, errno, and the fork handler.
+//! The interposed libc functions — the preload's only home of `unsafe`:
+//! resolving the real functions, the exported symbols, turning the
+//! caller's raw buffers into slices, errno, socket addresses and the few
+//! raw calls the rest of the crate makes (in [`sys`]).
 //!
-//! Real functions are resolved with `dlsym(RTLD_NEXT)` and cached, instead
-//! of redhook's wrappers: redhook 2.0 catches a panic in a hook and then
-//! calls the *real* function, which for a leader's `recv` would hand the
-//! server bytes that were never replicated. Here a panic fails the
-//! connection instead.
+//! # Why not redhook
 //!
-//! Every hook: do the real call, then (unless inside another hook, in a
-//! forked child, or the fd is not a tracked client) let `state` decide.
+//! Real functions are resolved with `dlsym(RTLD_NEXT, ..)` and cached in
+//! atomics instead of going through redhook's `hook!`/`real!`: redhook 2.0
+//! wraps each hook in `catch_unwind` and, when the hook panics, calls the
+//! *real* function. For a leader's `recv` that hands the server bytes that
+//! were never replicated — a silent divergence. Here a panic in a hook
+//! body fails that one connection (-1/ECONNRESET) and nothing else.
+//!
+//! # Shape of a hook
+//!
+//! 1. Cheap filter: a forked child, or an fd the table does not track,
+//!    goes straight to the real function (one relaxed load).
+//! 2. Re-entrancy guard: a hook called from inside another hook on the
+//!    same thread (the preload's own I/O) passes through.
+//! 3. `dispatch` decides before the real call (fail, return EOF, pass) and
+//!    after it (replicate, count, fail), inside `catch_unwind`.
+//!
+//! Real functions are resolved by a load-time constructor (so no hook ever
+//! calls `dlsym` on a hot path); a hook that runs while `dlsym` itself is
+//! resolving on the same thread (an allocator calling `read` during its
+//! initialisation) uses the raw system call instead of recursing.
 
 use std::cell::Cell;
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_long, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use libc::{iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
-use crate::state::{self, Init, Verdict, INERT};
+use crate::dispatch::{self, Before, Ret};
+
+// ---------------------------------------------------------------------------
+// Real functions.
 
 thread_local! {
+    /// Set while this thread is inside `dlsym`.
+    static RESOLVING: Cell<bool> = const { Cell::new(false) };
+    /// Set while this thread runs a hook body.
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Runs `f` unless this thread is already inside a hook (the preload's own
-/// I/O, logging, initialisation) or the process is a forked child.
-fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
-    if INERT.load(std::sync::atomic::Ordering::Relaxed) {
-        return None;
-    }
-    let busy = IN_HOOK.try_with(|c| c.replace(true)).unwrap_or(true);
-    if busy {
-        return None;
-    }
-    let r = catch_unwind(AssertUnwindSafe(f));
-    let _ = IN_HOOK.try_with(|c| c.set(false));
-    match r {
-        Ok(v) => Some(v),
-        Err(_) => {
-            log::error!("lockstep: internal error in a hook; failing the connection");
-            None
+/// A lazily resolved pointer to the next definition of a libc symbol.
+struct RealFn {
+    name: &'static CStr,
+    addr: AtomicUsize,
+}
+
+impl RealFn {
+    const fn new(name: &'static CStr) -> RealFn {
+        RealFn {
+            name,
+            addr: AtomicUsize::new(0),
         }
+    }
+
+    /// The function's address, or 0 when it cannot be resolved right now
+    /// (inside `dlsym` on this thread): the caller uses the raw syscall.
+    fn addr(&self) -> usize {
+        let a = self.addr.load(Ordering::Acquire);
+        if a != 0 {
+            return a;
+        }
+        if RESOLVING.try_with(|r| r.replace(true)).unwrap_or(true) {
+            return 0;
+        }
+        // SAFETY: dlsym with the RTLD_NEXT pseudo-handle and a NUL-terminated
+        // name has no other preconditions.
+        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) } as usize;
+        let _ = RESOLVING.try_with(|r| r.set(false));
+        if p == 0 {
+            let mut msg = [0u8; 128];
+            let text = b"lockstep: dlsym(RTLD_NEXT) cannot find libc's ";
+            let name = self.name.to_bytes();
+            let n = (text.len() + name.len()).min(msg.len() - 1);
+            msg[..text.len()].copy_from_slice(text);
+            msg[text.len()..n].copy_from_slice(&name[..n - text.len()]);
+            msg[n] = b'\n';
+            // SAFETY: writing a stack buffer to fd 2 with the raw syscall,
+            // then aborting: without the real function the process cannot
+            // go on.
+            unsafe {
+                libc::syscall(libc::SYS_write, 2, msg.as_ptr(), n + 1);
+                libc::abort();
+            }
+        }
+        self.addr.store(p, Ordering::Release);
+        p
     }
 }
 
-macro_rules! real {
-    ($name:ident : fn($($arg:ty),*) -> $ret:ty) => {
-        #[allow(non_snake_case)]
-        pub(super) fn $name() -> unsafe extern "C" fn($($arg),*) -> $ret {
-            static CELL: once_cell::sync::OnceCell<usize> = once_cell::sync::OnceCell::new();
-            let p = *CELL.get_or_init(|| {
-                let sym = concat!(stringify!($name), "\0");
-                // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name.
-                unsafe { libc::dlsym(libc::RTLD_NEXT, sym.as_ptr() as *const libc::c_char) as usize }
-            });
-            if p == 0 {
-                // SAFETY: abort is always safe to call; a libc without
-                // this function cannot run the server anyway.
-                unsafe { libc::abort() }
+/// Defines a cached real function and a typed caller `$call` for it that
+/// falls back to `$fallback` (a raw syscall) when it cannot be resolved yet.
+macro_rules! real_fn {
+    ($static:ident, $call:ident, $sym:literal, ($($a:ident : $t:ty),*) -> $r:ty, $fallback:expr) => {
+        static $static: RealFn = RealFn::new($sym);
+
+        /// Calls the real (next) definition of the symbol.
+        ///
+        /// # Safety
+        /// Same contract as the libc function.
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $call($($a: $t),*) -> $r {
+            let addr = $static.addr();
+            if addr == 0 {
+                // SAFETY: the caller upholds the libc function's contract,
+                // which is the system call's.
+                return unsafe { $fallback };
             }
-            // SAFETY: the symbol resolved by dlsym has exactly this C
-            // signature (it is the libc function of the same name).
-            unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($arg),*) -> $ret>(p) }
+            // SAFETY: `addr` is the address dlsym returned for this libc
+            // symbol, whose C signature is exactly this one.
+            let f = unsafe {
+                std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(addr)
+            };
+            // SAFETY: the caller upholds the libc function's contract.
+            unsafe { f($($a),*) }
         }
     };
 }
 
-mod real {
-    use super::*;
-    real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t);
-    real!(readv: fn(c_int, *const iovec, c_int) -> ssize_t);
-    real!(recv: fn(c_int, *mut c_void, size_t, c_int) -> ssize_t);
-    real!(recvfrom: fn(c_int, *mut c_void, size_t, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t);
-    real!(recvmsg: fn(c_int, *mut msghdr, c_int) -> ssize_t);
-    real!(__read_chk: fn(c_int, *mut c_void, size_t, size_t) -> ssize_t);
-    real!(__recv_chk: fn(c_int, *mut c_void, size_t, size_t, c_int) -> ssize_t);
-    real!(__recvfrom_chk: fn(c_int, *mut c_void, size_t, size_t, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t);
-    real!(accept: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int);
-    real!(accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int);
-    real!(close: fn(c_int) -> c_int);
-    real!(shutdown: fn(c_int, c_int) -> c_int);
-    real!(write: fn(c_int, *const c_void, size_t) -> ssize_t);
-    real!(writev: fn(c_int, *const iovec, c_int) -> ssize_t);
-    real!(send: fn(c_int, *const c_void, size_t, c_int) -> ssize_t);
-    real!(sendto: fn(c_int, *const c_void, size_t, c_int, *const sockaddr, socklen_t) -> ssize_t);
-    real!(sendmsg: fn(c_int, *const msghdr, c_int) -> ssize_t);
+fn sys_ret(r: c_long) -> ssize_t {
+    r as ssize_t
 }
 
-/// Writes to stderr with the real `write` (for the logger).
-pub fn stderr_write(bytes: &[u8]) {
-    // SAFETY: writing a valid slice to fd 2 with the real libc write.
-    unsafe {
-        real::write()(2, bytes.as_ptr() as *const c_void, bytes.len());
+real_fn!(REAL_READ, real_read, c"read", (fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t,
+    sys_ret(libc::syscall(libc::SYS_read, fd, buf, n)));
+real_fn!(REAL_READV, real_readv, c"readv", (fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t,
+    sys_ret(libc::syscall(libc::SYS_readv, fd, iov, cnt)));
+real_fn!(REAL_RECV, real_recv, c"recv", (fd: c_int, buf: *mut c_void, n: size_t, fl: c_int) -> ssize_t,
+    sys_ret(libc::syscall(libc::SYS_recvfrom, fd, buf, n, fl, 0usize, 0usize)));
+real_fn!(REAL_RECVFROM, real_recvfrom, c"recvfrom",
+    (fd: c_int, buf: *mut c_void, n: size_t, fl: c_int, a: *mut sockaddr, al: *mut socklen_t) -> ssize_t,
+    sys_ret(libc::syscall(libc::SYS_recvfrom, fd, buf, n, fl, a, al)));
+real_fn!(REAL_RECVMSG, real_recvmsg, c"recvmsg", (fd: c_int, m: *mut msghdr, fl: c_int) -> ssize_t,
+    sys_ret(libc::syscall(libc::SYS_recvmsg, fd, m, fl)));
+real_fn!(REAL_READ_CHK, real_read_chk, c"__read_chk",
+    (fd: c_int, buf: *mut c_void, n: size_t, bl: size_t) -> ssize_t,
+    if n > bl { libc::abort() } else { sys_ret(libc::syscall(libc::SYS_read, fd, buf, n)) });
+real_fn!(REAL_RECV_CHK, real_recv_chk, c"__recv_chk",
+(fd: c_int, buf: *mut c_void, n: size_t, bl: size_t, fl: c_int) -> ssize_t,
+if n > bl { libc::abort() } else {
+    sys_ret(libc::syscall(libc::SYS_recvfrom, fd, buf, n, fl, 0usize, 0usize))
+});
+real_fn!(REAL_RECVFROM_CHK, real_recvfrom_chk, c"__recvfrom_chk",
+(fd: c_int, buf: *mut c_void, n: size_t, bl: size_t, fl: c_int, a: *mut sockaddr, al: *mut socklen_t)
+    -> ssize_t,
+if n > bl { libc::abort() } else {
+    sys_ret(libc::syscall(libc::SYS_recvfrom, fd, buf, n, fl, a, al))
+});
+real_fn!(REAL_ACCEPT, real_accept, c"accept", (fd: c_int, a: *mut sockaddr, al: *mut socklen_t) -> c_int,
+    libc::syscall(libc::SYS_accept4, fd, a, al, 0) as c_int);
+real_fn!(REAL_ACCEPT4, real_accept4, c"accept4",
+    (fd: c_int, a: *mut sockaddr, al: *mut socklen_t, fl: c_int) -> c_int,
+    libc::syscall(libc::SYS_accept4, fd, a, al, fl) as c_int);
+real_fn!(REAL_CLOSE, real_close, c"close", (fd: c_int) -> c_int,
+    libc::syscall(libc::SYS_close, fd) as c_int);
+real_fn!(REAL_SHUTDOWN, real_shutdown, c"shutdown", (fd: c_int, how: c_int) -> c_int,
+    libc::syscall(libc::SYS_shutdown, fd, how) as c_int);
+real_fn!(REAL_LISTEN, real_listen, c"listen", (fd: c_int, backlog: c_int) -> c_int,
+    libc::syscall(libc::SYS_listen, fd, backlog) as c_int);
+real_fn!(REAL_DUP2, real_dup2, c"dup2", (old: c_int, new: c_int) -> c_int,
+if old == new {
+    if libc::syscall(libc::SYS_fcntl, old, libc::F_GETFD) < 0 { -1 } else { new }
+} else {
+    libc::syscall(libc::SYS_dup3, old, new, 0) as c_int
+});
+real_fn!(REAL_DUP3, real_dup3, c"dup3", (old: c_int, new: c_int, fl: c_int) -> c_int,
+    libc::syscall(libc::SYS_dup3, old, new, fl) as c_int);
+real_fn!(REAL_WRITE, real_write, c"write", (fd: c_int, buf: *const c_void, n: size_t) -> ssize_t,
+    sys_ret(libc::syscall(libc::SYS_write, fd, buf, n)));
+real_fn!(REAL_WRITEV, real_writev, c"writev", (fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t,
+    sys_ret(libc::syscall(libc::SYS_writev, fd, iov, cnt)));
+real_fn!(REAL_SEND, real_send, c"send", (fd: c_int, buf: *const c_void, n: size_t, fl: c_int) -> ssize_t,
+    sys_ret(libc::syscall(libc::SYS_sendto, fd, buf, n, fl, 0usize, 0usize)));
+real_fn!(REAL_SENDTO, real_sendto, c"sendto",
+    (fd: c_int, buf: *const c_void, n: size_t, fl: c_int, a: *const sockaddr, al: socklen_t) -> ssize_t,
+    sys_ret(libc::syscall(libc::SYS_sendto, fd, buf, n, fl, a, al)));
+real_fn!(REAL_SENDMSG, real_sendmsg, c"sendmsg", (fd: c_int, m: *const msghdr, fl: c_int) -> ssize_t,
+    sys_ret(libc::syscall(libc::SYS_sendmsg, fd, m, fl)));
+
+static ALL_REAL: [&RealFn; 20] = [
+    &REAL_READ,
+    &REAL_READV,
+    &REAL_RECV,
+    &REAL_RECVFROM,
+    &REAL_RECVMSG,
+    &REAL_READ_CHK,
+    &REAL_RECV_CHK,
+    &REAL_RECVFROM_CHK,
+    &REAL_ACCEPT,
+    &REAL_ACCEPT4,
+    &REAL_CLOSE,
+    &REAL_SHUTDOWN,
+    &REAL_LISTEN,
+    &REAL_DUP2,
+    &REAL_DUP3,
+    &REAL_WRITE,
+    &REAL_WRITEV,
+    &REAL_SEND,
+    &REAL_SENDTO,
+    &REAL_SENDMSG,
+];
+
+/// Load-time constructor: resolves every real function (dlsym only; no
+/// allocation of ours, no I/O, no configuration — that happens lazily at
+/// the first `listen`/`accept` on the app address).
+extern "C" fn resolve_all() {
+    for f in ALL_REAL.iter() {
+        f.addr();
     }
 }
 
+#[used]
+#[link_section = ".init_array"]
+static RESOLVE_AT_LOAD: extern "C" fn() = resolve_all;
+
+// ---------------------------------------------------------------------------
+// Helpers for the hook bodies.
+
 fn errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
 }
 
 fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
+    unsafe { *libc::__errno_location() = e }
 }
 
-/// Gathers the first `n` bytes described by `iov` into one slice (or
-/// borrows the first buffer when it holds them all).
+/// Marks this thread as inside a hook until dropped; None when it already
+/// is (the preload's own I/O passes through).
+struct Reentry;
+
+impl Reentry {
+    fn enter() -> Option<Reentry> {
+        let busy = IN_HOOK.try_with(|c| c.replace(true)).unwrap_or(true);
+        (!busy).then_some(Reentry)
+    }
+}
+
+impl Drop for Reentry {
+    fn drop(&mut self) {
+        let _ = IN_HOOK.try_with(|c| c.set(false));
+    }
+}
+
+/// Runs `f`, turning a panic into None (the panic message has been
+/// printed by the panic hook; the caller fails the connection).
+fn caught<T>(f: impl FnOnce() -> T) -> Option<T> {
+    catch_unwind(AssertUnwindSafe(f)).ok()
+}
+
+/// Sets errno as `r` says and returns its value.
+fn finish(r: Ret, errno_after_call: c_int) -> ssize_t {
+    set_errno(r.errno.unwrap_or(errno_after_call));
+    r.value as ssize_t
+}
+
+/// Where the bytes of a call live.
+#[derive(Clone, Copy)]
+enum Bufs {
+    Flat(*const u8),
+    Iov(*const iovec, usize),
+}
+
+/// Calls `f` with the first `n` bytes of `bufs` as slices, without copying.
 ///
 /// # Safety
-/// `iov` must point to `cnt` valid iovecs whose buffers hold at least `n`
-/// initialised bytes in total (the real call just filled them).
-unsafe fn gather<'a>(iov: *const iovec, cnt: usize, n: usize, scratch: &'a mut Vec<u8>) -> &'a [u8] {
-    // SAFETY: per the contract, `iov[..cnt]` is valid.
-    let iovs = unsafe { std::slice::from_raw_parts(iov, cnt) };
-    scratch.clear();
-    let mut left = n;
-    for v in iovs {
-        if left == 0 {
-            break;
+/// `bufs` must describe memory holding at least `n` initialised bytes
+/// (the real call just filled or sent them), valid for this call.
+unsafe fn with_segments<T>(bufs: Bufs, n: usize, f: impl FnOnce(&[&[u8]]) -> T) -> T {
+    const INLINE: usize = 16;
+    match bufs {
+        Bufs::Flat(p) => {
+            let s: &[u8] = if n == 0 || p.is_null() {
+                &[]
+            } else {
+                // SAFETY: per the contract, `p` holds `n` bytes.
+                unsafe { std::slice::from_raw_parts(p, n) }
+            };
+            f(&[s])
         }
-        let take = v.iov_len.min(left);
-        // SAFETY: the real call wrote `take` bytes at `iov_base`.
-        scratch.extend_from_slice(unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, take) });
-        left -= take;
-    }
-    scratch
-}
-
-thread_local! {
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(64 * 1024));
-}
-
-/// The shared tail of every recv-type hook.
-fn after_input(fd: c_int, n: ssize_t, data: impl FnOnce() -> Vec<u8>, direct: Option<&[u8]>) -> ssize_t {
-    let err = errno();
-    let verdict = guarded(|| match state::state() {
-        Init::On(p) if p.tracked(fd) => match direct {
-            Some(d) => p.on_input(fd, n, err, d),
-            None => {
-                let bytes = if n > 0 { data() } else { Vec::new() };
-                p.on_input(fd, n, err, &bytes)
-            }
-        },
-        _ => Verdict::Pass,
-    });
-    match verdict {
-        Some(Verdict::Pass) | None => {
-            set_errno(err);
-            n
-        }
-        Some(Verdict::Reset) => {
-            set_errno(libc::ECONNRESET);
-            -1
-        }
-    }
-}
-
-/// Slice of a buffer the real call filled with `n` bytes.
-fn filled<'a>(buf: *const c_void, n: ssize_t) -> Option<&'a [u8]> {
-    if n > 0 && !buf.is_null() {
-        // SAFETY: the real call just wrote `n` bytes at `buf`.
-        Some(unsafe { std::slice::from_raw_parts(buf as *const u8, n as usize) })
-    } else {
-        Some(&[])
-    }
-}
-
-/// # Safety
-/// Called by the server as libc's `read`.
-#[no_mangle]
-pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::read()(fd, buf, count) };
-    after_input(fd, n, Vec::new, filled(buf, n))
-}
-
-/// # Safety
-/// Called by the server as glibc's fortified `__read_chk`.
-#[no_mangle]
-pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, count: size_t, buflen: size_t) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::__read_chk()(fd, buf, count, buflen) };
-    after_input(fd, n, Vec::new, filled(buf, n))
-}
-
-/// # Safety
-/// Called by the server as libc's `recv`.
-#[no_mangle]
-pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::recv()(fd, buf, len, flags) };
-    if flags & libc::MSG_PEEK != 0 {
-        return n;
-    }
-    after_input(fd, n, Vec::new, filled(buf, n))
-}
-
-/// # Safety
-/// Called by the server as glibc's fortified `__recv_chk`.
-#[no_mangle]
-pub unsafe extern "C" fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::__recv_chk()(fd, buf, len, buflen, flags) };
-    if flags & libc::MSG_PEEK != 0 {
-        return n;
-    }
-    after_input(fd, n, Vec::new, filled(buf, n))
-}
-
-/// # Safety
-/// Called by the server as libc's `recvfrom`.
-#[no_mangle]
-pub unsafe extern "C" fn recvfrom(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::recvfrom()(fd, buf, len, flags, addr, alen) };
-    if flags & libc::MSG_PEEK != 0 {
-        return n;
-    }
-    after_input(fd, n, Vec::new, filled(buf, n))
-}
-
-/// # Safety
-/// Called by the server as glibc's fortified `__recvfrom_chk`.
-#[no_mangle]
-pub unsafe extern "C" fn __recvfrom_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::__recvfrom_chk()(fd, buf, len, buflen, flags, addr, alen) };
-    if flags & libc::MSG_PEEK != 0 {
-        return n;
-    }
-    after_input(fd, n, Vec::new, filled(buf, n))
-}
-
-/// # Safety
-/// Called by the server as libc's `readv`.
-#[no_mangle]
-pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::readv()(fd, iov, cnt) };
-    let data = || {
-        SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
-            // SAFETY: the real readv filled `n` bytes into `iov[..cnt]`.
-            unsafe { gather(iov, cnt.max(0) as usize, n as usize, &mut s) }.to_vec()
-        })
-    };
-    after_input(fd, n, data, None)
-}
-
-/// # Safety
-/// Called by the server as libc's `recvmsg`.
-#[no_mangle]
-pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::recvmsg()(fd, msg, flags) };
-    if flags & libc::MSG_PEEK != 0 || msg.is_null() {
-        return n;
-    }
-    // SAFETY: `msg` is the caller's valid msghdr.
-    let (iov, cnt) = unsafe { ((*msg).msg_iov as *const iovec, (*msg).msg_iovlen) };
-    let data = || {
-        SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
-            // SAFETY: the real recvmsg filled `n` bytes into the iovecs.
-            unsafe { gather(iov, cnt, n as usize, &mut s) }.to_vec()
-        })
-    };
-    after_input(fd, n, data, None)
-}
-
-fn local_addr(fd: c_int) -> Option<std::net::SocketAddr> {
-    let mut ss: libc::sockaddr_storage = unsafe_zeroed();
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-    // SAFETY: getsockname writes at most `len` bytes into `ss`.
-    let r = unsafe { libc::getsockname(fd, &mut ss as *mut _ as *mut sockaddr, &mut len) };
-    (r == 0).then(|| to_socket_addr(&ss)).flatten()
-}
-
-fn peer_addr(fd: c_int) -> Option<std::net::SocketAddr> {
-    let mut ss: libc::sockaddr_storage = unsafe_zeroed();
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-    // SAFETY: getpeername writes at most `len` bytes into `ss`.
-    let r = unsafe { libc::getpeername(fd, &mut ss as *mut _ as *mut sockaddr, &mut len) };
-    (r == 0).then(|| to_socket_addr(&ss)).flatten()
-}
-
-fn unsafe_zeroed() -> libc::sockaddr_storage {
-    // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
-    unsafe { std::mem::zeroed() }
-}
-
-fn to_socket_addr(ss: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> {
-    match ss.ss_family as c_int {
-        libc::AF_INET => {
-            // SAFETY: the family says this storage holds a sockaddr_in.
-            let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
-            Some(std::net::SocketAddr::from((u32::from_be(a.sin_addr.s_addr).to_be_bytes(), u16::from_be(a.sin_port))))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the family says this storage holds a sockaddr_in6.
-            let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
-            Some(std::net::SocketAddr::from((a.sin6_addr.s6_addr, u16::from_be(a.sin6_port))))
-        }
-        _ => None,
-    }
-}
-
-/// The shared tail of accept and accept4.
-fn after_accept(listener: c_int, fd: c_int) -> c_int {
-    if fd < 0 {
-        return fd;
-    }
-    let err = errno();
-    let keep = guarded(|| match state::state() {
-        Init::Off => true,
-        Init::Broken(why) => {
-            let line = format!("lockstep: cannot replicate: {why}; refusing to serve (set LOCKSTEP_ALLOW_UNREPLICATED=1 to run unreplicated)\n");
-            stderr_write(line.as_bytes());
-            // SAFETY: _exit ends the process without running handlers
-            // that could touch half-initialised state.
-            unsafe { libc::_exit(1) }
-        }
-        Init::On(p) => {
-            let app = local_addr(listener).map(|a| p.is_app_listener(a)).unwrap_or(false);
-            if !app {
-                return true;
-            }
-            let port = peer_addr(fd).map(|a| a.port()).unwrap_or(0);
-            p.on_accept(fd, port)
-        }
-    });
-    match keep {
-        Some(false) => {
-            // SAFETY: closing the fd the real accept just returned.
-            unsafe { real::close()(fd) };
-            set_errno(libc::EAGAIN);
-            -1
-        }
-        _ => {
-            set_errno(err);
-            fd
-        }
-    }
-}
-
-/// # Safety
-/// Called by the server as libc's `accept`.
-#[no_mangle]
-pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let c = unsafe { real::accept()(fd, addr, len) };
-    after_accept(fd, c)
-}
-
-/// # Safety
-/// Called by the server as libc's `accept4`.
-#[no_mangle]
-pub unsafe extern "C" fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let c = unsafe { real::accept4()(fd, addr, len, flags) };
-    after_accept(fd, c)
-}
-
-/// # Safety
-/// Called by the server as libc's `close`.
-#[no_mangle]
-pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    guarded(|| {
-        if let Init::On(p) = state::state() {
-            p.on_close(fd);
-        }
-    });
-    // SAFETY: forwarding the caller's argument to the real function.
-    unsafe { real::close()(fd) }
-}
-
-/// # Safety
-/// Called by the server as libc's `shutdown`.
-#[no_mangle]
-pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    if how != libc::SHUT_WR {
-        guarded(|| {
-            if let Init::On(p) = state::state() {
-                p.log_close(fd);
-            }
-        });
-    }
-    // SAFETY: forwarding the caller's arguments to the real function.
-    unsafe { real::shutdown()(fd, how) }
-}
-
-fn after_output(fd: c_int, n: ssize_t, bytes: impl FnOnce() -> Vec<u8>) -> ssize_t {
-    if n > 0 {
-        let err = errno();
-        guarded(|| {
-            if let Init::On(p) = state::state() {
-                if p.tracked(fd) {
-                    p.on_output(fd, &bytes());
+        Bufs::Iov(iov, cnt) => {
+            let iovs: &[iovec] = if cnt == 0 || iov.is_null() {
+                &[]
+            } else {
+                // SAFETY: per the contract, `iov` points to `cnt` iovecs.
+                unsafe { std::slice::from_raw_parts(iov, cnt) }
+            };
+            let mut inline: [&[u8]; INLINE] = [&[]; INLINE];
+            let mut heap: Vec<&[u8]> = Vec::new();
+            let mut left = n;
+            let mut k = 0;
+            for v in iovs {
+                if left == 0 {
+                    break;
                 }
+                let take = v.iov_len.min(left);
+                if take == 0 {
+                    continue;
+                }
+                // SAFETY: the call filled (or sent) `take` bytes at
+                // `iov_base`, which the caller keeps valid.
+                let s = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, take) };
+                left -= take;
+                if k < INLINE {
+                    inline[k] = s;
+                } else {
+                    if heap.is_empty() {
+                        heap.extend_from_slice(&inline);
+                    }
+                    heap.push(s);
+                }
+                k += 1;
             }
+            if heap.is_empty() {
+                f(&inline[..k])
+            } else {
+                f(&heap)
+            }
+        }
+    }
+}
+
+/// Total bytes an iovec array asks for.
+///
+/// # Safety
+/// `iov` must point to `cnt` valid iovecs (or be null with `cnt == 0`).
+unsafe fn iov_total(iov: *const iovec, cnt: usize) -> usize {
+    if iov.is_null() || cnt == 0 {
+        return 0;
+    }
+    // SAFETY: per the contract.
+    let iovs = unsafe { std::slice::from_raw_parts(iov, cnt) };
+    iovs.iter().fold(0usize, |a, v| a.saturating_add(v.iov_len))
+}
+
+/// The common body of every recv-type hook on a tracked fd.
+///
+/// # Safety
+/// `bufs` must describe the buffers `real` fills.
+unsafe fn input(
+    fd: c_int,
+    want: usize,
+    flags: c_int,
+    bufs: Bufs,
+    real: impl FnOnce() -> ssize_t,
+) -> ssize_t {
+    let Some(_reentry) = Reentry::enter() else {
+        return real();
+    };
+    let before = caught(|| dispatch::before_input(fd, want, flags))
+        .unwrap_or_else(|| Before::Return(dispatch::fail_connection(fd)));
+    let ticket = match before {
+        Before::Pass => return real(),
+        Before::Return(r) => return finish(r, errno()),
+        Before::Go(t) => t,
+    };
+    let n = real();
+    let e = errno();
+    let got = if n > 0 { n as usize } else { 0 };
+    let r = caught(|| {
+        // SAFETY: the real call filled `got` bytes into `bufs`.
+        unsafe { with_segments(bufs, got, |segs| dispatch::after_input(ticket, n, e, segs)) }
+    })
+    .unwrap_or_else(|| dispatch::fail_connection(fd));
+    finish(r, e)
+}
+
+/// The common body of every send-type hook: feeds the output digest.
+///
+/// # Safety
+/// `bufs` must describe the buffers `real` sends from.
+unsafe fn output(fd: c_int, bufs: Bufs, real: impl FnOnce() -> ssize_t) -> ssize_t {
+    let Some(_reentry) = Reentry::enter() else {
+        return real();
+    };
+    let n = real();
+    if n > 0 {
+        let e = errno();
+        // A panic here only loses digest bytes; the divergence check
+        // reports it, the server is unaffected.
+        let _ = caught(|| {
+            // SAFETY: the real call sent `n` bytes from `bufs`.
+            unsafe { with_segments(bufs, n as usize, |segs| dispatch::after_output(fd, segs)) }
         });
-        set_errno(err);
+        set_errno(e);
     }
     n
 }
 
-fn copy(buf: *const c_void, n: ssize_t) -> Vec<u8> {
-    // SAFETY: the real call just sent `n` bytes from `buf`.
-    unsafe { std::slice::from_raw_parts(buf as *const u8, n as usize) }.to_vec()
+/// The common body of accept and accept4.
+///
+/// # Safety
+/// `addr`/`len` as for accept(2).
+unsafe fn accept_common(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    real: impl Fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int,
+) -> c_int {
+    let Some(_reentry) = Reentry::enter() else {
+        return real(fd, addr, len);
+    };
+    let orig_len = if len.is_null() {
+        0
+    } else {
+        // SAFETY: the caller passed a valid socklen_t pointer.
+        unsafe { *len }
+    };
+    let mut call = || {
+        if !len.is_null() {
+            // SAFETY: as above; a retried accept gets the caller's size
+            // back, as if it were the first call.
+            unsafe { *len = orig_len };
+        }
+        let c = real(fd, addr, len);
+        (c, errno())
+    };
+    match caught(|| dispatch::accept(fd, &mut call)) {
+        Some(r) => finish(r, errno()) as c_int,
+        None => {
+            set_errno(libc::ECONNABORTED);
+            -1
+        }
+    }
 }
 
+// ---------------------------------------------------------------------------
+// The exported hooks.
+
+/// Interposed `read(2)`.
+///
 /// # Safety
-/// Called by the server as libc's `write`.
+/// Same contract as libc's `read`.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    if !dispatch::tracked(fd) {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_read(fd, buf, count) };
+    }
+    // SAFETY: `buf` is the caller's buffer of `count` bytes; forwarding.
+    unsafe {
+        input(fd, count, 0, Bufs::Flat(buf as *const u8), || {
+            real_read(fd, buf, count)
+        })
+    }
+}
+
+/// Interposed glibc `__read_chk` (`read` under `_FORTIFY_SOURCE`).
+///
+/// # Safety
+/// Same contract as glibc's `__read_chk`.
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    count: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    if !dispatch::tracked(fd) || count > buflen {
+        // SAFETY: forwarding; the real function reports the overflow.
+        return unsafe { real_read_chk(fd, buf, count, buflen) };
+    }
+    // SAFETY: as for `read`.
+    unsafe {
+        input(fd, count, 0, Bufs::Flat(buf as *const u8), || {
+            real_read_chk(fd, buf, count, buflen)
+        })
+    }
+}
+
+/// Interposed `readv(2)`.
+///
+/// # Safety
+/// Same contract as libc's `readv`.
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if !dispatch::tracked(fd) || cnt < 0 {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_readv(fd, iov, cnt) };
+    }
+    // SAFETY: `iov` holds `cnt` iovecs (the caller's contract).
+    let want = unsafe { iov_total(iov, cnt as usize) };
+    // SAFETY: the iovecs describe the buffers readv fills.
+    unsafe {
+        input(fd, want, 0, Bufs::Iov(iov, cnt as usize), || {
+            real_readv(fd, iov, cnt)
+        })
+    }
+}
+
+/// Interposed `recv(2)`.
+///
+/// # Safety
+/// Same contract as libc's `recv`.
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+    if !dispatch::tracked(fd) {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_recv(fd, buf, len, flags) };
+    }
+    // SAFETY: `buf` is the caller's buffer of `len` bytes.
+    unsafe {
+        input(fd, len, flags, Bufs::Flat(buf as *const u8), || {
+            real_recv(fd, buf, len, flags)
+        })
+    }
+}
+
+/// Interposed glibc `__recv_chk`.
+///
+/// # Safety
+/// Same contract as glibc's `__recv_chk`.
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if !dispatch::tracked(fd) || len > buflen {
+        // SAFETY: forwarding; the real function reports the overflow.
+        return unsafe { real_recv_chk(fd, buf, len, buflen, flags) };
+    }
+    // SAFETY: as for `recv`.
+    unsafe {
+        input(fd, len, flags, Bufs::Flat(buf as *const u8), || {
+            real_recv_chk(fd, buf, len, buflen, flags)
+        })
+    }
+}
+
+/// Interposed `recvfrom(2)`.
+///
+/// # Safety
+/// Same contract as libc's `recvfrom`.
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    if !dispatch::tracked(fd) {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_recvfrom(fd, buf, len, flags, addr, alen) };
+    }
+    // SAFETY: `buf` is the caller's buffer of `len` bytes.
+    unsafe {
+        input(fd, len, flags, Bufs::Flat(buf as *const u8), || {
+            real_recvfrom(fd, buf, len, flags, addr, alen)
+        })
+    }
+}
+
+/// Interposed glibc `__recvfrom_chk`.
+///
+/// # Safety
+/// Same contract as glibc's `__recvfrom_chk`.
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    if !dispatch::tracked(fd) || len > buflen {
+        // SAFETY: forwarding; the real function reports the overflow.
+        return unsafe { real_recvfrom_chk(fd, buf, len, buflen, flags, addr, alen) };
+    }
+    // SAFETY: as for `recvfrom`.
+    unsafe {
+        input(fd, len, flags, Bufs::Flat(buf as *const u8), || {
+            real_recvfrom_chk(fd, buf, len, buflen, flags, addr, alen)
+        })
+    }
+}
+
+/// Interposed `recvmsg(2)`: every iovec counts; control messages are not
+/// replicated.
+///
+/// # Safety
+/// Same contract as libc's `recvmsg`.
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if !dispatch::tracked(fd) || msg.is_null() {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_recvmsg(fd, msg, flags) };
+    }
+    // SAFETY: `msg` is the caller's valid msghdr; its iovecs are valid.
+    let (iov, cnt) = unsafe { ((*msg).msg_iov as *const iovec, (*msg).msg_iovlen) };
+    // SAFETY: as above.
+    let want = unsafe { iov_total(iov, cnt) };
+    // SAFETY: the iovecs describe the buffers recvmsg fills.
+    unsafe {
+        input(fd, want, flags, Bufs::Iov(iov, cnt), || {
+            real_recvmsg(fd, msg, flags)
+        })
+    }
+}
+
+/// Interposed `accept(2)`.
+///
+/// # Safety
+/// Same contract as libc's `accept`.
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if !dispatch::accept_hooked() {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_accept(fd, addr, len) };
+    }
+    // SAFETY: forwarding the caller's arguments (possibly several times,
+    // with `*len` restored each time).
+    unsafe { accept_common(fd, addr, len, |f, a, l| real_accept(f, a, l)) }
+}
+
+/// Interposed `accept4(2)`.
+///
+/// # Safety
+/// Same contract as libc's `accept4`.
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    if !dispatch::accept_hooked() {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_accept4(fd, addr, len, flags) };
+    }
+    // SAFETY: as for `accept`.
+    unsafe { accept_common(fd, addr, len, |f, a, l| real_accept4(f, a, l, flags)) }
+}
+
+/// Interposed `listen(2)`: a listener on the app address attaches the
+/// preload to its region early (so the follower sees the server's pid).
+///
+/// # Safety
+/// Same contract as libc's `listen`.
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: forwarding the caller's arguments.
+    let r = unsafe { real_listen(fd, backlog) };
+    if r == 0 && dispatch::accept_hooked() {
+        if let Some(_reentry) = Reentry::enter() {
+            let e = errno();
+            let _ = caught(|| dispatch::after_listen(fd));
+            set_errno(e);
+        }
+    }
+    r
+}
+
+/// Interposed `close(2)`: a client's close is its CLOSE entry.
+///
+/// # Safety
+/// Same contract as libc's `close`.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if dispatch::known(fd) {
+        if let Some(_reentry) = Reentry::enter() {
+            if caught(|| dispatch::before_close(fd)).is_none() {
+                dispatch::forget(fd);
+            }
+        }
+    }
+    // SAFETY: forwarding the caller's argument.
+    unsafe { real_close(fd) }
+}
+
+/// Interposed `shutdown(2)`: SHUT_RD and SHUT_RDWR of a client end its
+/// input, which is its CLOSE entry.
+///
+/// # Safety
+/// Same contract as libc's `shutdown`.
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if dispatch::tracked(fd) {
+        if let Some(_reentry) = Reentry::enter() {
+            let _ = caught(|| dispatch::before_shutdown(fd, how));
+        }
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_shutdown(fd, how) }
+}
+
+/// Interposed `dup2(2)`: replacing a tracked fd closes it.
+///
+/// # Safety
+/// Same contract as libc's `dup2`.
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if old != new && dispatch::known(new) {
+        if let Some(_reentry) = Reentry::enter() {
+            if caught(|| dispatch::before_close(new)).is_none() {
+                dispatch::forget(new);
+            }
+        }
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_dup2(old, new) }
+}
+
+/// Interposed `dup3(2)`: replacing a tracked fd closes it.
+///
+/// # Safety
+/// Same contract as libc's `dup3`.
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if old != new && dispatch::known(new) {
+        if let Some(_reentry) = Reentry::enter() {
+            if caught(|| dispatch::before_close(new)).is_none() {
+                dispatch::forget(new);
+            }
+        }
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_dup3(old, new, flags) }
+}
+
+/// Interposed `write(2)`: output to a client feeds its digest.
+///
+/// # Safety
+/// Same contract as libc's `write`.
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::write()(fd, buf, count) };
-    after_output(fd, n, || copy(buf, n))
+    if !dispatch::tracked(fd) {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_write(fd, buf, count) };
+    }
+    // SAFETY: `buf` holds `count` bytes (the caller's contract).
+    unsafe {
+        output(fd, Bufs::Flat(buf as *const u8), || {
+            real_write(fd, buf, count)
+        })
+    }
 }
 
+/// Interposed `writev(2)`.
+///
 /// # Safety
-/// Called by the server as libc's `send`.
-#[no_mangle]
-pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::send()(fd, buf, len, flags) };
-    after_output(fd, n, || copy(buf, n))
-}
-
-/// # Safety
-/// Called by the server as libc's `sendto`.
-#[no_mangle]
-pub unsafe extern "C" fn sendto(fd: c_int, buf: *const c_void, len: size_t, flags: c_int, addr: *const sockaddr, alen: socklen_t) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::sendto()(fd, buf, len, flags, addr, alen) };
-    after_output(fd, n, || copy(buf, n))
-}
-
-/// # Safety
-/// Called by the server as libc's `writev`.
+/// Same contract as libc's `writev`.
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::writev()(fd, iov, cnt) };
-    after_output(fd, n, || {
-        let mut v = Vec::new();
-        // SAFETY: the real writev sent `n` bytes from `iov[..cnt]`.
-        unsafe { gather(iov, cnt.max(0) as usize, n as usize, &mut v) };
-        v
-    })
+    if !dispatch::tracked(fd) || cnt < 0 {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_writev(fd, iov, cnt) };
+    }
+    // SAFETY: `iov` holds `cnt` valid iovecs (the caller's contract).
+    unsafe {
+        output(fd, Bufs::Iov(iov, cnt as usize), || {
+            real_writev(fd, iov, cnt)
+        })
+    }
 }
 
+/// Interposed `send(2)`.
+///
 /// # Safety
-/// Called by the server as libc's `sendmsg`.
+/// Same contract as libc's `send`.
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
+    if !dispatch::tracked(fd) {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_send(fd, buf, len, flags) };
+    }
+    // SAFETY: `buf` holds `len` bytes (the caller's contract).
+    unsafe {
+        output(fd, Bufs::Flat(buf as *const u8), || {
+            real_send(fd, buf, len, flags)
+        })
+    }
+}
+
+/// Interposed `sendto(2)`.
+///
+/// # Safety
+/// Same contract as libc's `sendto`.
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> ssize_t {
+    if !dispatch::tracked(fd) {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_sendto(fd, buf, len, flags, addr, alen) };
+    }
+    // SAFETY: `buf` holds `len` bytes (the caller's contract).
+    unsafe {
+        output(fd, Bufs::Flat(buf as *const u8), || {
+            real_sendto(fd, buf, len, flags, addr, alen)
+        })
+    }
+}
+
+/// Interposed `sendmsg(2)`.
+///
+/// # Safety
+/// Same contract as libc's `sendmsg`.
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: forwarding the caller's arguments to the real function.
-    let n = unsafe { real::sendmsg()(fd, msg, flags) };
-    if msg.is_null() {
-        return n;
+    if !dispatch::tracked(fd) || msg.is_null() {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_sendmsg(fd, msg, flags) };
     }
-    after_output(fd, n, || {
-        let mut v = Vec::new();
-        // SAFETY: the real sendmsg sent `n` bytes from the caller's iovecs.
-        unsafe { gather((*msg).msg_iov, (*msg).msg_iovlen, n as usize, &mut v) };
-        v
-    })
+    // SAFETY: `msg` is the caller's valid msghdr.
+    let (iov, cnt) = unsafe { ((*msg).msg_iov as *const iovec, (*msg).msg_iovlen) };
+    // SAFETY: the iovecs describe the bytes sendmsg sends.
+    unsafe { output(fd, Bufs::Iov(iov, cnt), || real_sendmsg(fd, msg, flags)) }
 }
 
-extern "C" fn in_forked_child() {
-    INERT.store(true, std::sync::atomic::Ordering::Relaxed);
-}
+// ---------------------------------------------------------------------------
+// Raw calls for the rest of the crate, as safe functions.
 
-/// Registers the fork handler: a forked child (Redis BGSAVE) passes
-/// everything through and never replicates, closes or acks for its parent.
-pub fn register_fork_handler() {
-    // SAFETY: registering a plain extern "C" fn with no captured state.
-    unsafe {
-        libc::pthread_atfork(None, None, Some(in_forked_child));
+/// Safe wrappers over the raw calls the preload itself makes. They use the
+/// real functions, never the hooks.
+pub mod sys {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+
+    /// Writes all of `bytes` to `fd` with the real `write`, retrying on
+    /// EINTR; gives up silently on other errors (it is used for logging).
+    pub fn write_all(fd: i32, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            // SAFETY: `bytes` is a live slice of `len` bytes.
+            let n = unsafe { real_write(fd, bytes.as_ptr() as *const c_void, bytes.len()) };
+            if n > 0 {
+                bytes = &bytes[n as usize..];
+            } else if n < 0 && errno() == libc::EINTR {
+                continue;
+            } else {
+                return;
+            }
+        }
     }
-}
 
-/// Name of a hooked symbol, for the import check.
-pub fn hooked_symbols() -> &'static [&'static CStr] {
-    &[
-        c"read", c"readv", c"recv", c"recvfrom", c"recvmsg", c"__read_chk", c"__recv_chk", c"__recvfrom_chk",
-        c"accept", c"accept4", c"close", c"shutdown", c"write", c"writev", c"send", c"sendto", c"sendmsg",
-    ]
+    /// Closes `fd` with the real `close` (no CLOSE entry).
+    pub fn close(fd: i32) {
+        // SAFETY: closing an fd this process owns; errors are irrelevant.
+        unsafe { real_close(fd) };
+    }
+
+    /// Shuts `fd` down both ways with the real `shutdown`, so its client
+    /// sees the connection end while the server still holds the fd.
+    pub fn shutdown_both(fd: i32) {
+        // SAFETY: shutdown on an fd number has no memory preconditions.
+        unsafe { real_shutdown(fd, libc::SHUT_RDWR) };
+    }
+
+    /// Whether `fd` has O_NONBLOCK set.
+    pub fn is_nonblocking(fd: i32) -> bool {
+        // SAFETY: F_GETFL takes no pointer argument.
+        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        fl >= 0 && fl & libc::O_NONBLOCK != 0
+    }
+
+    fn to_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+        match ss.ss_family as c_int {
+            libc::AF_INET => {
+                // SAFETY: the family says the storage holds a sockaddr_in,
+                // which is smaller than and alignment-compatible with it.
+                let a =
+                    unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in) };
+                Some(SocketAddr::from((
+                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                    u16::from_be(a.sin_port),
+                )))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: the family says the storage holds a sockaddr_in6.
+                let a =
+                    unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in6) };
+                Some(SocketAddr::V6(SocketAddrV6::new(
+                    Ipv6Addr::from(a.sin6_addr.s6_addr),
+                    u16::from_be(a.sin6_port),
+                    a.sin6_flowinfo,
+                    a.sin6_scope_id,
+                )))
+            }
+            _ => None,
+        }
+    }
+
+    fn sockname(fd: i32, peer: bool) -> Option<SocketAddr> {
+        // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+        let p = &mut ss as *mut libc::sockaddr_storage as *mut sockaddr;
+        // SAFETY: the kernel writes at most `len` bytes into `ss`.
+        let r = unsafe {
+            if peer {
+                libc::getpeername(fd, p, &mut len)
+            } else {
+                libc::getsockname(fd, p, &mut len)
+            }
+        };
+        if r == 0 {
+            to_addr(&ss)
+        } else {
+            None
+        }
+    }
+
+    /// The local address of a socket (None: not an IP socket).
+    pub fn local_addr(fd: i32) -> Option<SocketAddr> {
+        sockname(fd, false)
+    }
+
+    /// The peer address of a connected socket.
+    pub fn peer_addr(fd: i32) -> Option<SocketAddr> {
+        sockname(fd, true)
+    }
+
+    /// Ends the process at once, without atexit handlers or unwinding
+    /// through the host program.
+    pub fn exit_now(code: i32) -> ! {
+        // SAFETY: _exit never returns and has no preconditions.
+        unsafe { libc::_exit(code) }
+    }
+
+    /// Registers `child` to run in the child after every fork.
+    pub fn at_fork_child(child: extern "C" fn()) {
+        // SAFETY: registers a plain function without captured state; the
+        // handler only stores to an atomic (async-signal-safe).
+        let r = unsafe { libc::pthread_atfork(None, None, Some(child)) };
+        if r != 0 {
+            log::warn!("pthread_atfork failed ({r}): a forked child would not become inert");
+        }
+    }
 }

@@ -1,13 +1,42 @@
 //! liblockstep.so: preloaded into an unmodified server (`LD_PRELOAD`), it
-//! turns the server's socket inputs into replicated log entries when this
-//! node leads, and reports what the server consumed from replay
-//! connections when it is a backup.
+//! turns the server's socket inputs into replicated log entries while this
+//! node leads, and reports what the server consumed from the follower's
+//! replay connections while it is a backup.
 //!
-//! Environment: `LOCKSTEP_CONFIG` (cluster config path), `LOCKSTEP_NODE`
-//! (this node's id), `LOCKSTEP_LOG` (level, optionally `level:/file`),
-//! `LOCKSTEP_ALLOW_UNREPLICATED=1` (debugging only: run unreplicated when
-//! the config or region is unusable instead of refusing to serve).
+//! # Environment
+//!
+//! - `LOCKSTEP_CONFIG`: the cluster config. Unset: the library passes every
+//!   call through and does nothing else.
+//! - `LOCKSTEP_NODE`: this node's id in the config.
+//! - `LOCKSTEP_LOG`: `LEVEL`, `LEVEL:/path/file` or `/path/file` (default
+//!   `warn`, to stderr).
+//! - `LOCKSTEP_ALLOW_UNREPLICATED=1`: when the config or the region is
+//!   unusable, warn once and serve unreplicated instead of stopping the
+//!   server at its first accept on the app address.
+//!
+//! # Which fds count
+//!
+//! Only connections that `accept`/`accept4` returned on a listening socket
+//! bound to the node's `app` address (same port; same address unless one
+//! side is a wildcard). Every other fd — files, pipes, the server's own
+//! outgoing connections, other listeners — passes through after one
+//! lookup in a fixed table indexed by fd ([`fdtable`]).
+//!
+//! # Modules
+//!
+//! - `hooks`: the exported symbols and every `unsafe` of the crate.
+//! - [`dispatch`]: what each call does, per fd class and role.
+//! - [`engine`]: the leader's replication path (ring, transport, acks).
+//! - [`setup`]: configuration, attaching to the region, fork handling.
+//! - [`fdtable`]: per-fd state.
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod dispatch;
+pub mod engine;
+pub mod fdtable;
+#[allow(unsafe_code)]
 pub mod hooks;
-mod logger;
-pub mod state;
+pub mod logger;
+pub mod setup;

@@ -1,0 +1,405 @@
+//! What each hooked call does, in safe code: `hooks` calls in here before
+//! and after the real call, and does what the returned value says.
+//!
+//! | fd class | role      | input call                                     |
+//! |----------|-----------|------------------------------------------------|
+//! | Client   | Leader    | real call, then DATA/CLOSE entries, wait ack    |
+//! | Client   | otherwise | fail the connection (accepted as leader)       |
+//! | Replay   | any       | real call, add the bytes to the slot's consumed |
+//! | Guest    | Leader    | fail the connection (was never replicated)     |
+//! | Guest    | otherwise | pass through                                   |
+//! | other    | any       | pass through (one table lookup)                |
+
+use lockstep_common::config::BackupClients;
+use lockstep_common::entry::Kind;
+use lockstep_common::region::Role;
+
+use crate::engine::{Engine, Fail};
+use crate::fdtable::{self, Class, Slot, CLOSED, FAILED, TABLE_SIZE};
+use crate::hooks::sys;
+use crate::setup;
+
+/// What a hook returns: a value, and the errno to leave (None: the one the
+/// real call left).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ret {
+    /// Return value.
+    pub value: isize,
+    /// errno to set.
+    pub errno: Option<i32>,
+}
+
+impl Ret {
+    /// The real call's own result.
+    pub fn pass(value: isize) -> Ret {
+        Ret { value, errno: None }
+    }
+
+    /// -1 with `errno`.
+    pub fn err(errno: i32) -> Ret {
+        Ret {
+            value: -1,
+            errno: Some(errno),
+        }
+    }
+}
+
+/// Decision before a recv-type call.
+pub enum Before {
+    /// Call the real function and return its result untouched.
+    Pass,
+    /// Do not call the real function; return this.
+    Return(Ret),
+    /// Call the real function, then `after_input`.
+    Go(Ticket),
+}
+
+/// What `before_input` learnt, for `after_input`.
+pub struct Ticket {
+    fd: i32,
+    slot: &'static Slot,
+    class: Class,
+    want: usize,
+}
+
+/// Whether input/output hooks on `fd` need the slow path.
+#[inline]
+pub fn tracked(fd: i32) -> bool {
+    fdtable::is_connection(fd) && !setup::inert()
+}
+
+/// Whether `close(fd)` needs to look at the table.
+#[inline]
+pub fn known(fd: i32) -> bool {
+    fdtable::is_known(fd) && !setup::inert()
+}
+
+/// Whether accept/listen need the slow path.
+#[inline]
+pub fn accept_hooked() -> bool {
+    setup::active()
+}
+
+/// Fails a client connection: every further input call on it returns
+/// ECONNRESET, and its peer sees the connection end now.
+pub fn fail_connection(fd: i32) -> Ret {
+    if let Some(slot) = fdtable::slot(fd) {
+        slot.mark_failed();
+    }
+    sys::shutdown_both(fd);
+    Ret::err(libc::ECONNRESET)
+}
+
+fn fail_with(fd: i32, conn: u64, f: &Fail) -> Ret {
+    match f {
+        Fail::Lost(_) => log::info!("failing connection {conn} (fd {fd}): {f}"),
+        Fail::Internal(_) => log::error!("failing connection {conn} (fd {fd}): {f}"),
+    }
+    fail_connection(fd)
+}
+
+/// Whether `slot` is a client this node may replicate for now.
+fn leading(engine: &Engine, slot: &Slot) -> bool {
+    engine.region.role() == Role::Leader && engine.region.view() == slot.view()
+}
+
+/// Before a recv-type call on a tracked fd.
+pub fn before_input(fd: i32, want: usize, flags: i32) -> Before {
+    let Some(slot) = fdtable::slot(fd) else {
+        return Before::Pass;
+    };
+    let Some(engine) = setup::engine() else {
+        return Before::Pass;
+    };
+    let state = slot.state();
+    match slot.class() {
+        Class::Replay => Before::Go(Ticket {
+            fd,
+            slot,
+            class: Class::Replay,
+            want,
+        }),
+        Class::Guest => {
+            if engine.region.role() == Role::Leader {
+                log::info!(
+                    "closing fd {fd}: a backup's unreplicated client, and this node now leads"
+                );
+                Before::Return(fail_connection(fd))
+            } else {
+                Before::Pass
+            }
+        }
+        Class::Client => {
+            if state & FAILED != 0 {
+                return Before::Return(Ret::err(libc::ECONNRESET));
+            }
+            if state & CLOSED != 0 {
+                // Its input ended in the log: nothing more is read.
+                return Before::Return(Ret::pass(0));
+            }
+            if !leading(engine, slot) {
+                log::info!(
+                    "failing connection {} (fd {fd}): accepted in view {}, this node is now {:?} in view {}",
+                    slot.conn(),
+                    slot.view(),
+                    engine.region.role(),
+                    engine.region.view()
+                );
+                return Before::Return(fail_connection(fd));
+            }
+            if flags & libc::MSG_PEEK != 0 {
+                // The bytes stay in the socket; the read that takes them
+                // is logged.
+                return Before::Pass;
+            }
+            if flags & libc::MSG_TRUNC != 0 {
+                // TCP discards the bytes: they could not be replicated.
+                log::error!("recv with MSG_TRUNC on client fd {fd} cannot be replicated");
+                return Before::Return(fail_connection(fd));
+            }
+            Before::Go(Ticket {
+                fd,
+                slot,
+                class: Class::Client,
+                want,
+            })
+        }
+        _ => Before::Pass,
+    }
+}
+
+/// After a recv-type call that returned `n` (`errno` when negative), with
+/// the bytes read in `segments`.
+pub fn after_input(t: Ticket, n: isize, errno: i32, segments: &[&[u8]]) -> Ret {
+    let Some(engine) = setup::engine() else {
+        return Ret::pass(n);
+    };
+    match t.class {
+        Class::Replay => {
+            if n > 0 {
+                let i = t.slot.conn() as usize;
+                if i < lockstep_common::region::REPLAY_SLOTS {
+                    engine.region.replay_slot(i).add_consumed(n as u64);
+                }
+            }
+            Ret::pass(n)
+        }
+        Class::Client => {
+            let conn = t.slot.conn();
+            if n > 0 {
+                let out = t.slot.digest().pack();
+                match engine.replicate(Kind::Data, conn, out, segments, n as usize) {
+                    Ok(_) => Ret::pass(n),
+                    Err(f) => fail_with(t.fd, conn, &f),
+                }
+            } else if n == 0 && t.want > 0 {
+                match log_close(engine, t.slot) {
+                    Ok(()) => Ret::pass(0),
+                    Err(f) => fail_with(t.fd, conn, &f),
+                }
+            } else if n < 0 && errno == libc::ECONNRESET {
+                if let Err(f) = log_close(engine, t.slot) {
+                    log::info!("connection {conn}: reset; its CLOSE was not replicated: {f}");
+                }
+                Ret::err(libc::ECONNRESET)
+            } else {
+                // EAGAIN, EINTR, zero-length reads, other errors.
+                Ret::pass(n)
+            }
+        }
+        _ => Ret::pass(n),
+    }
+}
+
+/// Logs a client's CLOSE entry unless it was logged already (or the
+/// connection is no longer this leader's to log).
+fn log_close(engine: &Engine, slot: &Slot) -> Result<(), Fail> {
+    if slot.class() != Class::Client || !slot.mark_closed() {
+        return Ok(());
+    }
+    if !leading(engine, slot) {
+        return Ok(());
+    }
+    let out = slot.digest().pack();
+    engine
+        .replicate(Kind::Close, slot.conn(), out, &[], 0)
+        .map(|_| ())
+}
+
+/// Output written to a tracked fd.
+pub fn after_output(fd: i32, segments: &[&[u8]]) {
+    if let Some(slot) = fdtable::slot(fd) {
+        if slot.class() == Class::Client {
+            slot.add_output(segments);
+        }
+    }
+}
+
+/// Before `close(fd)` (or `dup2` over it) of a known fd.
+pub fn before_close(fd: i32) {
+    let Some(slot) = fdtable::slot(fd) else {
+        return;
+    };
+    if slot.class() == Class::Client {
+        if let Some(engine) = setup::engine() {
+            if let Err(f) = log_close(engine, slot) {
+                log::info!(
+                    "connection {}: closed; its CLOSE was not replicated: {f}",
+                    slot.conn()
+                );
+            }
+        }
+    }
+    slot.clear();
+}
+
+/// Forgets `fd` without logging anything (after a failure in `before_close`).
+pub fn forget(fd: i32) {
+    if let Some(slot) = fdtable::slot(fd) {
+        slot.clear();
+    }
+}
+
+/// Before `shutdown(fd, how)`: the end of a client's input is its CLOSE.
+/// SHUT_WR alone is not: the server still reads from the client.
+pub fn before_shutdown(fd: i32, how: i32) {
+    if how == libc::SHUT_WR {
+        return;
+    }
+    let (Some(slot), Some(engine)) = (fdtable::slot(fd), setup::engine()) else {
+        return;
+    };
+    if let Err(f) = log_close(engine, slot) {
+        log::info!(
+            "connection {}: shut down; its CLOSE was not replicated: {f}",
+            slot.conn()
+        );
+    }
+}
+
+/// Whether listener `fd` is this node's app listener (cached per fd).
+fn is_app_listener(fd: i32, app: std::net::SocketAddr) -> bool {
+    let slot = fdtable::slot(fd);
+    match slot.map(|s| s.class()) {
+        Some(Class::ListenApp) => return true,
+        Some(Class::ListenOther) => return false,
+        _ => {}
+    }
+    let app_listener = sys::local_addr(fd).is_some_and(|a| setup::is_app_addr(a, app));
+    if let Some(s) = slot {
+        s.set_listener(app_listener);
+    }
+    app_listener
+}
+
+/// After a successful `listen(fd)`: attach early when it is the app
+/// listener, so that the follower sees the server.
+pub fn after_listen(fd: i32) {
+    let Some(Ok(s)) = setup::settings() else {
+        return;
+    };
+    if !is_app_listener(fd, s.app) {
+        return;
+    }
+    if let Err(e) = setup::attach() {
+        log::info!("not attached yet ({e}); trying again at the first accept");
+    }
+}
+
+/// `accept`/`accept4` on listener `lfd`; `real` performs the real call
+/// and returns (fd or -1, errno).
+pub fn accept(lfd: i32, real: &mut dyn FnMut() -> (i32, i32)) -> Ret {
+    let pass = |real: &mut dyn FnMut() -> (i32, i32)| {
+        let (fd, e) = real();
+        if fd < 0 {
+            Ret::err(e)
+        } else {
+            Ret::pass(fd as isize)
+        }
+    };
+    let settings = match setup::settings() {
+        None => return pass(real),
+        Some(Err(reason)) => {
+            // Which port is the app's is unknown: any accept is the first.
+            setup::cannot_replicate(reason);
+            return pass(real);
+        }
+        Some(Ok(s)) => s,
+    };
+    if !is_app_listener(lfd, settings.app) {
+        return pass(real);
+    }
+    let engine = match setup::attach() {
+        Ok(e) => e,
+        Err(reason) => {
+            setup::cannot_replicate(&reason);
+            return pass(real);
+        }
+    };
+    loop {
+        let (fd, e) = real();
+        if fd < 0 {
+            return Ret::err(e);
+        }
+        let Some(slot) = fdtable::slot(fd).filter(|_| (fd as usize) < TABLE_SIZE) else {
+            log::warn!("refusing a client on fd {fd}: fds from {TABLE_SIZE} on are not tracked");
+            sys::close(fd);
+            continue;
+        };
+        // Whatever the table held for this fd number is stale now.
+        slot.clear();
+        match engine.region.role() {
+            Role::Leader => {
+                // The conn id is the ACCEPT's seq, known only once logged.
+                match engine.replicate(Kind::Accept, 0, 0, &[], 0) {
+                    Ok(l) => {
+                        slot.set_client(l.first, l.view);
+                        log::debug!("fd {fd}: connection {} accepted", l.first);
+                        return Ret::pass(fd as isize);
+                    }
+                    Err(f) => {
+                        log::info!("refusing a client: its ACCEPT was not replicated: {f}");
+                        sys::close(fd);
+                        let again = if sys::is_nonblocking(lfd) {
+                            libc::EAGAIN
+                        } else {
+                            libc::ECONNABORTED
+                        };
+                        return Ret::err(again);
+                    }
+                }
+            }
+            role => {
+                if passive_accept(engine, role, fd, slot) {
+                    return Ret::pass(fd as isize);
+                }
+                // Refused: closed; take the next pending connection (or
+                // return EAGAIN / block, as the real accept does).
+                sys::close(fd);
+            }
+        }
+    }
+}
+
+/// A backup or joining node accepted `fd`: keep it when it is one of the
+/// follower's replay connections (or, on a backup, when other clients
+/// are allowed).
+fn passive_accept(engine: &Engine, role: Role, fd: i32, slot: &Slot) -> bool {
+    let peer = sys::peer_addr(fd);
+    if let Some(i) = peer.and_then(|p| engine.region.find_replay_slot(p.port())) {
+        slot.set_replay(i);
+        log::debug!("fd {fd}: replay connection in slot {i}");
+        return true;
+    }
+    if role == Role::Backup && engine.config.backup_clients == BackupClients::Allow {
+        slot.set_guest();
+        log::debug!("fd {fd}: unreplicated client allowed on a backup");
+        return true;
+    }
+    slot.clear();
+    log::debug!(
+        "refusing client {} on a {role:?} node (backup_clients = \"deny\")",
+        peer.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+    );
+    false
+}

@@ -1,0 +1,469 @@
+//! The leader's replication path: turn one input into entries in the local
+//! ring, post the same bytes to every peer, and wait for a majority.
+//!
+//! One writer per process behind a mutex (the sequence lock): it holds the
+//! ring writer, the next seq, the flow-control bound `safe` and pre-sized
+//! scratch buffers, so the steady state allocates nothing. Waiting for acks
+//! happens outside the lock: spin with a bounded backoff, then park on the
+//! region's doorbell (the local follower rings it when it writes an ack;
+//! remote acks arriving through `Region::write` ring it too).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::Backoff;
+use lockstep_common::entry::{self, EntryHeader, Kind};
+use lockstep_common::region::{self, Region, Role};
+use lockstep_common::ring::{RingError, RingWriter};
+use lockstep_common::transport::{self, Transport, TransportError};
+use lockstep_common::Config;
+
+/// How long one park on the doorbell lasts before the wait loop looks at
+/// role, view and fencing again (those changes do not all ring the bell).
+const PARK: Duration = Duration::from_millis(5);
+/// A wait this long gets a warning (and another one every such period).
+const SLOW_WAIT: Duration = Duration::from_secs(5);
+
+/// Why an input could not be replicated. Either way the connection fails;
+/// the server never sees the input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fail {
+    /// This node stopped leading, or its view changed, or a peer is in a
+    /// newer view.
+    Lost(&'static str),
+    /// Something that should not happen (a bug or a broken region).
+    Internal(String),
+}
+
+impl std::fmt::Display for Fail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fail::Lost(why) => write!(f, "{why}"),
+            Fail::Internal(why) => write!(f, "internal error: {why}"),
+        }
+    }
+}
+
+/// What one replicated input produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Logged {
+    /// Seq of its first entry (the conn id of an ACCEPT).
+    pub first: u64,
+    /// Seq of its last entry.
+    pub last: u64,
+    /// View it was written in.
+    pub view: u64,
+}
+
+struct Writer {
+    /// View the writer was set up for (0: not yet).
+    view: u64,
+    next_seq: u64,
+    ring: RingWriter,
+    /// Position up to which a majority acknowledged everything.
+    safe: u64,
+    /// Encoded entry (footprint of `max_entry`).
+    scratch: Vec<u8>,
+    /// Payload gathered from several buffers (`max_entry`).
+    gather: Vec<u8>,
+}
+
+/// A node's attached preload: config, region, transport and the writer.
+pub struct Engine {
+    /// This node's id.
+    pub me: u64,
+    /// The cluster config.
+    pub config: Config,
+    /// This node's `app` address.
+    pub app: SocketAddr,
+    /// This node's region.
+    pub region: Arc<Region>,
+    transport: Box<dyn Transport>,
+    ids: Vec<u64>,
+    peers: Vec<u64>,
+    majority: usize,
+    max_entry: usize,
+    writer: Mutex<Writer>,
+    /// Bit per peer id: a non-fencing write error was already reported.
+    warned: AtomicU64,
+}
+
+impl Engine {
+    /// Sets up the writer and opens the transport (which does no I/O yet).
+    pub fn new(config: Config, me: u64, region: Arc<Region>) -> Result<Engine, String> {
+        let app = config.node(me).map_err(|e| e.0)?.app;
+        let transport = transport::open(&config, me, region.clone()).map_err(|e| e.to_string())?;
+        let ids: Vec<u64> = config.ids().collect();
+        let peers = ids.iter().copied().filter(|&i| i != me).collect();
+        let max_entry = config.max_entry as usize;
+        let writer = Writer {
+            view: 0,
+            next_seq: 1,
+            ring: RingWriter::new(config.ring_size, 0),
+            safe: 0,
+            scratch: vec![0; entry::footprint(max_entry)],
+            gather: vec![0; max_entry],
+        };
+        Ok(Engine {
+            me,
+            majority: config.majority(),
+            app,
+            region,
+            transport,
+            ids,
+            peers,
+            max_entry,
+            writer: Mutex::new(writer),
+            warned: AtomicU64::new(0),
+            config,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Writer> {
+        // A panic while holding the lock leaves the writer consistent at
+        // entry granularity (seq is bumped only after a complete append).
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checks that this node still leads `view`.
+    fn check(&self, view: u64) -> Result<(), Fail> {
+        if self.region.role() != Role::Leader {
+            return Err(Fail::Lost("this node is no longer the leader"));
+        }
+        if self.region.view() != view {
+            return Err(Fail::Lost("the view changed"));
+        }
+        if self.transport.fenced_by() > view {
+            return Err(Fail::Lost("a peer is in a newer view"));
+        }
+        Ok(())
+    }
+
+    /// The view this leader writes in, setting the writer up from the
+    /// follower's hand-off when the view is new to it.
+    fn writer_view(&self, w: &mut Writer) -> Result<u64, Fail> {
+        if self.region.role() != Role::Leader {
+            return Err(Fail::Lost("this node is not the leader"));
+        }
+        let view = self.region.view();
+        if self.transport.fenced_by() > view {
+            return Err(Fail::Lost("a peer is in a newer view"));
+        }
+        if w.view != view {
+            let (seq, pos) = self.region.writer_start();
+            w.view = view;
+            w.next_seq = seq.max(1);
+            w.ring = RingWriter::new(self.config.ring_size, pos);
+            w.safe = pos;
+            log::info!(
+                "leading view {view}: next seq {} at ring position {pos}",
+                w.next_seq
+            );
+        }
+        Ok(view)
+    }
+
+    /// Replicates one input: `segments` (`total` bytes, split into entries
+    /// of at most `max_entry`) for DATA, nothing for ACCEPT/CLOSE. Returns
+    /// once a majority stored every entry, with the commit index raised.
+    pub fn replicate(
+        &self,
+        kind: Kind,
+        conn: u64,
+        out_hash: u64,
+        segments: &[&[u8]],
+        total: usize,
+    ) -> Result<Logged, Fail> {
+        let logged = self.append(kind, conn, out_hash, segments, total)?;
+        self.wait_majority(logged.last, logged.view)?;
+        self.region.raise_commit(logged.last);
+        Ok(logged)
+    }
+
+    fn append(
+        &self,
+        kind: Kind,
+        conn: u64,
+        out_hash: u64,
+        segments: &[&[u8]],
+        total: usize,
+    ) -> Result<Logged, Fail> {
+        let mut guard = self.lock();
+        let w = &mut *guard;
+        let view = self.writer_view(w)?;
+        let first = w.next_seq;
+        if kind == Kind::Data {
+            let Writer {
+                next_seq,
+                ring,
+                safe,
+                scratch,
+                gather,
+                ..
+            } = w;
+            for_each_chunk(segments, total, self.max_entry, gather, |payload| {
+                self.append_one(
+                    ring, scratch, safe, next_seq, view, kind, conn, out_hash, payload,
+                )
+            })?;
+        } else {
+            let Writer {
+                next_seq,
+                ring,
+                safe,
+                scratch,
+                ..
+            } = w;
+            self.append_one(
+                ring,
+                scratch,
+                safe,
+                next_seq,
+                view,
+                kind,
+                conn,
+                out_hash,
+                &[],
+            )?;
+        }
+        Ok(Logged {
+            first,
+            last: w.next_seq - 1,
+            view,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn append_one(
+        &self,
+        ring: &mut RingWriter,
+        scratch: &mut [u8],
+        safe: &mut u64,
+        next_seq: &mut u64,
+        view: u64,
+        kind: Kind,
+        conn: u64,
+        out_hash: u64,
+        payload: &[u8],
+    ) -> Result<(), Fail> {
+        let seq = *next_seq;
+        let conn = if kind == Kind::Accept { seq } else { conn };
+        let mut hdr = EntryHeader::new(kind, view, seq, conn, payload.len() as u32);
+        hdr.out_hash = out_hash;
+        let mut waited = false;
+        let a = loop {
+            hdr.last_committed = self.region.commit();
+            match ring.append(self.region.ring(), &hdr, payload, *safe, scratch) {
+                Ok(a) => break a,
+                Err(RingError::Full { .. }) if !waited && seq > 1 => {
+                    // Flow control: everything written so far must be
+                    // stored by a majority before its space is reused.
+                    self.wait_majority(seq - 1, view)?;
+                    *safe = ring.pos();
+                    waited = true;
+                }
+                Err(e) => return Err(Fail::Internal(e.to_string())),
+            }
+        };
+        *next_seq = seq + 1;
+        let bytes = &scratch[..a.len];
+        let tail = a.end.to_le_bytes();
+        for &peer in &self.peers {
+            let r = (|| -> Result<(), TransportError> {
+                if let Some(off) = a.wrap_offset {
+                    self.transport.write(
+                        peer,
+                        view,
+                        region::ring_offset(off),
+                        ring.wrap_bytes(),
+                    )?;
+                }
+                self.transport
+                    .write(peer, view, region::ring_offset(a.offset), bytes)?;
+                self.transport
+                    .write(peer, view, region::tail_offset(), &tail)
+            })();
+            match r {
+                Ok(()) => {}
+                Err(TransportError::Fenced { .. }) => {
+                    return Err(Fail::Lost("a peer is in a newer view"));
+                }
+                Err(e) => {
+                    // That peer misses the write, as with a lost one-sided
+                    // write; it catches up from another node.
+                    let bit = 1u64 << (peer & 63);
+                    if self.warned.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+                        log::warn!("cannot write to node {peer}: {e}");
+                    }
+                }
+            }
+        }
+        self.region.set_tail(a.end);
+        self.region.bell().ring();
+        self.transport.flush();
+        log::trace!(
+            "appended {kind:?} seq {seq} conn {conn} ({} bytes)",
+            payload.len()
+        );
+        Ok(())
+    }
+
+    /// Whether a majority (this node included) acknowledged `seq`.
+    pub fn acked(&self, seq: u64) -> bool {
+        let mut n = 0;
+        for &id in &self.ids {
+            if self.region.ack(id) >= seq {
+                n += 1;
+                if n >= self.majority {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Waits until a majority acknowledged `seq`, failing when this node
+    /// stops leading `view` meanwhile.
+    pub fn wait_majority(&self, seq: u64, view: u64) -> Result<(), Fail> {
+        if self.acked(seq) {
+            return Ok(());
+        }
+        let backoff = Backoff::new();
+        let mut parked_since: Option<Instant> = None;
+        let mut warned_at = Duration::ZERO;
+        loop {
+            self.check(view)?;
+            if !backoff.is_completed() {
+                backoff.snooze();
+            } else {
+                let bell = self.region.bell();
+                let seen = bell.value();
+                if self.acked(seq) {
+                    return Ok(());
+                }
+                bell.wait(seen, PARK);
+                let since = *parked_since.get_or_insert_with(Instant::now);
+                let waited = since.elapsed();
+                if waited >= warned_at + SLOW_WAIT {
+                    warned_at = waited;
+                    log::warn!(
+                        "seq {seq} not acknowledged by a majority after {:.0?} (acks: {})",
+                        waited,
+                        AckList(self)
+                    );
+                }
+            }
+            if self.acked(seq) {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Formats the ack array for diagnostics.
+struct AckList<'a>(&'a Engine);
+
+impl std::fmt::Display for AckList<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, &id) in self.0.ids.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "node {id}: {}", self.0.region.ack(id))?;
+        }
+        Ok(())
+    }
+}
+
+/// Calls `f` with consecutive chunks of at most `max` bytes covering the
+/// first `total` bytes of `segments`; a chunk inside one segment is
+/// borrowed, one spanning segments is gathered into `buf` (`max` bytes).
+pub fn for_each_chunk(
+    segments: &[&[u8]],
+    total: usize,
+    max: usize,
+    buf: &mut [u8],
+    mut f: impl FnMut(&[u8]) -> Result<(), Fail>,
+) -> Result<(), Fail> {
+    let short = || Fail::Internal("the read returned more bytes than its buffers hold".into());
+    let mut seg = 0;
+    let mut off = 0;
+    let mut left = total;
+    while left > 0 {
+        let take = left.min(max);
+        while seg < segments.len() && off == segments[seg].len() {
+            seg += 1;
+            off = 0;
+        }
+        let cur = *segments.get(seg).ok_or_else(short)?;
+        if cur.len() - off >= take {
+            f(&cur[off..off + take])?;
+            off += take;
+        } else {
+            let mut got = 0;
+            while got < take {
+                while seg < segments.len() && off == segments[seg].len() {
+                    seg += 1;
+                    off = 0;
+                }
+                let s = *segments.get(seg).ok_or_else(short)?;
+                let n = (s.len() - off).min(take - got);
+                buf[got..got + n].copy_from_slice(&s[off..off + n]);
+                got += n;
+                off += n;
+            }
+            f(&buf[..take])?;
+        }
+        left -= take;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(segs: &[&[u8]], total: usize, max: usize) -> Result<Vec<Vec<u8>>, Fail> {
+        let mut buf = vec![0; max];
+        let mut out = Vec::new();
+        for_each_chunk(segs, total, max, &mut buf, |c| {
+            out.push(c.to_vec());
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    #[test]
+    fn chunks_cover_exactly_the_bytes_read() {
+        let data: Vec<u8> = (0..100u8).collect();
+        let segs: Vec<&[u8]> = vec![&data[..10], &[], &data[10..55], &data[55..]];
+        for max in [1, 7, 10, 45, 64, 100, 1000] {
+            for total in [0, 1, 9, 10, 11, 54, 55, 99, 100] {
+                let got = chunks(&segs, total, max).unwrap();
+                assert!(got.iter().all(|c| !c.is_empty() && c.len() <= max));
+                assert_eq!(got.concat(), &data[..total], "max {max} total {total}");
+                assert_eq!(got.len(), total.div_ceil(max));
+            }
+        }
+        assert!(chunks(&segs, 101, 64).is_err());
+    }
+
+    #[test]
+    fn chunking_stops_at_the_first_failure() {
+        let data = [1u8; 30];
+        let mut buf = [0u8; 10];
+        let mut calls = 0;
+        let r = for_each_chunk(&[&data], 30, 10, &mut buf, |_| {
+            calls += 1;
+            if calls == 2 {
+                Err(Fail::Lost("test"))
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!(r, Err(Fail::Lost("test")));
+        assert_eq!(calls, 2);
+    }
+}

@@ -1,0 +1,209 @@
+//! Process-wide state: configuration from the environment, attaching to
+//! the node's region, the refusal to run unreplicated, and the fork flag.
+//!
+//! Nothing happens at load time beyond resolving symbols (see `hooks`).
+//! The environment is read at the first `listen` or `accept`; the region
+//! is attached at the first `listen`/`accept` on the app address. A region
+//! that is not there yet at `listen` (the follower starts later) is tried
+//! again at the first `accept` — and if it is still missing then, or the
+//! config is unusable, the server is stopped with one line on stderr
+//! rather than serving clients unreplicated.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use lockstep_common::{Config, Region};
+use once_cell::sync::OnceCell;
+
+use crate::engine::Engine;
+use crate::hooks::sys;
+
+/// Set in a child after `fork`: every hook passes straight through.
+static INERT: AtomicBool = AtomicBool::new(false);
+
+const MODE_UNKNOWN: u8 = 0;
+/// `LOCKSTEP_CONFIG` is not set: a plain pass-through library.
+const MODE_OFF: u8 = 1;
+/// Replication impossible and `LOCKSTEP_ALLOW_UNREPLICATED=1`.
+const MODE_UNREPLICATED: u8 = 2;
+/// Attached to the region.
+const MODE_ATTACHED: u8 = 3;
+
+static MODE: AtomicU8 = AtomicU8::new(MODE_UNKNOWN);
+
+/// Who this process is, from `LOCKSTEP_CONFIG` and `LOCKSTEP_NODE`.
+#[derive(Debug)]
+pub struct Settings {
+    /// The cluster config.
+    pub config: Config,
+    /// This node's id.
+    pub me: u64,
+    /// This node's app address.
+    pub app: SocketAddr,
+}
+
+static SETTINGS: OnceCell<Option<Result<Settings, String>>> = OnceCell::new();
+static ENGINE: OnceCell<Engine> = OnceCell::new();
+static ATTACHING: Mutex<()> = Mutex::new(());
+
+/// Whether this process is a forked child of the server.
+#[inline]
+pub fn inert() -> bool {
+    INERT.load(Ordering::Relaxed)
+}
+
+extern "C" fn on_fork_child() {
+    INERT.store(true, Ordering::Relaxed);
+}
+
+/// Whether `accept`/`listen` need a look (not in a forked child, not in a
+/// process without `LOCKSTEP_CONFIG`, not after choosing to run
+/// unreplicated).
+#[inline]
+pub fn active() -> bool {
+    !inert() && matches!(MODE.load(Ordering::Relaxed), MODE_UNKNOWN | MODE_ATTACHED)
+}
+
+/// The attached engine, if any.
+#[inline]
+pub fn engine() -> Option<&'static Engine> {
+    ENGINE.get()
+}
+
+/// The settings: None when `LOCKSTEP_CONFIG` is not set, else the parsed
+/// config or one line saying why it is unusable. Read once.
+pub fn settings() -> Option<&'static Result<Settings, String>> {
+    let s = SETTINGS.get_or_init(load_settings).as_ref();
+    if s.is_none() {
+        MODE.store(MODE_OFF, Ordering::Relaxed);
+    }
+    s
+}
+
+fn load_settings() -> Option<Result<Settings, String>> {
+    let path = std::env::var_os("LOCKSTEP_CONFIG")?;
+    crate::logger::init_from_env();
+    Some(parse_settings(
+        Path::new(&path),
+        std::env::var("LOCKSTEP_NODE").ok().as_deref(),
+    ))
+}
+
+fn parse_settings(path: &Path, node: Option<&str>) -> Result<Settings, String> {
+    let node = node.ok_or("LOCKSTEP_NODE is not set (it names this node's id in the config)")?;
+    let me: u64 = node
+        .trim()
+        .parse()
+        .map_err(|_| format!("LOCKSTEP_NODE={node:?} is not a node id"))?;
+    let config = Config::load(path).map_err(|e| e.0)?;
+    let app = config
+        .node(me)
+        .map_err(|e| format!("LOCKSTEP_NODE: {}", e.0))?
+        .app;
+    for w in &config.warnings {
+        log::warn!("{w}");
+    }
+    Ok(Settings { config, me, app })
+}
+
+/// Whether a listening socket bound to `local` is the app listener for
+/// the configured `app` address: same port, and the same address unless
+/// either side is a wildcard.
+pub fn is_app_addr(local: SocketAddr, app: SocketAddr) -> bool {
+    fn canon(ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+            v4 => v4,
+        }
+    }
+    let (l, a) = (canon(local.ip()), canon(app.ip()));
+    local.port() == app.port() && (l.is_unspecified() || a.is_unspecified() || l == a)
+}
+
+/// Attaches to this node's region (once; retried after a failure).
+pub fn attach() -> Result<&'static Engine, String> {
+    if let Some(e) = ENGINE.get() {
+        return Ok(e);
+    }
+    let _g = ATTACHING.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = ENGINE.get() {
+        return Ok(e);
+    }
+    let s = match settings() {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => return Err(e.clone()),
+        None => return Err("LOCKSTEP_CONFIG is not set".into()),
+    };
+    let spec = s.config.region_spec(s.me);
+    let region = Region::open(&spec.default_path(), &spec).map_err(|e| e.to_string())?;
+    let engine = Engine::new(s.config.clone(), s.me, Arc::new(region))?;
+    engine.region.set_preload_pid(std::process::id() as u64);
+    // From now on a forked child (Redis BGSAVE) must not act for us. A
+    // fork before this point (a daemonising server) keeps a working copy.
+    sys::at_fork_child(on_fork_child);
+    log::info!(
+        "node {} attached to {} (role {:?}, view {})",
+        s.me,
+        engine.region.path().display(),
+        engine.region.role(),
+        engine.region.view()
+    );
+    let _ = ENGINE.set(engine);
+    MODE.store(MODE_ATTACHED, Ordering::Relaxed);
+    Ok(ENGINE.get().expect("just set"))
+}
+
+/// Replication is impossible for `reason`. Stops the server with one line
+/// on stderr, unless `LOCKSTEP_ALLOW_UNREPLICATED=1`: then warns once and
+/// lets everything through from now on.
+pub fn cannot_replicate(reason: &str) {
+    let allow = std::env::var("LOCKSTEP_ALLOW_UNREPLICATED").is_ok_and(|v| v.trim() == "1");
+    let mut line = String::with_capacity(256);
+    if allow {
+        if MODE.swap(MODE_UNREPLICATED, Ordering::Relaxed) != MODE_UNREPLICATED {
+            line.push_str("lockstep: WARNING: cannot replicate: ");
+            line.push_str(reason);
+            line.push_str("; serving clients UNREPLICATED because LOCKSTEP_ALLOW_UNREPLICATED=1\n");
+            sys::write_all(2, line.as_bytes());
+        }
+        return;
+    }
+    line.push_str("lockstep: cannot replicate: ");
+    line.push_str(reason);
+    line.push_str("; refusing to serve (set LOCKSTEP_ALLOW_UNREPLICATED=1 to run unreplicated)\n");
+    sys::write_all(2, line.as_bytes());
+    sys::exit_now(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn app_address_matching() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert!(is_app_addr(a("127.0.0.1:7001"), a("127.0.0.1:7001")));
+        assert!(is_app_addr(a("0.0.0.0:7001"), a("127.0.0.1:7001")));
+        assert!(is_app_addr(a("[::]:7001"), a("127.0.0.1:7001")));
+        assert!(is_app_addr(
+            a("[::ffff:127.0.0.1]:7001"),
+            a("127.0.0.1:7001")
+        ));
+        assert!(is_app_addr(a("10.0.0.5:7001"), a("0.0.0.0:7001")));
+        assert!(!is_app_addr(a("127.0.0.1:7002"), a("127.0.0.1:7001")));
+        assert!(!is_app_addr(a("10.0.0.5:7001"), a("127.0.0.1:7001")));
+    }
+
+    #[test]
+    fn settings_errors_are_one_line() {
+        let e = parse_settings(Path::new("/nonexistent.toml"), None).unwrap_err();
+        assert!(e.starts_with("LOCKSTEP_NODE is not set"), "{e}");
+        let e = parse_settings(Path::new("/nonexistent.toml"), Some("x")).unwrap_err();
+        assert!(e.contains("not a node id"), "{e}");
+        let e = parse_settings(Path::new("/nonexistent.toml"), Some("1")).unwrap_err();
+        assert!(e.contains("cannot read config"), "{e}");
+        assert!(!e.contains('\n'));
+    }
+}
