@@ -455,6 +455,7 @@ mod tests {
         s.write_all(&hello).unwrap();
         let e = read_status(&mut s, "x").unwrap_err().to_string();
         assert!(e.contains("unknown channel 9"), "{e}");
+        drop(s);
         assert!(t.join().unwrap().is_err());
     }
 
