@@ -1,0 +1,841 @@
+//! Shared code of the preload tests: region files for a 3-node cluster, a
+//! test acker standing in for the follower processes, servers run under
+//! the preload (killed on drop), small protocol clients and checks over the
+//! recorded log.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lockstep_common::entry::{self, EntryHeader, Kind};
+use lockstep_common::region::{self, Region, Role};
+use lockstep_common::ring::{ReadOutcome, RingReader};
+use lockstep_common::Config;
+
+/// Generous limit for anything a test waits for.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+/// `liblockstep.so` next to the test binary (target/debug), built with
+/// `cargo build -p lockstep-preload` if it is missing.
+pub fn preload_lib() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .to_path_buf();
+    let lib = dir.join("liblockstep.so");
+    if !lib.exists() {
+        static BUILD: Mutex<()> = Mutex::new(());
+        let _g = BUILD.lock().unwrap_or_else(|p| p.into_inner());
+        if !lib.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let st = Command::new(cargo)
+                .args(["build", "-p", "lockstep-preload"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("run cargo build -p lockstep-preload");
+            assert!(st.success(), "cargo build -p lockstep-preload failed");
+        }
+    }
+    assert!(
+        lib.exists(),
+        "{} missing: run `cargo build -p lockstep-preload` first",
+        lib.display()
+    );
+    lib
+}
+
+/// A free loopback port (bind 0, read it, release it).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Polls `cond` every 10 ms until it holds or `limit` passes.
+pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// How to set up a fixture.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// `ring_size` in the config.
+    pub ring_size: &'static str,
+    /// `max_entry` in the config.
+    pub max_entry: &'static str,
+    /// `backup_clients` in the config.
+    pub backup_clients: &'static str,
+    /// Whether to create the region files (the follower's job).
+    pub regions: bool,
+    /// Role of node 1.
+    pub role: Role,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            ring_size: "1MiB",
+            max_entry: "4KiB",
+            backup_clients: "deny",
+            regions: true,
+            role: Role::Leader,
+        }
+    }
+}
+
+/// A 3-node cluster config with node 1's app on a free port, and (unless
+/// told otherwise) the three region files, node 1 leading view 1. Removes
+/// everything it created when dropped.
+pub struct Fixture {
+    /// Cluster name (unique per test and process).
+    pub name: String,
+    /// Scratch directory (config, server logs, data).
+    pub dir: PathBuf,
+    /// The config file.
+    pub config_path: PathBuf,
+    /// The parsed config.
+    pub config: Config,
+    /// Regions of nodes 1..=3 (empty without region files).
+    pub regions: Vec<Arc<Region>>,
+}
+
+impl Fixture {
+    /// A fixture named after `tag`.
+    pub fn new(tag: &str, opts: Options) -> Fixture {
+        let name = format!("pl-{tag}-{}", std::process::id());
+        let dir = std::env::temp_dir().join(format!("lockstep-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        let mut text = format!(
+            "cluster = \"{name}\"\ntransport = \"shm\"\nring_size = \"{}\"\nmax_entry = \"{}\"\n\
+             data_dir = \"{}\"\nbackup_clients = \"{}\"\n[election]\nmode = \"static\"\nleader = 1\n",
+            opts.ring_size,
+            opts.max_entry,
+            dir.join("data").display(),
+            opts.backup_clients
+        );
+        for id in 1..=3 {
+            text.push_str(&format!(
+                "[[nodes]]\nid = {id}\napp = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
+                free_port(),
+                free_port()
+            ));
+        }
+        let config_path = dir.join("cluster.toml");
+        std::fs::write(&config_path, text).expect("write config");
+        let config = Config::load(&config_path).expect("valid test config");
+        let mut f = Fixture {
+            name,
+            dir,
+            config_path,
+            config,
+            regions: Vec::new(),
+        };
+        if opts.regions {
+            for id in 1..=3 {
+                let spec = f.config.region_spec(id);
+                let path = spec.default_path();
+                let _ = std::fs::remove_file(&path);
+                let r = Region::create(&path, &spec).expect("create region");
+                r.set_view(1);
+                r.set_leader(1);
+                r.set_role(Role::Backup);
+                f.regions.push(Arc::new(r));
+            }
+            f.set_role(opts.role);
+        }
+        f
+    }
+
+    /// Node `id`'s region.
+    pub fn region(&self, id: u64) -> &Arc<Region> {
+        &self.regions[id as usize - 1]
+    }
+
+    /// Sets node 1's role; a leader starts writing at seq 1, position 0.
+    pub fn set_role(&self, role: Role) {
+        let r = self.region(1);
+        if role == Role::Leader {
+            r.set_writer_start(1, 0);
+        }
+        r.set_role(role);
+    }
+
+    /// Node 1's app address.
+    pub fn app(&self) -> SocketAddr {
+        self.config.node(1).expect("node 1").app
+    }
+
+    /// Node 1's app port.
+    pub fn port(&self) -> u16 {
+        self.app().port()
+    }
+
+    /// Environment for a server under the preload as node 1.
+    pub fn preload_env(&self, cmd: &mut Command) {
+        cmd.env("LD_PRELOAD", preload_lib())
+            .env("LOCKSTEP_CONFIG", &self.config_path)
+            .env("LOCKSTEP_NODE", "1")
+            .env(
+                "LOCKSTEP_LOG",
+                format!("info:{}", self.dir.join("preload.log").display()),
+            )
+            .env_remove("LOCKSTEP_ALLOW_UNREPLICATED");
+    }
+
+    /// The preload's log file, for failure messages.
+    pub fn preload_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("preload.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.regions.clear();
+        for id in 1..=3 {
+            let _ = std::fs::remove_file(region::region_path(&self.name, id));
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("preload test files kept in {}", self.dir.display());
+        }
+    }
+}
+
+/// One entry as the acker saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rec {
+    /// Its header.
+    pub header: EntryHeader,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Recorded {
+    entries: Vec<Rec>,
+    errors: Vec<String>,
+}
+
+/// Stands in for the three follower processes: reads node 1's ring and
+/// the copies the preload posted into nodes 2 and 3, checks that the
+/// copies are byte-identical, records the entries and then acks them for
+/// all three nodes in node 1's region.
+pub struct Acker {
+    stop: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
+    rec: Arc<Mutex<Recorded>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Acker {
+    /// Starts acking for `f`'s regions.
+    pub fn start(f: &Fixture) -> Acker {
+        let regions: Vec<Arc<Region>> = f.regions.clone();
+        let size = f.config.ring_size;
+        let max = f.config.max_entry;
+        let stop = Arc::new(AtomicBool::new(false));
+        let paused = Arc::new(AtomicBool::new(false));
+        let rec = Arc::new(Mutex::new(Recorded::default()));
+        let (s, p, r) = (stop.clone(), paused.clone(), rec.clone());
+        let thread = std::thread::spawn(move || ack_loop(&regions, size, max, &s, &p, &r));
+        Acker {
+            stop,
+            paused,
+            rec,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops or resumes acknowledging (entries are still read).
+    pub fn pause(&self, paused: bool) {
+        self.paused.store(paused, Ordering::SeqCst);
+    }
+
+    /// The entries recorded so far.
+    pub fn entries(&self) -> Vec<Rec> {
+        self.rec.lock().unwrap().entries.clone()
+    }
+
+    /// Problems seen so far (copies that differ, corrupt or lapped rings).
+    pub fn errors(&self) -> Vec<String> {
+        self.rec.lock().unwrap().errors.clone()
+    }
+
+    /// Waits until every ACCEPT recorded has its CLOSE.
+    pub fn wait_all_closed(&self, f: &Fixture) {
+        let start = Instant::now();
+        loop {
+            let e = self.entries();
+            let accepts = e.iter().filter(|r| r.header.kind == Kind::Accept).count();
+            let closes = e.iter().filter(|r| r.header.kind == Kind::Close).count();
+            if accepts == closes {
+                return;
+            }
+            assert!(
+                start.elapsed() < LIMIT,
+                "{accepts} ACCEPTs but {closes} CLOSEs after {LIMIT:?}; errors {:?}\n{}",
+                self.errors(),
+                f.preload_log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Acker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn ack_loop(
+    regions: &[Arc<Region>],
+    size: u64,
+    max: u32,
+    stop: &AtomicBool,
+    paused: &AtomicBool,
+    rec: &Mutex<Recorded>,
+) {
+    let mut readers: Vec<RingReader> = regions
+        .iter()
+        .map(|_| RingReader::new(size, 0, 1, max))
+        .collect();
+    let mut buf = Vec::new();
+    let mut copy = Vec::new();
+    let leader = &regions[0];
+    let error = |msg: String| {
+        let mut r = rec.lock().unwrap();
+        if r.errors.len() < 100 {
+            r.errors.push(msg);
+        }
+    };
+    let mut pending_ack: Option<u64> = None;
+    while !stop.load(Ordering::SeqCst) {
+        if let Some(seq) = pending_ack {
+            if paused.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            for id in 1..=regions.len() as u64 {
+                leader.set_ack(id, seq);
+            }
+            pending_ack = None;
+        }
+        let seen = leader.bell().value();
+        match readers[0].poll(leader.ring(), leader.tail(), &mut buf) {
+            ReadOutcome::Entry { header, len, .. } => {
+                let bytes = buf[..len].to_vec();
+                let payload = match entry::decode(&bytes, max) {
+                    Ok((_, p)) => p.to_vec(),
+                    Err(e) => {
+                        error(format!("seq {}: {e}", header.seq));
+                        Vec::new()
+                    }
+                };
+                // The same bytes must arrive in every peer's ring.
+                for (k, r) in regions.iter().enumerate().skip(1) {
+                    let start = Instant::now();
+                    loop {
+                        let peer_seen = r.bell().value();
+                        match readers[k].poll(r.ring(), r.tail(), &mut copy) {
+                            ReadOutcome::Entry { len: l, .. } => {
+                                if copy[..l] != bytes[..] {
+                                    error(format!(
+                                        "node {} holds other bytes for seq {}",
+                                        k + 1,
+                                        header.seq
+                                    ));
+                                }
+                                break;
+                            }
+                            ReadOutcome::Empty if start.elapsed() < Duration::from_secs(10) => {
+                                r.bell().wait(peer_seen, Duration::from_millis(1));
+                            }
+                            other => {
+                                error(format!("node {}: seq {}: {other:?}", k + 1, header.seq));
+                                break;
+                            }
+                        }
+                    }
+                }
+                rec.lock().unwrap().entries.push(Rec { header, payload });
+                pending_ack = Some(header.seq);
+            }
+            ReadOutcome::Empty => leader.bell().wait(seen, Duration::from_millis(2)),
+            other => {
+                error(format!("node 1: {other:?}"));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// What the recorded log says, after [`check_log`] found it well formed.
+#[derive(Debug, Default)]
+pub struct Summary {
+    /// Concatenated DATA payloads per conn id.
+    pub data: BTreeMap<u64, Vec<u8>>,
+    /// Conn ids, in ACCEPT order.
+    pub accepted: Vec<u64>,
+    /// Conn ids that got a CLOSE.
+    pub closed: Vec<u64>,
+    /// Total DATA payload bytes.
+    pub data_bytes: usize,
+    /// DATA entries.
+    pub data_entries: usize,
+    /// DATA entries with a non-zero output digest.
+    pub with_out_hash: usize,
+    /// Longest DATA payload.
+    pub longest: usize,
+}
+
+/// Checks the invariants of a leader's log: seqs 1.. without gaps in view
+/// 1, DATA and CLOSE only on accepted, open connections, at most one CLOSE
+/// each, and (when `all_closed`) a CLOSE for every ACCEPT.
+pub fn check_log(entries: &[Rec], all_closed: bool) -> Summary {
+    let mut s = Summary::default();
+    let mut open = std::collections::BTreeSet::new();
+    for (i, r) in entries.iter().enumerate() {
+        let h = &r.header;
+        assert_eq!(
+            h.seq,
+            i as u64 + 1,
+            "seqs must be gap-free: entry {i} has seq {}",
+            h.seq
+        );
+        assert_eq!(h.view, 1, "seq {}: view", h.seq);
+        assert_eq!(h.len as usize, r.payload.len());
+        match h.kind {
+            Kind::Accept => {
+                assert_eq!(h.conn, h.seq, "an ACCEPT's conn id is its seq");
+                assert!(r.payload.is_empty());
+                open.insert(h.conn);
+                s.accepted.push(h.conn);
+            }
+            Kind::Data => {
+                assert!(
+                    open.contains(&h.conn),
+                    "seq {}: DATA on conn {} that is not open",
+                    h.seq,
+                    h.conn
+                );
+                assert!(!r.payload.is_empty(), "seq {}: empty DATA", h.seq);
+                s.data
+                    .entry(h.conn)
+                    .or_default()
+                    .extend_from_slice(&r.payload);
+                s.data_bytes += r.payload.len();
+                s.data_entries += 1;
+                s.longest = s.longest.max(r.payload.len());
+                if h.out_hash != 0 {
+                    s.with_out_hash += 1;
+                }
+            }
+            Kind::Close => {
+                assert!(
+                    open.remove(&h.conn),
+                    "seq {}: CLOSE of conn {} that is not open (never accepted, or closed twice)",
+                    h.seq,
+                    h.conn
+                );
+                s.closed.push(h.conn);
+            }
+            other => panic!("seq {}: unexpected {other:?} entry from the preload", h.seq),
+        }
+    }
+    if all_closed {
+        assert!(open.is_empty(), "connections without CLOSE: {open:?}");
+    }
+    s
+}
+
+/// A server process under the preload; killed when dropped.
+pub struct Server {
+    child: Child,
+    /// Its port.
+    pub port: u16,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+impl Server {
+    /// Starts `cmd` with stdout/stderr in files of `dir` named after `tag`.
+    pub fn spawn(mut cmd: Command, port: u16, dir: &Path, tag: &str) -> Server {
+        let out = dir.join(format!("{tag}.stdout"));
+        let err = dir.join(format!("{tag}.stderr"));
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("stdout file"))
+            .stderr(std::fs::File::create(&err).expect("stderr file"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        Server {
+            child,
+            port,
+            out,
+            err,
+        }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What it wrote to stdout and stderr.
+    pub fn output(&self) -> String {
+        format!(
+            "--- stdout\n{}\n--- stderr\n{}",
+            std::fs::read_to_string(&self.out).unwrap_or_default(),
+            std::fs::read_to_string(&self.err).unwrap_or_default()
+        )
+    }
+
+    /// What it wrote to stderr.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// Panics (with its output) if it has exited.
+    pub fn assert_running(&mut self) {
+        if let Some(st) = self.child.try_wait().expect("try_wait") {
+            panic!("server exited ({st})\n{}", self.output());
+        }
+    }
+
+    /// Waits up to `limit` for it to exit.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                return Some(st);
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `redis-server` on `port` (loopback, no persistence) as a command.
+pub fn redis_command(port: u16, dir: &Path) -> Command {
+    let mut c = Command::new("redis-server");
+    c.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir);
+    c
+}
+
+/// `memcached -t 1` on `port` (loopback, TCP only) as a command.
+pub fn memcached_command(port: u16) -> Command {
+    let mut c = Command::new("memcached");
+    c.args(["-u", "root", "-t", "1", "-U", "0", "-l", "127.0.0.1"])
+        .args(["-p", &port.to_string()]);
+    c
+}
+
+/// Runs a client program to completion, killing it after `limit`.
+pub fn run_client(cmd: &mut Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let pid = child.id() as libc::pid_t;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("client output"),
+        Err(_) => {
+            // SAFETY: kill(2) on the pid of our own, not yet reaped child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let out = rx.recv().expect("client thread").expect("client output");
+            panic!(
+                "{cmd:?} did not finish within {limit:?}\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// A TCP stream with generous timeouts.
+pub fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(LIMIT))?;
+    s.set_write_timeout(Some(LIMIT))?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// Whether the peer ended the connection: a read returns EOF or an error
+/// other than a timeout within `limit`.
+pub fn is_closed_by_peer(s: &mut TcpStream, limit: Duration) -> bool {
+    s.set_read_timeout(Some(limit)).expect("timeout");
+    let mut b = [0u8; 64];
+    match s.read(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+/// A TCP stream connected from a chosen local port: binds 127.0.0.1:0
+/// first, lets `before_connect` see the port (to register it in a replay
+/// slot), then connects.
+pub fn connect_from_own_port(addr: SocketAddr, before_connect: impl FnOnce(u16)) -> TcpStream {
+    use std::os::unix::io::FromRawFd;
+    // SAFETY: plain socket(2); the fd is checked and owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket: {}", io::Error::last_os_error());
+    // SAFETY: `fd` is a fresh socket nobody else owns.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    let sin = |port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let local = sin(0);
+    // SAFETY: `local` is a valid sockaddr_in of `len` bytes.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            &local as *const libc::sockaddr_in as *const libc::sockaddr,
+            len,
+        )
+    };
+    assert_eq!(r, 0, "bind: {}", io::Error::last_os_error());
+    let port = stream.local_addr().expect("local addr").port();
+    before_connect(port);
+    let remote = sin(addr.port());
+    // SAFETY: `remote` is a valid sockaddr_in of `len` bytes.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            &remote as *const libc::sockaddr_in as *const libc::sockaddr,
+            len,
+        )
+    };
+    assert_eq!(r, 0, "connect: {}", io::Error::last_os_error());
+    stream.set_read_timeout(Some(LIMIT)).expect("timeout");
+    stream
+}
+
+/// A reply from Redis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// +simple
+    Status(String),
+    /// -error
+    Error(String),
+    /// :integer
+    Int(i64),
+    /// $bulk (None: nil)
+    Bulk(Option<Vec<u8>>),
+    /// *array (None: nil)
+    Array(Option<Vec<Reply>>),
+}
+
+/// A minimal RESP client that remembers every byte it sent.
+pub struct Resp {
+    r: BufReader<TcpStream>,
+    /// Everything sent on this connection.
+    pub sent: Vec<u8>,
+}
+
+/// Encodes a command as a RESP array of bulk strings.
+pub fn resp_encode(args: &[&[u8]]) -> Vec<u8> {
+    let mut b = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        b.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        b.extend_from_slice(a);
+        b.extend_from_slice(b"\r\n");
+    }
+    b
+}
+
+impl Resp {
+    /// Connects.
+    pub fn connect(addr: SocketAddr) -> io::Result<Resp> {
+        Ok(Resp::on(connect(addr)?))
+    }
+
+    /// Wraps a connected stream.
+    pub fn on(s: TcpStream) -> Resp {
+        Resp {
+            r: BufReader::new(s),
+            sent: Vec::new(),
+        }
+    }
+
+    /// Sends a command and reads its reply.
+    pub fn cmd(&mut self, args: &[&[u8]]) -> io::Result<Reply> {
+        let b = resp_encode(args);
+        self.r.get_mut().write_all(&b)?;
+        self.sent.extend_from_slice(&b);
+        self.read()
+    }
+
+    /// Reads one reply.
+    pub fn read(&mut self) -> io::Result<Reply> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ));
+        }
+        let line = line.trim_end_matches("\r\n");
+        let bad = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad reply line {line:?}"),
+            )
+        };
+        let (t, rest) = line.split_at(1.min(line.len()));
+        Ok(match t {
+            "+" => Reply::Status(rest.into()),
+            "-" => Reply::Error(rest.into()),
+            ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
+            "$" => {
+                let n: i64 = rest.parse().map_err(|_| bad())?;
+                if n < 0 {
+                    Reply::Bulk(None)
+                } else {
+                    let mut b = vec![0u8; n as usize + 2];
+                    self.r.read_exact(&mut b)?;
+                    b.truncate(n as usize);
+                    Reply::Bulk(Some(b))
+                }
+            }
+            "*" => {
+                let n: i64 = rest.parse().map_err(|_| bad())?;
+                if n < 0 {
+                    Reply::Array(None)
+                } else {
+                    let mut v = Vec::new();
+                    for _ in 0..n {
+                        v.push(self.read()?);
+                    }
+                    Reply::Array(Some(v))
+                }
+            }
+            _ => return Err(bad()),
+        })
+    }
+
+    /// The underlying stream.
+    pub fn stream(&mut self) -> &mut TcpStream {
+        self.r.get_mut()
+    }
+}
+
+/// Connects and pings until Redis answers (it may still be starting).
+pub fn redis_ready(addr: SocketAddr, server: &mut Server) {
+    let start = Instant::now();
+    loop {
+        server.assert_running();
+        if let Ok(mut r) = Resp::connect(addr) {
+            if r.cmd(&[b"PING"]).ok() == Some(Reply::Status("PONG".into())) {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "redis did not answer PING\n{}",
+            server.output()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A field of `INFO` output.
+pub fn info_field(addr: SocketAddr, section: &str, field: &str) -> String {
+    let mut r = Resp::connect(addr).expect("connect for INFO");
+    let Reply::Bulk(Some(text)) = r.cmd(&[b"INFO", section.as_bytes()]).expect("INFO") else {
+        panic!("INFO reply");
+    };
+    let text = String::from_utf8_lossy(&text).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in INFO {section}:\n{text}"))
+        .trim()
+        .to_string()
+}
+
+/// Parses RESP commands (arrays of bulk strings) from `bytes`; panics on
+/// anything else or on a trailing partial command.
+pub fn parse_resp_commands(bytes: &[u8]) -> Vec<Vec<Vec<u8>>> {
+    fn line(b: &[u8], at: &mut usize) -> Option<String> {
+        let rest = &b[*at..];
+        let end = rest.windows(2).position(|w| w == b"\r\n")?;
+        let s = String::from_utf8_lossy(&rest[..end]).into_owned();
+        *at += end + 2;
+        Some(s)
+    }
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let head = line(bytes, &mut at).expect("complete command header");
+        let n: usize = head
+            .strip_prefix('*')
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("not a RESP array: {head:?} at byte {at}"));
+        let mut args = Vec::with_capacity(n);
+        for _ in 0..n {
+            let h = line(bytes, &mut at).expect("complete bulk header");
+            let len: usize = h
+                .strip_prefix('$')
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("not a bulk string: {h:?}"));
+            assert!(at + len + 2 <= bytes.len(), "truncated bulk string");
+            args.push(bytes[at..at + len].to_vec());
+            assert_eq!(&bytes[at + len..at + len + 2], b"\r\n");
+            at += len + 2;
+        }
+        out.push(args);
+    }
+    out
+}
