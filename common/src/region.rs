@@ -566,12 +566,20 @@ impl<'a> ReplaySlot<'a> {
         let v = self.port.load(Ordering::Acquire);
         (v & SLOT_USED != 0).then_some(v as u16)
     }
-    /// Claims the slot for `port` if free; resets `consumed`.
+    /// Claims the slot for `port` if free; resets `consumed`. A slot in use
+    /// is left alone (its counter too: a claimer scanning for a free slot
+    /// must not zero the counters of live replay connections).
     pub fn claim(&self, port: u16) -> bool {
-        self.consumed.store(0, Ordering::Relaxed);
-        self.port
+        let won = self
+            .port
             .compare_exchange(0, SLOT_USED | port as u64, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
+            .is_ok();
+        if won {
+            // Before the claimer connects, so before the preload can
+            // recognise the connection and count anything.
+            self.consumed.store(0, Ordering::Release);
+        }
+        won
     }
     /// Frees the slot.
     pub fn release(&self) {
@@ -718,7 +726,12 @@ mod tests {
     fn replay_slots_claim_and_find() {
         let r = Region::anonymous(&spec(1)).unwrap();
         assert!(r.replay_slot(3).claim(40000));
+        r.replay_slot(3).add_consumed(5);
         assert!(!r.replay_slot(3).claim(40001));
+        assert_eq!(r.replay_slot(3).consumed(), 5, "a failed claim keeps the live counter");
+        r.replay_slot(3).release();
+        assert!(r.replay_slot(3).claim(40000));
+        assert_eq!(r.replay_slot(3).consumed(), 0);
         assert_eq!(r.find_replay_slot(40000), Some(3));
         r.replay_slot(3).add_consumed(10);
         assert_eq!(r.replay_slot(3).consumed(), 10);
