@@ -90,6 +90,13 @@ pub fn fail_connection(fd: i32) -> Ret {
     Ret::err(libc::ECONNRESET)
 }
 
+/// A hook body panicked on `fd` (the panic hook printed why): the input
+/// may be lost or unreplicated, so the connection fails.
+pub fn internal_error(fd: i32) -> Ret {
+    log::error!("internal error in a hook on fd {fd}; failing the connection");
+    fail_connection(fd)
+}
+
 fn fail_with(fd: i32, conn: u64, f: &Fail) -> Ret {
     match f {
         Fail::Lost(_) => log::info!("failing connection {conn} (fd {fd}): {f}"),
@@ -113,6 +120,8 @@ pub fn before_input(fd: i32, want: usize, flags: i32) -> Before {
     };
     let state = slot.state();
     match slot.class() {
+        // A peek consumes nothing: only the read that takes the bytes counts.
+        Class::Replay if flags & libc::MSG_PEEK != 0 => Before::Pass,
         Class::Replay => Before::Go(Ticket {
             fd,
             slot,

@@ -355,7 +355,7 @@ unsafe fn input(
         return real();
     };
     let before = caught(|| dispatch::before_input(fd, want, flags))
-        .unwrap_or_else(|| Before::Return(dispatch::fail_connection(fd)));
+        .unwrap_or_else(|| Before::Return(dispatch::internal_error(fd)));
     let ticket = match before {
         Before::Pass => return real(),
         Before::Return(r) => return finish(r, errno()),
@@ -368,7 +368,7 @@ unsafe fn input(
         // SAFETY: the real call filled `got` bytes into `bufs`.
         unsafe { with_segments(bufs, got, |segs| dispatch::after_input(ticket, n, e, segs)) }
     })
-    .unwrap_or_else(|| dispatch::fail_connection(fd));
+    .unwrap_or_else(|| dispatch::internal_error(fd));
     finish(r, e)
 }
 
