@@ -187,3 +187,42 @@ fn memcached_text_protocol_through_the_leader_is_logged_per_connection() {
         "per-connection bytes in the log differ from what the clients sent"
     );
 }
+
+#[test]
+fn memcached_backup_refuses_clients_and_counts_replay_bytes() {
+    let f = Fixture::new(
+        "mcpassive",
+        Options {
+            role: lockstep_common::region::Role::Backup,
+            ..Options::default()
+        },
+    );
+    let acker = Acker::start(&f);
+    let mut cmd = memcached_command(f.port());
+    f.preload_env(&mut cmd);
+    let mut server = Server::spawn(cmd, f.port(), &f.dir, "memcached");
+    wait_for("the preload to attach", LIMIT, || {
+        server.assert_running();
+        f.region(1).preload_pid() == server.pid() as u64
+    });
+    for _ in 0..5 {
+        let mut c = connect(f.app()).unwrap();
+        let _ = c.write_all(b"set k 0 0 1\r\nx\r\n");
+        assert!(
+            is_closed_by_peer(&mut c, LIMIT),
+            "a backup served a normal client"
+        );
+    }
+    let region = f.region(1).clone();
+    let stream = connect_from_own_port(f.app(), |port| assert!(region.replay_slot(2).claim(port)));
+    let mut c = Mc {
+        r: BufReader::new(stream),
+        sent: Vec::new(),
+    };
+    assert_eq!(c.set("k", b"replayed"), "STORED");
+    assert_eq!(c.get("k").as_deref(), Some(&b"replayed"[..]));
+    assert_eq!(c.incr("absent", 1), "NOT_FOUND");
+    assert_eq!(region.replay_slot(2).consumed(), c.sent.len() as u64);
+    server.assert_running();
+    assert!(acker.entries().is_empty());
+}
