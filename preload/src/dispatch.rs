@@ -294,7 +294,15 @@ fn is_app_listener(fd: i32, app: std::net::SocketAddr) -> bool {
         Some(Class::ListenOther) => return false,
         _ => {}
     }
-    let app_listener = sys::local_addr(fd).is_some_and(|a| setup::is_app_addr(a, app));
+    let local = sys::local_addr(fd);
+    let app_listener = local.is_some_and(|a| setup::is_app_addr(a, app));
+    if !app_listener {
+        if let Some(local) = local {
+            log::warn!(
+                "listener {local} is not this node's app address {app}: its clients are NOT replicated"
+            );
+        }
+    }
     if let Some(s) = slot {
         s.set_listener(app_listener);
     }
