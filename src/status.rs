@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use lockstep_common::control::{self, NodeStatus, Request, Response};
-use lockstep_common::handshake::{self, Channel};
+use lockstep_common::control::{self, NodeStatus};
 use lockstep_common::Config;
 use serde_json::json;
 
@@ -17,23 +16,7 @@ pub struct NodeView {
 
 /// Asks node `id` for its status.
 pub fn query(config: &Config, id: u64, timeout: Duration) -> Result<NodeStatus, String> {
-    let addr = config.node(id).map_err(|e| e.0)?.control;
-    let mut s = handshake::connect(
-        addr,
-        &config.cluster,
-        config.key.as_deref(),
-        0,
-        Channel::Control,
-        timeout,
-    )
-    .map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    control::send_json(&mut s, &Request::Status).map_err(|e| e.to_string())?;
-    match control::recv_json::<Response>(&mut s).map_err(|e| e.to_string())? {
-        Response::Status(st) => Ok(st),
-        Response::Error(e) => Err(e),
-        other => Err(format!("unexpected answer {other:?}")),
-    }
+    control::query_status(config, id, timeout)
 }
 
 /// Status of every node.

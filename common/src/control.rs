@@ -160,6 +160,34 @@ pub fn recv_entries(r: &mut impl Read) -> io::Result<Vec<FetchedEntry>> {
     Ok(out)
 }
 
+/// Asks node `id`'s follower for its status over the control channel
+/// (as a CLI client, node 0); `timeout` bounds the connect and the answer.
+pub fn query_status(
+    config: &crate::Config,
+    id: u64,
+    timeout: std::time::Duration,
+) -> Result<NodeStatus, String> {
+    use crate::handshake::{self, Channel};
+    let addr = config.node(id).map_err(|e| e.0)?.control;
+    let mut s = handshake::connect(
+        addr,
+        &config.cluster,
+        config.key.as_deref(),
+        0,
+        Channel::Control,
+        timeout,
+    )
+    .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    send_json(&mut s, &Request::Status).map_err(|e| e.to_string())?;
+    match recv_json::<Response>(&mut s).map_err(|e| e.to_string())? {
+        Response::Status(st) => Ok(st),
+        Response::Error(e) => Err(e),
+        other => Err(format!("unexpected answer {other:?}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -327,25 +327,7 @@ impl Drop for TestCluster {
 
 /// Status of node `id` over its control channel.
 pub fn query_status(config: &lockstep_common::Config, id: u64) -> Result<NodeStatus, String> {
-    use lockstep_common::control::{self, Request, Response};
-    use lockstep_common::handshake::{self, Channel};
-    let addr = config.node(id).map_err(|e| e.0)?.control;
-    let mut s = handshake::connect(
-        addr,
-        &config.cluster,
-        config.key.as_deref(),
-        0,
-        Channel::Control,
-        Duration::from_secs(2),
-    )
-    .map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
-    control::send_json(&mut s, &Request::Status).map_err(|e| e.to_string())?;
-    match control::recv_json::<Response>(&mut s).map_err(|e| e.to_string())? {
-        Response::Status(st) => Ok(st),
-        other => Err(format!("{other:?}")),
-    }
+    lockstep_common::control::query_status(config, id, Duration::from_secs(5))
 }
 
 /// A minimal RESP client.
