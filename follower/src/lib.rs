@@ -6,3 +6,4 @@ pub mod metrics;
 pub mod node;
 pub mod replay;
 pub mod store;
+pub mod viewchange;
