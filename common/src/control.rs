@@ -26,6 +26,25 @@ pub enum Request {
         /// Last seq wanted (0: all).
         to: u64,
     },
+    /// View change, phase 1: fence every view below `view` and report the
+    /// log (answered by `Promise`).
+    Prepare {
+        /// The view being started.
+        view: u64,
+        /// Its candidate.
+        candidate: u64,
+    },
+    /// View change, phase 2: make the log equal to the new leader's (cut
+    /// back to the own commit point, fetch the rest from `leader`), follow
+    /// `leader` in `view` (answered by `Synced`).
+    NewView {
+        /// The view.
+        view: u64,
+        /// Its leader.
+        leader: u64,
+        /// The new leader's log ends here (its VIEW entry).
+        last: u64,
+    },
 }
 
 /// One node's state, as `lockstep status` shows it.
@@ -63,6 +82,22 @@ pub enum Response {
     Entries,
     /// The request failed.
     Error(String),
+    /// Answer to `Prepare`: views below it are fenced here now.
+    Promise {
+        /// The promising node.
+        node: u64,
+        /// The view whose leader its log follows.
+        log_view: u64,
+        /// Its last stored seq.
+        last_seq: u64,
+        /// Its highest seq known committed.
+        committed: u64,
+    },
+    /// Answer to `NewView`: the log now ends at `last`.
+    Synced {
+        /// Last stored seq.
+        last: u64,
+    },
 }
 
 /// An entry as shipped by `Fetch`.

@@ -435,6 +435,10 @@ impl Region {
     pub fn set_view(&self, v: u64) {
         self.word(W_VIEW).store(v, Ordering::Release)
     }
+    /// Raises the view word to `v` (fencing: it never goes back).
+    pub fn raise_view(&self, v: u64) {
+        self.word(W_VIEW).fetch_max(v, Ordering::AcqRel);
+    }
     /// Leader of the current view (0: none).
     pub fn leader(&self) -> u64 {
         self.word(W_LEADER).load(Ordering::Acquire)

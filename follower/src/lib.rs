@@ -2,6 +2,8 @@
 //! benches and tests can drive them directly.
 
 pub mod divergence;
+pub mod election;
+mod failover;
 pub mod metrics;
 pub mod node;
 pub mod replay;

@@ -34,17 +34,34 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// State shared by the follower's threads.
 pub struct Node {
-    config: Config,
-    me: u64,
-    region: Arc<Region>,
-    transport: Box<dyn Transport>,
+    pub(crate) config: Config,
+    pub(crate) me: u64,
+    pub(crate) region: Arc<Region>,
+    pub(crate) transport: Box<dyn Transport>,
     store: Mutex<LogStore>,
-    persisted: AtomicU64,
-    committed: AtomicU64,
-    applied: AtomicU64,
+    pub(crate) persisted: AtomicU64,
+    pub(crate) committed: AtomicU64,
+    pub(crate) applied: AtomicU64,
+    /// The view whose leader the stored log follows.
+    pub(crate) log_view: AtomicU64,
+    /// Bumped whenever another thread rewrites the log (view change sync):
+    /// the poll loop then rebuilds its reader and drops what it read.
+    pub(crate) epoch: AtomicU64,
+    /// Serialises log rewrites (catch-up, view change sync).
+    pub(crate) sync_lock: Mutex<()>,
+    /// Set when this node stopped leading: (the view it led, its commit
+    /// word then = the last input its server consumed).
+    pub(crate) demoted: Mutex<Option<(u64, u64)>>,
+    /// When this node last promised a view it has not seen start yet.
+    pub(crate) view_change_at: Mutex<Option<Instant>>,
+    /// The server missed committed inputs while this node led: it must be
+    /// restarted (fresh) before this node can serve again.
+    pub(crate) stale: AtomicBool,
+    /// ZooKeeper membership (election mode "zookeeper").
+    pub(crate) election: Mutex<Option<crate::election::Election>>,
     /// Counters and histograms.
     pub metrics: Metrics,
-    stop: Arc<AtomicBool>,
+    pub(crate) stop: Arc<AtomicBool>,
     region_server: RegionServer,
 }
 
@@ -63,9 +80,18 @@ impl Node {
     /// Opens the store and the region and takes this node's role.
     pub fn start(config: Config, me: u64, stop: Arc<AtomicBool>) -> anyhow::Result<Arc<Node>> {
         config.node(me)?;
-        if config.election.mode == ElectionMode::Zookeeper {
-            bail!("election.mode = \"zookeeper\" is not supported by this build yet; use \"static\"");
-        }
+        let zookeeper = config.election.mode == ElectionMode::Zookeeper;
+        // Before touching anything: no ZooKeeper, no node.
+        let election = if zookeeper {
+            Some(crate::election::Election::connect(
+                &config.election.zookeeper,
+                Duration::from_millis(config.election.session_timeout_ms),
+                &config.cluster,
+                me,
+            )?)
+        } else {
+            None
+        };
         let dir = config.node_data_dir(me);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create data directory {}", dir.display()))?;
@@ -89,14 +115,23 @@ impl Node {
         let last = store.last();
         let view = store.view()?.max(1);
         store.set_view(view)?;
-        let leader = config.election.leader;
+        // Static: one view, one leader, forever. ZooKeeper: nobody leads
+        // until a view change says so.
+        let (leader, log_view) = if zookeeper {
+            (0, store.log_view()?)
+        } else {
+            (config.election.leader, view)
+        };
+        store.set_log_view(log_view)?;
         region.set_view(view);
         region.set_leader(leader);
         region.clear_acks();
         region.set_heartbeat(now_ms());
         let committed = store.commit()?;
         region.set_commit(committed);
-        if leader == me {
+        if zookeeper {
+            region.set_role(Role::Joining);
+        } else if leader == me {
             region.set_writer_start(last.seq + 1, last.end_pos);
             region.set_ack(me, last.seq);
             region.set_tail(last.end_pos);
@@ -120,6 +155,13 @@ impl Node {
             persisted: AtomicU64::new(last.seq),
             committed: AtomicU64::new(committed),
             applied: AtomicU64::new(0),
+            log_view: AtomicU64::new(log_view),
+            epoch: AtomicU64::new(0),
+            sync_lock: Mutex::new(()),
+            demoted: Mutex::new(None),
+            view_change_at: Mutex::new(None),
+            stale: AtomicBool::new(false),
+            election: Mutex::new(election),
             config,
             me,
             region,
@@ -131,11 +173,11 @@ impl Node {
         }))
     }
 
-    fn store(&self) -> MutexGuard<'_, LogStore> {
+    pub(crate) fn store(&self) -> MutexGuard<'_, LogStore> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn stopping(&self) -> bool {
+    pub(crate) fn stopping(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
 
@@ -146,6 +188,7 @@ impl Node {
     /// This node's status.
     pub fn status(&self) -> NodeStatus {
         let role = match self.region.role() {
+            _ if self.stale.load(Ordering::Relaxed) => "stale",
             Role::Leader => "leader",
             Role::Backup => "backup",
             Role::Joining => "joining",
@@ -193,8 +236,16 @@ impl Node {
         let applier = std::thread::Builder::new()
             .name("apply".into())
             .spawn(move || n.apply_loop())?;
-        // A node that starts behind (or late) asks a peer for what it missed.
-        if !self.is_leader_node() {
+        let zookeeper = self.config.election.mode == ElectionMode::Zookeeper;
+        if zookeeper {
+            let n = self.clone();
+            std::thread::Builder::new()
+                .name("election".into())
+                .spawn(move || n.election_loop())?;
+        }
+        // A node that starts behind (or late) asks a peer for what it missed
+        // (under ZooKeeper, the view change or the join does that).
+        if !self.is_leader_node() && !zookeeper {
             let mut r = self.reader();
             self.catch_up(&mut r);
             self.poll_loop(r);
@@ -210,7 +261,7 @@ impl Node {
         Ok(())
     }
 
-    fn reader(&self) -> RingReader {
+    pub(crate) fn reader(&self) -> RingReader {
         let last = self.store().last();
         let mut r = RingReader::new(
             self.config.ring_size,
@@ -239,7 +290,7 @@ impl Node {
     }
 
     /// Posts `ack[me] = seq` into the leader's region.
-    fn ack(&self, seq: u64) {
+    pub(crate) fn ack(&self, seq: u64) {
         let leader = self.region.leader();
         let view = self.region.view();
         if let Err(e) =
@@ -252,8 +303,19 @@ impl Node {
         self.metrics.acks.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn learn_commit(&self, seq: u64) {
-        self.committed.fetch_max(seq, Ordering::AcqRel);
+    /// Takes `seq` as committed, unless a view change is under way: a
+    /// commit point of another view's leader says nothing about a log that
+    /// does not follow that leader yet.
+    pub(crate) fn learn_commit(&self, seq: u64) {
+        if self.log_view.load(Ordering::Acquire) == self.region.view() {
+            self.committed.fetch_max(seq, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether this node may store an entry of `view` now: not from a
+    /// fenced view, and only from the leader its log follows.
+    fn admits(&self, view: u64) -> bool {
+        crate::viewchange::admits(self.region.view(), view) && view == self.log_view.load(Ordering::Acquire)
     }
 
     /// Persist-and-ack loop over the local ring.
@@ -264,7 +326,16 @@ impl Node {
         let mut gap_since: Option<Instant> = None;
         let mut last_catchup = Instant::now() - CATCHUP_SPACING;
         let backoff = Backoff::new();
+        let mut epoch = self.epoch.load(Ordering::Acquire);
         while !self.stopping() {
+            let now_epoch = self.epoch.load(Ordering::Acquire);
+            if now_epoch != epoch {
+                // Someone rewrote the log: start over from its end.
+                epoch = now_epoch;
+                reader = self.reader();
+                batch.clear();
+            }
+            reader.set_min_view(self.region.view());
             let seen = self.region.bell().value();
             let mut need_catchup = false;
             let mut first_seen = None;
@@ -292,7 +363,21 @@ impl Node {
             if !batch.is_empty() {
                 let refs: Vec<(u64, &[u8])> = batch.iter().map(|(p, b)| (*p, b.as_slice())).collect();
                 let t = Instant::now();
-                let res = self.store().append(&refs);
+                let res = {
+                    let mut store = self.store();
+                    // Under the store lock: a promise (which takes it too)
+                    // either sees these entries or fences them out.
+                    if self.epoch.load(Ordering::Acquire) != epoch
+                        || !refs.iter().all(|(_, b)| self.admits(EntryHeader::parse(b).map(|h| h.view).unwrap_or(0)))
+                    {
+                        drop(store);
+                        batch.clear();
+                        reader = self.reader();
+                        epoch = self.epoch.load(Ordering::Acquire);
+                        continue;
+                    }
+                    store.append(&refs)
+                };
                 if let Err(e) = res {
                     log::error!("cannot persist entries: {e}; stopping");
                     self.stop.store(true, Ordering::Relaxed);
@@ -315,7 +400,8 @@ impl Node {
                 continue;
             }
             let tail_ahead = self.region.tail() > reader.pos();
-            if tail_ahead && !self.is_leader_node() {
+            let following = self.region.role() == Role::Backup && self.log_view.load(Ordering::Acquire) == self.region.view();
+            if tail_ahead && !self.is_leader_node() && following {
                 let since = *gap_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > GAP_PATIENCE {
                     need_catchup = true;
@@ -344,14 +430,27 @@ impl Node {
     /// first), stores them, acks, and moves the reader past them.
     fn catch_up(&self, reader: &mut RingReader) {
         self.metrics.catchups.fetch_add(1, Ordering::Relaxed);
+        let _sync = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
+        *reader = self.reader();
         let leader = self.region.leader();
         let mut peers: Vec<u64> = vec![leader];
         peers.extend(self.config.ids().filter(|&i| i != leader && i != self.me));
         for peer in peers {
-            if peer == self.me {
+            if peer == self.me || peer == 0 {
                 continue;
             }
-            match self.fetch_from(peer, reader.expected()) {
+            // Only the leader's log is certain past the commit point; any
+            // other peer may hold a dead leader's tail there.
+            let to = if peer == leader {
+                0
+            } else {
+                let c = self.committed.load(Ordering::Acquire);
+                if c < reader.expected() {
+                    continue;
+                }
+                c
+            };
+            match self.fetch_from(peer, reader.expected(), to) {
                 Ok(0) => continue,
                 Ok(n) => {
                     let last = self.store().last();
@@ -366,7 +465,7 @@ impl Node {
         }
     }
 
-    fn control_connect(&self, peer: u64) -> anyhow::Result<TcpStream> {
+    pub(crate) fn control_connect(&self, peer: u64, connect_timeout: Duration) -> anyhow::Result<TcpStream> {
         let addr = self.config.node(peer)?.control;
         let s = handshake::connect(
             addr,
@@ -374,16 +473,18 @@ impl Node {
             self.config.key.as_deref(),
             self.me,
             Channel::Control,
-            CONTROL_TIMEOUT,
+            connect_timeout,
         )?;
         s.set_read_timeout(Some(CONTROL_TIMEOUT))?;
         s.set_write_timeout(Some(CONTROL_TIMEOUT))?;
         Ok(s)
     }
 
-    fn fetch_from(&self, peer: u64, from: u64) -> anyhow::Result<u64> {
-        let mut s = self.control_connect(peer)?;
-        control::send_json(&mut s, &Request::Fetch { from, to: 0 })?;
+    /// Fetches `from..=to` (to = 0: all) from `peer` into the store.
+    /// Callers hold `sync_lock`.
+    pub(crate) fn fetch_from(&self, peer: u64, from: u64, to: u64) -> anyhow::Result<u64> {
+        let mut s = self.control_connect(peer, CONTROL_TIMEOUT)?;
+        control::send_json(&mut s, &Request::Fetch { from, to })?;
         match control::recv_json::<Response>(&mut s)? {
             Response::Entries => {}
             Response::Error(e) => bail!("node {peer} refused: {e}"),
@@ -455,11 +556,12 @@ impl Node {
             Err(_) => return,
         };
         let mut replayer = Replayer::new(app, self.region.clone(), self.stop.clone());
-        let mut applied = 0u64;
         let mut last_saved = Instant::now();
         while !self.stopping() {
+            // A demoted leader's view change sets it from outside.
+            let mut applied = self.applied.load(Ordering::Acquire);
             let role = self.region.role();
-            if role == Role::Leader {
+            if role == Role::Leader || self.stale.load(Ordering::Relaxed) {
                 // The leader's server consumed its inputs itself.
                 replayer.close_all();
                 std::thread::sleep(Duration::from_millis(20));
@@ -575,6 +677,25 @@ impl Node {
             let req: Request = control::recv_json(s)?;
             match req {
                 Request::Status => control::send_json(s, &Response::Status(self.status()))?,
+                Request::Prepare { view, candidate } => {
+                    let r = match self.promise(view, candidate) {
+                        Ok(p) => Response::Promise {
+                            node: p.node,
+                            log_view: p.log_view,
+                            last_seq: p.last_seq,
+                            committed: p.committed,
+                        },
+                        Err(e) => Response::Error(format!("{e:#}")),
+                    };
+                    control::send_json(s, &r)?
+                }
+                Request::NewView { view, leader, last } => {
+                    let r = match self.follow(view, leader, Some(last)) {
+                        Ok(last) => Response::Synced { last },
+                        Err(e) => Response::Error(format!("{e:#}")),
+                    };
+                    control::send_json(s, &r)?
+                }
                 Request::Fetch { from, to } => {
                     control::send_json(s, &Response::Entries)?;
                     let mut next = from.max(1);

@@ -16,6 +16,7 @@ const META: &str = "meta";
 const K_VIEW: &[u8] = b"view";
 const K_COMMIT: &[u8] = b"commit";
 const K_APPLIED: &[u8] = b"applied";
+const K_LOG_VIEW: &[u8] = b"log_view";
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -241,6 +242,14 @@ impl LogStore {
         Ok(u64_value(self.db.get_cf(cf, k)?))
     }
 
+    fn meta_put_synced(&self, k: &[u8], v: u64) -> Result<(), StoreError> {
+        let cf = self.db.cf_handle(META).expect("meta column family");
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db.put_cf_opt(cf, k, v.to_le_bytes(), &wo)?;
+        Ok(())
+    }
+
     fn meta_put(&self, k: &[u8], v: u64) -> Result<(), StoreError> {
         let cf = self.db.cf_handle(META).expect("meta column family");
         let mut wo = WriteOptions::default();
@@ -255,12 +264,19 @@ impl LogStore {
     }
     /// Stores the view (always synced: a promise to refuse older views).
     pub fn set_view(&self, v: u64) -> Result<(), StoreError> {
-        let cf = self.db.cf_handle(META).expect("meta column family");
-        let mut wo = WriteOptions::default();
-        wo.set_sync(true);
-        self.db.put_cf_opt(cf, K_VIEW, v.to_le_bytes(), &wo)?;
-        Ok(())
+        self.meta_put_synced(K_VIEW, v)
     }
+    /// The view whose leader this log follows (0: none yet).
+    pub fn log_view(&self) -> Result<u64, StoreError> {
+        self.meta_get(K_LOG_VIEW)
+    }
+
+    /// Records the view whose leader this log follows (synced: always
+    /// durable, a restart must not forget it).
+    pub fn set_log_view(&self, v: u64) -> Result<(), StoreError> {
+        self.meta_put_synced(K_LOG_VIEW, v)
+    }
+
     /// Stored commit mark.
     pub fn commit(&self) -> Result<u64, StoreError> {
         self.meta_get(K_COMMIT)

@@ -1,0 +1,375 @@
+//! The runtime side of election and view change (ZooKeeper mode): the
+//! election thread, the candidate's rounds, and a node's answers to them.
+//! What to decide lives in [`crate::viewchange`]; this module does the
+//! RocksDB, socket and region work.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use lockstep_common::control::{self, Request, Response};
+use lockstep_common::entry::{self, EntryHeader, Kind};
+use lockstep_common::region::Role;
+
+use crate::election::{Election, Session};
+use crate::node::Node;
+use crate::viewchange::{self, Candidate, Promise};
+
+/// Connect timeout of a view change's requests: a dead or cut-off peer
+/// must not hold the candidate up for long.
+const ROUND_CONNECT: Duration = Duration::from_millis(500);
+/// A promised view that has not started after this long no longer holds
+/// back joining the announced leader.
+const VIEW_CHANGE_PATIENCE: Duration = Duration::from_secs(3);
+/// Pause between failed attempts.
+const RETRY: Duration = Duration::from_millis(200);
+
+impl Node {
+    /// The election thread: keeps the ZooKeeper membership, starts a view
+    /// when this node is the candidate, joins the announced leader when it
+    /// missed a view change, and stops leading when the session is lost.
+    pub(crate) fn election_loop(&self) {
+        let timeout = Duration::from_millis(self.config.election.session_timeout_ms);
+        while !self.stopping() {
+            let mut guard = self.election.lock().unwrap_or_else(|p| p.into_inner());
+            let session = guard.as_ref().map(|e| e.session()).unwrap_or(Session::Expired);
+            match session {
+                Session::Expired => {
+                    self.demote_self("the ZooKeeper session expired");
+                    *guard = None;
+                    match Election::connect(
+                        &self.config.election.zookeeper,
+                        timeout,
+                        &self.config.cluster,
+                        self.me,
+                    ) {
+                        Ok(e) => *guard = Some(e),
+                        Err(e) => {
+                            log::warn!("node {}: {e}", self.me);
+                            drop(guard);
+                            std::thread::sleep(RETRY);
+                        }
+                    }
+                    continue;
+                }
+                // ZooKeeper hands the lead to another node once our session
+                // times out; stop before it can.
+                Session::Disconnected(d) if d >= timeout / 2 => {
+                    self.demote_self("lost ZooKeeper");
+                }
+                Session::Disconnected(_) => {}
+                Session::Connected => {
+                    let Some(election) = guard.as_ref() else {
+                        continue;
+                    };
+                    if let Err(e) = self.election_step(election) {
+                        log::warn!("node {}: {e:#}", self.me);
+                        drop(guard);
+                        std::thread::sleep(RETRY);
+                        continue;
+                    }
+                }
+            }
+            // Sleep until a watch fires; look again now and then anyway.
+            // (Only this thread uses the election: holding the lock is fine.)
+            if let Some(election) = guard.as_ref() {
+                election.wait(Duration::from_millis(250));
+            }
+        }
+    }
+
+    fn election_step(&self, election: &Election) -> anyhow::Result<()> {
+        if election.is_candidate()? {
+            let leading = self.region.leader() == self.me && self.region.view() == self.log_view.load(Ordering::Acquire);
+            if !leading && !self.stale.load(Ordering::Relaxed) {
+                let view = self.lead_new_view(election)?;
+                self.announce(election, view)?;
+            }
+            return Ok(());
+        }
+        // Not the candidate: follow the announced leader if this node
+        // missed its view change (down, cut off, or restarted).
+        let Some(rec) = election.leader()? else {
+            return Ok(());
+        };
+        let log_view = self.log_view.load(Ordering::Acquire);
+        let changing = self
+            .view_change_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|t| t.elapsed() < VIEW_CHANGE_PATIENCE);
+        if rec.view > log_view && rec.view >= self.region.view() && rec.leader != self.me && !changing {
+            log::info!(
+                "node {}: joining view {} led by node {} (log follows view {log_view})",
+                self.me,
+                rec.view,
+                rec.leader
+            );
+            self.follow(rec.view, rec.leader, None)?;
+        }
+        Ok(())
+    }
+
+    /// Publishes this node as leader once its preload went active.
+    fn announce(&self, election: &Election, view: u64) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while self.region.role() != Role::Leader {
+            if self.stopping() || self.region.view() != view || Instant::now() > deadline {
+                bail!("view {view} did not start here");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let app = self.config.node(self.me)?.app.to_string();
+        election.publish_leader(view, &app)?;
+        log::info!("node {}: leading view {view}, clients connect to {app}", self.me);
+        Ok(())
+    }
+
+    /// Stops leading (the preload fails its clients' connections).
+    fn demote_self(&self, why: &str) {
+        if self.region.role() == Role::Leader {
+            log::warn!("node {}: {why}: no longer accepting writes", self.me);
+            self.note_demotion();
+            self.region.set_role(Role::Joining);
+            self.region.bell().ring();
+        }
+    }
+
+    /// Remembers what the server consumed while this node led.
+    fn note_demotion(&self) {
+        let mut d = self.demoted.lock().unwrap_or_else(|p| p.into_inner());
+        if d.is_none() {
+            *d = Some((self.log_view.load(Ordering::Acquire), self.region.commit()));
+        }
+    }
+
+    /// Phase 1 on this node: fence every view below `view`, report the log.
+    pub(crate) fn promise(&self, view: u64, candidate: u64) -> anyhow::Result<Promise> {
+        let _sync = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
+        // The poll loop appends under the store lock and checks the fence
+        // there: after this block it appends nothing of an older view.
+        let store = self.store();
+        let promised = self.region.view();
+        if !viewchange::admits(promised, view) {
+            bail!("node {} promised view {promised} already", self.me);
+        }
+        store.set_view(view)?;
+        self.region.raise_view(view);
+        if self.region.role() == Role::Leader {
+            self.note_demotion();
+            self.region.set_role(Role::Joining);
+        }
+        *self.view_change_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.region.bell().ring();
+        let p = Promise {
+            node: self.me,
+            log_view: self.log_view.load(Ordering::Acquire),
+            last_seq: store.last().seq,
+            committed: self.committed.load(Ordering::Acquire),
+        };
+        log::info!("node {}: promised view {view} to node {candidate}: {p:?}", self.me);
+        Ok(p)
+    }
+
+    /// Phase 2 on this node (and a late join): make the log equal to
+    /// `leader`'s, follow it in `view`, ack. Returns the last stored seq.
+    pub(crate) fn follow(&self, view: u64, leader: u64, last: Option<u64>) -> anyhow::Result<u64> {
+        let _sync = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if !viewchange::admits(self.region.view(), view) {
+            bail!("node {} promised view {} already", self.me, self.region.view());
+        }
+        self.store().set_view(view)?;
+        self.region.raise_view(view);
+        if self.region.role() == Role::Leader {
+            self.note_demotion();
+            self.region.set_role(Role::Joining);
+        }
+        let cut = {
+            let mut store = self.store();
+            let cut = viewchange::sync_point(store.last().seq, self.committed.load(Ordering::Acquire));
+            store.truncate_after(cut)?;
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            cut
+        };
+        self.persisted.store(cut, Ordering::Release);
+        self.fetch_from(leader, cut + 1, 0)
+            .with_context(|| format!("fetching view {view}'s log from node {leader}"))?;
+        let end = self.store().last().seq;
+        if let Some(want) = last {
+            if end < want {
+                bail!("node {leader} sent the log up to {end}, its view starts at {want}");
+            }
+        }
+        self.check_demoted_server(cut)?;
+        self.store().set_log_view(view)?;
+        self.log_view.store(view, Ordering::Release);
+        self.region.set_leader(leader);
+        self.region.set_role(Role::Backup);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        *self.view_change_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.region.bell().ring();
+        self.ack(end);
+        log::info!("node {}: following node {leader} in view {view}, log ends at {end}", self.me);
+        Ok(end)
+    }
+
+    /// After the log was made equal to the new view's: a node that led
+    /// keeps its server only if the server consumed everything of its view
+    /// that the new log kept; it then resumes applying from there.
+    fn check_demoted_server(&self, from: u64) -> anyhow::Result<()> {
+        let Some((led_view, served)) = self.demoted.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return Ok(());
+        };
+        let mut next = from.min(served) + 1;
+        let mut kept = Vec::new();
+        loop {
+            let batch = self.store().range(next, 1024)?;
+            if batch.is_empty() {
+                break;
+            }
+            next = batch[batch.len() - 1].0 + 1;
+            kept.extend(batch.into_iter().map(|(seq, e)| (seq, e.header().view)));
+        }
+        if !viewchange::demoted_server_is_consistent(led_view, served, kept) {
+            self.stale.store(true, Ordering::Relaxed);
+            bail!(
+                "node {}: its server missed inputs of view {led_view} that were committed after it stopped leading; \
+                 restart this node's server and follower to rebuild it from the log",
+                self.me
+            );
+        }
+        self.applied.fetch_max(served, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// The candidate's rounds. Returns the view started.
+    fn lead_new_view(&self, election: &Election) -> anyhow::Result<u64> {
+        let floor = self.region.view().max(self.log_view.load(Ordering::Acquire));
+        let view = election.claim_view(floor)?;
+        log::info!("node {}: candidate for view {view}", self.me);
+        let members: Vec<u64> = self.config.ids().collect();
+        let mut cand = Candidate::new(view, self.me, &members);
+        cand.promise(self.promise(view, self.me)?);
+        for (peer, r) in self.round(&Request::Prepare {
+            view,
+            candidate: self.me,
+        }) {
+            match r {
+                Ok(Response::Promise {
+                    node,
+                    log_view,
+                    last_seq,
+                    committed,
+                }) if node == peer => cand.promise(Promise {
+                    node,
+                    log_view,
+                    last_seq,
+                    committed,
+                }),
+                Ok(other) => log::info!("view {view}: node {peer} answered {other:?}"),
+                Err(e) => log::info!("view {view}: no promise from node {peer}: {e:#}"),
+            }
+        }
+        let Some(adopt) = cand.decide() else {
+            bail!("view {view}: no majority promised");
+        };
+        log::info!("view {view}: adopting node {}'s log up to seq {}", adopt.source, adopt.last_seq);
+        let view_seq = self.adopt(view, adopt)?;
+        let mut holders = vec![self.me];
+        for (peer, r) in self.round(&Request::NewView {
+            view,
+            leader: self.me,
+            last: view_seq,
+        }) {
+            match r {
+                Ok(Response::Synced { last }) if last >= view_seq => holders.push(peer),
+                Ok(other) => log::info!("view {view}: node {peer} answered {other:?}"),
+                Err(e) => log::info!("view {view}: node {peer} did not sync: {e:#}"),
+            }
+        }
+        if holders.len() < viewchange::majority(members.len()) {
+            bail!("view {view}: only nodes {holders:?} hold its log, no majority");
+        }
+        // Started: everything up to the VIEW entry is committed.
+        let last = self.store().last();
+        self.region.clear_acks();
+        for &h in &holders {
+            self.region.set_ack(h, view_seq);
+        }
+        self.committed.fetch_max(view_seq, Ordering::AcqRel);
+        self.region.set_commit(view_seq);
+        self.store().set_commit(view_seq)?;
+        self.region.set_writer_start(view_seq + 1, last.end_pos);
+        self.region.set_tail(last.end_pos);
+        self.region.set_leader(self.me);
+        // The apply loop replays up to the VIEW entry (closing every replay
+        // connection), then flips the preload to active.
+        self.region.set_role(Role::Joining);
+        *self.view_change_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.region.bell().ring();
+        log::info!("view {view} started at seq {view_seq} with nodes {holders:?}");
+        Ok(view)
+    }
+
+    /// Makes this node's log the adopted one plus a VIEW entry; returns the
+    /// VIEW entry's seq.
+    fn adopt(&self, view: u64, adopt: viewchange::Adoption) -> anyhow::Result<u64> {
+        let _sync = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let committed = self.committed.load(Ordering::Acquire);
+        if adopt.source != self.me {
+            let cut = {
+                let mut store = self.store();
+                let cut = viewchange::sync_point(store.last().seq, committed);
+                store.truncate_after(cut)?;
+                cut
+            };
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            if adopt.last_seq > cut {
+                self.fetch_from(adopt.source, cut + 1, adopt.last_seq)
+                    .with_context(|| format!("fetching the adopted log from node {}", adopt.source))?;
+            }
+        }
+        let mut store = self.store();
+        store.truncate_after(adopt.last_seq)?;
+        let last = store.last();
+        if last.seq != adopt.last_seq {
+            bail!("adopting the log up to {} left it at {}", adopt.last_seq, last.seq);
+        }
+        let mut hdr = EntryHeader::new(Kind::View, view, last.seq + 1, 0, 0);
+        hdr.last_committed = adopt.committed.max(committed);
+        let bytes = entry::encode(&hdr, &[]);
+        store.append(&[(last.end_pos, &bytes)])?;
+        store.set_log_view(view)?;
+        drop(store);
+        self.log_view.store(view, Ordering::Release);
+        self.persisted.store(hdr.seq, Ordering::Release);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        drop(_sync);
+        self.check_demoted_server(adopt.committed.min(committed))?;
+        Ok(hdr.seq)
+    }
+
+    /// Sends `req` to every other node at once; their answers.
+    fn round(&self, req: &Request) -> Vec<(u64, anyhow::Result<Response>)> {
+        let peers: Vec<u64> = self.config.ids().filter(|&i| i != self.me).collect();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = peers
+                .iter()
+                .map(|&peer| {
+                    (
+                        peer,
+                        s.spawn(move || -> anyhow::Result<Response> {
+                            let mut c = self.control_connect(peer, ROUND_CONNECT)?;
+                            control::send_json(&mut c, req)?;
+                            Ok(control::recv_json::<Response>(&mut c)?)
+                        }),
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(peer, h)| (peer, h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("request thread panicked")))))
+                .collect()
+        })
+    }
+}
