@@ -2,6 +2,7 @@
 
 mod status;
 mod up;
+mod zookeeper_server;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,9 +1,15 @@
-//! `lockstep up`: a whole local cluster from one config — each node's
+//! `lockstep up`: a whole local cluster from one config — a private
+//! ZooKeeper when the election needs one and none is reachable, each node's
 //! follower and its server under the preload — until Ctrl-C, then a clean
 //! stop that leaves no process and no region file behind.
+//!
+//! Every child runs in its own process group (a terminal's Ctrl-C reaches
+//! only `lockstep up`, which then stops servers before followers) and gets
+//! SIGTERM from the kernel if `lockstep up` dies without cleaning up.
 
 use std::fs::File;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,12 +17,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use lockstep_common::config::ElectionMode;
 use lockstep_common::region;
 use lockstep_common::Config;
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::status;
+use crate::zookeeper_server::ZookeeperServer;
+
+/// How long a stopping process may take after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Where the built binaries are: next to the running `lockstep`.
 pub struct Binaries {
@@ -47,16 +58,34 @@ impl Binaries {
     }
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Server,
+    Follower,
+}
+
 struct Proc {
+    kind: Kind,
     what: String,
+    log: PathBuf,
     child: Child,
     exited: bool,
+    /// " (exit status …)" once reaped by `reap`.
+    how: String,
+}
+
+impl Proc {
+    fn pgid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
 }
 
 /// The processes `up` started; dropping it stops them all.
 pub struct Cluster {
     config: Config,
     procs: Vec<Proc>,
+    zookeeper: Option<ZookeeperServer>,
+    stopped: bool,
 }
 
 fn port_free(addr: SocketAddr) -> bool {
@@ -64,12 +93,26 @@ fn port_free(addr: SocketAddr) -> bool {
 }
 
 fn find_in_path(prog: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &Path| p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
     if prog.contains('/') {
-        return Path::new(prog).exists();
+        return runnable(Path::new(prog));
     }
     std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).exists()))
+        .map(|p| std::env::split_paths(&p).any(|d| runnable(&d.join(prog))))
         .unwrap_or(false)
+}
+
+/// The last non-empty line of a log file (why a child stopped, usually).
+fn last_line(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .to_string()
 }
 
 /// Expands `{port}`, `{host}`, `{data}`, `{node}` in a server command.
@@ -87,14 +130,72 @@ pub fn server_command(template: &[String], config: &Config, id: u64) -> anyhow::
         .collect())
 }
 
+/// The first `host:port` of a ZooKeeper connect string (`h1:p,h2:p/chroot`).
+fn zookeeper_addr(connect: &str) -> anyhow::Result<SocketAddr> {
+    let first = connect.split(['/', ',']).next().unwrap_or("").trim();
+    first
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .with_context(|| format!("election.zookeeper: cannot resolve {first:?} (want host:port)"))
+}
+
+/// Starts a private ZooKeeper when the election needs one and the
+/// configured one does not answer; `None` when not needed or reachable.
+fn ensure_zookeeper(config: &Config, say: &dyn Fn(&str)) -> anyhow::Result<Option<ZookeeperServer>> {
+    if config.election.mode != ElectionMode::Zookeeper {
+        return Ok(None);
+    }
+    let addr = zookeeper_addr(&config.election.zookeeper)?;
+    if TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
+        say(&format!("using the ZooKeeper at {addr}"));
+        return Ok(None);
+    }
+    if !addr.ip().is_loopback() {
+        bail!("election.zookeeper: nothing answers at {addr}, and a private ZooKeeper can only be started on a loopback address");
+    }
+    let dir = config.data_dir.join("zookeeper");
+    say(&format!("no ZooKeeper answers at {addr}: starting a private one (data in {})", dir.display()));
+    let zk = ZookeeperServer::start(&dir, addr.port())?;
+    say(&format!("ZooKeeper serves at {addr} (pid {})", zk.pid()));
+    Ok(Some(zk))
+}
+
+/// Spawns `cmd` in its own process group with SIGTERM on our death.
+fn spawn(mut cmd: Command, log: &Path) -> anyhow::Result<Child> {
+    let out = File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+    cmd.stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .process_group(0);
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes the prctl(2) system call, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            // The kernel sends it when the spawning thread (our main
+            // thread) ends, also by SIGKILL: no orphans.
+            nix::sys::prctl::set_pdeathsig(Some(Signal::SIGTERM))?;
+            Ok(())
+        });
+    }
+    Ok(cmd.spawn()?)
+}
+
 impl Cluster {
-    /// Checks everything that can be checked before starting anything.
-    fn preflight(config: &Config, cmd: &[String]) -> anyhow::Result<()> {
+    /// Checks everything that can be checked before starting anything;
+    /// removes region files no running node uses.
+    fn preflight(config: &Config, cmd: &[String], say: &dyn Fn(&str)) -> anyhow::Result<()> {
         if cmd.is_empty() {
             bail!("no server command: set `server = [...]` in the config or pass --server-cmd");
         }
         if !find_in_path(&cmd[0]) {
-            bail!("server program `{}` not found (is it installed? scripts/setup installs redis-server and memcached)", cmd[0]);
+            bail!(
+                "server program `{}` not found (is it installed? scripts/setup installs redis-server and memcached)",
+                cmd[0]
+            );
+        }
+        if !cmd.iter().any(|a| a.contains("{port}")) {
+            eprintln!("warning: the server command has no {{port}}: every node's server may try the same port");
         }
         for n in &config.nodes {
             let mut addrs = vec![("app", n.app), ("control", n.control)];
@@ -106,144 +207,199 @@ impl Cluster {
                     bail!("port in use: nodes.{field} {a} of node {} (is another cluster running?)", n.id);
                 }
             }
-            let path = region::region_path(&config.cluster, n.id);
+        }
+        // Every app and control port is free, so no server or follower of
+        // this cluster runs: a region file left now is stale.
+        for id in config.ids() {
+            let path = region::region_path(&config.cluster, id);
             if path.exists() {
-                bail!(
-                    "region file {} exists: another cluster {:?} is running, or a stale file is left (remove it)",
-                    path.display(),
-                    config.cluster
-                );
+                say(&format!("removing stale region file {} (no node of cluster {:?} is running)", path.display(), config.cluster));
+                std::fs::remove_file(&path).with_context(|| format!("cannot remove stale {}", path.display()))?;
             }
         }
         Ok(())
     }
 
-    /// Starts every node; returns once all are ready.
-    pub fn start(config: Config, config_path: &Path, cmd: &[String], bins: &Binaries, say: &dyn Fn(&str)) -> anyhow::Result<Cluster> {
-        Self::preflight(&config, cmd)?;
+    /// Starts every node (and ZooKeeper when needed); returns once all are
+    /// ready. On error or when `stop` is raised, everything started so far
+    /// is stopped.
+    pub fn start(
+        config: Config,
+        config_path: &Path,
+        cmd: &[String],
+        bins: &Binaries,
+        stop: &AtomicBool,
+        say: &dyn Fn(&str),
+    ) -> anyhow::Result<Cluster> {
+        Self::preflight(&config, cmd, say)?;
         let config_path = config_path
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", config_path.display()))?;
         let logs = config.data_dir.join("logs");
-        std::fs::create_dir_all(&logs)
-            .with_context(|| format!("cannot create {}", logs.display()))?;
+        std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
         let mut cluster = Cluster {
             config: config.clone(),
             procs: Vec::new(),
+            zookeeper: None,
+            stopped: false,
         };
+        cluster.zookeeper = ensure_zookeeper(&config, say)?;
         for n in &config.nodes {
             say(&format!("starting follower of node {} (control {})", n.id, n.control));
-            let log = File::create(logs.join(format!("follower-{}.log", n.id)))?;
-            let child = Command::new(&bins.follower)
-                .arg("--config")
-                .arg(&config_path)
-                .arg("--node")
-                .arg(n.id.to_string())
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .with_context(|| format!("cannot start {}", bins.follower.display()))?;
+            let log = logs.join(format!("follower-{}.log", n.id));
+            let mut c = Command::new(&bins.follower);
+            c.arg("--config").arg(&config_path).arg("--node").arg(n.id.to_string());
+            let child = spawn(c, &log).with_context(|| format!("cannot start {}", bins.follower.display()))?;
             cluster.procs.push(Proc {
+                kind: Kind::Follower,
                 what: format!("follower of node {}", n.id),
+                log,
                 child,
                 exited: false,
+                how: String::new(),
             });
         }
         cluster.wait_for(
             "followers",
-            |c| c.config.nodes.iter().all(|n| status::query(&c.config, n.id, Duration::from_millis(500)).is_ok()),
-            Duration::from_secs(30),
+            stop,
+            |c| c.config.ids().all(|id| status::query(&c.config, id, Duration::from_millis(500)).is_ok()),
+            Duration::from_secs(60),
         )?;
         for n in &config.nodes {
             let args = server_command(cmd, &config, n.id)?;
-            std::fs::create_dir_all(config.data_dir.join(format!("server-{}", n.id)))?;
-            say(&format!("starting server of node {}: {}", n.id, args.join(" ")));
-            let log = File::create(logs.join(format!("server-{}.log", n.id)))?;
-            let child = Command::new(&args[0])
-                .args(&args[1..])
+            let data = config.data_dir.join(format!("server-{}", n.id));
+            std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
+            say(&format!("starting server of node {}: {}", n.id, shell_words(&args)));
+            let log = logs.join(format!("server-{}.log", n.id));
+            let mut c = Command::new(&args[0]);
+            c.args(&args[1..])
                 .env("LD_PRELOAD", &bins.preload)
                 .env("LOCKSTEP_CONFIG", &config_path)
-                .env("LOCKSTEP_NODE", n.id.to_string())
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .with_context(|| format!("cannot start {}", args[0]))?;
+                .env("LOCKSTEP_NODE", n.id.to_string());
+            let child = spawn(c, &log).with_context(|| format!("cannot start server `{}`", args[0]))?;
             cluster.procs.push(Proc {
+                kind: Kind::Server,
                 what: format!("server of node {}", n.id),
+                log,
                 child,
                 exited: false,
+                how: String::new(),
             });
         }
         cluster.wait_for(
             "servers",
+            stop,
             |c| {
                 c.config.nodes.iter().all(|n| {
-                    TcpStream::connect_timeout(&n.app, Duration::from_millis(300)).is_ok()
-                        && status::query(&c.config, n.id, Duration::from_millis(500))
-                            .map(|s| s.server_pid != 0 && s.role != "joining")
-                            .unwrap_or(false)
+                    status::query(&c.config, n.id, Duration::from_millis(500))
+                        .map(|s| s.server_pid != 0 && s.role != "joining")
+                        .unwrap_or(false)
+                        && TcpStream::connect_timeout(&n.app, Duration::from_millis(300)).is_ok()
                 })
             },
-            Duration::from_secs(60),
+            Duration::from_secs(120),
         )?;
         Ok(cluster)
     }
 
-    fn wait_for(&mut self, what: &str, ready: impl Fn(&Cluster) -> bool, limit: Duration) -> anyhow::Result<()> {
+    fn wait_for(
+        &mut self,
+        what: &str,
+        stop: &AtomicBool,
+        ready: impl Fn(&Cluster) -> bool,
+        limit: Duration,
+    ) -> anyhow::Result<()> {
         let start = Instant::now();
         loop {
-            if let Some(dead) = self.reap().into_iter().next() {
-                bail!("{dead} while waiting for the {what} (see the logs in {})", self.config.data_dir.join("logs").display());
+            if let Some(p) = self.reap().into_iter().next() {
+                let p = &self.procs[p];
+                let why = last_line(&p.log);
+                bail!(
+                    "{} exited while waiting for the {what}{}{} (log {})",
+                    p.what,
+                    p.how,
+                    if why.is_empty() { String::new() } else { format!(": {why}") },
+                    p.log.display()
+                );
+            }
+            if stop.load(Ordering::Relaxed) {
+                bail!("interrupted while waiting for the {what}; stopped everything");
             }
             if ready(self) {
                 return Ok(());
             }
             if start.elapsed() > limit {
-                bail!("the {what} did not become ready within {limit:?} (see the logs in {})", self.config.data_dir.join("logs").display());
+                bail!(
+                    "the {what} did not become ready within {limit:?} (see the logs in {})",
+                    self.config.data_dir.join("logs").display()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
-    /// Notes processes that exited since the last call.
-    pub fn reap(&mut self) -> Vec<String> {
+    /// Indexes of processes that exited since the last call.
+    fn reap(&mut self) -> Vec<usize> {
         let mut out = Vec::new();
-        for p in &mut self.procs {
+        for (i, p) in self.procs.iter_mut().enumerate() {
             if !p.exited {
                 if let Ok(Some(st)) = p.child.try_wait() {
                     p.exited = true;
-                    out.push(format!("{} exited ({st})", p.what));
+                    p.how = format!(" ({st})");
+                    out.push(i);
                 }
             }
         }
         out
     }
 
-    /// Stops servers, then followers (SIGTERM, then SIGKILL after a grace
-    /// period), and removes the region files.
+    /// One line per process that exited since the last call.
+    pub fn reap_lines(&mut self) -> Vec<String> {
+        let dead = self.reap();
+        let mut lines: Vec<String> =
+            dead.into_iter().map(|i| format!("{} exited{}", self.procs[i].what, self.procs[i].how)).collect();
+        if let Some(zk) = self.zookeeper.as_mut() {
+            if zk.exited() {
+                lines.push(format!("ZooKeeper exited (log {})", zk.log_path().display()));
+                self.zookeeper = None;
+            }
+        }
+        lines
+    }
+
+    /// Stops servers, then followers (SIGTERM to each process group, then
+    /// SIGKILL after a grace period), then ZooKeeper, and removes the
+    /// region files. Idempotent.
     pub fn stop(&mut self) {
-        for kind in ["server", "follower"] {
-            for p in self.procs.iter_mut().filter(|p| p.what.starts_with(kind) && !p.exited) {
-                let _ = kill(Pid::from_raw(p.child.id() as i32), Signal::SIGTERM);
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        for kind in [Kind::Server, Kind::Follower] {
+            for p in self.procs.iter_mut().filter(|p| p.kind == kind && !p.exited) {
+                let _ = killpg(p.pgid(), Signal::SIGTERM);
             }
             let start = Instant::now();
-            for p in self.procs.iter_mut().filter(|p| p.what.starts_with(kind)) {
+            for p in self.procs.iter_mut().filter(|p| p.kind == kind) {
                 while !p.exited {
-                    if let Ok(Some(_)) | Err(_) = p.child.try_wait() {
-                        p.exited = true;
-                        break;
+                    match p.child.try_wait() {
+                        Ok(Some(_)) | Err(_) => p.exited = true,
+                        Ok(None) if start.elapsed() > STOP_GRACE => {
+                            log::warn!("{} ignored SIGTERM for {STOP_GRACE:?}: SIGKILL", p.what);
+                            let _ = killpg(p.pgid(), Signal::SIGKILL);
+                            let _ = p.child.wait();
+                            p.exited = true;
+                        }
+                        Ok(None) => std::thread::sleep(Duration::from_millis(20)),
                     }
-                    if start.elapsed() > Duration::from_secs(10) {
-                        let _ = p.child.kill();
-                        let _ = p.child.wait();
-                        p.exited = true;
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
                 }
+                // Whatever it forked and left in its group (e.g. a Redis
+                // BGSAVE child); ESRCH when the group is empty.
+                let _ = killpg(p.pgid(), Signal::SIGKILL);
             }
+        }
+        if let Some(mut zk) = self.zookeeper.take() {
+            zk.stop();
         }
         for id in self.config.ids() {
             let _ = std::fs::remove_file(region::region_path(&self.config.cluster, id));
@@ -255,6 +411,40 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A command line as a shell would need it (empty arguments quoted).
+fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| {
+            if a.is_empty() || a.contains(char::is_whitespace) {
+                format!("'{a}'")
+            } else {
+                a.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One compact progress line: view, leader, and per node its role,
+/// commit/applied and divergences.
+fn progress_line(nodes: &[status::NodeView]) -> String {
+    let (view, leader) = status::cluster_view(nodes);
+    let per: Vec<String> = nodes
+        .iter()
+        .map(|n| match &n.status {
+            Ok(s) => {
+                let mut x = format!("n{} {} applied {}/{}", n.id, s.role, s.applied, s.committed);
+                if s.divergences > 0 {
+                    x.push_str(&format!(" DIVERGED {}", s.divergences));
+                }
+                x
+            }
+            Err(_) => format!("n{} down", n.id),
+        })
+        .collect();
+    format!("view {view} leader {leader} | {}", per.join(" | "))
 }
 
 /// Runs `lockstep up` until SIGINT/SIGTERM.
@@ -269,39 +459,52 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>) -> anyhow::Result<()> {
         server_cmd
     };
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone())?;
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
     let bins = Binaries::locate()?;
     let say = |m: &str| println!("lockstep up: {m}");
-    let mut cluster = Cluster::start(config.clone(), config_path, &cmd, &bins, &say)?;
+    let mut cluster = Cluster::start(config.clone(), config_path, &cmd, &bins, &stop, &say)?;
     let nodes = status::query_all(&config, Duration::from_secs(1));
     let (view, leader) = status::cluster_view(&nodes);
     let app = config.node(leader).map(|n| n.app.to_string()).unwrap_or_default();
-    println!("lockstep up: ready — view {view}, leader node {leader}: connect to {app}");
-    println!("lockstep up: Ctrl-C stops everything");
-    let mut last = Instant::now();
+    say(&format!("ready — view {view}, leader node {leader}: connect your clients to {app}"));
+    for n in config.nodes.iter().filter(|n| n.id != leader) {
+        say(&format!(
+            "  node {} (backup) at {}{}",
+            n.id,
+            n.app,
+            match config.backup_clients {
+                lockstep_common::config::BackupClients::Allow => ": reads only, writes there are NOT replicated",
+                lockstep_common::config::BackupClients::Deny => ": refuses clients (backup_clients = \"deny\")",
+            }
+        ));
+    }
+    say(&format!(
+        "logs in {}; `lockstep status {}` for details; Ctrl-C stops everything",
+        config.data_dir.join("logs").display(),
+        config_path.display()
+    ));
+    let mut last_line = String::new();
+    let mut last = Instant::now() - Duration::from_secs(60);
     while !stop.load(Ordering::Relaxed) {
-        for dead in cluster.reap() {
-            println!("lockstep up: {dead}");
+        for dead in cluster.reap_lines() {
+            say(&dead);
         }
-        if last.elapsed() > Duration::from_secs(5) {
-            let nodes = status::query_all(&config, Duration::from_millis(500));
-            let line: Vec<String> = nodes
-                .iter()
-                .map(|n| match &n.status {
-                    Ok(s) => format!("n{} {} c{} a{}", n.id, s.role, s.committed, s.applied),
-                    Err(_) => format!("n{} down", n.id),
-                })
-                .collect();
-            println!("lockstep up: {}", line.join(" | "));
+        // A progress line when something changed, at most every 2 s.
+        if last.elapsed() > Duration::from_secs(2) {
+            let line = progress_line(&status::query_all(&config, Duration::from_millis(500)));
+            if line != last_line {
+                say(&line);
+                last_line = line;
+            }
             last = Instant::now();
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    println!("lockstep up: stopping");
+    say("stopping (servers, then followers)");
     cluster.stop();
-    println!("lockstep up: stopped");
+    say("stopped; no process or region file left");
     Ok(())
 }
 

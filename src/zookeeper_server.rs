@@ -1,0 +1,202 @@
+//! A private standalone ZooKeeper from the Debian package, for `lockstep up`
+//! (when the configured one is not reachable) and for integration tests.
+//!
+//! It runs `zkServer.sh start-foreground` with its own `zoo.cfg` (never the
+//! system's `/etc/zookeeper/conf`, which would use port 2181) in its own
+//! process group, and stops that whole group when dropped.
+//!
+//! This file is also compiled into the integration tests with
+//! `#[path = "../../src/zookeeper_server.rs"]`, so it uses only std, anyhow,
+//! log and nix (all dependencies of the root package).
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+/// The Debian package's start script.
+pub const ZK_SERVER_SCRIPT: &str = "/usr/share/zookeeper/bin/zkServer.sh";
+
+/// How long `start` waits for the server to serve (a cold JVM on a busy
+/// 2-core machine can take several seconds).
+pub const START_LIMIT: Duration = Duration::from_secs(90);
+
+/// A running private ZooKeeper; dropping it stops it.
+pub struct ZookeeperServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+/// The `srvr` four-letter answer of the ZooKeeper at `addr`, if any.
+pub fn srvr(addr: SocketAddr, timeout: Duration) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
+    s.write_all(b"srvr").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// Whether a ZooKeeper serves at `addr`: `srvr` reports a `Mode:`. (It
+/// answers `ruok` before it accepts sessions, so `ruok` is not enough.)
+pub fn is_serving(addr: SocketAddr) -> bool {
+    srvr(addr, Duration::from_secs(2)).is_some_and(|r| r.contains("Mode:"))
+}
+
+impl ZookeeperServer {
+    /// Starts a standalone ZooKeeper on 127.0.0.1:`port` with its data,
+    /// config and log in `dir`, and waits until it serves.
+    pub fn start(dir: &Path, port: u16) -> Result<ZookeeperServer> {
+        let mut zk = Self::spawn(dir, port)?;
+        zk.wait_ready(START_LIMIT)?;
+        Ok(zk)
+    }
+
+    /// Starts it without waiting.
+    pub fn spawn(dir: &Path, port: u16) -> Result<ZookeeperServer> {
+        if !Path::new(ZK_SERVER_SCRIPT).exists() {
+            bail!("{ZK_SERVER_SCRIPT} not found: install the zookeeper package (scripts/setup does)");
+        }
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        if std::net::TcpListener::bind(addr).is_err() {
+            bail!("cannot start ZooKeeper: port {addr} is in use");
+        }
+        let data = dir.join("data");
+        std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
+        let cfg = dir.join("zoo.cfg");
+        // Short ticks allow short sessions (minSessionTimeout), so elections
+        // notice a dead node quickly.
+        let text = format!(
+            "tickTime=100\nminSessionTimeout=200\nmaxSessionTimeout=60000\ninitLimit=50\nsyncLimit=20\n\
+             dataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+             4lw.commands.whitelist=srvr,ruok,stat\n",
+            data.display()
+        );
+        std::fs::write(&cfg, text).with_context(|| format!("cannot write {}", cfg.display()))?;
+        let log_path = dir.join("zookeeper.log");
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let mut cmd = Command::new(ZK_SERVER_SCRIPT);
+        cmd.arg("start-foreground")
+            .arg(&cfg)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Its own group: a terminal's Ctrl-C reaches only our process,
+            // and `stop` can signal the script and the JVM together.
+            .process_group(0);
+        // SAFETY: the closure runs in the forked child before exec and only
+        // makes the prctl(2) system call, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Stop with us if we die without dropping (e.g. SIGKILL).
+                // Linux sends it when the spawning *thread* exits: keep
+                // the server on a thread that outlives it.
+                nix::sys::prctl::set_pdeathsig(Some(Signal::SIGTERM))?;
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("cannot start {ZK_SERVER_SCRIPT}"))?;
+        log::info!("started ZooKeeper pid {} on {addr} (config {})", child.id(), cfg.display());
+        Ok(ZookeeperServer {
+            child: Some(child),
+            port,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Waits until it serves (`srvr` reports a mode); fails early when the
+    /// process exits, with the tail of its log.
+    pub fn wait_ready(&mut self, limit: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    self.child = None;
+                    bail!("ZooKeeper exited at start ({st}): {}", self.log_tail());
+                }
+            }
+            if is_serving(self.addr()) {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                bail!("ZooKeeper on {} did not serve within {limit:?}: {}", self.addr(), self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Its client address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// Its client port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process id of its process (group leader); 0 once stopped.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Its log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("zookeeper.log")
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().rev().take(5).collect();
+        let tail: Vec<&str> = lines.into_iter().rev().collect();
+        format!("{} (log {})", tail.join(" / "), self.log_path().display())
+    }
+
+    /// Whether its process has exited.
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(None)) => false,
+            _ => true,
+        }
+    }
+
+    /// Stops the whole process group: SIGTERM, then SIGKILL after a grace
+    /// period.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        let pgid = Pid::from_raw(child.id() as i32);
+        let _ = killpg(pgid, Signal::SIGTERM);
+        let start = Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if start.elapsed() > Duration::from_secs(10) => {
+                    let _ = killpg(pgid, Signal::SIGKILL);
+                    let _ = child.wait();
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        // Anything the script left in its group.
+        let _ = killpg(pgid, Signal::SIGKILL);
+        log::info!("stopped ZooKeeper on {}", self.addr());
+    }
+}
+
+impl Drop for ZookeeperServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
