@@ -20,6 +20,7 @@
 //! while [`Election::session`] says connected; and a session that expired
 //! leaves the handle dead, so the owner makes a new [`Election`].
 
+use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,7 @@ use zookeeper::{Acl, CreateMode, WatchedEvent, ZkError, ZkState, ZooKeeper};
 #[derive(Debug, thiserror::Error)]
 pub enum ElectionError {
     /// No session could be established.
-    #[error("cannot reach ZooKeeper at {addr} (no session within {waited_ms} ms); is it running? (election.zookeeper)")]
+    #[error("cannot reach ZooKeeper at {addr} (election.zookeeper; waited {waited_ms} ms for a session): is it running?")]
     Unreachable {
         /// The configured address.
         addr: String,
@@ -99,6 +100,22 @@ impl Shared {
     }
 }
 
+/// Reads a session's state without touching ZooKeeper.
+#[derive(Clone, Debug)]
+pub struct SessionWatch(Arc<Shared>);
+
+impl SessionWatch {
+    /// The session's state.
+    pub fn session(&self) -> Session {
+        let (st, since) = *self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+        match st {
+            ZkState::Connected | ZkState::ConnectedReadOnly => Session::Connected,
+            ZkState::Closed | ZkState::AuthFailed => Session::Expired,
+            _ => Session::Disconnected(since.elapsed()),
+        }
+    }
+}
+
 /// One follower's membership in the election.
 pub struct Election {
     zk: ZooKeeper,
@@ -120,6 +137,17 @@ impl Election {
     /// Connects (waiting up to `timeout` for a session), creates the
     /// cluster's znodes if missing and registers this follower.
     pub fn connect(addr: &str, timeout: Duration, cluster: &str, me: u64) -> Result<Election, ElectionError> {
+        // The client retries a refused connection in a tight loop until
+        // the session timeout: find a dead address out cheaply first.
+        let reachable = addr.split(',').filter_map(|a| a.trim().to_socket_addrs().ok()).flatten().any(|a| {
+            TcpStream::connect_timeout(&a, timeout.min(Duration::from_secs(1))).is_ok()
+        });
+        if !reachable {
+            return Err(ElectionError::Unreachable {
+                addr: addr.to_string(),
+                waited_ms: 0,
+            });
+        }
         let shared = Arc::new(Shared {
             state: Mutex::new((ZkState::Connecting, Instant::now())),
             wake: Mutex::new(0),
@@ -180,12 +208,13 @@ impl Election {
 
     /// The session's state.
     pub fn session(&self) -> Session {
-        let (st, since) = *self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
-        match st {
-            ZkState::Connected | ZkState::ConnectedReadOnly => Session::Connected,
-            ZkState::Closed | ZkState::AuthFailed => Session::Expired,
-            _ => Session::Disconnected(since.elapsed()),
-        }
+        self.watch().session()
+    }
+
+    /// A handle that tells the session's state from any thread, even while
+    /// this one waits on a ZooKeeper request.
+    pub fn watch(&self) -> SessionWatch {
+        SessionWatch(self.shared.clone())
     }
 
     /// Waits until a watch fires or the session changes, or `timeout`.

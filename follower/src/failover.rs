@@ -43,7 +43,10 @@ impl Node {
                         &self.config.cluster,
                         self.me,
                     ) {
-                        Ok(e) => *guard = Some(e),
+                        Ok(e) => {
+                            *self.session_watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.watch());
+                            *guard = Some(e);
+                        }
                         Err(e) => {
                             log::warn!("node {}: {e}", self.me);
                             drop(guard);
@@ -52,11 +55,8 @@ impl Node {
                     }
                     continue;
                 }
-                // ZooKeeper hands the lead to another node once our session
-                // times out; stop before it can.
-                Session::Disconnected(d) if d >= timeout / 2 => {
-                    self.demote_self("lost ZooKeeper");
-                }
+                // The heartbeat thread demotes a leader that lost its
+                // session (this one may be stuck in a request meanwhile).
                 Session::Disconnected(_) => {}
                 Session::Connected => {
                     let Some(election) = guard.as_ref() else {
@@ -123,6 +123,26 @@ impl Node {
         election.publish_leader(view, &app)?;
         log::info!("node {}: leading view {view}, clients connect to {app}", self.me);
         Ok(())
+    }
+
+    /// Called often from the heartbeat thread: a leader serves only while
+    /// its ZooKeeper session is surely valid. ZooKeeper hands the lead to
+    /// another node once the session times out; stop well before that.
+    pub(crate) fn check_session(&self) {
+        if self.region.role() != Role::Leader {
+            return;
+        }
+        let timeout = Duration::from_millis(self.config.election.session_timeout_ms);
+        let session = match self.session_watch.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(w) => w.session(),
+            None => return,
+        };
+        match session {
+            Session::Connected => {}
+            Session::Disconnected(d) if d < timeout / 2 => {}
+            Session::Disconnected(_) => self.demote_self("lost ZooKeeper"),
+            Session::Expired => self.demote_self("the ZooKeeper session expired"),
+        }
     }
 
     /// Stops leading (the preload fails its clients' connections).

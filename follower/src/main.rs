@@ -25,7 +25,7 @@ struct Args {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().filter_or("LOCKSTEP_LOG", "info"))
+    env_logger::Builder::from_env(env_logger::Env::default().filter_or("LOCKSTEP_LOG", "info,zookeeper=off"))
         .format_timestamp_millis()
         .init();
     let args = Args::parse();

@@ -59,6 +59,9 @@ pub struct Node {
     pub(crate) stale: AtomicBool,
     /// ZooKeeper membership (election mode "zookeeper").
     pub(crate) election: Mutex<Option<crate::election::Election>>,
+    /// The election's session state, readable while the election thread
+    /// waits on ZooKeeper.
+    pub(crate) session_watch: Mutex<Option<crate::election::SessionWatch>>,
     /// Counters and histograms.
     pub metrics: Metrics,
     pub(crate) stop: Arc<AtomicBool>,
@@ -161,6 +164,7 @@ impl Node {
             demoted: Mutex::new(None),
             view_change_at: Mutex::new(None),
             stale: AtomicBool::new(false),
+            session_watch: Mutex::new(election.as_ref().map(|e| e.watch())),
             election: Mutex::new(election),
             config,
             me,
@@ -524,6 +528,7 @@ impl Node {
             let bell = self.region.bell();
             let seen = bell.value();
             self.region.set_heartbeat(now_ms());
+            self.check_session();
             if self.region.role() == Role::Leader {
                 let c = self.region.commit();
                 self.learn_commit(c.min(self.persisted.load(Ordering::Acquire)));
