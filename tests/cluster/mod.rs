@@ -480,3 +480,49 @@ pub fn remove(p: &Path) {
     let _ = std::fs::remove_dir_all(p);
     let _ = std::fs::remove_file(p);
 }
+
+// ---- Helpers for the failover tests (tests/failover.rs) ----
+
+impl Resp {
+    /// Connects with a bound on the connect itself (an address behind a
+    /// downed link never answers a SYN) and the given read timeout: a
+    /// reply that does not come in time fails with `WouldBlock`/`TimedOut`.
+    pub fn connect_with(addr: SocketAddr, connect: Duration, read: Duration) -> std::io::Result<Resp> {
+        let s = TcpStream::connect_timeout(&addr, connect)?;
+        s.set_read_timeout(Some(read))?;
+        s.set_write_timeout(Some(read))?;
+        s.set_nodelay(true)?;
+        Ok(Resp {
+            r: BufReader::new(s.try_clone()?),
+            w: s,
+        })
+    }
+
+    /// Changes the read timeout of an open connection.
+    pub fn set_read_timeout(&self, t: Duration) -> std::io::Result<()> {
+        self.w.set_read_timeout(Some(t))
+    }
+}
+
+impl TestCluster {
+    /// Rewrites the (not yet used) config for ZooKeeper election at
+    /// `zookeeper` with the given session timeout.
+    pub fn use_zookeeper(&mut self, zookeeper: &str, session_timeout_ms: u64) {
+        let text = std::fs::read_to_string(&self.config_path).expect("read config");
+        let old = "[election]\nmode = \"static\"\nleader = 1\n";
+        assert!(text.contains(old), "config has no static election section:\n{text}");
+        let new = format!(
+            "[election]\nmode = \"zookeeper\"\nzookeeper = \"{zookeeper}\"\nsession_timeout_ms = {session_timeout_ms}\n"
+        );
+        std::fs::write(&self.config_path, text.replacen(old, &new, 1)).expect("write config");
+    }
+
+    /// Sets `backup_clients` ("allow" | "deny") in the (not yet used) config.
+    pub fn set_backup_clients(&mut self, value: &str) {
+        let text = std::fs::read_to_string(&self.config_path).expect("read config");
+        let old = "backup_clients = \"allow\"\n";
+        assert!(text.contains(old), "config has no backup_clients line:\n{text}");
+        let new = format!("backup_clients = \"{value}\"\n");
+        std::fs::write(&self.config_path, text.replacen(old, &new, 1)).expect("write config");
+    }
+}
