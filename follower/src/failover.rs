@@ -223,6 +223,8 @@ impl Node {
         self.check_demoted_server(cut)?;
         self.store().set_log_view(view)?;
         self.log_view.store(view, Ordering::Release);
+        // The old leader's tail word would look like entries we missed.
+        self.region.set_tail(self.store().last().end_pos);
         self.region.set_leader(leader);
         self.region.set_role(Role::Backup);
         self.epoch.fetch_add(1, Ordering::AcqRel);
