@@ -526,3 +526,252 @@ impl TestCluster {
         std::fs::write(&self.config_path, text.replacen(old, &new, 1)).expect("write config");
     }
 }
+
+// ---- Helpers for `lockstep up` tests: private ZooKeeper, process scan, memcached.
+
+#[path = "../../src/zookeeper_server.rs"]
+mod zookeeper_server;
+#[allow(unused_imports)]
+pub use zookeeper_server::{is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperServer};
+
+/// Live processes (other than this one) whose command line or environment
+/// contains `needle`, as "pid: cmdline". Zombies have neither, so they do
+/// not count.
+pub fn processes_mentioning(needle: &str) -> Vec<String> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else { return out };
+    for e in rd.flatten() {
+        let pid = e.file_name().to_string_lossy().to_string();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
+            continue;
+        }
+        let read = |f: &str| std::fs::read(e.path().join(f)).unwrap_or_default();
+        let cmdline = read("cmdline");
+        let environ = read("environ");
+        let hit = |b: &[u8]| b.windows(needle.len()).any(|w| w == needle.as_bytes());
+        if !needle.is_empty() && (hit(&cmdline) || hit(&environ)) {
+            let cmd: Vec<String> = cmdline
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).to_string())
+                .collect();
+            out.push(format!("{pid}: {}", cmd.join(" ").trim()));
+        }
+    }
+    out
+}
+
+/// A minimal memcached text-protocol client.
+pub struct Memcache {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+/// One item as a key dump sees it: flags and value (no CAS id).
+pub type McItem = (u32, Vec<u8>);
+
+impl Memcache {
+    /// Connects to a memcached server.
+    pub fn connect(addr: SocketAddr) -> std::io::Result<Memcache> {
+        let s = TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))?;
+        s.set_nodelay(true)?;
+        Ok(Memcache {
+            r: BufReader::new(s.try_clone()?),
+            w: s,
+        })
+    }
+
+    /// Reads one reply line (without CRLF).
+    pub fn line(&mut self) -> std::io::Result<String> {
+        let mut l = String::new();
+        if self.r.read_line(&mut l)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(l.trim_end_matches("\r\n").to_string())
+    }
+
+    /// Sends `bytes` and reads one reply line.
+    pub fn request(&mut self, bytes: &[u8]) -> std::io::Result<String> {
+        self.w.write_all(bytes)?;
+        self.line()
+    }
+
+    /// `set`/`add`/`replace`/`append`/`prepend` (or `cas` with `cas`).
+    pub fn store(&mut self, cmd: &str, key: &str, flags: u32, value: &[u8], cas: Option<u64>) -> std::io::Result<String> {
+        let cas = cas.map(|c| format!(" {c}")).unwrap_or_default();
+        let mut b = format!("{cmd} {key} {flags} 0 {}{cas}\r\n", value.len()).into_bytes();
+        b.extend_from_slice(value);
+        b.extend_from_slice(b"\r\n");
+        self.request(&b)
+    }
+
+    /// `gets key`: flags, value and CAS id, or None.
+    pub fn gets(&mut self, key: &str) -> std::io::Result<Option<(u32, Vec<u8>, u64)>> {
+        self.w.write_all(format!("gets {key}\r\n").as_bytes())?;
+        let l = self.line()?;
+        if l == "END" {
+            return Ok(None);
+        }
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, l.clone());
+        if f.len() < 5 || f[0] != "VALUE" {
+            return Err(bad());
+        }
+        let flags: u32 = f[2].parse().map_err(|_| bad())?;
+        let len: usize = f[3].parse().map_err(|_| bad())?;
+        let cas: u64 = f[4].parse().map_err(|_| bad())?;
+        let mut v = vec![0u8; len + 2];
+        self.r.read_exact(&mut v)?;
+        v.truncate(len);
+        let end = self.line()?;
+        if end != "END" {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, end));
+        }
+        Ok(Some((flags, v, cas)))
+    }
+
+    /// Every key, from `lru_crawler metadump all` (percent-decoded).
+    pub fn keys(&mut self) -> std::io::Result<Vec<String>> {
+        self.w.write_all(b"lru_crawler metadump all\r\n")?;
+        let mut keys = Vec::new();
+        loop {
+            let l = self.line()?;
+            if l == "END" {
+                return Ok(keys);
+            }
+            if l.starts_with("ERROR") || l.starts_with("BUSY") || l.starts_with("CLIENT_ERROR") {
+                return Err(std::io::Error::new(std::io::ErrorKind::Other, l));
+            }
+            if let Some(k) = l.split_whitespace().find_map(|f| f.strip_prefix("key=")) {
+                keys.push(percent_decode(k));
+            }
+        }
+    }
+
+    /// Every item: key → (flags, value), CAS ids left out.
+    pub fn dump(&mut self) -> std::io::Result<std::collections::BTreeMap<String, McItem>> {
+        let mut out = std::collections::BTreeMap::new();
+        for k in self.keys()? {
+            if let Some((flags, v, _)) = self.gets(&k)? {
+                out.insert(k, (flags, v));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(x) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(x);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).to_string()
+}
+
+/// Runs `threads` memcached clients against `addr`, each doing `ops`
+/// order-sensitive operations on shared keys: set (flags = thread),
+/// append, prepend, cas after gets, delete, incr/decr on shared counters.
+/// Returns the net change each counter `ctr:K` received (its start value is
+/// `MC_COUNTER_START`, set by this function before the clients start).
+pub fn memcached_mixed_workload(addr: SocketAddr, threads: usize, ops: usize, keys: usize) -> Vec<i64> {
+    let mut c = Memcache::connect(addr).expect("connect");
+    for k in 0..keys {
+        assert_eq!(
+            c.store("set", &format!("ctr:{k}"), 0, MC_COUNTER_START.to_string().as_bytes(), None).unwrap(),
+            "STORED"
+        );
+    }
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut c = Memcache::connect(addr).expect("connect");
+                let mut deltas = vec![0i64; keys];
+                let ok = |r: std::io::Result<String>| {
+                    let r = r.expect("memcached request");
+                    assert!(
+                        !r.starts_with("ERROR") && !r.contains("_ERROR"),
+                        "memcached answered {r:?}"
+                    );
+                    r
+                };
+                for i in 0..ops {
+                    let k = (i * 7 + t * 3) % keys;
+                    let key = format!("str:{k}");
+                    let v = format!("<{t}.{i}>");
+                    match i % 8 {
+                        0 | 7 => {
+                            ok(c.store("set", &key, t as u32, v.as_bytes(), None));
+                        }
+                        1 => {
+                            ok(c.store("append", &key, 0, v.as_bytes(), None));
+                        }
+                        2 => {
+                            ok(c.store("prepend", &key, 0, v.as_bytes(), None));
+                        }
+                        3 => {
+                            let by = (t + i) % 5 + 1;
+                            let r = ok(c.request(format!("incr ctr:{k} {by}\r\n").as_bytes()));
+                            assert!(r.parse::<u64>().is_ok(), "incr answered {r:?}");
+                            deltas[k] += by as i64;
+                        }
+                        4 => {
+                            let by = (t + i) % 3 + 1;
+                            let r = ok(c.request(format!("decr ctr:{k} {by}\r\n").as_bytes()));
+                            assert!(r.parse::<u64>().is_ok(), "decr answered {r:?}");
+                            deltas[k] -= by as i64;
+                        }
+                        5 => {
+                            if let Some((_, old, cas)) = c.gets(&key).expect("gets") {
+                                let mut nv = old;
+                                nv.extend_from_slice(b"+cas");
+                                let r = ok(c.store("cas", &key, 100 + t as u32, &nv, Some(cas)));
+                                assert!(r == "STORED" || r == "EXISTS" || r == "NOT_FOUND", "cas answered {r:?}");
+                            }
+                        }
+                        _ => {
+                            ok(c.request(format!("delete {key}\r\n").as_bytes()));
+                        }
+                    }
+                }
+                deltas
+            })
+        })
+        .collect();
+    let mut total = vec![0i64; keys];
+    for h in handles {
+        for (k, d) in h.join().expect("client thread").into_iter().enumerate() {
+            total[k] += d;
+        }
+    }
+    total
+}
+
+/// Start value of the workload's counters (high enough that decr never
+/// clamps at 0, so the final values are exact).
+pub const MC_COUNTER_START: u64 = 1_000_000;
+
+impl TestCluster {
+    /// Like `wait_converged`, for the nodes `ids` only (others may be down);
+    /// `ids[0]` is the leader.
+    pub fn wait_converged_on(&self, ids: &[u64], limit: Duration) {
+        self.wait("the nodes applied the leader's log", limit, |c| {
+            let Ok(l) = c.status(ids[0]) else { return false };
+            ids.iter().all(|&id| {
+                c.status(id)
+                    .map(|s| s.applied >= l.persisted && s.persisted >= l.persisted)
+                    .unwrap_or(false)
+            })
+        });
+    }
+}

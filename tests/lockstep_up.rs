@@ -1,0 +1,334 @@
+//! `lockstep up` driven as a user would: spawn it, wait for its ready line,
+//! run workloads with real clients through the leader, kill a node, Ctrl-C
+//! it, and check convergence and a clean stop (exit 0, no process, region
+//! file or port left). Also its error lines, and the private ZooKeeper's
+//! lifecycle.
+
+mod cluster;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cluster::*;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// Generous limits against hangs (debug builds on a busy 2-core machine);
+/// never asserted as performance.
+const READY_LIMIT: Duration = Duration::from_secs(240);
+const EXIT_LIMIT: Duration = Duration::from_secs(120);
+
+const REDIS_SERVER: &str = r#"server = ["redis-server", "--port", "{port}", "--bind", "{host}", "--save", "", "--appendonly", "no", "--dir", "{data}", "--enable-debug-command", "yes"]"#;
+const MEMCACHED_SERVER: &str = r#"server = ["memcached", "-u", "root", "-t", "1", "-U", "0", "-l", "{host}", "-p", "{port}"]"#;
+
+/// A running `lockstep up`, its stdout and stderr collected line by line.
+/// Dropping it interrupts it (and kills it if it does not exit), so a
+/// failing test leaves nothing running.
+struct Up {
+    child: Option<Child>,
+    out: Arc<Mutex<String>>,
+}
+
+impl Up {
+    fn spawn(config: &std::path::Path, extra: &[&str]) -> Up {
+        let mut child = Command::new(bin_dir().join("lockstep"))
+            .arg("up")
+            .arg(config)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn lockstep up");
+        let out = Arc::new(Mutex::new(String::new()));
+        let collect = |r: Box<dyn Read + Send>, tag: &'static str| {
+            let out = out.clone();
+            std::thread::spawn(move || {
+                for l in BufReader::new(r).lines().map_while(Result::ok) {
+                    out.lock().unwrap().push_str(&format!("{tag}{l}\n"));
+                }
+            });
+        };
+        collect(Box::new(child.stdout.take().unwrap()), "");
+        collect(Box::new(child.stderr.take().unwrap()), "stderr: ");
+        Up {
+            child: Some(child),
+            out,
+        }
+    }
+
+    fn output(&self) -> String {
+        self.out.lock().unwrap().clone()
+    }
+
+    /// Waits for an output line containing `pat`; panics (with the output)
+    /// if `lockstep up` exits first or after `limit`.
+    fn wait_line(&mut self, pat: &str, limit: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = self.output().lines().find(|l| l.contains(pat)) {
+                return l.to_string();
+            }
+            if let Ok(Some(st)) = self.child.as_mut().unwrap().try_wait() {
+                std::thread::sleep(Duration::from_millis(200)); // let readers finish
+                panic!("lockstep up exited ({st}) before printing {pat:?}:\n{}", self.output());
+            }
+            assert!(start.elapsed() < limit, "no {pat:?} from lockstep up within {limit:?}:\n{}", self.output());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for it to exit on its own.
+    fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.as_mut().unwrap().try_wait().expect("try_wait") {
+                self.child = None;
+                std::thread::sleep(Duration::from_millis(200)); // let readers finish
+                return st;
+            }
+            assert!(start.elapsed() < limit, "lockstep up did not exit within {limit:?}:\n{}", self.output());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Ctrl-C: SIGINT, then wait for the exit.
+    fn interrupt(&mut self) -> ExitStatus {
+        let pid = Pid::from_raw(self.child.as_ref().unwrap().id() as i32);
+        kill(pid, Signal::SIGINT).expect("SIGINT");
+        self.wait_exit(EXIT_LIMIT)
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let Some(mut c) = self.child.take() else { return };
+        let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGINT);
+        let start = Instant::now();
+        while start.elapsed() < EXIT_LIMIT {
+            if let Ok(Some(_)) = c.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// A config with free loopback ports, a temp data dir and `server`; starts
+/// nothing (TestCluster's Drop removes the dir and region files).
+fn config(test: &str, server: Server) -> TestCluster {
+    let line = match server {
+        Server::Redis => REDIS_SERVER,
+        Server::Memcached => MEMCACHED_SERVER,
+    };
+    TestCluster::new(
+        test,
+        Options {
+            server,
+            extra: line.to_string(),
+            ..Options::default()
+        },
+    )
+}
+
+fn lockstep(args: &[&str]) -> std::process::Output {
+    Command::new(bin_dir().join("lockstep"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run lockstep")
+}
+
+/// Everything `lockstep up` started is gone: no process mentions the test
+/// dir (followers have the config path on their command line, servers in
+/// LOCKSTEP_CONFIG, ZooKeeper its zoo.cfg), no region file, and every port
+/// binds again.
+fn assert_nothing_left(tc: &TestCluster, held: &[SocketAddr]) {
+    let procs = processes_mentioning(&tc.dir.display().to_string());
+    assert!(procs.is_empty(), "processes left running:\n{}", procs.join("\n"));
+    let prefix = format!("lockstep-{}-", tc.name);
+    let regions: Vec<String> = std::fs::read_dir("/dev/shm")
+        .expect("/dev/shm")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    assert!(regions.is_empty(), "region files left: {regions:?}");
+    for n in &tc.nodes {
+        for a in [n.app, n.control] {
+            if !held.contains(&a) {
+                TcpListener::bind(a).unwrap_or_else(|e| panic!("port {a} still in use after stop: {e}"));
+            }
+        }
+    }
+}
+
+/// Waits until every node applied the leader's log, then until all
+/// `digest`s agree (a read may trail its apply by an event-loop turn);
+/// returns them.
+fn converged<T: PartialEq + std::fmt::Debug>(tc: &TestCluster, ids: &[u64], digest: impl Fn(SocketAddr) -> T) -> Vec<T> {
+    tc.wait_converged_on(ids, Duration::from_secs(120));
+    let start = Instant::now();
+    loop {
+        let ds: Vec<T> = ids.iter().map(|&id| digest(tc.app(id))).collect();
+        if ds.windows(2).all(|w| w[0] == w[1]) || start.elapsed() > Duration::from_secs(30) {
+            return ds;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The exit line of a failed `lockstep up`: exactly one line on stderr,
+/// naming the problem.
+fn one_error_line(out: &std::process::Output) -> String {
+    assert!(!out.status.success(), "lockstep up succeeded: {out:?}");
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("warning:")).collect();
+    assert_eq!(lines.len(), 1, "want one error line, got:\n{err}");
+    assert!(lines[0].starts_with("lockstep: "), "unexpected error line: {err}");
+    lines[0].to_string()
+}
+
+#[test]
+fn redis_up_workload_kill_backup_ctrl_c() {
+    let tc = config("upredis", Server::Redis);
+    let cfg = tc.config_path.to_str().unwrap().to_string();
+    let mut up = Up::spawn(&tc.config_path, &[]);
+    let ready = up.wait_line("ready", READY_LIMIT);
+    assert!(ready.contains(&tc.app(1).to_string()), "ready line does not say where to connect: {ready}");
+
+    redis_mixed_workload(tc.app(1), 8, 200);
+    let ds = converged(&tc, &[1, 2, 3], redis_digest);
+    assert!(ds.iter().all(|d| *d == ds[0]), "replicas differ after the workload: {ds:?}");
+    assert_ne!(ds[0], "0000000000000000000000000000000000000000", "empty data set");
+    for id in 1..=3 {
+        let s = tc.status(id).expect("status");
+        assert_eq!(s.divergences, 0, "node {id} reports divergent replies: {s:?}");
+    }
+
+    // A backup dies: the leader keeps a majority and serves.
+    let k = lockstep(&["kill", &cfg, "--node", "3"]);
+    assert!(k.status.success(), "lockstep kill: {}", String::from_utf8_lossy(&k.stderr));
+    up.wait_line("server of node 3 exited", READY_LIMIT);
+    up.wait_line("follower of node 3 exited", READY_LIMIT);
+    let mut c = Resp::connect(tc.app(1)).expect("connect to the leader");
+    assert_eq!(c.cmd(&[b"SET", b"after-kill", b"1"]).unwrap(), Reply::Status("OK".into()));
+    redis_mixed_workload(tc.app(1), 4, 50);
+    drop(c);
+    let ds = converged(&tc, &[1, 2], redis_digest);
+    assert_eq!(ds[0], ds[1], "leader and the surviving backup differ");
+
+    let st = up.interrupt();
+    assert!(st.success(), "lockstep up exited with {st} on Ctrl-C:\n{}", up.output());
+    assert!(up.output().contains("stopped"), "no stop line:\n{}", up.output());
+    assert_nothing_left(&tc, &[]);
+}
+
+#[test]
+fn memcached_up_workload_dumps_agree() {
+    let tc = config("upmemc", Server::Memcached);
+    let mut up = Up::spawn(&tc.config_path, &[]);
+    up.wait_line("ready", READY_LIMIT);
+
+    let keys = 12;
+    let deltas = memcached_mixed_workload(tc.app(1), 8, 240, keys);
+    let dumps = converged(&tc, &[1, 2, 3], |a| Memcache::connect(a).expect("connect").dump().expect("dump"));
+    assert!(!dumps[0].is_empty(), "no keys on the leader");
+    for (i, d) in dumps.iter().enumerate().skip(1) {
+        if *d != dumps[0] {
+            let diff: Vec<&String> = dumps[0]
+                .keys()
+                .chain(d.keys())
+                .filter(|k| dumps[0].get(*k) != d.get(*k))
+                .collect();
+            panic!("node {} differs from the leader in keys {diff:?}", i + 1);
+        }
+    }
+    // The counters got exactly what the clients sent.
+    for (k, delta) in deltas.iter().enumerate() {
+        let (_, v) = &dumps[0][&format!("ctr:{k}")];
+        let want = MC_COUNTER_START as i64 + delta;
+        assert_eq!(String::from_utf8_lossy(v).trim(), want.to_string(), "counter ctr:{k}");
+    }
+
+    let st = up.interrupt();
+    assert!(st.success(), "lockstep up exited with {st} on Ctrl-C:\n{}", up.output());
+    assert_nothing_left(&tc, &[]);
+}
+
+#[test]
+fn bad_config_is_one_line_and_starts_nothing() {
+    let tc = config("upbadcfg", Server::Redis);
+    std::fs::write(&tc.config_path, std::fs::read_to_string(&tc.config_path).unwrap() + "ring_sise = \"1MiB\"\n").unwrap();
+    let out = lockstep(&["up", tc.config_path.to_str().unwrap()]);
+    let line = one_error_line(&out);
+    assert!(line.contains("ring_sise"), "error does not name the field: {line}");
+    assert_nothing_left(&tc, &[]);
+}
+
+#[test]
+fn port_in_use_is_one_line_and_starts_nothing() {
+    let tc = config("upport", Server::Redis);
+    let taken = tc.app(2);
+    let _holder = TcpListener::bind(taken).expect("hold node 2's port");
+    let out = lockstep(&["up", tc.config_path.to_str().unwrap()]);
+    let line = one_error_line(&out);
+    assert!(line.contains("port in use") && line.contains(&taken.to_string()), "{line}");
+    assert_nothing_left(&tc, &[taken]);
+}
+
+#[test]
+fn missing_server_binary_is_one_line() {
+    let tc = config("upnobin", Server::Redis);
+    let out = lockstep(&[
+        "up",
+        tc.config_path.to_str().unwrap(),
+        "--server-cmd",
+        "/nonexistent/redis-server",
+        "--port",
+        "{port}",
+    ]);
+    let line = one_error_line(&out);
+    assert!(line.contains("/nonexistent/redis-server") && line.contains("not found"), "{line}");
+    assert_nothing_left(&tc, &[]);
+}
+
+#[test]
+fn server_failing_at_start_stops_everything() {
+    let tc = config("upsrvfail", Server::Redis);
+    let mut up = Up::spawn(&tc.config_path, &["--server-cmd", "redis-server", "--port", "{port}", "--no-such-option", "x"]);
+    let st = up.wait_exit(READY_LIMIT);
+    assert!(!st.success(), "lockstep up succeeded with a failing server");
+    let out = up.output();
+    let err: Vec<&str> = out.lines().filter(|l| l.starts_with("stderr: lockstep: ")).collect();
+    assert_eq!(err.len(), 1, "want one error line:\n{out}");
+    assert!(err[0].contains("server of node") && err[0].contains("exited"), "{out}");
+    assert_nothing_left(&tc, &[]);
+}
+
+#[test]
+fn private_zookeeper_starts_serves_and_stops_on_drop() {
+    let dir = std::env::temp_dir().join(format!("lockstep-zk-{}", std::process::id()));
+    remove(&dir);
+    let port = free_port();
+    let zk = ZookeeperServer::start(&dir, port).expect("start ZooKeeper");
+    let addr = zk.addr();
+    assert_eq!(addr.port(), port);
+    let srvr = zookeeper_srvr(addr, Duration::from_secs(5)).expect("srvr answer");
+    assert!(srvr.contains("Mode: standalone"), "srvr: {srvr}");
+    let pid = zk.pid();
+    assert!(pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists());
+    // It uses our config, not the system's.
+    assert!(!processes_mentioning(&dir.display().to_string()).is_empty());
+    drop(zk);
+    assert!(!zookeeper_serving(addr), "ZooKeeper still serves after drop");
+    let left = processes_mentioning(&dir.display().to_string());
+    assert!(left.is_empty(), "left running: {left:?}");
+    TcpListener::bind(addr).expect("ZooKeeper's port is free after drop");
+    remove(&dir);
+}
