@@ -1,0 +1,1159 @@
+//! Failover end to end: a real ZooKeeper (the system package's server on a
+//! private port), real redis-server under the preload, real follower
+//! processes, SIGKILL, a lost ZooKeeper, and a leader isolated in its own
+//! network namespace.
+//!
+//! Clients record which of their commands were acknowledged (a reply came
+//! back); a command whose reply was lost counts as not acknowledged. After
+//! failover the new leader must hold every acknowledged write exactly once
+//! (unacknowledged ones may be there, at most once), and every surviving
+//! replica must end with the same `DEBUG DIGEST`.
+//!
+//! No assertion depends on wall-clock time: durations here only bound how
+//! long a test waits before it reports a hang (with the logs).
+
+mod cluster;
+
+#[path = "../src/zookeeper_server.rs"]
+mod zookeeper_server;
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use cluster::{bin_dir, free_port, Options, Reply, Resp, TestCluster};
+use lockstep_common::control::NodeStatus;
+use zookeeper_server::ZookeeperServer;
+
+/// Bound on every wait: reaching it means a hang, not slowness.
+const HANG: Duration = Duration::from_secs(180);
+/// `election.session_timeout_ms` of the test clusters.
+const SESSION_MS: u64 = 1500;
+/// Shared counters the clients INCR.
+const COUNTERS: usize = 4;
+/// The shared list the clients RPUSH unique ids to.
+const LIST: &str = "fo:list";
+
+fn counter_key(i: usize) -> String {
+    format!("fo:ctr:{i}")
+}
+
+/// The tests of this file run one at a time: each runs a JVM and several
+/// servers and followers, and the machine may have two cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ---------------------------------------------------------------------
+// Logs and status
+
+/// The last lines of every log under `dir` (and `dir/zk`).
+fn logs_in(dir: &Path) -> String {
+    let mut paths = Vec::new();
+    for d in [dir.to_path_buf(), dir.join("zk")] {
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            paths.extend(
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|e| e == "log")),
+            );
+        }
+    }
+    paths.sort();
+    let mut out = String::new();
+    for p in paths {
+        let text = std::fs::read_to_string(&p).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(25).collect();
+        out.push_str(&format!("--- {}\n", p.display()));
+        for l in tail.into_iter().rev() {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Finds nodes' status and the leader over the control channels; cheap to
+/// clone into client threads.
+#[derive(Clone)]
+struct Finder {
+    config: Arc<lockstep_common::Config>,
+    log_dir: PathBuf,
+    timeout: Duration,
+}
+
+impl Finder {
+    fn new(config_path: &Path, log_dir: &Path) -> Finder {
+        Finder {
+            config: Arc::new(lockstep_common::Config::load(config_path).expect("config")),
+            log_dir: log_dir.to_path_buf(),
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    fn ids(&self) -> Vec<u64> {
+        self.config.ids().collect()
+    }
+
+    fn app(&self, id: u64) -> SocketAddr {
+        self.config.node(id).expect("node").app
+    }
+
+    fn status(&self, id: u64) -> Result<NodeStatus, String> {
+        lockstep_common::control::query_status(&self.config, id, self.timeout)
+    }
+
+    /// The leader of the highest view any node in `among` reports, when
+    /// that leader is among them and itself says it leads that view.
+    fn leader(&self, among: &[u64]) -> Option<(u64, u64)> {
+        let sts: Vec<NodeStatus> = among.iter().filter_map(|&id| self.status(id).ok()).collect();
+        let top = sts.iter().map(|s| s.view).max()?;
+        let leader = sts
+            .iter()
+            .filter(|s| s.view == top)
+            .map(|s| s.leader)
+            .find(|&l| l != 0)?;
+        let ls = sts.iter().find(|s| s.node == leader)?;
+        (ls.role == "leader" && ls.view == top).then_some((top, leader))
+    }
+
+    /// One line per node, for failure messages.
+    fn describe(&self) -> String {
+        let mut out = String::new();
+        for id in self.ids() {
+            match self.status(id) {
+                Ok(s) => out.push_str(&format!(
+                    "node {id}: role {} view {} leader {} persisted {} committed {} applied {} divergences {} server_pid {}\n",
+                    s.role, s.view, s.leader, s.persisted, s.committed, s.applied, s.divergences, s.server_pid
+                )),
+                Err(e) => out.push_str(&format!("node {id}: down ({e})\n")),
+            }
+        }
+        out
+    }
+
+    fn logs(&self) -> String {
+        format!("{}\n{}", self.describe(), logs_in(&self.log_dir))
+    }
+
+    /// Polls `cond` until it holds; panics with `what`, status and logs after
+    /// [`HANG`].
+    fn wait(&self, what: &str, mut cond: impl FnMut() -> Result<(), String>) {
+        let start = Instant::now();
+        let mut last;
+        loop {
+            match cond() {
+                Ok(()) => return,
+                Err(e) => last = e,
+            }
+            if start.elapsed() > HANG {
+                panic!("timed out waiting for {what} (last: {last})\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until a leader not in `not` (found among `among`) completes a
+    /// write from a fresh connection; returns it.
+    fn wait_leader(&self, among: &[u64], not: &[u64], what: &str) -> u64 {
+        let mut found = 0;
+        self.wait(what, || match self.leader(among) {
+            None => Err("no node leads".into()),
+            Some((view, l)) if not.contains(&l) => Err(format!("node {l} still leads view {view}")),
+            Some((view, l)) => {
+                probe_write(self.app(l)).map_err(|e| format!("view {view} leader {l}: probe write: {e}"))?;
+                found = l;
+                Ok(())
+            }
+        });
+        found
+    }
+
+    /// Waits until node `id` reports `role` in the view `leader` leads.
+    fn wait_role(&self, id: u64, role: &str, leader: u64) {
+        self.wait(&format!("node {id} to be {role} under leader {leader}"), || {
+            let l = self.status(leader)?;
+            let s = self.status(id)?;
+            if s.role == role && s.view == l.view && s.leader == leader {
+                Ok(())
+            } else {
+                Err(format!("node {id}: role {} view {} leader {}; leader's view {}", s.role, s.view, s.leader, l.view))
+            }
+        });
+    }
+
+    /// Waits until every node in `ids` is in the leader's view and applied
+    /// everything the leader persisted (call with the clients stopped).
+    fn wait_converged(&self, leader: u64, ids: &[u64]) {
+        self.wait(&format!("nodes {ids:?} to apply leader {leader}'s log"), || {
+            let l = self.status(leader)?;
+            for &id in ids {
+                let s = self.status(id)?;
+                if s.view != l.view || s.persisted < l.persisted || s.applied < l.persisted || s.applied > s.committed.max(s.persisted) {
+                    return Err(format!(
+                        "node {id}: view {} persisted {} committed {} applied {}; leader view {} persisted {}",
+                        s.view, s.persisted, s.committed, s.applied, l.view, l.persisted
+                    ));
+                }
+            }
+            Ok(())
+        });
+    }
+
+    /// Every node in `ids` ends with the same `DEBUG DIGEST` (and counted no
+    /// divergence).
+    fn assert_digests_agree(&self, ids: &[u64]) {
+        let start = Instant::now();
+        loop {
+            let digests: Vec<(u64, Result<String, String>)> =
+                ids.iter().map(|&id| (id, digest(self.app(id)))).collect();
+            let first = &digests[0].1;
+            if first.is_ok() && digests.iter().all(|(_, d)| d == first) {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                panic!("DEBUG DIGEST differs between nodes: {digests:?}\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for &id in ids {
+            let s = self.status(id).expect("status");
+            assert_eq!(s.divergences, 0, "node {id} counted divergences\n{}", self.logs());
+        }
+    }
+}
+
+/// `DEBUG DIGEST` of the server at `addr`.
+fn digest(addr: SocketAddr) -> Result<String, String> {
+    let mut c = Resp::connect_with(addr, Duration::from_secs(2), Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    match c.cmd(&[b"DEBUG", b"DIGEST"]) {
+        Ok(Reply::Status(s)) => Ok(s),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// One SET from a fresh connection; Ok when it answered OK.
+fn probe_write(addr: SocketAddr) -> Result<(), String> {
+    probe_write_with(addr, Duration::from_secs(10))
+}
+
+fn probe_write_with(addr: SocketAddr, read: Duration) -> Result<(), String> {
+    let mut c = Resp::connect_with(addr, Duration::from_secs(2), read).map_err(|e| format!("connect: {e}"))?;
+    match c.cmd(&[b"SET", b"fo:probe", b"1"]) {
+        Ok(Reply::Status(s)) if s == "OK" => Ok(()),
+        Ok(other) => Err(format!("answered {other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+}
+
+// ---------------------------------------------------------------------
+// Clients that record what was acknowledged
+
+/// What a client does when a command fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OnError {
+    /// Find the (new) leader, reconnect, go on.
+    Reconnect,
+    /// Record the error and stop: every command must succeed on the first
+    /// connection.
+    Stop,
+}
+
+/// One client's history.
+#[derive(Debug, Default)]
+struct ClientLog {
+    client: usize,
+    /// INCRs sent per counter (acknowledged or not).
+    incr_sent: [u64; COUNTERS],
+    /// Acknowledged INCRs: (counter, value it returned), in client order.
+    incr_acked: Vec<(usize, i64)>,
+    /// Ids sent with RPUSH (acknowledged or not).
+    push_sent: Vec<String>,
+    /// Acknowledged RPUSHes: (id, list length it returned), in client order.
+    push_acked: Vec<(String, i64)>,
+    /// Connections opened after the first.
+    reconnects: u64,
+}
+
+/// Client threads running INCR on shared counters and RPUSH of unique ids.
+struct Load {
+    stop: Arc<AtomicBool>,
+    acked: Arc<Vec<AtomicU64>>,
+    failed: Arc<AtomicBool>,
+    errors: Arc<Mutex<Vec<String>>>,
+    handles: Vec<JoinHandle<ClientLog>>,
+}
+
+impl Load {
+    /// Starts `threads` clients of the leader found among `among`.
+    fn start(f: &Finder, among: &[u64], threads: usize, on_error: OnError, read_timeout: Duration) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(AtomicBool::new(false));
+        let acked: Arc<Vec<AtomicU64>> = Arc::new((0..threads).map(|_| AtomicU64::new(0)).collect());
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let handles = (0..threads)
+            .map(|t| {
+                let (f, among) = (f.clone(), among.to_vec());
+                let (stop, acked, failed, errors) = (stop.clone(), acked.clone(), failed.clone(), errors.clone());
+                std::thread::spawn(move || {
+                    run_client(t, &f, &among, on_error, read_timeout, &stop, &acked[t], &failed, &errors)
+                })
+            })
+            .collect();
+        Load { stop, acked, failed, errors, handles }
+    }
+
+    fn acked(&self) -> Vec<u64> {
+        self.acked.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+    }
+
+    /// Waits until every client had `each` more commands acknowledged.
+    fn wait_progress(&self, f: &Finder, each: u64, what: &str) {
+        let base = self.acked();
+        f.wait(what, || {
+            if self.failed.load(Ordering::Relaxed) {
+                panic!("a client failed: {:?}\n{}", self.errors.lock().unwrap(), f.logs());
+            }
+            let now = self.acked();
+            if now.iter().zip(&base).all(|(n, b)| *n >= b + each) {
+                Ok(())
+            } else {
+                Err(format!("acknowledged per client: {now:?} (from {base:?})"))
+            }
+        });
+    }
+
+    /// Stops the clients; their histories, and the errors they met.
+    fn finish(self) -> (Vec<ClientLog>, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let logs = self.handles.into_iter().map(|h| h.join().expect("client thread")).collect();
+        let errors = std::mem::take(&mut *self.errors.lock().unwrap());
+        (logs, errors)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_client(
+    t: usize,
+    f: &Finder,
+    among: &[u64],
+    on_error: OnError,
+    read_timeout: Duration,
+    stop: &AtomicBool,
+    acked: &AtomicU64,
+    failed: &AtomicBool,
+    errors: &Mutex<Vec<String>>,
+) -> ClientLog {
+    let mut log = ClientLog { client: t, ..Default::default() };
+    let mut conn: Option<Resp> = None;
+    let mut connected_once = false;
+    let mut n: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(c) = conn.as_mut() else {
+            let Some((_, l)) = f.leader(among) else {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            match Resp::connect_with(f.app(l), Duration::from_secs(2), read_timeout) {
+                Ok(c) => {
+                    if connected_once {
+                        log.reconnects += 1;
+                    }
+                    connected_once = true;
+                    conn = Some(c);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+            continue;
+        };
+        n += 1;
+        let (what, res) = if n % 2 == 0 {
+            let k = (n as usize / 2) % COUNTERS;
+            log.incr_sent[k] += 1;
+            let r = c.cmd(&[b"INCR", counter_key(k).as_bytes()]);
+            if let Ok(Reply::Int(v)) = r {
+                log.incr_acked.push((k, v));
+            }
+            (format!("INCR {}", counter_key(k)), r)
+        } else {
+            let id = format!("{t}:{n}");
+            log.push_sent.push(id.clone());
+            let r = c.cmd(&[b"RPUSH", LIST.as_bytes(), id.as_bytes()]);
+            if let Ok(Reply::Int(len)) = r {
+                log.push_acked.push((id.clone(), len));
+            }
+            (format!("RPUSH {LIST} {id}"), r)
+        };
+        match res {
+            Ok(Reply::Int(_)) => {
+                acked.fetch_add(1, Ordering::Relaxed);
+            }
+            other => {
+                errors.lock().unwrap().push(format!("client {t}: {what}: {other:?}"));
+                conn = None;
+                if on_error == OnError::Stop {
+                    failed.store(true, Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+    }
+    log
+}
+
+/// Checks the clients' histories against the data on `leader`.
+fn check_history(f: &Finder, leader: u64, logs: &[ClientLog]) {
+    let mut c = Resp::connect_with(f.app(leader), Duration::from_secs(2), Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("connect to leader {leader}: {e}\n{}", f.logs()));
+    let mut acked_total = 0;
+    for k in 0..COUNTERS {
+        let key = counter_key(k);
+        let value = match c.cmd(&[b"GET", key.as_bytes()]).expect("GET") {
+            Reply::Bulk(Some(b)) => String::from_utf8(b).unwrap().parse::<i64>().unwrap(),
+            Reply::Bulk(None) => 0,
+            other => panic!("GET {key}: {other:?}"),
+        };
+        let sent: u64 = logs.iter().map(|l| l.incr_sent[k]).sum();
+        let mut seen = HashSet::new();
+        for l in logs {
+            let mut prev = 0;
+            for &(_, v) in l.incr_acked.iter().filter(|(kk, _)| *kk == k) {
+                assert!(seen.insert(v), "two acknowledged INCR {key} returned {v}: an acknowledged INCR was lost");
+                assert!(v > prev, "client {}: INCR {key} returned {v} after {prev}", l.client);
+                assert!(v <= value, "an acknowledged INCR {key} returned {v}, but {key} is {value} on leader {leader}");
+                prev = v;
+            }
+        }
+        acked_total += seen.len();
+        assert!(
+            value as usize >= seen.len(),
+            "{key} = {value} on leader {leader}, but {} INCRs were acknowledged",
+            seen.len()
+        );
+        assert!(value as u64 <= sent, "{key} = {value} on leader {leader}, but only {sent} INCRs were sent");
+    }
+    let list: Vec<String> = match c.cmd(&[b"LRANGE", LIST.as_bytes(), b"0", b"-1"]).expect("LRANGE") {
+        Reply::Array(Some(items)) => items
+            .into_iter()
+            .map(|i| match i {
+                Reply::Bulk(Some(b)) => String::from_utf8(b).unwrap(),
+                other => panic!("LRANGE item {other:?}"),
+            })
+            .collect(),
+        other => panic!("LRANGE {LIST}: {other:?}"),
+    };
+    let sent: HashSet<&str> = logs.iter().flat_map(|l| l.push_sent.iter().map(|s| s.as_str())).collect();
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for item in &list {
+        assert!(sent.contains(item.as_str()), "{LIST} holds {item}, which no client sent");
+        *count.entry(item.as_str()).or_default() += 1;
+    }
+    for (id, n) in &count {
+        assert_eq!(*n, 1, "{id} is {n} times in {LIST} on leader {leader}");
+    }
+    let mut lens = HashSet::new();
+    for l in logs {
+        let mut prev = 0;
+        for (id, len) in &l.push_acked {
+            assert_eq!(
+                count.get(id.as_str()),
+                Some(&1),
+                "acknowledged RPUSH {id} is missing from {LIST} on leader {leader}"
+            );
+            assert!(lens.insert(*len), "two acknowledged RPUSHes returned length {len}: one was lost");
+            assert!(*len > prev && *len as usize <= list.len(), "client {}: RPUSH returned {len}", l.client);
+            prev = *len;
+        }
+        acked_total += l.push_acked.len();
+    }
+    eprintln!(
+        "history ok on leader {leader}: {acked_total} acknowledged commands, {} list items, {} reconnects",
+        list.len(),
+        logs.iter().map(|l| l.reconnects).sum::<u64>()
+    );
+}
+
+// ---------------------------------------------------------------------
+// Clusters with ZooKeeper election
+
+/// A loopback cluster electing through a private ZooKeeper; followers and
+/// servers started, not yet waited for a leader.
+fn zk_cluster(test: &str, nodes: usize, backup_clients: &str) -> (TestCluster, ZookeeperServer) {
+    let mut c = TestCluster::new(test, Options { nodes, ..Options::default() });
+    let zk = ZookeeperServer::start(&c.dir.join("zk"), free_port()).expect("start ZooKeeper");
+    c.use_zookeeper(&zk.addr().to_string(), SESSION_MS);
+    if backup_clients != "allow" {
+        c.set_backup_clients(backup_clients);
+    }
+    for id in 1..=nodes as u64 {
+        c.start_follower(id);
+    }
+    for id in 1..=nodes as u64 {
+        c.start_server(id);
+    }
+    (c, zk)
+}
+
+fn kill_node(c: &mut TestCluster, id: u64) {
+    c.kill_server(id);
+    c.kill_follower(id);
+}
+
+fn without(ids: &[u64], gone: u64) -> Vec<u64> {
+    ids.iter().copied().filter(|&i| i != gone).collect()
+}
+
+/// `lockstep status --config F --json`.
+fn cli_status(config: &Path) -> serde_json::Value {
+    let out = Command::new(bin_dir().join("lockstep"))
+        .args(["status", "--json", "--config"])
+        .arg(config)
+        .output()
+        .expect("run lockstep status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!("lockstep status --json printed no JSON ({e}): {text}\n{}", String::from_utf8_lossy(&out.stderr))
+    })
+}
+
+#[test]
+fn leader_sigkill_loses_no_acknowledged_write() {
+    let _serial = serial();
+    let (mut c, _zk) = zk_cluster("fo-kill", 3, "allow");
+    let f = Finder::new(&c.config_path, &c.dir);
+    let all = f.ids();
+    let old = f.wait_leader(&all, &[], "a first leader");
+    let load = Load::start(&f, &all, 8, OnError::Reconnect, Duration::from_secs(20));
+    load.wait_progress(&f, 30, "load on the first leader");
+
+    kill_node(&mut c, old);
+    let alive = without(&all, old);
+    let new = f.wait_leader(&alive, &[old], "a new leader after SIGKILL of the leader");
+    load.wait_progress(&f, 30, "every client to be served by the new leader");
+    let (logs, errors) = load.finish();
+    eprintln!("leader {old} killed, {new} took over; client errors: {}", errors.len());
+    for l in &logs {
+        assert!(l.reconnects >= 1, "client {} never reconnected after its leader died", l.client);
+    }
+
+    check_history(&f, new, &logs);
+    f.wait_converged(new, &alive);
+    f.assert_digests_agree(&alive);
+
+    let json = cli_status(&c.config_path);
+    assert_eq!(json["leader"], new, "lockstep status --json: {json}");
+    let nodes = json["nodes"].as_array().expect("nodes");
+    for n in nodes {
+        let id = n["node"].as_u64().expect("node id");
+        let role = n["role"].as_str().expect("role");
+        let want = if id == old { "down" } else if id == new { "leader" } else { "backup" };
+        assert_eq!(role, want, "node {id} in lockstep status --json: {json}");
+    }
+}
+
+#[test]
+fn three_leader_kills_in_a_row() {
+    let _serial = serial();
+    let (mut c, _zk) = zk_cluster("fo-kill3", 5, "allow");
+    let f = Finder::new(&c.config_path, &c.dir);
+    let all = f.ids();
+    let mut leader = f.wait_leader(&all, &[], "a first leader");
+    let load = Load::start(&f, &all, 6, OnError::Reconnect, Duration::from_secs(20));
+    for round in 1..=3 {
+        load.wait_progress(&f, 20, &format!("load before kill {round}"));
+        kill_node(&mut c, leader);
+        let next = f.wait_leader(&without(&all, leader), &[leader], &format!("a new leader after kill {round}"));
+        eprintln!("round {round}: leader {leader} killed, {next} took over");
+        load.wait_progress(&f, 20, &format!("clients served after kill {round}"));
+        // The killed node comes back (fresh server, same data dir) as a backup.
+        c.start_follower(leader);
+        c.start_server(leader);
+        f.wait_role(leader, "backup", next);
+        leader = next;
+    }
+    load.wait_progress(&f, 20, "load after the last rejoin");
+    let (logs, _) = load.finish();
+    check_history(&f, leader, &logs);
+    f.wait_converged(leader, &all);
+    f.assert_digests_agree(&all);
+}
+
+#[test]
+fn zookeeper_unreachable_at_start_is_a_clear_error() {
+    let _serial = serial();
+    let mut c = TestCluster::new("fo-nozk", Options::default());
+    let addr = format!("127.0.0.1:{}", free_port());
+    c.use_zookeeper(&addr, SESSION_MS);
+    let err_path = c.dir.join("follower-1.stderr");
+    let mut child = Command::new(bin_dir().join("lockstep-follower"))
+        .arg("--config")
+        .arg(&c.config_path)
+        .args(["--node", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&err_path).unwrap())
+        .spawn()
+        .expect("spawn follower");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > HANG {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the follower still runs with ZooKeeper unreachable at {addr}: {}",
+                std::fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stderr = std::fs::read_to_string(&err_path).unwrap();
+    assert!(!status.success(), "the follower exited successfully without ZooKeeper: {stderr}");
+    assert!(!stderr.contains("panicked"), "the follower panicked: {stderr}");
+    assert!(
+        stderr.lines().any(|l| l.to_lowercase().contains("zookeeper") && l.contains(&addr)),
+        "no line of the follower's stderr names ZooKeeper and {addr}:\n{stderr}"
+    );
+    eprintln!("follower without ZooKeeper: {status}: {}", stderr.trim());
+}
+
+#[test]
+fn zookeeper_lost_leader_stops_accepting_writes() {
+    let _serial = serial();
+    // Backups refuse clients here: a node that stopped leading must not
+    // serve anyone either.
+    let (c, mut zk) = zk_cluster("fo-zklost", 3, "deny");
+    let f = Finder::new(&c.config_path, &c.dir);
+    let all = f.ids();
+    let old = f.wait_leader(&all, &[], "a first leader");
+    let mut acked: Vec<(String, String)> = Vec::new();
+    let mut conn = Resp::connect_with(f.app(old), Duration::from_secs(2), Duration::from_secs(10)).unwrap();
+    let mut set = |conn: &mut Resp, key: String| -> Result<(), String> {
+        let value = format!("v-{key}");
+        match conn.cmd(&[b"SET", key.as_bytes(), value.as_bytes()]) {
+            Ok(Reply::Status(s)) if s == "OK" => {
+                acked.push((key, value));
+                Ok(())
+            }
+            Ok(other) => Err(format!("answered {other:?}")),
+            Err(e) if is_timeout(&e) => Err(format!("no answer ({e})")),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    for i in 0..20 {
+        set(&mut conn, format!("zk:pre:{i}")).unwrap_or_else(|e| panic!("SET before ZooKeeper stopped: {e}"));
+    }
+
+    zk.stop();
+    // Writes go on while the leader's session may still be valid, then stop.
+    let start = Instant::now();
+    let mut n = 0;
+    let stopped = loop {
+        if let Err(e) = set(&mut conn, format!("zk:during:{n}")) {
+            break e;
+        }
+        n += 1;
+        assert!(
+            start.elapsed() < HANG,
+            "leader {old} still completes writes long after ZooKeeper stopped\n{}",
+            f.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!("with ZooKeeper down, leader {old} completed {n} more writes, then: {stopped}");
+    drop(conn);
+    // From now on, until ZooKeeper is back, no node completes a write.
+    for round in 0..3 {
+        for &id in &all {
+            if let Ok(()) = probe_write_with(f.app(id), Duration::from_secs(3)) {
+                panic!("round {round}: node {id} completed a write while ZooKeeper is down\n{}", f.logs());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // Same data dir, same port.
+    let zk_log = c.dir.join("zk").join("zookeeper.log");
+    let _ = std::fs::copy(&zk_log, c.dir.join("zk").join("zookeeper-before-stop.log"));
+    let port = zk.port();
+    drop(zk);
+    let _zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("restart ZooKeeper");
+    let new = f.wait_leader(&all, &[], "a serving leader after ZooKeeper came back");
+    eprintln!("ZooKeeper back: node {new} leads");
+    let mut r = Resp::connect_with(f.app(new), Duration::from_secs(2), Duration::from_secs(60)).unwrap();
+    for (key, value) in &acked {
+        assert_eq!(
+            r.cmd(&[b"GET", key.as_bytes()]).unwrap(),
+            Reply::Bulk(Some(value.clone().into_bytes())),
+            "acknowledged SET {key} is missing on leader {new}\n{}",
+            f.logs()
+        );
+    }
+    f.wait_converged(new, &all);
+}
+
+fn backup_kill_body(test: &str, zookeeper: bool) {
+    let (mut c, _zk) = if zookeeper {
+        let (c, zk) = zk_cluster(test, 3, "allow");
+        (c, Some(zk))
+    } else {
+        let mut c = TestCluster::new(test, Options::default());
+        c.start_all();
+        (c, None)
+    };
+    let f = Finder::new(&c.config_path, &c.dir);
+    let all = f.ids();
+    let leader = f.wait_leader(&all, &[], "a leader");
+    let backup = *all.iter().rev().find(|&&i| i != leader).unwrap();
+    let load = Load::start(&f, &all, 4, OnError::Stop, HANG);
+    load.wait_progress(&f, 20, "load before the backup is killed");
+    kill_node(&mut c, backup);
+    load.wait_progress(&f, 50, "clients of the leader after a backup was killed");
+    let (logs, errors) = load.finish();
+    assert!(errors.is_empty(), "clients of the leader failed: {errors:?}\n{}", f.logs());
+    for l in &logs {
+        assert_eq!(l.reconnects, 0, "client {} reconnected", l.client);
+    }
+    let alive = without(&all, backup);
+    assert_eq!(f.leader(&alive).map(|(_, l)| l), Some(leader), "leadership moved\n{}", f.logs());
+    check_history(&f, leader, &logs);
+    f.wait_converged(leader, &alive);
+    f.assert_digests_agree(&alive);
+}
+
+#[test]
+fn backup_kill_does_not_interrupt_leader_clients() {
+    let _serial = serial();
+    backup_kill_body("fo-bkill", true);
+}
+
+#[test]
+fn backup_kill_does_not_interrupt_leader_clients_static_election() {
+    let _serial = serial();
+    backup_kill_body("fo-bkill-static", false);
+}
+
+// ---------------------------------------------------------------------
+// Network namespaces
+
+/// Runs `ip`; Err with its stderr.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// A bridge in this namespace (with an address), and one namespace per
+/// node joined to it by a veth pair. Removed on drop.
+struct Net {
+    bridge: String,
+    bridge_ip: Ipv4Addr,
+    namespaces: Vec<String>,
+    host_veths: Vec<String>,
+    ips: Vec<Ipv4Addr>,
+}
+
+impl Net {
+    fn create(nodes: usize) -> Result<Net, String> {
+        let pid = std::process::id();
+        let tag = pid % 100_000;
+        let (a, b) = (200 + (pid % 50) as u8, (pid / 50 % 250) as u8);
+        let mut net = Net {
+            bridge: format!("lsfb{tag}"),
+            bridge_ip: Ipv4Addr::new(10, a, b, 254),
+            namespaces: Vec::new(),
+            host_veths: Vec::new(),
+            ips: Vec::new(),
+        };
+        ip(&["link", "add", &net.bridge, "type", "bridge"])?;
+        ip(&["addr", "add", &format!("{}/24", net.bridge_ip), "dev", &net.bridge])?;
+        ip(&["link", "set", &net.bridge, "up"])?;
+        for i in 1..=nodes {
+            let ns = format!("lsf{tag}n{i}");
+            ip(&["netns", "add", &ns])?;
+            net.namespaces.push(ns.clone());
+            let host = format!("lsf{tag}h{i}");
+            let peer = format!("lsf{tag}p{i}");
+            ip(&["link", "add", &host, "type", "veth", "peer", "name", &peer])?;
+            net.host_veths.push(host.clone());
+            ip(&["link", "set", &peer, "netns", &ns])?;
+            ip(&["link", "set", &host, "master", &net.bridge])?;
+            ip(&["link", "set", &host, "up"])?;
+            let addr = Ipv4Addr::new(10, a, b, i as u8);
+            ip(&["-n", &ns, "addr", "add", &format!("{addr}/24"), "dev", &peer])?;
+            ip(&["-n", &ns, "link", "set", &peer, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            net.ips.push(addr);
+        }
+        Ok(net)
+    }
+
+    fn ns_path(&self, id: u64) -> PathBuf {
+        PathBuf::from("/var/run/netns").join(&self.namespaces[id as usize - 1])
+    }
+
+    /// Takes node `id`'s link (its veth on the bridge side) down or up.
+    fn link(&self, id: u64, up: bool) {
+        let host = &self.host_veths[id as usize - 1];
+        ip(&["link", "set", host, if up { "up" } else { "down" }]).expect("ip link set");
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for h in &self.host_veths {
+            let _ = ip(&["link", "del", h]);
+        }
+        let _ = ip(&["link", "del", &self.bridge]);
+        for ns in &self.namespaces {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+/// Makes the calling thread (or, in `pre_exec`, the child) enter the
+/// network namespace open at `fd`.
+fn enter_netns(fd: i32) -> std::io::Result<()> {
+    // SAFETY: setns(2) on an open namespace fd; no memory is touched.
+    if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Runs `f` on a thread inside the network namespace at `path`.
+fn in_netns<T: Send + 'static>(path: PathBuf, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+    std::thread::spawn(move || {
+        let ns = File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        enter_netns(ns.as_raw_fd()).unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
+        f()
+    })
+}
+
+/// A standalone ZooKeeper listening on `addr` (the bridge address, so
+/// every namespace reaches it).
+struct BridgeZk {
+    child: Option<Child>,
+}
+
+impl BridgeZk {
+    fn start(dir: &Path, addr: SocketAddr) -> BridgeZk {
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let cfg = dir.join("zoo.cfg");
+        std::fs::write(
+            &cfg,
+            format!(
+                "tickTime=100\nminSessionTimeout=200\nmaxSessionTimeout=60000\ninitLimit=50\nsyncLimit=20\n\
+                 dataDir={}\nclientPort={}\nclientPortAddress={}\nadmin.enableServer=false\n\
+                 4lw.commands.whitelist=srvr,ruok,stat\n",
+                dir.join("data").display(),
+                addr.port(),
+                addr.ip()
+            ),
+        )
+        .unwrap();
+        let log = File::create(dir.join("zookeeper.log")).unwrap();
+        let child = Command::new(zookeeper_server::ZK_SERVER_SCRIPT)
+            .arg("start-foreground")
+            .arg(&cfg)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start ZooKeeper");
+        let mut zk = BridgeZk { child: Some(child) };
+        let start = Instant::now();
+        while !zookeeper_server::is_serving(addr) {
+            if let Some(st) = zk.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("ZooKeeper exited ({st}):\n{}", logs_in(dir));
+            }
+            assert!(start.elapsed() < HANG, "ZooKeeper on {addr} does not serve:\n{}", logs_in(dir));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        zk
+    }
+}
+
+impl Drop for BridgeZk {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // zkServer.sh start-foreground execs the JVM: this is the JVM.
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+const NS_APP_PORT: u16 = 6379;
+const NS_CONTROL_PORT: u16 = 7100;
+
+/// A cluster whose node N runs its follower and server inside namespace N
+/// (tcp transport, ZooKeeper election).
+struct NetnsCluster {
+    name: String,
+    dir: PathBuf,
+    config_path: PathBuf,
+    ns_paths: Vec<PathBuf>,
+    followers: Vec<Option<Child>>,
+    servers: Vec<Option<Child>>,
+    bins: PathBuf,
+}
+
+impl NetnsCluster {
+    fn new(test: &str, dir: PathBuf, net: &Net, zookeeper: SocketAddr) -> NetnsCluster {
+        let name = format!("t{}-{test}", std::process::id());
+        let mut toml = format!(
+            "cluster = \"{name}\"\ntransport = \"tcp\"\nring_size = \"8MiB\"\ndata_dir = \"{}\"\n\
+             backup_clients = \"allow\"\nkey = \"test-cluster-key-0123456789\"\n\
+             [election]\nmode = \"zookeeper\"\nzookeeper = \"{zookeeper}\"\nsession_timeout_ms = {SESSION_MS}\n",
+            dir.join("data").display()
+        );
+        for (i, a) in net.ips.iter().enumerate() {
+            toml.push_str(&format!(
+                "[[nodes]]\nid = {}\napp = \"{a}:{NS_APP_PORT}\"\ncontrol = \"{a}:{NS_CONTROL_PORT}\"\n",
+                i + 1
+            ));
+        }
+        let config_path = dir.join("cluster.toml");
+        std::fs::write(&config_path, toml).unwrap();
+        let n = net.ips.len();
+        NetnsCluster {
+            name,
+            dir,
+            config_path,
+            ns_paths: (1..=n as u64).map(|id| net.ns_path(id)).collect(),
+            followers: (0..n).map(|_| None).collect(),
+            servers: (0..n).map(|_| None).collect(),
+            bins: bin_dir(),
+        }
+    }
+
+    fn log(&self, what: &str, id: u64) -> File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{what}-{id}.log")))
+            .unwrap()
+    }
+
+    /// Spawns `cmd` inside node `id`'s namespace.
+    fn spawn_in(&self, id: u64, cmd: &mut Command) -> Child {
+        let ns = File::open(&self.ns_paths[id as usize - 1]).expect("netns file");
+        let fd = ns.as_raw_fd();
+        // SAFETY: the closure runs in the forked child before exec and only
+        // calls setns(2), which is async-signal-safe; `ns` outlives spawn.
+        unsafe {
+            cmd.pre_exec(move || enter_netns(fd));
+        }
+        let child = cmd.spawn().expect("spawn in netns");
+        drop(ns);
+        child
+    }
+
+    fn start_follower(&mut self, id: u64, f: &Finder) {
+        let log = self.log("follower", id);
+        let child = self.spawn_in(
+            id,
+            Command::new(self.bins.join("lockstep-follower"))
+                .arg("--config")
+                .arg(&self.config_path)
+                .args(["--node", &id.to_string()])
+                .env("LOCKSTEP_LOG", "info")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log),
+        );
+        self.followers[id as usize - 1] = Some(child);
+        f.wait(&format!("follower {id} answering"), || f.status(id).map(|_| ()));
+    }
+
+    fn start_server(&mut self, id: u64, f: &Finder) {
+        let app = f.app(id);
+        let data = self.dir.join(format!("server-{id}"));
+        std::fs::create_dir_all(&data).unwrap();
+        let log = self.log("server", id);
+        let child = self.spawn_in(
+            id,
+            Command::new("redis-server")
+                .args(["--port", &app.port().to_string(), "--bind", &app.ip().to_string()])
+                .args(["--save", "", "--appendonly", "no", "--enable-debug-command", "yes"])
+                .arg("--dir")
+                .arg(&data)
+                .env("LD_PRELOAD", self.bins.join("liblockstep.so"))
+                .env("LOCKSTEP_CONFIG", &self.config_path)
+                .env("LOCKSTEP_NODE", id.to_string())
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log),
+        );
+        self.servers[id as usize - 1] = Some(child);
+        f.wait(&format!("server {id} listening and attached"), || {
+            std::net::TcpStream::connect_timeout(&app, Duration::from_secs(1)).map_err(|e| e.to_string())?;
+            match f.status(id)?.server_pid {
+                0 => Err("not attached".into()),
+                _ => Ok(()),
+            }
+        });
+    }
+}
+
+impl Drop for NetnsCluster {
+    fn drop(&mut self) {
+        for c in self.servers.iter_mut().chain(self.followers.iter_mut()) {
+            if let Some(mut c) = c.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        for id in 1..=self.ns_paths.len() as u64 {
+            let _ = std::fs::remove_file(lockstep_common::region::region_path(&self.name, id));
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// What the client inside the isolated leader's namespace saw.
+#[derive(Debug, Default)]
+struct IsolatedClient {
+    /// SETs answered OK: (key, value).
+    acked: Vec<(String, String)>,
+    /// How its connection ended (or "stopped").
+    end: String,
+}
+
+#[test]
+fn isolated_leader_cannot_ack_and_rejoins() {
+    let _serial = serial();
+    let net = match Net::create(3) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("skipping isolated_leader_cannot_ack_and_rejoins: cannot set up network namespaces: {e}");
+            return;
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("lockstep-t{}-fo-netns", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let zk_addr = SocketAddr::from((net.bridge_ip, free_port()));
+    let _zk = BridgeZk::start(&dir.join("zk"), zk_addr);
+    let mut c = NetnsCluster::new("fo-netns", dir.clone(), &net, zk_addr);
+    let f = Finder::new(&c.config_path, &c.dir);
+    let all = f.ids();
+    for &id in &all {
+        c.start_follower(id, &f);
+    }
+    for &id in &all {
+        c.start_server(id, &f);
+    }
+    let old = f.wait_leader(&all, &[], "a first leader");
+    let load = Load::start(&f, &all, 4, OnError::Reconnect, Duration::from_secs(10));
+    load.wait_progress(&f, 20, "load on the first leader");
+
+    // A client inside the old leader's namespace: it still reaches its
+    // server after the link is down.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let app = f.app(old);
+    let iso = {
+        let stop = stop.clone();
+        in_netns(net.ns_path(old), move || {
+            let mut out = IsolatedClient::default();
+            let mut conn = Resp::connect_with(app, Duration::from_secs(2), Duration::from_secs(2)).expect("connect inside the namespace");
+            conn.set_read_timeout(Duration::from_secs(60)).unwrap();
+            let r = conn.cmd(&[b"SET", b"iso:pre", b"before"]).expect("SET before isolation");
+            assert_eq!(r, Reply::Status("OK".into()), "SET before isolation");
+            out.acked.push(("iso:pre".into(), "before".into()));
+            conn.set_read_timeout(Duration::from_secs(2)).unwrap();
+            ready_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            let mut n = 0;
+            'conn: while !stop.load(Ordering::Relaxed) {
+                let (key, value) = (format!("iso:{n}"), format!("isolated-{}-{n}", std::process::id()));
+                if let Err(e) = conn.send(&[b"SET", key.as_bytes(), value.as_bytes()]) {
+                    out.end = format!("send: {e}");
+                    return out;
+                }
+                loop {
+                    match conn.read() {
+                        Ok(Reply::Status(s)) if s == "OK" => {
+                            out.acked.push((key, value));
+                            n += 1;
+                            continue 'conn;
+                        }
+                        Ok(other) => {
+                            out.end = format!("answered {other:?}");
+                            return out;
+                        }
+                        Err(e) if is_timeout(&e) => {
+                            if stop.load(Ordering::Relaxed) {
+                                break 'conn;
+                            }
+                        }
+                        Err(e) => {
+                            out.end = e.to_string();
+                            return out;
+                        }
+                    }
+                }
+            }
+            out.end = "stopped while waiting".into();
+            out
+        })
+    };
+    ready_rx.recv_timeout(HANG).expect("the client in the leader's namespace");
+
+    net.link(old, false);
+    go_tx.send(()).unwrap();
+    let majority = without(&all, old);
+    let new = f.wait_leader(&majority, &[old], "the majority to elect a new leader");
+    eprintln!("leader {old} isolated; {new} leads the majority");
+    load.wait_progress(&f, 20, "clients served by the new leader");
+
+    net.link(old, true);
+    f.wait_role(old, "backup", new);
+    stop.store(true, Ordering::Relaxed);
+    let isolated = iso.join().expect("isolated client");
+    eprintln!(
+        "client of the isolated leader: {} acknowledged SETs (incl. the one before isolation), ended: {}",
+        isolated.acked.len(),
+        isolated.end
+    );
+    load.wait_progress(&f, 10, "load after the old leader rejoined");
+    let (logs, _) = load.finish();
+
+    let mut r = Resp::connect_with(f.app(new), Duration::from_secs(2), Duration::from_secs(60)).unwrap();
+    for (key, value) in &isolated.acked {
+        assert_eq!(
+            r.cmd(&[b"GET", key.as_bytes()]).unwrap(),
+            Reply::Bulk(Some(value.clone().into_bytes())),
+            "the isolated leader acknowledged SET {key} {value}, but leader {new} does not have it\n{}",
+            f.logs()
+        );
+    }
+    check_history(&f, new, &logs);
+    f.wait_converged(new, &all);
+    f.assert_digests_agree(&all);
+}
