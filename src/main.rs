@@ -1,5 +1,6 @@
 //! `lockstep`: the command line of a lockstep cluster.
 
+mod failover_bench;
 mod status;
 mod up;
 mod zookeeper_server;
@@ -52,6 +53,24 @@ enum Cmd {
         /// Cluster config.
         config: PathBuf,
     },
+    /// Benchmarks (figures, not tests).
+    Bench {
+        #[command(subcommand)]
+        what: BenchCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// SIGKILL the leader, time until the new leader acknowledges a write;
+    /// restarts the killed node between rounds (needs election.mode = "zookeeper").
+    Failover {
+        /// Cluster config (started by the bench, like `lockstep up`).
+        config: PathBuf,
+        /// Rounds.
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+    },
 }
 
 fn load(pos: Option<PathBuf>, flag: Option<PathBuf>) -> anyhow::Result<Config> {
@@ -84,6 +103,9 @@ fn main() {
             println!("killed node {node}: {killed}");
             Ok(())
         })(),
+        Cmd::Bench {
+            what: BenchCmd::Failover { config, rounds },
+        } => failover_bench::run(&config, rounds),
         Cmd::Check { config } => (|| {
             let c = load(Some(config), None)?;
             println!(

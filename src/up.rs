@@ -86,6 +86,8 @@ pub struct Cluster {
     procs: Vec<Proc>,
     zookeeper: Option<ZookeeperServer>,
     stopped: bool,
+    /// The server command template the nodes run.
+    cmd: Vec<String>,
 }
 
 fn port_free(addr: SocketAddr) -> bool {
@@ -242,22 +244,11 @@ impl Cluster {
             procs: Vec::new(),
             zookeeper: None,
             stopped: false,
+            cmd: cmd.to_vec(),
         };
         cluster.zookeeper = ensure_zookeeper(&config, say)?;
-        for n in &config.nodes {
-            say(&format!("starting follower of node {} (control {})", n.id, n.control));
-            let log = logs.join(format!("follower-{}.log", n.id));
-            let mut c = Command::new(&bins.follower);
-            c.arg("--config").arg(&config_path).arg("--node").arg(n.id.to_string());
-            let child = spawn(c, &log).with_context(|| format!("cannot start {}", bins.follower.display()))?;
-            cluster.procs.push(Proc {
-                kind: Kind::Follower,
-                what: format!("follower of node {}", n.id),
-                log,
-                child,
-                exited: false,
-                how: String::new(),
-            });
+        for id in config.ids() {
+            cluster.spawn_follower(id, &config_path, bins, say)?;
         }
         cluster.wait_for(
             "followers",
@@ -265,41 +256,111 @@ impl Cluster {
             |c| c.config.ids().all(|id| status::query(&c.config, id, Duration::from_millis(500)).is_ok()),
             Duration::from_secs(60),
         )?;
-        for n in &config.nodes {
-            let args = server_command(cmd, &config, n.id)?;
-            let data = config.data_dir.join(format!("server-{}", n.id));
-            std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
-            say(&format!("starting server of node {}: {}", n.id, shell_words(&args)));
-            let log = logs.join(format!("server-{}.log", n.id));
-            let mut c = Command::new(&args[0]);
-            c.args(&args[1..])
-                .env("LD_PRELOAD", &bins.preload)
-                .env("LOCKSTEP_CONFIG", &config_path)
-                .env("LOCKSTEP_NODE", n.id.to_string());
-            let child = spawn(c, &log).with_context(|| format!("cannot start server `{}`", args[0]))?;
-            cluster.procs.push(Proc {
-                kind: Kind::Server,
-                what: format!("server of node {}", n.id),
-                log,
-                child,
-                exited: false,
-                how: String::new(),
-            });
+        for id in config.ids() {
+            cluster.spawn_server(id, cmd, &config_path, bins, say)?;
         }
-        cluster.wait_for(
+        let ids: Vec<u64> = config.ids().collect();
+        cluster.wait_servers(&ids, stop)?;
+        Ok(cluster)
+    }
+
+    fn spawn_follower(&mut self, id: u64, config_path: &Path, bins: &Binaries, say: &dyn Fn(&str)) -> anyhow::Result<()> {
+        let n = self.config.node(id)?.clone();
+        say(&format!("starting follower of node {} (control {})", n.id, n.control));
+        let log = self.config.data_dir.join("logs").join(format!("follower-{}.log", n.id));
+        let mut c = Command::new(&bins.follower);
+        c.arg("--config").arg(config_path).arg("--node").arg(n.id.to_string());
+        let child = spawn(c, &log).with_context(|| format!("cannot start {}", bins.follower.display()))?;
+        self.procs.push(Proc {
+            kind: Kind::Follower,
+            what: format!("follower of node {}", n.id),
+            log,
+            child,
+            exited: false,
+            how: String::new(),
+        });
+        Ok(())
+    }
+
+    fn spawn_server(
+        &mut self,
+        id: u64,
+        cmd: &[String],
+        config_path: &Path,
+        bins: &Binaries,
+        say: &dyn Fn(&str),
+    ) -> anyhow::Result<()> {
+        let args = server_command(cmd, &self.config, id)?;
+        let data = self.config.data_dir.join(format!("server-{id}"));
+        std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
+        say(&format!("starting server of node {id}: {}", shell_words(&args)));
+        let log = self.config.data_dir.join("logs").join(format!("server-{id}.log"));
+        let mut c = Command::new(&args[0]);
+        c.args(&args[1..])
+            .env("LD_PRELOAD", &bins.preload)
+            .env("LOCKSTEP_CONFIG", config_path)
+            .env("LOCKSTEP_NODE", id.to_string());
+        let child = spawn(c, &log).with_context(|| format!("cannot start server `{}`", args[0]))?;
+        self.procs.push(Proc {
+            kind: Kind::Server,
+            what: format!("server of node {id}"),
+            log,
+            child,
+            exited: false,
+            how: String::new(),
+        });
+        Ok(())
+    }
+
+    /// Waits until the servers of `ids` are attached, past joining, and
+    /// accept connections.
+    fn wait_servers(&mut self, ids: &[u64], stop: &AtomicBool) -> anyhow::Result<()> {
+        self.wait_for(
             "servers",
             stop,
             |c| {
-                c.config.nodes.iter().all(|n| {
-                    status::query(&c.config, n.id, Duration::from_millis(500))
+                ids.iter().all(|&id| {
+                    let Ok(n) = c.config.node(id) else { return false };
+                    status::query(&c.config, id, Duration::from_millis(500))
                         .map(|s| s.server_pid != 0 && s.role != "joining")
                         .unwrap_or(false)
                         && TcpStream::connect_timeout(&n.app, Duration::from_millis(300)).is_ok()
                 })
             },
             Duration::from_secs(120),
+        )
+    }
+
+    /// Starts node `id` again (after `kill_node`): a fresh server, the
+    /// follower with its data dir; returns once it serves its role.
+    pub fn restart_node(
+        &mut self,
+        id: u64,
+        config_path: &Path,
+        bins: &Binaries,
+        stop: &AtomicBool,
+        say: &dyn Fn(&str),
+    ) -> anyhow::Result<()> {
+        let name = |k: &str| format!("{k} of node {id}");
+        for p in &mut self.procs {
+            if p.what == name("server") || p.what == name("follower") {
+                let _ = p.child.wait();
+            }
+        }
+        self.procs.retain(|p| p.what != name("server") && p.what != name("follower"));
+        let config_path = config_path
+            .canonicalize()
+            .with_context(|| format!("cannot resolve {}", config_path.display()))?;
+        self.spawn_follower(id, &config_path, bins, say)?;
+        self.wait_for(
+            "follower",
+            stop,
+            |c| status::query(&c.config, id, Duration::from_millis(500)).is_ok(),
+            Duration::from_secs(60),
         )?;
-        Ok(cluster)
+        let cmd = self.cmd.clone();
+        self.spawn_server(id, &cmd, &config_path, bins, say)?;
+        self.wait_servers(&[id], stop)
     }
 
     fn wait_for(

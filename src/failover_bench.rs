@@ -1,0 +1,108 @@
+//! `lockstep bench failover`: time from SIGKILL of the leader to the first
+//! acknowledged write on the new leader, over several rounds. The killed
+//! node is restarted (fresh server, same data dir) and caught up between
+//! rounds, so every round starts from a full cluster.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use lockstep_common::config::ElectionMode;
+use lockstep_common::Config;
+
+use crate::status;
+use crate::up::{self, Binaries, Cluster};
+
+/// One INCR on `addr`: Ok when the server acknowledged it.
+fn incr(addr: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    s.write_all(b"*2\r\n$4\r\nINCR\r\n$17\r\nlockstep:failover\r\n")?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line)?;
+    if !line.starts_with(':') {
+        bail!("answered {:?}", line.trim_end());
+    }
+    Ok(())
+}
+
+/// The node that reports itself leader, if any.
+fn leader(config: &Config) -> Option<u64> {
+    status::query_all(config, Duration::from_millis(300))
+        .into_iter()
+        .filter_map(|n| n.status.ok())
+        .find(|s| s.role == "leader")
+        .map(|s| s.node)
+}
+
+/// Waits until every node is up with nothing left to apply.
+fn wait_converged(config: &Config, limit: Duration) -> anyhow::Result<()> {
+    let start = Instant::now();
+    loop {
+        let nodes = status::query_all(config, Duration::from_millis(500));
+        let ok: Vec<_> = nodes.iter().filter_map(|n| n.status.as_ref().ok()).collect();
+        if ok.len() == nodes.len() {
+            let top = ok.iter().map(|s| s.committed).max().unwrap_or(0);
+            if ok.iter().all(|s| s.applied >= top && (s.role == "leader" || s.role == "backup")) {
+                return Ok(());
+            }
+        }
+        if start.elapsed() > limit {
+            bail!("the cluster did not converge within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs `rounds` failovers on the cluster of `config_path`; prints each
+/// round and p50/max.
+pub fn run(config_path: &Path, rounds: usize) -> anyhow::Result<()> {
+    let config = Config::load(config_path)?;
+    if config.election.mode != ElectionMode::Zookeeper {
+        bail!("bench failover needs election.mode = \"zookeeper\" in {}", config_path.display());
+    }
+    let bins = Binaries::locate()?;
+    let stop = AtomicBool::new(false);
+    let say = |m: &str| eprintln!("  {m}");
+    let cmd = config.server.clone().context("bench failover needs `server = [...]` in the config")?;
+    let mut cluster = Cluster::start(config.clone(), config_path, &cmd, &bins, &stop, &say)?;
+    println!(
+        "failover bench: {} nodes, session_timeout_ms = {}, {rounds} rounds",
+        config.nodes.len(),
+        config.election.session_timeout_ms
+    );
+    let mut times = Vec::new();
+    for round in 1..=rounds {
+        wait_converged(&config, Duration::from_secs(120))?;
+        let old = leader(&config).context("no leader before the kill")?;
+        incr(config.node(old)?.app, Duration::from_secs(5)).context("the leader does not serve")?;
+        up::kill_node(&config, old)?;
+        let t0 = Instant::now();
+        let new = loop {
+            if t0.elapsed() > Duration::from_secs(120) {
+                bail!("round {round}: no new leader within 120 s");
+            }
+            if let Some(l) = leader(&config).filter(|&l| l != old) {
+                if incr(config.node(l)?.app, Duration::from_millis(500)).is_ok() {
+                    break l;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let took = t0.elapsed();
+        println!("round {round:2}: node {old} killed, node {new} acknowledged a write after {:.0} ms", took.as_secs_f64() * 1e3);
+        times.push(took);
+        cluster.restart_node(old, config_path, &bins, &stop, &say)?;
+    }
+    times.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    if let (Some(p50), Some(max)) = (times.get(times.len() / 2), times.last()) {
+        println!("failover: p50 {:.0} ms, max {:.0} ms over {} rounds", ms(*p50), ms(*max), times.len());
+    }
+    cluster.stop();
+    Ok(())
+}
