@@ -210,6 +210,12 @@ impl Cluster {
                 }
             }
         }
+        if config.ids().any(|id| config.node_data_dir(id).exists()) {
+            say(&format!(
+                "{} holds an earlier run's log: each server's state is rebuilt from it (remove the directory for an empty cluster)",
+                config.data_dir.display()
+            ));
+        }
         // Every app and control port is free, so no server or follower of
         // this cluster runs: a region file left now is stale.
         for id in config.ids() {
