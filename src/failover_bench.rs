@@ -78,8 +78,18 @@ pub fn run(config_path: &Path, rounds: usize) -> anyhow::Result<()> {
     let mut times = Vec::new();
     for round in 1..=rounds {
         wait_converged(&config, Duration::from_secs(120))?;
-        let old = leader(&config).context("no leader before the kill")?;
-        incr(config.node(old)?.app, Duration::from_secs(5)).context("the leader does not serve")?;
+        // A leader that serves (a short session may have just moved it).
+        let mut old = None;
+        for _ in 0..100 {
+            if let Some(l) = leader(&config) {
+                if incr(config.node(l)?.app, Duration::from_secs(2)).is_ok() {
+                    old = Some(l);
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let old = old.context("no leader serves before the kill")?;
         up::kill_node(&config, old)?;
         let t0 = Instant::now();
         let new = loop {

@@ -11,7 +11,7 @@ use lockstep_common::control::{self, Request, Response};
 use lockstep_common::entry::{self, EntryHeader, Kind};
 use lockstep_common::region::Role;
 
-use crate::election::{Election, Session};
+use crate::election::{Election, ElectionError, Session};
 use crate::node::Node;
 use crate::viewchange::{self, Candidate, Promise};
 
@@ -64,6 +64,13 @@ impl Node {
                     };
                     if let Err(e) = self.election_step(election) {
                         log::warn!("node {}: {e:#}", self.me);
+                        if matches!(e.downcast_ref::<ElectionError>(), Some(ElectionError::SessionLost)) {
+                            // Our znode is gone although the client still
+                            // looks connected: start over with a new session.
+                            self.demote_self("the ZooKeeper session expired");
+                            *guard = None;
+                            continue;
+                        }
                         drop(guard);
                         std::thread::sleep(RETRY);
                         continue;
