@@ -1,0 +1,379 @@
+//! Three nodes over the tcp transport, each node (its redis-server under the
+//! preload and its lockstep-follower) inside its own network namespace that
+//! this test creates. The namespaces are joined by veth pairs to a bridge
+//! that lives in a fourth namespace of the test's own; the clients run in a
+//! fifth. Every address is private and exists only inside these namespaces:
+//! nothing is added to, or changed in, the namespace the test runs in.
+//!
+//! Without `ip` or CAP_NET_ADMIN the test says why and skips.
+
+mod cluster;
+
+use std::fs::File;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cluster::{bin_dir, redis_digest, redis_mixed_workload, Reply, Resp};
+use lockstep_common::control::NodeStatus;
+use lockstep_common::Config;
+
+/// Bound on every wait: reaching it means a hang, not slowness.
+const HANG: Duration = Duration::from_secs(180);
+const APP_PORT: u16 = 6379;
+const CONTROL_PORT: u16 = 7100;
+const NODES: usize = 3;
+/// Prefix of every namespace this file creates (`<prefix><pid>-<what>`).
+const NS_PREFIX: &str = "lockstep-tcpns-";
+
+/// Runs `ip`; Err with its stderr.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run `ip`: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// The test's network: a bridge namespace, one namespace per node and one
+/// for the clients, each joined to the bridge by a veth pair. Dropping it
+/// deletes every namespace, which destroys the bridge and the veth pairs
+/// with them.
+struct Net {
+    namespaces: Vec<String>,
+    bridge_ns: String,
+    node_ns: Vec<String>,
+    client_ns: String,
+    node_ips: Vec<Ipv4Addr>,
+}
+
+impl Net {
+    fn create(nodes: usize) -> Result<Net, String> {
+        let pid = std::process::id();
+        let name = |what: &str| format!("{NS_PREFIX}{pid}-{what}");
+        let mut net = Net {
+            namespaces: Vec::new(),
+            bridge_ns: name("br"),
+            node_ns: (1..=nodes).map(|i| name(&format!("n{i}"))).collect(),
+            client_ns: name("client"),
+            node_ips: (1..=nodes).map(|i| Ipv4Addr::new(10, 213, 77, i as u8)).collect(),
+        };
+        ip(&["netns", "add", &net.bridge_ns])?;
+        net.namespaces.push(net.bridge_ns.clone());
+        let b = net.bridge_ns.clone();
+        ip(&["-n", &b, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &b, "link", "set", "br0", "up"])?;
+        let mut ends: Vec<(String, Ipv4Addr)> =
+            net.node_ns.iter().cloned().zip(net.node_ips.iter().copied()).collect();
+        ends.push((net.client_ns.clone(), Ipv4Addr::new(10, 213, 77, 100)));
+        for (i, (ns, addr)) in ends.iter().enumerate() {
+            ip(&["netns", "add", ns])?;
+            net.namespaces.push(ns.clone());
+            // Created inside the bridge namespace, its peer straight in
+            // `ns`: no interface ever exists in the test's own namespace.
+            let port = format!("v{i}");
+            ip(&["-n", &b, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns])?;
+            ip(&["-n", &b, "link", "set", &port, "master", "br0"])?;
+            ip(&["-n", &b, "link", "set", &port, "up"])?;
+            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
+            ip(&["-n", ns, "link", "set", "eth0", "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(net)
+    }
+
+    /// Deletes namespaces this file left behind in runs that were killed
+    /// before their cleanup ran (their pid is gone).
+    fn remove_stale() {
+        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(ns) = line.split_whitespace().next() else { continue };
+            let Some(rest) = ns.strip_prefix(NS_PREFIX) else { continue };
+            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+            if !PathBuf::from(format!("/proc/{pid}")).exists() {
+                let _ = ip(&["netns", "del", ns]);
+            }
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for ns in self.namespaces.iter().rev() {
+            if let Err(e) = ip(&["netns", "del", ns]) {
+                eprintln!("cleanup: {e}");
+            }
+        }
+    }
+}
+
+/// Makes the calling thread enter the network namespace `ns`.
+fn enter_netns(ns: &str) -> std::io::Result<()> {
+    let f = File::open(PathBuf::from("/var/run/netns").join(ns))?;
+    // SAFETY: setns(2) on a namespace fd we hold open for the call; it
+    // changes only this thread's network namespace and touches no memory.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Runs `f` on a new thread inside namespace `ns` (threads it spawns stay
+/// there too) and returns its result; a panic in `f` is re-raised here.
+fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let ns = ns.to_string();
+    let h = std::thread::spawn(move || {
+        enter_netns(&ns).unwrap_or_else(|e| panic!("setns {ns}: {e}"));
+        f()
+    });
+    match h.join() {
+        Ok(v) => v,
+        Err(p) => std::panic::resume_unwind(p),
+    }
+}
+
+/// The processes of the cluster, each started with `ip netns exec`; all
+/// killed on drop (also when the test panics), and the region files and
+/// (on success) the temp directory removed.
+struct Procs {
+    name: String,
+    dir: PathBuf,
+    config_path: PathBuf,
+    node_ns: Vec<String>,
+    children: Vec<Child>,
+}
+
+impl Procs {
+    fn new(net: &Net) -> Procs {
+        let name = format!("t{}-tcpns", std::process::id());
+        let dir = std::env::temp_dir().join(format!("lockstep-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut toml = format!(
+            "cluster = \"{name}\"\ntransport = \"tcp\"\nring_size = \"8MiB\"\ndata_dir = \"{}\"\n\
+             backup_clients = \"allow\"\nkey = \"tcp-netns-test-key-0123456789\"\n\
+             [election]\nmode = \"static\"\nleader = 1\n",
+            dir.join("data").display()
+        );
+        for (i, a) in net.node_ips.iter().enumerate() {
+            toml.push_str(&format!(
+                "[[nodes]]\nid = {}\napp = \"{a}:{APP_PORT}\"\ncontrol = \"{a}:{CONTROL_PORT}\"\n",
+                i + 1
+            ));
+        }
+        let config_path = dir.join("cluster.toml");
+        std::fs::write(&config_path, toml).unwrap();
+        Procs {
+            name,
+            dir,
+            config_path,
+            node_ns: net.node_ns.clone(),
+            children: Vec::new(),
+        }
+    }
+
+    fn log(&self, what: &str, id: u64) -> File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{what}-{id}.log")))
+            .unwrap()
+    }
+
+    /// `ip netns exec <node id's namespace> <program>` (ip execs the
+    /// program, so the child is the program itself).
+    fn in_node(&self, id: u64, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.node_ns[id as usize - 1], program]);
+        c
+    }
+
+    fn start_follower(&mut self, id: u64) {
+        let log = self.log("follower", id);
+        let child = self
+            .in_node(id, &bin_dir().join("lockstep-follower").to_string_lossy())
+            .arg("--config")
+            .arg(&self.config_path)
+            .args(["--node", &id.to_string()])
+            .env("LOCKSTEP_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn follower");
+        self.children.push(child);
+    }
+
+    fn start_server(&mut self, id: u64, app: SocketAddr) {
+        let data = self.dir.join(format!("server-{id}"));
+        std::fs::create_dir_all(&data).unwrap();
+        let log = self.log("server", id);
+        let child = self
+            .in_node(id, "redis-server")
+            .args(["--port", &app.port().to_string(), "--bind", &app.ip().to_string()])
+            // Clients come from another namespace (not loopback); every
+            // address here is private to the test's namespaces.
+            .args(["--protected-mode", "no"])
+            .args(["--save", "", "--appendonly", "no", "--enable-debug-command", "yes"])
+            .arg("--dir")
+            .arg(&data)
+            .env("LD_PRELOAD", bin_dir().join("liblockstep.so"))
+            .env("LOCKSTEP_CONFIG", &self.config_path)
+            .env("LOCKSTEP_NODE", id.to_string())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn server");
+        self.children.push(child);
+    }
+
+    /// The last lines of every log, for failure messages.
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        paths.sort();
+        for p in paths.into_iter().filter(|p| p.extension().is_some_and(|e| e == "log")) {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("--- {}\n", p.display()));
+            for l in &lines[lines.len().saturating_sub(15)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in self.children.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for id in 1..=self.node_ns.len() as u64 {
+            let _ = std::fs::remove_file(lockstep_common::region::region_path(&self.name, id));
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Polls `cond` (run in the caller's namespace) until it holds; panics
+/// with the logs after [`HANG`].
+fn wait(procs_logs: &dyn Fn() -> String, what: &str, mut cond: impl FnMut() -> Result<(), String>) {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < HANG {
+        match cond() {
+            Ok(()) => return,
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what} (last: {last})\n{}", procs_logs());
+}
+
+fn status(config: &Config, id: u64) -> Result<NodeStatus, String> {
+    lockstep_common::control::query_status(config, id, Duration::from_secs(5))
+}
+
+#[test]
+fn tcp_transport_across_network_namespaces_leaves_identical_replicas() {
+    Net::remove_stale();
+    let net = match Net::create(NODES) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!(
+                "SKIPPED tcp_transport_across_network_namespaces_leaves_identical_replicas: \
+                 cannot create network namespaces (needs `ip` and CAP_NET_ADMIN): {e}"
+            );
+            return;
+        }
+    };
+    let procs = Procs::new(&net);
+    let client_ns = net.client_ns.clone();
+    // Everything that talks to the cluster runs in the client namespace;
+    // `procs` moves there too so that a panic kills the processes before
+    // `net` deletes the namespaces.
+    in_netns(&client_ns, move || run(procs));
+    drop(net);
+}
+
+fn run(mut procs: Procs) {
+    let config = Config::load(&procs.config_path).expect("config");
+    let apps: Vec<SocketAddr> = config.nodes.iter().map(|n| n.app).collect();
+    let logs = |p: &Procs| p.logs();
+    for id in 1..=NODES as u64 {
+        procs.start_follower(id);
+        wait(&|| logs(&procs), &format!("follower {id} answering"), || status(&config, id).map(|_| ()));
+    }
+    for id in 1..=NODES as u64 {
+        let app = apps[id as usize - 1];
+        procs.start_server(id, app);
+        wait(&|| logs(&procs), &format!("server {id} listening and attached"), || {
+            std::net::TcpStream::connect_timeout(&app, Duration::from_secs(1)).map_err(|e| e.to_string())?;
+            match status(&config, id)?.server_pid {
+                0 => Err("server not attached to its region".into()),
+                _ => Ok(()),
+            }
+        });
+    }
+    wait(&|| logs(&procs), "node 1 leading", || match status(&config, 1)?.role.as_str() {
+        "leader" => Ok(()),
+        r => Err(format!("node 1 is {r}")),
+    });
+
+    let (threads, ops) = (8, 300);
+    redis_mixed_workload(apps[0], threads, ops);
+
+    wait(&|| logs(&procs), "every node applied the leader's log", || {
+        let leader = status(&config, 1)?;
+        for id in 1..=NODES as u64 {
+            let s = status(&config, id)?;
+            if s.persisted < leader.persisted || s.applied < leader.persisted {
+                return Err(format!(
+                    "node {id}: persisted {} applied {} < leader's {}",
+                    s.persisted, s.applied, leader.persisted
+                ));
+            }
+        }
+        Ok(())
+    });
+
+    let leader_digest = redis_digest(apps[0]);
+    for (i, &app) in apps.iter().enumerate().skip(1) {
+        assert_eq!(
+            redis_digest(app),
+            leader_digest,
+            "node {} differs from the leader\n{}",
+            i + 1,
+            procs.logs()
+        );
+    }
+    let pushes = threads as i64 * (0..ops).filter(|i| i % 7 < 2).count() as i64;
+    for (i, &app) in apps.iter().enumerate() {
+        let mut r = Resp::connect(app).unwrap();
+        assert_eq!(r.cmd(&[b"LLEN", b"shared:list"]).unwrap(), Reply::Int(pushes), "list length on node {}", i + 1);
+    }
+    for id in 1..=NODES as u64 {
+        let s = status(&config, id).unwrap();
+        assert_eq!(s.divergences, 0, "node {id} saw divergences\n{}", procs.logs());
+        assert_eq!(s.role, if id == 1 { "leader" } else { "backup" }, "node {id}");
+    }
+    eprintln!(
+        "tcp over namespaces: {} entries replicated to {} nodes, digest {leader_digest}",
+        status(&config, 1).unwrap().persisted,
+        NODES
+    );
+}
