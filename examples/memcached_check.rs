@@ -10,7 +10,7 @@
 //! The client and the workload are the integration tests' own.
 
 #[path = "../tests/cluster/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod cluster;
 
 use std::net::SocketAddr;

@@ -165,10 +165,7 @@ impl ZookeeperServer {
 
     /// Whether its process has exited.
     pub fn exited(&mut self) -> bool {
-        match self.child.as_mut().map(|c| c.try_wait()) {
-            Some(Ok(None)) => false,
-            _ => true,
-        }
+        !matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }
 
     /// Stops the whole process group: SIGTERM, then SIGKILL after a grace

@@ -202,7 +202,7 @@ fn redis_up_workload_kill_backup_ctrl_c() {
     let ready = up.wait_line("ready", READY_LIMIT);
     assert!(ready.contains(&tc.app(1).to_string()), "ready line does not say where to connect: {ready}");
 
-    redis_mixed_workload(tc.app(1), 8, 200);
+    redis_mixed_workload(tc.app(1), 16, 300);
     let ds = converged(&tc, &[1, 2, 3], redis_digest);
     assert!(ds.iter().all(|d| *d == ds[0]), "replicas differ after the workload: {ds:?}");
     assert_ne!(ds[0], "0000000000000000000000000000000000000000", "empty data set");
@@ -236,7 +236,7 @@ fn memcached_up_workload_dumps_agree() {
     up.wait_line("ready", READY_LIMIT);
 
     let keys = 12;
-    let deltas = memcached_mixed_workload(tc.app(1), 8, 240, keys);
+    let deltas = memcached_mixed_workload(tc.app(1), 16, 400, keys);
     let dumps = converged(&tc, &[1, 2, 3], |a| Memcache::connect(a).expect("connect").dump().expect("dump"));
     assert!(!dumps[0].is_empty(), "no keys on the leader");
     for (i, d) in dumps.iter().enumerate().skip(1) {
@@ -258,6 +258,20 @@ fn memcached_up_workload_dumps_agree() {
 
     let st = up.interrupt();
     assert!(st.success(), "lockstep up exited with {st} on Ctrl-C:\n{}", up.output());
+    assert_nothing_left(&tc, &[]);
+}
+
+#[test]
+fn ctrl_c_while_starting_leaves_nothing() {
+    let tc = config("upintr", Server::Redis);
+    let mut up = Up::spawn(&tc.config_path, &[]);
+    up.wait_line("starting server of node 1", READY_LIMIT);
+    let st = up.interrupt();
+    let out = up.output();
+    // Interrupted before ready: one error line; after ready: a clean stop.
+    if !st.success() {
+        assert!(out.contains("lockstep: interrupted"), "{out}");
+    }
     assert_nothing_left(&tc, &[]);
 }
 

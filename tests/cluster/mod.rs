@@ -641,7 +641,7 @@ impl Memcache {
                 return Ok(keys);
             }
             if l.starts_with("ERROR") || l.starts_with("BUSY") || l.starts_with("CLIENT_ERROR") {
-                return Err(std::io::Error::new(std::io::ErrorKind::Other, l));
+                return Err(std::io::Error::other(l));
             }
             if let Some(k) = l.split_whitespace().find_map(|f| f.strip_prefix("key=")) {
                 keys.push(percent_decode(k));
