@@ -82,11 +82,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{Transport, TransportError};
+use super::{check_remote_write, write_local, Transport, TransportError};
 use crate::config::Config;
 use crate::handshake::{self, Channel};
 use crate::region::{Region, MAX_NODES};
-use crate::words::WordsError;
 
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 24;
@@ -96,8 +95,7 @@ pub const MAX_WRITE: usize = 16 << 20;
 pub const NOTICE_LEN: usize = 16;
 /// Notice tag: the region refused a write from an older view.
 pub const NOTICE_FENCED: u32 = 1;
-/// Region bytes no remote write may touch (the identity words).
-pub const IDENTITY_BYTES: u64 = 64;
+pub use super::IDENTITY_BYTES;
 /// Most bytes queued per peer; writes beyond are dropped.
 pub const MAX_QUEUE: usize = 64 << 20;
 
@@ -167,23 +165,7 @@ impl FrameHeader {
         if len > MAX_WRITE {
             return Err(format!("length {len} is above the {MAX_WRITE}-byte limit"));
         }
-        check_write(self.offset, len, region_len).map_err(|e| e.to_string())
-    }
-}
-
-/// The rules every write obeys: non-empty, 8-aligned, inside a region of
-/// `region_len` bytes and clear of the identity words.
-fn check_write(offset: u64, len: usize, region_len: u64) -> Result<(), WordsError> {
-    if !offset.is_multiple_of(8) || !len.is_multiple_of(8) || len == 0 {
-        return Err(WordsError::Unaligned { offset, len });
-    }
-    match offset.checked_add(len as u64) {
-        Some(end) if end <= region_len && offset >= IDENTITY_BYTES => Ok(()),
-        _ => Err(WordsError::OutOfBounds {
-            offset,
-            len,
-            size: region_len,
-        }),
+        check_remote_write(self.offset, len, region_len).map_err(|e| e.to_string())
     }
 }
 
@@ -583,19 +565,10 @@ impl TcpTransport {
 impl Transport for TcpTransport {
     fn write(&self, node: u64, view: u64, offset: u64, bytes: &[u8]) -> Result<(), TransportError> {
         if node == self.me {
-            let theirs = self.local.view();
-            if theirs > view {
-                return Err(TransportError::Fenced {
-                    node,
-                    ours: view,
-                    theirs,
-                });
-            }
-            self.local.write(offset, bytes)?;
-            return Ok(());
+            return write_local(&self.local, node, view, offset, bytes);
         }
         let peer = self.peer(node)?;
-        check_write(offset, bytes.len(), peer.region_len)?;
+        check_remote_write(offset, bytes.len(), peer.region_len)?;
         let theirs = peer.fenced.load(Ordering::Acquire);
         if theirs > view {
             return Err(TransportError::Fenced {
