@@ -356,7 +356,7 @@ impl Config {
             }
         }
         nodes.sort_by_key(|n| n.id);
-        if nodes.len() % 2 == 0 {
+        if nodes.len().is_multiple_of(2) {
             warnings.push(format!(
                 "nodes: an even cluster size ({}) tolerates no more failures than {}",
                 nodes.len(),

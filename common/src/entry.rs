@@ -119,7 +119,7 @@ pub enum DecodeError {
 /// padding and canary), rounded up to [`ENTRY_ALIGN`].
 pub const fn footprint(len: usize) -> usize {
     let raw = HEADER_LEN + len + CANARY_LEN;
-    (raw + ENTRY_ALIGN - 1) / ENTRY_ALIGN * ENTRY_ALIGN
+    raw.div_ceil(ENTRY_ALIGN) * ENTRY_ALIGN
 }
 
 /// The canary of the entry `(seq, view)`: a mixing function, so that a stale

@@ -34,7 +34,7 @@ pub enum WordsError {
 /// Checks that `[offset, offset+len)` is a non-empty, 8-aligned range inside
 /// `words`, and returns its first word index.
 pub fn check_range(words: &[AtomicU64], offset: u64, len: usize) -> Result<usize, WordsError> {
-    if offset % 8 != 0 || len % 8 != 0 || len == 0 {
+    if !offset.is_multiple_of(8) || !len.is_multiple_of(8) || len == 0 {
         return Err(WordsError::Unaligned { offset, len });
     }
     let size = words.len() as u64 * 8;

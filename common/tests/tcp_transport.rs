@@ -135,7 +135,7 @@ fn writes_land_byte_exact() {
         t.write(2, 1, region::ring_offset(a.offset), &scratch[..a.len])
             .unwrap();
         // A whole entry encoded on its own must equal the ring bytes.
-        if seq % 100 == 0 {
+        if seq.is_multiple_of(100) {
             assert_eq!(entry::encode(&hdr, &payload), scratch[..a.len].to_vec());
         }
         seq += 1;
