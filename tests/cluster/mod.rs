@@ -775,3 +775,143 @@ impl TestCluster {
         });
     }
 }
+
+// ---- Helpers for the restart and durability tests (follower_shm.rs, follower_fsync.rs).
+
+/// The mixed workload's operation `i` of client `t` on `c` (the same mix
+/// as `redis_mixed_workload`); panics on a server error reply.
+pub fn redis_mixed_op(c: &mut Resp, t: usize, i: usize) -> std::io::Result<()> {
+    let v = format!("{t}:{i}");
+    let r = match i % 7 {
+        0 => c.cmd(&[b"LPUSH", b"shared:list", v.as_bytes()]),
+        1 => c.cmd(&[b"RPUSH", b"shared:list", v.as_bytes()]),
+        2 => c.cmd(&[b"APPEND", b"shared:str", v.as_bytes()]),
+        3 => c.cmd(&[b"INCR", b"shared:counter"]),
+        4 => {
+            c.send(&[b"MULTI"])?;
+            c.send(&[b"INCRBY", b"shared:tx", b"3"])?;
+            c.send(&[b"RPUSH", b"shared:txlist", v.as_bytes()])?;
+            c.send(&[b"EXEC"])?;
+            for _ in 0..3 {
+                c.read()?;
+            }
+            c.read()
+        }
+        5 => {
+            c.cmd(&[b"SELECT", b"3"])?;
+            let r = c.cmd(&[b"RPUSH", b"db3:list", v.as_bytes()]);
+            c.cmd(&[b"SELECT", b"0"])?;
+            r
+        }
+        _ => c.cmd(&[b"SET", format!("key:{t}:{}", i % 50).as_bytes(), v.as_bytes()]),
+    }?;
+    if let Reply::Error(e) = r {
+        panic!("server error: {e}");
+    }
+    Ok(())
+}
+
+/// Key of client `t`'s own counter in [`BackgroundLoad`].
+pub fn load_counter_key(t: usize) -> String {
+    format!("acked:ctr:{t}")
+}
+
+/// Clients running the mixed workload against one server until stopped,
+/// each also INCRing its own counter ([`load_counter_key`]) and keeping
+/// the last value the server acknowledged. The load is not bounded by a
+/// count, so a fault injected while it runs always lands mid-load.
+pub struct BackgroundLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    handles: Vec<std::thread::JoinHandle<i64>>,
+}
+
+impl BackgroundLoad {
+    /// Starts `threads` clients against `addr`.
+    pub fn start(addr: SocketAddr, threads: usize) -> BackgroundLoad {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::Arc;
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let handles = (0..threads)
+            .map(|t| {
+                let (stop, done) = (stop.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let mut c = Resp::connect(addr).expect("connect");
+                    let key = load_counter_key(t);
+                    let mut acked = 0i64;
+                    let mut i = 0usize;
+                    while !stop.load(Ordering::Relaxed) {
+                        redis_mixed_op(&mut c, t, i).expect("mixed workload command");
+                        match c.cmd(&[b"INCR", key.as_bytes()]).expect("INCR") {
+                            Reply::Int(v) => {
+                                assert!(v > acked, "client {t}: INCR answered {v} after {acked}");
+                                acked = v;
+                            }
+                            other => panic!("INCR answered {other:?}"),
+                        }
+                        done.fetch_add(2, Ordering::Relaxed);
+                        i += 1;
+                    }
+                    acked
+                })
+            })
+            .collect();
+        BackgroundLoad { stop, done, handles }
+    }
+
+    /// Commands acknowledged so far (all clients).
+    pub fn done(&self) -> u64 {
+        self.done.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits until `n` more commands than now were acknowledged; panics
+    /// with the cluster's logs after `limit` (a hang) or if a client died.
+    pub fn wait_more(&self, c: &TestCluster, n: u64, limit: Duration) {
+        let target = self.done() + n;
+        let start = Instant::now();
+        while self.done() < target {
+            if self.handles.iter().any(|h| h.is_finished()) {
+                panic!("a load client stopped early\n{}", c.logs());
+            }
+            if start.elapsed() > limit {
+                panic!("load made no progress to {target} (at {})\n{}", self.done(), c.logs());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops the clients; returns each one's last acknowledged counter.
+    pub fn stop(self) -> Vec<i64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handles
+            .into_iter()
+            .map(|h| h.join().expect("load client"))
+            .collect()
+    }
+}
+
+/// Checks on every node of `c` that each client's counter holds at least
+/// what the client saw acknowledged (`acked[t]`); returns the values read.
+pub fn assert_acked_counters(c: &TestCluster, acked: &[i64]) -> Vec<Vec<i64>> {
+    let mut all = Vec::new();
+    for id in 1..=c.nodes.len() as u64 {
+        let mut r = Resp::connect(c.app(id)).expect("connect for counters");
+        let mut vals = Vec::new();
+        for (t, &a) in acked.iter().enumerate() {
+            let v = match r.cmd(&[b"GET", load_counter_key(t).as_bytes()]).expect("GET") {
+                Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b).parse::<i64>().expect("counter"),
+                Reply::Bulk(None) => 0,
+                other => panic!("GET answered {other:?}"),
+            };
+            assert!(
+                v >= a,
+                "node {id}: counter of client {t} is {v}, but the client saw {a} acknowledged\n{}",
+                c.logs()
+            );
+            vals.push(v);
+        }
+        all.push(vals);
+    }
+    all
+}
