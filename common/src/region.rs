@@ -15,7 +15,7 @@
 use std::fs::OpenOptions;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::io::AsRawFd;
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -146,6 +146,33 @@ pub fn cluster_hash(name: &str) -> u64 {
     h.0
 }
 
+/// Maps `len` bytes of the file `fd` (None: fresh zeroed anonymous memory)
+/// read-write and `MAP_SHARED`, so a `fork` never copies them. The caller
+/// unmaps them.
+pub(crate) fn map_shared(fd: Option<RawFd>, len: usize) -> io::Result<*mut libc::c_void> {
+    let (flags, fd) = match fd {
+        Some(fd) => (libc::MAP_SHARED, fd),
+        None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
+    };
+    // SAFETY: a new mapping chosen by the kernel (no address hint), of an
+    // open fd or anonymous; MAP_FAILED is checked. It touches no existing
+    // memory.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            fd,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ptr)
+}
+
 /// Why a region could not be created, opened or written.
 #[derive(Debug, thiserror::Error)]
 pub enum RegionError {
@@ -227,15 +254,20 @@ impl Region {
             })?;
         file.set_len(spec.file_len())
             .map_err(io_err(path, "set length"))?;
-        let region = Self::map(&file, path, spec.file_len(), spec.ring_size)?;
-        let w = region.words();
+        let region = Self::map(Some(&file), path, spec.file_len(), spec.ring_size)?;
+        region.init_identity(spec);
+        Ok(region)
+    }
+
+    /// Writes the identity words of a fresh region.
+    fn init_identity(&self, spec: &RegionSpec) {
+        let w = self.words();
         w[W_VERSION].store(LAYOUT_VERSION, Ordering::Relaxed);
         w[W_NODE].store(spec.node, Ordering::Relaxed);
         w[W_RING_SIZE].store(spec.ring_size, Ordering::Relaxed);
         w[W_CLUSTER].store(cluster_hash(&spec.cluster), Ordering::Relaxed);
         // Magic last: a half-initialised file is never taken for a region.
         w[W_MAGIC].store(MAGIC, Ordering::Release);
-        Ok(region)
     }
 
     /// Opens an existing region and checks it matches `spec`.
@@ -261,7 +293,7 @@ impl Region {
                 "{len} bytes is too short to be a lockstep region"
             )));
         }
-        let region = Self::map(&file, path, len, len - CONTROL_SIZE)?;
+        let region = Self::map(Some(&file), path, len, len - CONTROL_SIZE)?;
         let w = region.words();
         if w[W_MAGIC].load(Ordering::Acquire) != MAGIC {
             return Err(mismatch("not a lockstep region (bad magic)".into()));
@@ -309,55 +341,17 @@ impl Region {
 
     /// An anonymous shared region, for tests and benchmarks.
     pub fn anonymous(spec: &RegionSpec) -> Result<Region, RegionError> {
-        let len = spec.file_len();
-        let path = PathBuf::from("<anonymous>");
-        // SAFETY: a fresh anonymous mapping of `len` bytes, checked for
-        // MAP_FAILED; mmap returns page-aligned (so 8-aligned) memory that
-        // is zeroed, a valid bit pattern for AtomicU64.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io_err(&path, "mmap")(io::Error::last_os_error()));
-        }
-        let region = Region {
-            ptr: ptr as *mut AtomicU64,
-            words: (len / 8) as usize,
-            ring_size: spec.ring_size,
-            path,
-        };
-        let w = region.words();
-        w[W_VERSION].store(LAYOUT_VERSION, Ordering::Relaxed);
-        w[W_NODE].store(spec.node, Ordering::Relaxed);
-        w[W_RING_SIZE].store(spec.ring_size, Ordering::Relaxed);
-        w[W_CLUSTER].store(cluster_hash(&spec.cluster), Ordering::Relaxed);
-        w[W_MAGIC].store(MAGIC, Ordering::Release);
+        let region = Self::map(None, Path::new("<anonymous>"), spec.file_len(), spec.ring_size)?;
+        region.init_identity(spec);
         Ok(region)
     }
 
-    fn map(file: &std::fs::File, path: &Path, len: u64, ring_size: u64) -> Result<Region, RegionError> {
-        // SAFETY: mapping `len` bytes of an open file we sized or measured;
-        // MAP_FAILED is checked. The memory is only ever accessed as atomics.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io_err(path, "mmap")(io::Error::last_os_error()));
-        }
+    /// Maps `len` bytes of `file` (None: fresh zeroed anonymous memory)
+    /// shared. The memory is page-aligned (so 8-aligned) and only ever
+    /// accessed as atomics, for which every bit pattern is valid.
+    fn map(file: Option<&std::fs::File>, path: &Path, len: u64, ring_size: u64) -> Result<Region, RegionError> {
+        let ptr = map_shared(file.map(|f| f.as_raw_fd()), len as usize)
+            .map_err(io_err(path, "mmap"))?;
         Ok(Region {
             ptr: ptr as *mut AtomicU64,
             words: (len / 8) as usize,

@@ -7,10 +7,12 @@
 //! region servers ([`tcp`]) and RDMA WRITE verbs ([`rdma`], cargo feature
 //! `rdma`).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
-use crate::config::{Config, TransportKind};
-use crate::region::{Region, RegionError};
+use crate::config::{Config, Node, TransportKind};
+use crate::region::{Region, RegionError, MAX_NODES};
 use crate::words::WordsError;
 
 pub mod rdma;
@@ -94,6 +96,15 @@ pub(crate) fn check_remote_write(offset: u64, len: usize, region_len: u64) -> Re
     }
 }
 
+/// Refuses a write of view `ours` to `node`, known to be in view `theirs`,
+/// if that view is newer.
+pub(crate) fn check_view(node: u64, ours: u64, theirs: u64) -> Result<(), TransportError> {
+    if theirs > ours {
+        return Err(TransportError::Fenced { node, ours, theirs });
+    }
+    Ok(())
+}
+
 /// A write to this node's own region: refused if the region is in a newer
 /// view than `view` (as a peer would), else stored directly.
 pub(crate) fn write_local(
@@ -103,16 +114,110 @@ pub(crate) fn write_local(
     offset: u64,
     bytes: &[u8],
 ) -> Result<(), TransportError> {
-    let theirs = local.view();
-    if theirs > view {
-        return Err(TransportError::Fenced {
-            node,
-            ours: view,
-            theirs,
-        });
-    }
+    check_view(node, view, local.view())?;
     local.write(offset, bytes)?;
     Ok(())
+}
+
+/// What the shared write path needs to know of a network transport's peer.
+pub(crate) trait RemotePeer {
+    /// Bytes of the peer's region.
+    fn region_len(&self) -> u64;
+    /// Highest view the peer refused our writes with (0: none).
+    fn fenced_view(&self) -> u64;
+}
+
+/// A network transport's peers, indexed by node id: every node of the
+/// config but this one.
+pub(crate) struct PeerTable<P>(Vec<Option<Arc<P>>>);
+
+impl<P: RemotePeer> PeerTable<P> {
+    /// Makes a peer for every node of `config` but `me`.
+    pub(crate) fn new(
+        config: &Config,
+        me: u64,
+        mut make: impl FnMut(&Node) -> Result<P, TransportError>,
+    ) -> Result<Self, TransportError> {
+        let mut peers: Vec<Option<Arc<P>>> = (0..=MAX_NODES).map(|_| None).collect();
+        for n in config.nodes.iter().filter(|n| n.id != me) {
+            let Some(slot) = peers.get_mut(n.id as usize) else {
+                return Err(TransportError::UnknownNode(n.id));
+            };
+            *slot = Some(Arc::new(make(n)?));
+        }
+        Ok(PeerTable(peers))
+    }
+
+    /// Every peer.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<P>> {
+        self.0.iter().flatten()
+    }
+
+    /// The peer a remote write of `len` bytes at `offset` in `view` goes
+    /// to, once it passed the checks of every transport: `node` is a peer,
+    /// the range is allowed ([`check_remote_write`]) and the peer has not
+    /// refused `view`.
+    pub(crate) fn target(&self, node: u64, view: u64, offset: u64, len: usize) -> Result<&Arc<P>, TransportError> {
+        let peer = usize::try_from(node)
+            .ok()
+            .and_then(|i| self.0.get(i))
+            .and_then(|p| p.as_ref())
+            .ok_or(TransportError::UnknownNode(node))?;
+        check_remote_write(offset, len, peer.region_len())?;
+        check_view(node, view, peer.fenced_view())?;
+        Ok(peer)
+    }
+}
+
+/// Locks a mutex, ignoring poisoning (transport state stays consistent
+/// at every unlock; no code here panics while holding one on purpose).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Starts a thread named `name`, running what `make` returns, the first
+/// time it is called with `started`; later calls cost one atomic load and
+/// do nothing. Returns the new thread's handle. If the thread cannot
+/// start, `started` is cleared again and the error names `what`.
+pub(crate) fn start_once<R: FnOnce() + Send + 'static>(
+    started: &AtomicBool,
+    name: impl FnOnce() -> String,
+    what: impl FnOnce() -> String,
+    make: impl FnOnce() -> R,
+) -> Result<Option<JoinHandle<()>>, TransportError> {
+    if started.load(Ordering::Acquire)
+        || started
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+    {
+        return Ok(None);
+    }
+    match std::thread::Builder::new().name(name()).spawn(make()) {
+        Ok(h) => Ok(Some(h)),
+        Err(e) => {
+            started.store(false, Ordering::Release);
+            Err(TransportError::Unavailable(format!(
+                "cannot start {}: {e}",
+                what()
+            )))
+        }
+    }
+}
+
+/// A keyed config of `nodes` nodes on 127.0.0.1 for unit tests.
+#[cfg(test)]
+pub(crate) fn test_config(cluster: &str, transport: &str, nodes: u64) -> Config {
+    let mut text = format!(
+        "cluster = \"{cluster}\"\ntransport = \"{transport}\"\nkey = \"0123456789abcdef\"\ndata_dir = \"/tmp/lockstep-{cluster}\"\n"
+    );
+    for id in 1..=nodes {
+        text += &format!(
+            "[[nodes]]\nid = {id}\napp = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
+            7000 + id,
+            7100 + id
+        );
+    }
+    Config::parse(&text).unwrap()
 }
 
 #[cfg(test)]
@@ -120,19 +225,7 @@ mod tests {
     use super::*;
 
     fn config(transport: &str) -> Config {
-        Config::parse(&format!(
-            r#"
-cluster = "routing"
-transport = "{transport}"
-key = "0123456789abcdef"
-data_dir = "/tmp/lockstep-routing"
-[[nodes]]
-id = 1
-app = "127.0.0.1:7001"
-control = "127.0.0.1:7101"
-"#
-        ))
-        .unwrap()
+        test_config("routing", transport, 1)
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::{Transport, TransportError};
+use super::{check_view, Transport, TransportError};
 use crate::config::Config;
 use crate::region::{Region, RegionError};
 
@@ -68,14 +68,7 @@ impl Transport for ShmTransport {
                 Err(e) => return Err(e),
             }
         };
-        let theirs = region.view();
-        if theirs > view {
-            return Err(TransportError::Fenced {
-                node,
-                ours: view,
-                theirs,
-            });
-        }
+        check_view(node, view, region.view())?;
         region.write(offset, bytes)?;
         Ok(())
     }

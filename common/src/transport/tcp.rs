@@ -78,14 +78,14 @@ use std::net::{
     IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{check_remote_write, write_local, Transport, TransportError};
+use super::{check_remote_write, lock, start_once, write_local, PeerTable, RemotePeer, Transport, TransportError};
 use crate::config::Config;
 use crate::handshake::{self, Channel};
-use crate::region::{Region, MAX_NODES};
+use crate::region::Region;
 
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 24;
@@ -106,10 +106,6 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 const FINAL_SEND_TIMEOUT: Duration = Duration::from_secs(1);
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A frame header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -471,8 +467,7 @@ fn accept_loop(
 pub struct TcpTransport {
     me: u64,
     local: Arc<Region>,
-    /// Indexed by node id.
-    peers: Vec<Option<Arc<Peer>>>,
+    peers: PeerTable<Peer>,
     fenced_by: Arc<AtomicU64>,
 }
 
@@ -526,12 +521,8 @@ impl TcpTransport {
             .node(me)
             .map_err(|_| TransportError::UnknownNode(me))?;
         let fenced_by = Arc::new(AtomicU64::new(0));
-        let mut peers: Vec<Option<Arc<Peer>>> = (0..=MAX_NODES).map(|_| None).collect();
-        for n in config.nodes.iter().filter(|n| n.id != me) {
-            let Some(slot) = peers.get_mut(n.id as usize) else {
-                return Err(TransportError::UnknownNode(n.id));
-            };
-            *slot = Some(Arc::new(Peer {
+        let peers = PeerTable::new(config, me, |n| {
+            Ok(Peer {
                 node: n.id,
                 me,
                 addr: n.control,
@@ -543,22 +534,14 @@ impl TcpTransport {
                 fenced: AtomicU64::new(0),
                 fenced_by: fenced_by.clone(),
                 started: AtomicBool::new(false),
-            }));
-        }
+            })
+        })?;
         Ok(TcpTransport {
             me,
             local,
             peers,
             fenced_by,
         })
-    }
-
-    fn peer(&self, node: u64) -> Result<&Arc<Peer>, TransportError> {
-        usize::try_from(node)
-            .ok()
-            .and_then(|i| self.peers.get(i))
-            .and_then(|p| p.as_ref())
-            .ok_or(TransportError::UnknownNode(node))
     }
 }
 
@@ -567,21 +550,13 @@ impl Transport for TcpTransport {
         if node == self.me {
             return write_local(&self.local, node, view, offset, bytes);
         }
-        let peer = self.peer(node)?;
-        check_remote_write(offset, bytes.len(), peer.region_len)?;
-        let theirs = peer.fenced.load(Ordering::Acquire);
-        if theirs > view {
-            return Err(TransportError::Fenced {
-                node,
-                ours: view,
-                theirs,
-            });
-        }
-        peer.post(view, offset, bytes)
+        self.peers
+            .target(node, view, offset, bytes.len())?
+            .post(view, offset, bytes)
     }
 
     fn flush(&self) {
-        for p in self.peers.iter().flatten() {
+        for p in self.peers.iter() {
             let mut st = lock(&p.state);
             if st.idle && !st.queue.is_empty() {
                 st.idle = false;
@@ -601,10 +576,19 @@ impl Transport for TcpTransport {
 
 impl Drop for TcpTransport {
     fn drop(&mut self) {
-        for p in self.peers.iter().flatten() {
+        for p in self.peers.iter() {
             lock(&p.state).stop = true;
             p.cv.notify_all();
         }
+    }
+}
+
+impl RemotePeer for Peer {
+    fn region_len(&self) -> u64 {
+        self.region_len
+    }
+    fn fenced_view(&self) -> u64 {
+        self.fenced.load(Ordering::Acquire)
     }
 }
 
@@ -642,28 +626,17 @@ impl Peer {
     }
 
     fn ensure_started(self: &Arc<Self>) -> Result<(), TransportError> {
-        if self.started.load(Ordering::Acquire)
-            || self
-                .started
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
-            return Ok(());
-        }
-        let me = self.clone();
-        match std::thread::Builder::new()
-            .name(format!("lockstep-tx-{}", self.node))
-            .spawn(move || me.run_sender())
-        {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                self.started.store(false, Ordering::Release);
-                Err(TransportError::Unavailable(format!(
-                    "cannot start the sender thread for node {}: {e}",
-                    self.node
-                )))
-            }
-        }
+        // The sender runs detached; dropping the transport stops it.
+        start_once(
+            &self.started,
+            || format!("lockstep-tx-{}", self.node),
+            || format!("the sender thread for node {}", self.node),
+            || {
+                let me = self.clone();
+                move || me.run_sender()
+            },
+        )?;
+        Ok(())
     }
 
     /// Wakes the sender if it is waiting for work.

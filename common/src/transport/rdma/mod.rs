@@ -173,8 +173,8 @@ mod imp {
     use super::verbs::{self, CmId, CompletionQueue, Device, EventChannel, ProtectionDomain, RdmaError, RegisteredRegion};
     use super::NO_DEVICE;
     use crate::config::Config;
-    use crate::region::{cluster_hash, Region, MAX_NODES};
-    use crate::transport::{check_remote_write, write_local, Transport, TransportError, IDENTITY_BYTES};
+    use crate::region::{cluster_hash, Region};
+    use crate::transport::{write_local, PeerTable, Transport, TransportError, IDENTITY_BYTES};
 
     fn unavailable(e: RdmaError) -> TransportError {
         TransportError::Unavailable(match e {
@@ -187,8 +187,7 @@ mod imp {
     pub struct RdmaTransport {
         me: u64,
         local: Arc<Region>,
-        /// Indexed by node id.
-        peers: Vec<Option<Arc<Peer>>>,
+        peers: PeerTable<Peer>,
         fenced_by: Arc<AtomicU64>,
         listener: Option<Listener>,
     }
@@ -243,11 +242,7 @@ mod imp {
             };
             let fenced_by = Arc::new(AtomicU64::new(0));
             let src = (!control.ip().is_unspecified()).then(|| SocketAddr::new(control.ip(), 0));
-            let mut peers: Vec<Option<Arc<Peer>>> = (0..=MAX_NODES).map(|_| None).collect();
-            for n in config.nodes.iter().filter(|n| n.id != me) {
-                let Some(slot) = peers.get_mut(n.id as usize) else {
-                    return Err(TransportError::UnknownNode(n.id));
-                };
+            let peers = PeerTable::new(config, me, |n| {
                 let spec = PeerSpec {
                     node: n.id,
                     me,
@@ -257,10 +252,8 @@ mod imp {
                     cluster: cluster_hash(&config.cluster),
                     key: config.key.clone(),
                 };
-                *slot = Some(Arc::new(
-                    Peer::new(spec, &pd, fenced_by.clone()).map_err(unavailable)?,
-                ));
-            }
+                Peer::new(spec, &pd, fenced_by.clone()).map_err(unavailable)
+            })?;
             log::info!(
                 "rdma: node {me} on {} (devices: {}){}",
                 device.name,
@@ -279,14 +272,6 @@ mod imp {
                 listener,
             })
         }
-
-        fn peer(&self, node: u64) -> Result<&Arc<Peer>, TransportError> {
-            usize::try_from(node)
-                .ok()
-                .and_then(|i| self.peers.get(i))
-                .and_then(|p| p.as_ref())
-                .ok_or(TransportError::UnknownNode(node))
-        }
     }
 
     impl Transport for RdmaTransport {
@@ -294,21 +279,13 @@ mod imp {
             if node == self.me {
                 return write_local(&self.local, node, view, offset, bytes);
             }
-            let peer = self.peer(node)?;
-            check_remote_write(offset, bytes.len(), peer.region_len)?;
-            let theirs = peer.fenced.load(Ordering::Acquire);
-            if theirs > view {
-                return Err(TransportError::Fenced {
-                    node,
-                    ours: view,
-                    theirs,
-                });
-            }
-            peer.write(view, offset, bytes)
+            self.peers
+                .target(node, view, offset, bytes.len())?
+                .write(view, offset, bytes)
         }
 
         fn flush(&self) {
-            for p in self.peers.iter().flatten() {
+            for p in self.peers.iter() {
                 p.flush();
             }
         }
@@ -324,7 +301,7 @@ mod imp {
 
     impl Drop for RdmaTransport {
         fn drop(&mut self) {
-            for p in self.peers.iter().flatten() {
+            for p in self.peers.iter() {
                 p.stop();
             }
             // Stops answering and closes accepted connections.
@@ -339,23 +316,7 @@ mod imp {
 
         #[test]
         fn open_refuses_clearly_without_a_device() {
-            let config = Config::parse(
-                r#"
-cluster = "rdmaunit"
-transport = "rdma"
-key = "0123456789abcdef"
-data_dir = "/tmp/lockstep-rdma-unit"
-[[nodes]]
-id = 1
-app = "127.0.0.1:7001"
-control = "127.0.0.1:7101"
-[[nodes]]
-id = 2
-app = "127.0.0.1:7002"
-control = "127.0.0.1:7102"
-"#,
-            )
-            .unwrap();
+            let config = crate::transport::test_config("rdmaunit", "rdma", 2);
             let local = Arc::new(Region::anonymous(&config.region_spec(1)).unwrap());
             match verbs::device_names() {
                 Err(RdmaError::NoDevice) => {

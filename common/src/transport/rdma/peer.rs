@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use super::wire::{ConnAccept, ConnRequest, Refusal, RefusalCode};
 use super::{
     MAX_PENDING, MAX_PIECE, SIGNAL_EVERY, SQ_DEPTH, STAGING_BYTES, WANT_INLINE,
 };
-use crate::transport::TransportError;
+use crate::transport::{lock, start_once, RemotePeer, TransportError};
 
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -28,10 +28,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// How long a write waits for send-queue or staging room before it is
 /// queued instead.
 const ROOM_WAIT: Duration = Duration::from_millis(1);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// An established connection into a peer's region.
 struct Conn {
@@ -80,11 +76,11 @@ enum Posted {
 
 /// One peer's region, as a write target.
 pub(super) struct Peer {
-    pub node: u64,
+    node: u64,
     me: u64,
     addr: SocketAddr,
     src: Option<SocketAddr>,
-    pub region_len: u64,
+    region_len: u64,
     cluster: u64,
     key: Option<String>,
     state: Mutex<PeerState>,
@@ -93,7 +89,7 @@ pub(super) struct Peer {
     /// Highest view written to this peer (sent when connecting).
     view: AtomicU64,
     /// Highest view this peer refused us with.
-    pub fenced: AtomicU64,
+    fenced: AtomicU64,
     fenced_by: Arc<AtomicU64>,
     stop: AtomicBool,
     started: AtomicBool,
@@ -109,6 +105,15 @@ pub(super) struct PeerSpec {
     pub region_len: u64,
     pub cluster: u64,
     pub key: Option<String>,
+}
+
+impl RemotePeer for Peer {
+    fn region_len(&self) -> u64 {
+        self.region_len
+    }
+    fn fenced_view(&self) -> u64 {
+        self.fenced.load(Ordering::Acquire)
+    }
 }
 
 impl Peer {
@@ -324,31 +329,19 @@ impl Peer {
     }
 
     fn ensure_started(self: &Arc<Self>) -> Result<(), TransportError> {
-        if self.started.load(Ordering::Acquire)
-            || self
-                .started
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
-            return Ok(());
+        let started = start_once(
+            &self.started,
+            || format!("lockstep-rdma-{}", self.node),
+            || format!("the rdma connector thread for node {}", self.node),
+            || {
+                let me = self.clone();
+                move || me.run_connector()
+            },
+        )?;
+        if let Some(h) = started {
+            *lock(&self.thread) = Some(h);
         }
-        let me = self.clone();
-        match std::thread::Builder::new()
-            .name(format!("lockstep-rdma-{}", self.node))
-            .spawn(move || me.run_connector())
-        {
-            Ok(h) => {
-                *lock(&self.thread) = Some(h);
-                Ok(())
-            }
-            Err(e) => {
-                self.started.store(false, Ordering::Release);
-                Err(TransportError::Unavailable(format!(
-                    "cannot start the rdma connector thread for node {}: {e}",
-                    self.node
-                )))
-            }
-        }
+        Ok(())
     }
 
     /// Stops the connector thread and waits for it.

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use rdma_sys as sys;
 
-use crate::region::Region;
+use crate::region::{map_shared, Region};
 
 /// Why a verb failed: one variant per verb, each with the OS error.
 #[derive(Debug, thiserror::Error)]
@@ -1074,23 +1074,7 @@ unsafe impl Sync for StagingBuffer {}
 impl StagingBuffer {
     /// Maps and registers `len` bytes on `pd`.
     pub fn new(pd: &Arc<ProtectionDomain>, len: usize) -> Result<StagingBuffer, RdmaError> {
-        // SAFETY: a fresh anonymous mapping, MAP_FAILED checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(RdmaError::Mmap {
-                len,
-                source: io::Error::last_os_error(),
-            });
-        }
+        let ptr = map_shared(None, len).map_err(|source| RdmaError::Mmap { len, source })?;
         match reg_mr(pd, ptr, len, 0, "a staging buffer") {
             Ok(mr) => Ok(StagingBuffer {
                 mr,
