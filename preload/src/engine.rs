@@ -194,39 +194,23 @@ impl Engine {
         let w = &mut *guard;
         let view = self.writer_view(w)?;
         let first = w.next_seq;
-        if kind == Kind::Data {
-            let Writer {
-                next_seq,
-                ring,
-                safe,
-                scratch,
-                gather,
-                ..
-            } = w;
-            for_each_chunk(segments, total, self.max_entry, gather, |payload| {
-                self.append_one(
-                    ring, scratch, safe, next_seq, view, kind, conn, out_hash, payload,
-                )
-            })?;
-        } else {
-            let Writer {
-                next_seq,
-                ring,
-                safe,
-                scratch,
-                ..
-            } = w;
+        let Writer {
+            next_seq,
+            ring,
+            safe,
+            scratch,
+            gather,
+            ..
+        } = w;
+        let mut one = |payload: &[u8]| {
             self.append_one(
-                ring,
-                scratch,
-                safe,
-                next_seq,
-                view,
-                kind,
-                conn,
-                out_hash,
-                &[],
-            )?;
+                ring, scratch, safe, next_seq, view, kind, conn, out_hash, payload,
+            )
+        };
+        if kind == Kind::Data {
+            for_each_chunk(segments, total, self.max_entry, gather, one)?;
+        } else {
+            one(&[])?;
         }
         Ok(Logged {
             first,

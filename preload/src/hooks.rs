@@ -264,8 +264,44 @@ fn finish(r: Ret, errno_after_call: c_int) -> ssize_t {
 /// Where the bytes of a call live.
 #[derive(Clone, Copy)]
 enum Bufs {
-    Flat(*const u8),
+    /// One buffer of this many bytes.
+    Flat(*const u8, usize),
+    /// An iovec array of this many entries.
     Iov(*const iovec, usize),
+    /// The iovecs of a msghdr (control messages are not replicated).
+    Msg(*const msghdr),
+}
+
+impl Bufs {
+    /// The same buffers, with a msghdr's iovecs taken out of it.
+    ///
+    /// # Safety
+    /// A `Msg` must point to a valid msghdr.
+    unsafe fn resolved(self) -> Bufs {
+        match self {
+            // SAFETY: per the contract.
+            Bufs::Msg(m) => unsafe { Bufs::Iov((*m).msg_iov as *const iovec, (*m).msg_iovlen) },
+            b => b,
+        }
+    }
+
+    /// Total bytes the buffers can hold.
+    ///
+    /// # Safety
+    /// `Iov` must point to its count of valid iovecs (or be null with a
+    /// count of 0); `Msg` must be a valid msghdr.
+    unsafe fn total(self) -> usize {
+        // SAFETY: per the contract.
+        match unsafe { self.resolved() } {
+            Bufs::Flat(_, n) => n,
+            Bufs::Iov(iov, cnt) if !iov.is_null() && cnt != 0 => {
+                // SAFETY: per the contract.
+                let iovs = unsafe { std::slice::from_raw_parts(iov, cnt) };
+                iovs.iter().fold(0usize, |a, v| a.saturating_add(v.iov_len))
+            }
+            _ => 0,
+        }
+    }
 }
 
 /// Calls `f` with the first `n` bytes of `bufs` as slices, without copying.
@@ -275,8 +311,9 @@ enum Bufs {
 /// (the real call just filled or sent them), valid for this call.
 unsafe fn with_segments<T>(bufs: Bufs, n: usize, f: impl FnOnce(&[&[u8]]) -> T) -> T {
     const INLINE: usize = 16;
-    match bufs {
-        Bufs::Flat(p) => {
+    // SAFETY: per the contract, a `Msg` is a valid msghdr.
+    match unsafe { bufs.resolved() } {
+        Bufs::Flat(p, _) => {
             let s: &[u8] = if n == 0 || p.is_null() {
                 &[]
             } else {
@@ -324,36 +361,40 @@ unsafe fn with_segments<T>(bufs: Bufs, n: usize, f: impl FnOnce(&[&[u8]]) -> T) 
                 f(&heap)
             }
         }
+        Bufs::Msg(_) => unreachable!("resolved above"),
     }
 }
 
-/// Total bytes an iovec array asks for.
+/// The filter every data hook starts with: `None` (call the real function
+/// at once) for an fd the table does not track, or inside another hook on
+/// this thread; else the re-entry guard and the buffers, a msghdr's
+/// iovecs read before the real call.
 ///
 /// # Safety
-/// `iov` must point to `cnt` valid iovecs (or be null with `cnt == 0`).
-unsafe fn iov_total(iov: *const iovec, cnt: usize) -> usize {
-    if iov.is_null() || cnt == 0 {
-        return 0;
+/// A `Bufs::Msg` must point to a valid msghdr.
+unsafe fn enter_tracked(fd: c_int, bufs: Bufs) -> Option<(Reentry, Bufs)> {
+    if !dispatch::tracked(fd) {
+        return None;
     }
+    let reentry = Reentry::enter()?;
     // SAFETY: per the contract.
-    let iovs = unsafe { std::slice::from_raw_parts(iov, cnt) };
-    iovs.iter().fold(0usize, |a, v| a.saturating_add(v.iov_len))
+    Some((reentry, unsafe { bufs.resolved() }))
 }
 
-/// The common body of every recv-type hook on a tracked fd.
+/// The body of every recv-type hook: an fd the table does not track goes
+/// straight to `real` (the cheap filter); otherwise `dispatch` decides
+/// before and after the real call.
 ///
 /// # Safety
-/// `bufs` must describe the buffers `real` fills.
-unsafe fn input(
-    fd: c_int,
-    want: usize,
-    flags: c_int,
-    bufs: Bufs,
-    real: impl FnOnce() -> ssize_t,
-) -> ssize_t {
-    let Some(_reentry) = Reentry::enter() else {
+/// `bufs` must describe the buffers `real` fills (as the caller of the
+/// hooked function passed them).
+unsafe fn input(fd: c_int, flags: c_int, bufs: Bufs, real: impl FnOnce() -> ssize_t) -> ssize_t {
+    // SAFETY: per the contract.
+    let Some((_reentry, bufs)) = (unsafe { enter_tracked(fd, bufs) }) else {
         return real();
     };
+    // SAFETY: per the contract.
+    let want = unsafe { bufs.total() };
     let before = caught(|| dispatch::before_input(fd, want, flags))
         .unwrap_or_else(|| Before::Return(dispatch::internal_error(fd)));
     let ticket = match before {
@@ -372,12 +413,14 @@ unsafe fn input(
     finish(r, e)
 }
 
-/// The common body of every send-type hook: feeds the output digest.
+/// The body of every send-type hook: output to a tracked fd feeds its
+/// digest; anything else goes straight to `real`.
 ///
 /// # Safety
 /// `bufs` must describe the buffers `real` sends from.
 unsafe fn output(fd: c_int, bufs: Bufs, real: impl FnOnce() -> ssize_t) -> ssize_t {
-    let Some(_reentry) = Reentry::enter() else {
+    // SAFETY: per the contract.
+    let Some((_reentry, bufs)) = (unsafe { enter_tracked(fd, bufs) }) else {
         return real();
     };
     let n = real();
@@ -431,6 +474,18 @@ unsafe fn accept_common(
     }
 }
 
+/// `fd` is about to be closed (by close, or replaced by dup2/dup3): a
+/// client's close is its CLOSE entry.
+fn before_close(fd: c_int) {
+    if dispatch::known(fd) {
+        if let Some(_reentry) = Reentry::enter() {
+            if caught(|| dispatch::before_close(fd)).is_none() {
+                dispatch::forget(fd);
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The exported hooks.
 
@@ -440,16 +495,8 @@ unsafe fn accept_common(
 /// Same contract as libc's `read`.
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
-    if !dispatch::tracked(fd) {
-        // SAFETY: forwarding the caller's arguments.
-        return unsafe { real_read(fd, buf, count) };
-    }
     // SAFETY: `buf` is the caller's buffer of `count` bytes; forwarding.
-    unsafe {
-        input(fd, count, 0, Bufs::Flat(buf as *const u8), || {
-            real_read(fd, buf, count)
-        })
-    }
+    unsafe { input(fd, 0, Bufs::Flat(buf as *const u8, count), || real_read(fd, buf, count)) }
 }
 
 /// Interposed glibc `__read_chk` (`read` under `_FORTIFY_SOURCE`).
@@ -463,13 +510,13 @@ pub unsafe extern "C" fn __read_chk(
     count: size_t,
     buflen: size_t,
 ) -> ssize_t {
-    if !dispatch::tracked(fd) || count > buflen {
+    if count > buflen {
         // SAFETY: forwarding; the real function reports the overflow.
         return unsafe { real_read_chk(fd, buf, count, buflen) };
     }
     // SAFETY: as for `read`.
     unsafe {
-        input(fd, count, 0, Bufs::Flat(buf as *const u8), || {
+        input(fd, 0, Bufs::Flat(buf as *const u8, count), || {
             real_read_chk(fd, buf, count, buflen)
         })
     }
@@ -481,18 +528,12 @@ pub unsafe extern "C" fn __read_chk(
 /// Same contract as libc's `readv`.
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if !dispatch::tracked(fd) || cnt < 0 {
-        // SAFETY: forwarding the caller's arguments.
+    if cnt < 0 {
+        // SAFETY: forwarding the caller's arguments (the real call fails).
         return unsafe { real_readv(fd, iov, cnt) };
     }
-    // SAFETY: `iov` holds `cnt` iovecs (the caller's contract).
-    let want = unsafe { iov_total(iov, cnt as usize) };
-    // SAFETY: the iovecs describe the buffers readv fills.
-    unsafe {
-        input(fd, want, 0, Bufs::Iov(iov, cnt as usize), || {
-            real_readv(fd, iov, cnt)
-        })
-    }
+    // SAFETY: `iov` holds `cnt` iovecs describing the buffers readv fills.
+    unsafe { input(fd, 0, Bufs::Iov(iov, cnt as usize), || real_readv(fd, iov, cnt)) }
 }
 
 /// Interposed `recv(2)`.
@@ -501,13 +542,9 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 /// Same contract as libc's `recv`.
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
-    if !dispatch::tracked(fd) {
-        // SAFETY: forwarding the caller's arguments.
-        return unsafe { real_recv(fd, buf, len, flags) };
-    }
-    // SAFETY: `buf` is the caller's buffer of `len` bytes.
+    // SAFETY: `buf` is the caller's buffer of `len` bytes; forwarding.
     unsafe {
-        input(fd, len, flags, Bufs::Flat(buf as *const u8), || {
+        input(fd, flags, Bufs::Flat(buf as *const u8, len), || {
             real_recv(fd, buf, len, flags)
         })
     }
@@ -525,13 +562,13 @@ pub unsafe extern "C" fn __recv_chk(
     buflen: size_t,
     flags: c_int,
 ) -> ssize_t {
-    if !dispatch::tracked(fd) || len > buflen {
+    if len > buflen {
         // SAFETY: forwarding; the real function reports the overflow.
         return unsafe { real_recv_chk(fd, buf, len, buflen, flags) };
     }
     // SAFETY: as for `recv`.
     unsafe {
-        input(fd, len, flags, Bufs::Flat(buf as *const u8), || {
+        input(fd, flags, Bufs::Flat(buf as *const u8, len), || {
             real_recv_chk(fd, buf, len, buflen, flags)
         })
     }
@@ -550,13 +587,9 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    if !dispatch::tracked(fd) {
-        // SAFETY: forwarding the caller's arguments.
-        return unsafe { real_recvfrom(fd, buf, len, flags, addr, alen) };
-    }
-    // SAFETY: `buf` is the caller's buffer of `len` bytes.
+    // SAFETY: `buf` is the caller's buffer of `len` bytes; forwarding.
     unsafe {
-        input(fd, len, flags, Bufs::Flat(buf as *const u8), || {
+        input(fd, flags, Bufs::Flat(buf as *const u8, len), || {
             real_recvfrom(fd, buf, len, flags, addr, alen)
         })
     }
@@ -576,13 +609,13 @@ pub unsafe extern "C" fn __recvfrom_chk(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    if !dispatch::tracked(fd) || len > buflen {
+    if len > buflen {
         // SAFETY: forwarding; the real function reports the overflow.
         return unsafe { real_recvfrom_chk(fd, buf, len, buflen, flags, addr, alen) };
     }
     // SAFETY: as for `recvfrom`.
     unsafe {
-        input(fd, len, flags, Bufs::Flat(buf as *const u8), || {
+        input(fd, flags, Bufs::Flat(buf as *const u8, len), || {
             real_recvfrom_chk(fd, buf, len, buflen, flags, addr, alen)
         })
     }
@@ -595,20 +628,13 @@ pub unsafe extern "C" fn __recvfrom_chk(
 /// Same contract as libc's `recvmsg`.
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    if !dispatch::tracked(fd) || msg.is_null() {
-        // SAFETY: forwarding the caller's arguments.
+    if msg.is_null() {
+        // SAFETY: forwarding the caller's arguments (the real call fails).
         return unsafe { real_recvmsg(fd, msg, flags) };
     }
-    // SAFETY: `msg` is the caller's valid msghdr; its iovecs are valid.
-    let (iov, cnt) = unsafe { ((*msg).msg_iov as *const iovec, (*msg).msg_iovlen) };
-    // SAFETY: as above.
-    let want = unsafe { iov_total(iov, cnt) };
-    // SAFETY: the iovecs describe the buffers recvmsg fills.
-    unsafe {
-        input(fd, want, flags, Bufs::Iov(iov, cnt), || {
-            real_recvmsg(fd, msg, flags)
-        })
-    }
+    // SAFETY: `msg` is the caller's valid msghdr; its iovecs describe the
+    // buffers recvmsg fills.
+    unsafe { input(fd, flags, Bufs::Msg(msg), || real_recvmsg(fd, msg, flags)) }
 }
 
 /// Interposed `accept(2)`.
@@ -670,13 +696,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 /// Same contract as libc's `close`.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if dispatch::known(fd) {
-        if let Some(_reentry) = Reentry::enter() {
-            if caught(|| dispatch::before_close(fd)).is_none() {
-                dispatch::forget(fd);
-            }
-        }
-    }
+    before_close(fd);
     // SAFETY: forwarding the caller's argument.
     unsafe { real_close(fd) }
 }
@@ -703,12 +723,8 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 /// Same contract as libc's `dup2`.
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
-    if old != new && dispatch::known(new) {
-        if let Some(_reentry) = Reentry::enter() {
-            if caught(|| dispatch::before_close(new)).is_none() {
-                dispatch::forget(new);
-            }
-        }
+    if old != new {
+        before_close(new);
     }
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_dup2(old, new) }
@@ -720,12 +736,8 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 /// Same contract as libc's `dup3`.
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    if old != new && dispatch::known(new) {
-        if let Some(_reentry) = Reentry::enter() {
-            if caught(|| dispatch::before_close(new)).is_none() {
-                dispatch::forget(new);
-            }
-        }
+    if old != new {
+        before_close(new);
     }
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_dup3(old, new, flags) }
@@ -737,16 +749,8 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 /// Same contract as libc's `write`.
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
-    if !dispatch::tracked(fd) {
-        // SAFETY: forwarding the caller's arguments.
-        return unsafe { real_write(fd, buf, count) };
-    }
-    // SAFETY: `buf` holds `count` bytes (the caller's contract).
-    unsafe {
-        output(fd, Bufs::Flat(buf as *const u8), || {
-            real_write(fd, buf, count)
-        })
-    }
+    // SAFETY: `buf` holds `count` bytes (the caller's contract); forwarding.
+    unsafe { output(fd, Bufs::Flat(buf as *const u8, count), || real_write(fd, buf, count)) }
 }
 
 /// Interposed `writev(2)`.
@@ -755,16 +759,12 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> 
 /// Same contract as libc's `writev`.
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if !dispatch::tracked(fd) || cnt < 0 {
-        // SAFETY: forwarding the caller's arguments.
+    if cnt < 0 {
+        // SAFETY: forwarding the caller's arguments (the real call fails).
         return unsafe { real_writev(fd, iov, cnt) };
     }
     // SAFETY: `iov` holds `cnt` valid iovecs (the caller's contract).
-    unsafe {
-        output(fd, Bufs::Iov(iov, cnt as usize), || {
-            real_writev(fd, iov, cnt)
-        })
-    }
+    unsafe { output(fd, Bufs::Iov(iov, cnt as usize), || real_writev(fd, iov, cnt)) }
 }
 
 /// Interposed `send(2)`.
@@ -773,13 +773,9 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 /// Same contract as libc's `send`.
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
-    if !dispatch::tracked(fd) {
-        // SAFETY: forwarding the caller's arguments.
-        return unsafe { real_send(fd, buf, len, flags) };
-    }
-    // SAFETY: `buf` holds `len` bytes (the caller's contract).
+    // SAFETY: `buf` holds `len` bytes (the caller's contract); forwarding.
     unsafe {
-        output(fd, Bufs::Flat(buf as *const u8), || {
+        output(fd, Bufs::Flat(buf as *const u8, len), || {
             real_send(fd, buf, len, flags)
         })
     }
@@ -798,13 +794,9 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
-    if !dispatch::tracked(fd) {
-        // SAFETY: forwarding the caller's arguments.
-        return unsafe { real_sendto(fd, buf, len, flags, addr, alen) };
-    }
-    // SAFETY: `buf` holds `len` bytes (the caller's contract).
+    // SAFETY: `buf` holds `len` bytes (the caller's contract); forwarding.
     unsafe {
-        output(fd, Bufs::Flat(buf as *const u8), || {
+        output(fd, Bufs::Flat(buf as *const u8, len), || {
             real_sendto(fd, buf, len, flags, addr, alen)
         })
     }
@@ -816,14 +808,13 @@ pub unsafe extern "C" fn sendto(
 /// Same contract as libc's `sendmsg`.
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    if !dispatch::tracked(fd) || msg.is_null() {
-        // SAFETY: forwarding the caller's arguments.
+    if msg.is_null() {
+        // SAFETY: forwarding the caller's arguments (the real call fails).
         return unsafe { real_sendmsg(fd, msg, flags) };
     }
-    // SAFETY: `msg` is the caller's valid msghdr.
-    let (iov, cnt) = unsafe { ((*msg).msg_iov as *const iovec, (*msg).msg_iovlen) };
-    // SAFETY: the iovecs describe the bytes sendmsg sends.
-    unsafe { output(fd, Bufs::Iov(iov, cnt), || real_sendmsg(fd, msg, flags)) }
+    // SAFETY: `msg` is the caller's valid msghdr; its iovecs describe the
+    // bytes sendmsg sends.
+    unsafe { output(fd, Bufs::Msg(msg), || real_sendmsg(fd, msg, flags)) }
 }
 
 // ---------------------------------------------------------------------------
