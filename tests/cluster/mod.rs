@@ -823,11 +823,12 @@ pub fn load_counter_key(t: usize) -> String {
 pub struct BackgroundLoad {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     done: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    handles: Vec<std::thread::JoinHandle<i64>>,
+    handles: Vec<std::thread::JoinHandle<(i64, Option<String>)>>,
 }
 
 impl BackgroundLoad {
-    /// Starts `threads` clients against `addr`.
+    /// Starts `threads` clients against `addr`. A client stops at its
+    /// first I/O error (see [`BackgroundLoad::stop_after_failure`]).
     pub fn start(addr: SocketAddr, threads: usize) -> BackgroundLoad {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
         use std::sync::Arc;
@@ -842,18 +843,21 @@ impl BackgroundLoad {
                     let mut acked = 0i64;
                     let mut i = 0usize;
                     while !stop.load(Ordering::Relaxed) {
-                        redis_mixed_op(&mut c, t, i).expect("mixed workload command");
-                        match c.cmd(&[b"INCR", key.as_bytes()]).expect("INCR") {
-                            Reply::Int(v) => {
+                        if let Err(e) = redis_mixed_op(&mut c, t, i) {
+                            return (acked, Some(format!("client {t}: {e}")));
+                        }
+                        match c.cmd(&[b"INCR", key.as_bytes()]) {
+                            Ok(Reply::Int(v)) => {
                                 assert!(v > acked, "client {t}: INCR answered {v} after {acked}");
                                 acked = v;
                             }
-                            other => panic!("INCR answered {other:?}"),
+                            Ok(other) => panic!("INCR answered {other:?}"),
+                            Err(e) => return (acked, Some(format!("client {t}: {e}"))),
                         }
                         done.fetch_add(2, Ordering::Relaxed);
                         i += 1;
                     }
-                    acked
+                    (acked, None)
                 })
             })
             .collect();
@@ -872,7 +876,7 @@ impl BackgroundLoad {
         let start = Instant::now();
         while self.done() < target {
             if self.handles.iter().any(|h| h.is_finished()) {
-                panic!("a load client stopped early\n{}", c.logs());
+                panic!("a load client stopped early (I/O error or panic)\n{}", c.logs());
             }
             if start.elapsed() > limit {
                 panic!("load made no progress to {target} (at {})\n{}", self.done(), c.logs());
@@ -882,11 +886,28 @@ impl BackgroundLoad {
     }
 
     /// Stops the clients; returns each one's last acknowledged counter.
+    /// Panics if a client hit an I/O error.
     pub fn stop(self) -> Vec<i64> {
+        self.finish()
+            .into_iter()
+            .map(|(acked, err)| {
+                assert!(err.is_none(), "load client failed: {}", err.unwrap_or_default());
+                acked
+            })
+            .collect()
+    }
+
+    /// Stops the clients after a fault that may have cut their connections:
+    /// I/O errors are expected. Returns each one's last acknowledged counter.
+    pub fn stop_after_failure(self) -> Vec<i64> {
+        self.finish().into_iter().map(|(acked, _)| acked).collect()
+    }
+
+    fn finish(self) -> Vec<(i64, Option<String>)> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.handles
             .into_iter()
-            .map(|h| h.join().expect("load client"))
+            .map(|h| h.join().expect("load client panicked"))
             .collect()
     }
 }
