@@ -276,6 +276,35 @@ fn ctrl_c_while_starting_leaves_nothing() {
 }
 
 #[test]
+fn up_killed_leaves_no_orphans_and_restarts() {
+    let tc = config("upsigkill", Server::Redis);
+    let mut up = Up::spawn(&tc.config_path, &[]);
+    up.wait_line("ready", READY_LIMIT);
+    let mut c = Resp::connect(tc.app(1)).expect("connect");
+    assert_eq!(c.cmd(&[b"SET", b"survives", b"yes"]).unwrap(), Reply::Status("OK".into()));
+    drop(c);
+    // SIGKILL: no cleanup by `lockstep up`; the kernel's parent-death
+    // signal stops its children.
+    up.child.as_mut().unwrap().kill().expect("SIGKILL lockstep up");
+    up.wait_exit(EXIT_LIMIT);
+    let dir = tc.dir.display().to_string();
+    let start = Instant::now();
+    while !processes_mentioning(&dir).is_empty() {
+        assert!(start.elapsed() < EXIT_LIMIT, "orphans: {:?}", processes_mentioning(&dir));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A new `up` removes the stale region files and rebuilds from the log.
+    let mut up = Up::spawn(&tc.config_path, &[]);
+    up.wait_line("ready", READY_LIMIT);
+    assert!(up.output().contains("stale region file"), "{}", up.output());
+    let mut c = Resp::connect(tc.app(1)).expect("connect");
+    assert_eq!(c.cmd(&[b"GET", b"survives"]).unwrap(), Reply::Bulk(Some(b"yes".to_vec())));
+    drop(c);
+    assert!(up.interrupt().success(), "{}", up.output());
+    assert_nothing_left(&tc, &[]);
+}
+
+#[test]
 fn bad_config_is_one_line_and_starts_nothing() {
     let tc = config("upbadcfg", Server::Redis);
     std::fs::write(&tc.config_path, std::fs::read_to_string(&tc.config_path).unwrap() + "ring_sise = \"1MiB\"\n").unwrap();
