@@ -17,10 +17,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use cluster::{memcached_mixed_workload, Memcache, McItem};
+use cluster::{memcached_mixed_workload, McItem, Memcache};
 
 fn addr(s: &str) -> anyhow::Result<SocketAddr> {
-    s.parse().with_context(|| format!("{s:?} is not an ip:port address"))
+    s.parse()
+        .with_context(|| format!("{s:?} is not an ip:port address"))
 }
 
 fn dump(a: SocketAddr) -> anyhow::Result<std::collections::BTreeMap<String, McItem>> {
@@ -41,22 +42,36 @@ fn main() -> anyhow::Result<()> {
             memcached_mixed_workload(a, threads, ops, 50);
             let secs = start.elapsed().as_secs_f64();
             let n = threads * ops;
-            println!("{n} requests from {threads} connections in {secs:.2} s: {:.0} requests per second", n as f64 / secs);
+            println!(
+                "{n} requests from {threads} connections in {secs:.2} s: {:.0} requests per second",
+                n as f64 / secs
+            );
         }
         Some("compare") if args.len() >= 3 => {
-            let addrs: Vec<SocketAddr> = args[1..].iter().map(|s| addr(s)).collect::<anyhow::Result<_>>()?;
+            let addrs: Vec<SocketAddr> = args[1..]
+                .iter()
+                .map(|s| addr(s))
+                .collect::<anyhow::Result<_>>()?;
             // A backup may still be applying the tail of the log.
             let start = Instant::now();
             let dumps = loop {
-                let dumps = addrs.iter().map(|&a| dump(a)).collect::<anyhow::Result<Vec<_>>>()?;
-                if dumps.iter().all(|d| *d == dumps[0]) || start.elapsed() > Duration::from_secs(60) {
+                let dumps = addrs
+                    .iter()
+                    .map(|&a| dump(a))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                if dumps.iter().all(|d| *d == dumps[0]) || start.elapsed() > Duration::from_secs(60)
+                {
                     break dumps;
                 }
                 std::thread::sleep(Duration::from_millis(300));
             };
             for (a, d) in addrs.iter().zip(&dumps) {
                 let bytes: usize = d.values().map(|(_, v)| v.len()).sum();
-                let same = if d == &dumps[0] { "identical" } else { "DIFFERENT" };
+                let same = if d == &dumps[0] {
+                    "identical"
+                } else {
+                    "DIFFERENT"
+                };
                 println!("{a}: {} keys, {bytes} value bytes: {same}", d.len());
             }
             if dumps.iter().any(|d| *d != dumps[0]) {

@@ -96,7 +96,11 @@ fn port_free(addr: SocketAddr) -> bool {
 
 fn find_in_path(prog: &str) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    let runnable = |p: &Path| p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+    let runnable = |p: &Path| {
+        p.metadata()
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
     if prog.contains('/') {
         return runnable(Path::new(prog));
     }
@@ -118,7 +122,11 @@ fn last_line(path: &Path) -> String {
 }
 
 /// Expands `{port}`, `{host}`, `{data}`, `{node}` in a server command.
-pub fn server_command(template: &[String], config: &Config, id: u64) -> anyhow::Result<Vec<String>> {
+pub fn server_command(
+    template: &[String],
+    config: &Config,
+    id: u64,
+) -> anyhow::Result<Vec<String>> {
     let node = config.node(id)?;
     let data = config.data_dir.join(format!("server-{id}"));
     Ok(template
@@ -144,7 +152,10 @@ fn zookeeper_addr(connect: &str) -> anyhow::Result<SocketAddr> {
 
 /// Starts a private ZooKeeper when the election needs one and the
 /// configured one does not answer; `None` when not needed or reachable.
-fn ensure_zookeeper(config: &Config, say: &dyn Fn(&str)) -> anyhow::Result<Option<ZookeeperServer>> {
+fn ensure_zookeeper(
+    config: &Config,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<Option<ZookeeperServer>> {
     if config.election.mode != ElectionMode::Zookeeper {
         return Ok(None);
     }
@@ -157,7 +168,10 @@ fn ensure_zookeeper(config: &Config, say: &dyn Fn(&str)) -> anyhow::Result<Optio
         bail!("election.zookeeper: nothing answers at {addr}, and a private ZooKeeper can only be started on a loopback address");
     }
     let dir = config.data_dir.join("zookeeper");
-    say(&format!("no ZooKeeper answers at {addr}: starting a private one (data in {})", dir.display()));
+    say(&format!(
+        "no ZooKeeper answers at {addr}: starting a private one (data in {})",
+        dir.display()
+    ));
     let zk = ZookeeperServer::start(&dir, addr.port())?;
     say(&format!("ZooKeeper serves at {addr} (pid {})", zk.pid()));
     Ok(Some(zk))
@@ -206,7 +220,10 @@ impl Cluster {
             }
             for (field, a) in addrs {
                 if !port_free(a) {
-                    bail!("port in use: nodes.{field} {a} of node {} (is another cluster running?)", n.id);
+                    bail!(
+                        "port in use: nodes.{field} {a} of node {} (is another cluster running?)",
+                        n.id
+                    );
                 }
             }
         }
@@ -221,8 +238,13 @@ impl Cluster {
         for id in config.ids() {
             let path = region::region_path(&config.cluster, id);
             if path.exists() {
-                say(&format!("removing stale region file {} (no node of cluster {:?} is running)", path.display(), config.cluster));
-                std::fs::remove_file(&path).with_context(|| format!("cannot remove stale {}", path.display()))?;
+                say(&format!(
+                    "removing stale region file {} (no node of cluster {:?} is running)",
+                    path.display(),
+                    config.cluster
+                ));
+                std::fs::remove_file(&path)
+                    .with_context(|| format!("cannot remove stale {}", path.display()))?;
             }
         }
         Ok(())
@@ -244,7 +266,8 @@ impl Cluster {
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", config_path.display()))?;
         let logs = config.data_dir.join("logs");
-        std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+        std::fs::create_dir_all(&logs)
+            .with_context(|| format!("cannot create {}", logs.display()))?;
         let mut cluster = Cluster {
             config: config.clone(),
             procs: Vec::new(),
@@ -259,7 +282,11 @@ impl Cluster {
         cluster.wait_for(
             "followers",
             stop,
-            |c| c.config.ids().all(|id| status::query(&c.config, id, Duration::from_millis(500)).is_ok()),
+            |c| {
+                c.config
+                    .ids()
+                    .all(|id| status::query(&c.config, id, Duration::from_millis(500)).is_ok())
+            },
             Duration::from_secs(60),
         )?;
         for id in config.ids() {
@@ -270,13 +297,30 @@ impl Cluster {
         Ok(cluster)
     }
 
-    fn spawn_follower(&mut self, id: u64, config_path: &Path, bins: &Binaries, say: &dyn Fn(&str)) -> anyhow::Result<()> {
+    fn spawn_follower(
+        &mut self,
+        id: u64,
+        config_path: &Path,
+        bins: &Binaries,
+        say: &dyn Fn(&str),
+    ) -> anyhow::Result<()> {
         let n = self.config.node(id)?.clone();
-        say(&format!("starting follower of node {} (control {})", n.id, n.control));
-        let log = self.config.data_dir.join("logs").join(format!("follower-{}.log", n.id));
+        say(&format!(
+            "starting follower of node {} (control {})",
+            n.id, n.control
+        ));
+        let log = self
+            .config
+            .data_dir
+            .join("logs")
+            .join(format!("follower-{}.log", n.id));
         let mut c = Command::new(&bins.follower);
-        c.arg("--config").arg(config_path).arg("--node").arg(n.id.to_string());
-        let child = spawn(c, &log).with_context(|| format!("cannot start {}", bins.follower.display()))?;
+        c.arg("--config")
+            .arg(config_path)
+            .arg("--node")
+            .arg(n.id.to_string());
+        let child =
+            spawn(c, &log).with_context(|| format!("cannot start {}", bins.follower.display()))?;
         self.procs.push(Proc {
             kind: Kind::Follower,
             what: format!("follower of node {}", n.id),
@@ -298,9 +342,17 @@ impl Cluster {
     ) -> anyhow::Result<()> {
         let args = server_command(cmd, &self.config, id)?;
         let data = self.config.data_dir.join(format!("server-{id}"));
-        std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
-        say(&format!("starting server of node {id}: {}", shell_words(&args)));
-        let log = self.config.data_dir.join("logs").join(format!("server-{id}.log"));
+        std::fs::create_dir_all(&data)
+            .with_context(|| format!("cannot create {}", data.display()))?;
+        say(&format!(
+            "starting server of node {id}: {}",
+            shell_words(&args)
+        ));
+        let log = self
+            .config
+            .data_dir
+            .join("logs")
+            .join(format!("server-{id}.log"));
         let mut c = Command::new(&args[0]);
         c.args(&args[1..])
             .env("LD_PRELOAD", &bins.preload)
@@ -326,7 +378,9 @@ impl Cluster {
             stop,
             |c| {
                 ids.iter().all(|&id| {
-                    let Ok(n) = c.config.node(id) else { return false };
+                    let Ok(n) = c.config.node(id) else {
+                        return false;
+                    };
                     status::query(&c.config, id, Duration::from_millis(500))
                         .map(|s| s.server_pid != 0 && s.role != "joining")
                         .unwrap_or(false)
@@ -353,7 +407,8 @@ impl Cluster {
                 let _ = p.child.wait();
             }
         }
-        self.procs.retain(|p| p.what != name("server") && p.what != name("follower"));
+        self.procs
+            .retain(|p| p.what != name("server") && p.what != name("follower"));
         let config_path = config_path
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", config_path.display()))?;
@@ -385,7 +440,11 @@ impl Cluster {
                     "{} exited while waiting for the {what}{}{} (log {})",
                     p.what,
                     p.how,
-                    if why.is_empty() { String::new() } else { format!(": {why}") },
+                    if why.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {why}")
+                    },
                     p.log.display()
                 );
             }
@@ -423,11 +482,16 @@ impl Cluster {
     /// One line per process that exited since the last call.
     pub fn reap_lines(&mut self) -> Vec<String> {
         let dead = self.reap();
-        let mut lines: Vec<String> =
-            dead.into_iter().map(|i| format!("{} exited{}", self.procs[i].what, self.procs[i].how)).collect();
+        let mut lines: Vec<String> = dead
+            .into_iter()
+            .map(|i| format!("{} exited{}", self.procs[i].what, self.procs[i].how))
+            .collect();
         if let Some(zk) = self.zookeeper.as_mut() {
             if zk.exited() {
-                lines.push(format!("ZooKeeper exited (log {})", zk.log_path().display()));
+                lines.push(format!(
+                    "ZooKeeper exited (log {})",
+                    zk.log_path().display()
+                ));
                 self.zookeeper = None;
             }
         }
@@ -443,7 +507,11 @@ impl Cluster {
         }
         self.stopped = true;
         for kind in [Kind::Server, Kind::Follower] {
-            for p in self.procs.iter_mut().filter(|p| p.kind == kind && !p.exited) {
+            for p in self
+                .procs
+                .iter_mut()
+                .filter(|p| p.kind == kind && !p.exited)
+            {
                 let _ = killpg(p.pgid(), Signal::SIGTERM);
             }
             let start = Instant::now();
@@ -526,7 +594,11 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>) -> anyhow::Result<()> {
         server_cmd
     };
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
     let bins = Binaries::locate()?;
@@ -534,16 +606,23 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>) -> anyhow::Result<()> {
     let mut cluster = Cluster::start(config.clone(), config_path, &cmd, &bins, &stop, &say)?;
     let nodes = status::query_all(&config, Duration::from_secs(1));
     let (view, leader) = status::cluster_view(&nodes);
-    let app = config.node(leader).map(|n| n.app.to_string()).unwrap_or_default();
-    say(&format!("ready — view {view}, leader node {leader}: connect your clients to {app}"));
+    let app = config
+        .node(leader)
+        .map(|n| n.app.to_string())
+        .unwrap_or_default();
+    say(&format!(
+        "ready — view {view}, leader node {leader}: connect your clients to {app}"
+    ));
     for n in config.nodes.iter().filter(|n| n.id != leader) {
         say(&format!(
             "  node {} (backup) at {}{}",
             n.id,
             n.app,
             match config.backup_clients {
-                lockstep_common::config::BackupClients::Allow => ": reads only, writes there are NOT replicated",
-                lockstep_common::config::BackupClients::Deny => ": refuses clients (backup_clients = \"deny\")",
+                lockstep_common::config::BackupClients::Allow =>
+                    ": reads only, writes there are NOT replicated",
+                lockstep_common::config::BackupClients::Deny =>
+                    ": refuses clients (backup_clients = \"deny\")",
             }
         ));
     }

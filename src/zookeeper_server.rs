@@ -64,14 +64,17 @@ impl ZookeeperServer {
     /// Starts it without waiting.
     pub fn spawn(dir: &Path, port: u16) -> Result<ZookeeperServer> {
         if !Path::new(ZK_SERVER_SCRIPT).exists() {
-            bail!("{ZK_SERVER_SCRIPT} not found: install the zookeeper package (scripts/setup does)");
+            bail!(
+                "{ZK_SERVER_SCRIPT} not found: install the zookeeper package (scripts/setup does)"
+            );
         }
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         if std::net::TcpListener::bind(addr).is_err() {
             bail!("cannot start ZooKeeper: port {addr} is in use");
         }
         let data = dir.join("data");
-        std::fs::create_dir_all(&data).with_context(|| format!("cannot create {}", data.display()))?;
+        std::fs::create_dir_all(&data)
+            .with_context(|| format!("cannot create {}", data.display()))?;
         let cfg = dir.join("zoo.cfg");
         // Short ticks allow short sessions (minSessionTimeout), so elections
         // notice a dead node quickly.
@@ -106,8 +109,14 @@ impl ZookeeperServer {
                 Ok(())
             });
         }
-        let child = cmd.spawn().with_context(|| format!("cannot start {ZK_SERVER_SCRIPT}"))?;
-        log::info!("started ZooKeeper pid {} on {addr} (config {})", child.id(), cfg.display());
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {ZK_SERVER_SCRIPT}"))?;
+        log::info!(
+            "started ZooKeeper pid {} on {addr} (config {})",
+            child.id(),
+            cfg.display()
+        );
         Ok(ZookeeperServer {
             child: Some(child),
             port,
@@ -130,7 +139,11 @@ impl ZookeeperServer {
                 return Ok(());
             }
             if start.elapsed() > limit {
-                bail!("ZooKeeper on {} did not serve within {limit:?}: {}", self.addr(), self.log_tail());
+                bail!(
+                    "ZooKeeper on {} did not serve within {limit:?}: {}",
+                    self.addr(),
+                    self.log_tail()
+                );
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -171,7 +184,9 @@ impl ZookeeperServer {
     /// Stops the whole process group: SIGTERM, then SIGKILL after a grace
     /// period.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else { return };
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         let pgid = Pid::from_raw(child.id() as i32);
         let _ = killpg(pgid, Signal::SIGTERM);
         let start = Instant::now();

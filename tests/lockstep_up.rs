@@ -22,7 +22,8 @@ const READY_LIMIT: Duration = Duration::from_secs(240);
 const EXIT_LIMIT: Duration = Duration::from_secs(120);
 
 const REDIS_SERVER: &str = r#"server = ["redis-server", "--port", "{port}", "--bind", "{host}", "--save", "", "--appendonly", "no", "--dir", "{data}", "--enable-debug-command", "yes"]"#;
-const MEMCACHED_SERVER: &str = r#"server = ["memcached", "-u", "root", "-t", "1", "-U", "0", "-l", "{host}", "-p", "{port}"]"#;
+const MEMCACHED_SERVER: &str =
+    r#"server = ["memcached", "-u", "root", "-t", "1", "-U", "0", "-l", "{host}", "-p", "{port}"]"#;
 
 /// A running `lockstep up`, its stdout and stderr collected line by line.
 /// Dropping it interrupts it (and kills it if it does not exit), so a
@@ -74,9 +75,16 @@ impl Up {
             }
             if let Ok(Some(st)) = self.child.as_mut().unwrap().try_wait() {
                 std::thread::sleep(Duration::from_millis(200)); // let readers finish
-                panic!("lockstep up exited ({st}) before printing {pat:?}:\n{}", self.output());
+                panic!(
+                    "lockstep up exited ({st}) before printing {pat:?}:\n{}",
+                    self.output()
+                );
             }
-            assert!(start.elapsed() < limit, "no {pat:?} from lockstep up within {limit:?}:\n{}", self.output());
+            assert!(
+                start.elapsed() < limit,
+                "no {pat:?} from lockstep up within {limit:?}:\n{}",
+                self.output()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -90,7 +98,11 @@ impl Up {
                 std::thread::sleep(Duration::from_millis(200)); // let readers finish
                 return st;
             }
-            assert!(start.elapsed() < limit, "lockstep up did not exit within {limit:?}:\n{}", self.output());
+            assert!(
+                start.elapsed() < limit,
+                "lockstep up did not exit within {limit:?}:\n{}",
+                self.output()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -105,7 +117,9 @@ impl Up {
 
 impl Drop for Up {
     fn drop(&mut self) {
-        let Some(mut c) = self.child.take() else { return };
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
         let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGINT);
         let start = Instant::now();
         while start.elapsed() < EXIT_LIMIT {
@@ -150,7 +164,11 @@ fn lockstep(args: &[&str]) -> std::process::Output {
 /// binds again.
 fn assert_nothing_left(tc: &TestCluster, held: &[SocketAddr]) {
     let procs = processes_mentioning(&tc.dir.display().to_string());
-    assert!(procs.is_empty(), "processes left running:\n{}", procs.join("\n"));
+    assert!(
+        procs.is_empty(),
+        "processes left running:\n{}",
+        procs.join("\n")
+    );
     let prefix = format!("lockstep-{}-", tc.name);
     let regions: Vec<String> = std::fs::read_dir("/dev/shm")
         .expect("/dev/shm")
@@ -162,7 +180,8 @@ fn assert_nothing_left(tc: &TestCluster, held: &[SocketAddr]) {
     for n in &tc.nodes {
         for a in [n.app, n.control] {
             if !held.contains(&a) {
-                TcpListener::bind(a).unwrap_or_else(|e| panic!("port {a} still in use after stop: {e}"));
+                TcpListener::bind(a)
+                    .unwrap_or_else(|e| panic!("port {a} still in use after stop: {e}"));
             }
         }
     }
@@ -171,7 +190,11 @@ fn assert_nothing_left(tc: &TestCluster, held: &[SocketAddr]) {
 /// Waits until every node applied the leader's log, then until all
 /// `digest`s agree (a read may trail its apply by an event-loop turn);
 /// returns them.
-fn converged<T: PartialEq + std::fmt::Debug>(tc: &TestCluster, ids: &[u64], digest: impl Fn(SocketAddr) -> T) -> Vec<T> {
+fn converged<T: PartialEq + std::fmt::Debug>(
+    tc: &TestCluster,
+    ids: &[u64],
+    digest: impl Fn(SocketAddr) -> T,
+) -> Vec<T> {
     tc.wait_converged_on(ids, Duration::from_secs(120));
     let start = Instant::now();
     loop {
@@ -190,7 +213,10 @@ fn one_error_line(out: &std::process::Output) -> String {
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("warning:")).collect();
     assert_eq!(lines.len(), 1, "want one error line, got:\n{err}");
-    assert!(lines[0].starts_with("lockstep: "), "unexpected error line: {err}");
+    assert!(
+        lines[0].starts_with("lockstep: "),
+        "unexpected error line: {err}"
+    );
     lines[0].to_string()
 }
 
@@ -200,32 +226,59 @@ fn redis_up_workload_kill_backup_ctrl_c() {
     let cfg = tc.config_path.to_str().unwrap().to_string();
     let mut up = Up::spawn(&tc.config_path, &[]);
     let ready = up.wait_line("ready", READY_LIMIT);
-    assert!(ready.contains(&tc.app(1).to_string()), "ready line does not say where to connect: {ready}");
+    assert!(
+        ready.contains(&tc.app(1).to_string()),
+        "ready line does not say where to connect: {ready}"
+    );
 
     redis_mixed_workload(tc.app(1), 16, 300);
     let ds = converged(&tc, &[1, 2, 3], redis_digest);
-    assert!(ds.iter().all(|d| *d == ds[0]), "replicas differ after the workload: {ds:?}");
-    assert_ne!(ds[0], "0000000000000000000000000000000000000000", "empty data set");
+    assert!(
+        ds.iter().all(|d| *d == ds[0]),
+        "replicas differ after the workload: {ds:?}"
+    );
+    assert_ne!(
+        ds[0], "0000000000000000000000000000000000000000",
+        "empty data set"
+    );
     for id in 1..=3 {
         let s = tc.status(id).expect("status");
-        assert_eq!(s.divergences, 0, "node {id} reports divergent replies: {s:?}");
+        assert_eq!(
+            s.divergences, 0,
+            "node {id} reports divergent replies: {s:?}"
+        );
     }
 
     // A backup dies: the leader keeps a majority and serves.
     let k = lockstep(&["kill", &cfg, "--node", "3"]);
-    assert!(k.status.success(), "lockstep kill: {}", String::from_utf8_lossy(&k.stderr));
+    assert!(
+        k.status.success(),
+        "lockstep kill: {}",
+        String::from_utf8_lossy(&k.stderr)
+    );
     up.wait_line("server of node 3 exited", READY_LIMIT);
     up.wait_line("follower of node 3 exited", READY_LIMIT);
     let mut c = Resp::connect(tc.app(1)).expect("connect to the leader");
-    assert_eq!(c.cmd(&[b"SET", b"after-kill", b"1"]).unwrap(), Reply::Status("OK".into()));
+    assert_eq!(
+        c.cmd(&[b"SET", b"after-kill", b"1"]).unwrap(),
+        Reply::Status("OK".into())
+    );
     redis_mixed_workload(tc.app(1), 4, 50);
     drop(c);
     let ds = converged(&tc, &[1, 2], redis_digest);
     assert_eq!(ds[0], ds[1], "leader and the surviving backup differ");
 
     let st = up.interrupt();
-    assert!(st.success(), "lockstep up exited with {st} on Ctrl-C:\n{}", up.output());
-    assert!(up.output().contains("stopped"), "no stop line:\n{}", up.output());
+    assert!(
+        st.success(),
+        "lockstep up exited with {st} on Ctrl-C:\n{}",
+        up.output()
+    );
+    assert!(
+        up.output().contains("stopped"),
+        "no stop line:\n{}",
+        up.output()
+    );
     assert_nothing_left(&tc, &[]);
 }
 
@@ -237,7 +290,9 @@ fn memcached_up_workload_dumps_agree() {
 
     let keys = 12;
     let deltas = memcached_mixed_workload(tc.app(1), 16, 400, keys);
-    let dumps = converged(&tc, &[1, 2, 3], |a| Memcache::connect(a).expect("connect").dump().expect("dump"));
+    let dumps = converged(&tc, &[1, 2, 3], |a| {
+        Memcache::connect(a).expect("connect").dump().expect("dump")
+    });
     assert!(!dumps[0].is_empty(), "no keys on the leader");
     for (i, d) in dumps.iter().enumerate().skip(1) {
         if *d != dumps[0] {
@@ -253,11 +308,19 @@ fn memcached_up_workload_dumps_agree() {
     for (k, delta) in deltas.iter().enumerate() {
         let (_, v) = &dumps[0][&format!("ctr:{k}")];
         let want = MC_COUNTER_START as i64 + delta;
-        assert_eq!(String::from_utf8_lossy(v).trim(), want.to_string(), "counter ctr:{k}");
+        assert_eq!(
+            String::from_utf8_lossy(v).trim(),
+            want.to_string(),
+            "counter ctr:{k}"
+        );
     }
 
     let st = up.interrupt();
-    assert!(st.success(), "lockstep up exited with {st} on Ctrl-C:\n{}", up.output());
+    assert!(
+        st.success(),
+        "lockstep up exited with {st} on Ctrl-C:\n{}",
+        up.output()
+    );
     assert_nothing_left(&tc, &[]);
 }
 
@@ -281,16 +344,27 @@ fn up_killed_leaves_no_orphans_and_restarts() {
     let mut up = Up::spawn(&tc.config_path, &[]);
     up.wait_line("ready", READY_LIMIT);
     let mut c = Resp::connect(tc.app(1)).expect("connect");
-    assert_eq!(c.cmd(&[b"SET", b"survives", b"yes"]).unwrap(), Reply::Status("OK".into()));
+    assert_eq!(
+        c.cmd(&[b"SET", b"survives", b"yes"]).unwrap(),
+        Reply::Status("OK".into())
+    );
     drop(c);
     // SIGKILL: no cleanup by `lockstep up`; the kernel's parent-death
     // signal stops its children.
-    up.child.as_mut().unwrap().kill().expect("SIGKILL lockstep up");
+    up.child
+        .as_mut()
+        .unwrap()
+        .kill()
+        .expect("SIGKILL lockstep up");
     up.wait_exit(EXIT_LIMIT);
     let dir = tc.dir.display().to_string();
     let start = Instant::now();
     while !processes_mentioning(&dir).is_empty() {
-        assert!(start.elapsed() < EXIT_LIMIT, "orphans: {:?}", processes_mentioning(&dir));
+        assert!(
+            start.elapsed() < EXIT_LIMIT,
+            "orphans: {:?}",
+            processes_mentioning(&dir)
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     // A new `up` removes the stale region files and rebuilds from the log.
@@ -298,7 +372,10 @@ fn up_killed_leaves_no_orphans_and_restarts() {
     up.wait_line("ready", READY_LIMIT);
     assert!(up.output().contains("stale region file"), "{}", up.output());
     let mut c = Resp::connect(tc.app(1)).expect("connect");
-    assert_eq!(c.cmd(&[b"GET", b"survives"]).unwrap(), Reply::Bulk(Some(b"yes".to_vec())));
+    assert_eq!(
+        c.cmd(&[b"GET", b"survives"]).unwrap(),
+        Reply::Bulk(Some(b"yes".to_vec()))
+    );
     drop(c);
     assert!(up.interrupt().success(), "{}", up.output());
     assert_nothing_left(&tc, &[]);
@@ -307,10 +384,17 @@ fn up_killed_leaves_no_orphans_and_restarts() {
 #[test]
 fn bad_config_is_one_line_and_starts_nothing() {
     let tc = config("upbadcfg", Server::Redis);
-    std::fs::write(&tc.config_path, std::fs::read_to_string(&tc.config_path).unwrap() + "ring_sise = \"1MiB\"\n").unwrap();
+    std::fs::write(
+        &tc.config_path,
+        std::fs::read_to_string(&tc.config_path).unwrap() + "ring_sise = \"1MiB\"\n",
+    )
+    .unwrap();
     let out = lockstep(&["up", tc.config_path.to_str().unwrap()]);
     let line = one_error_line(&out);
-    assert!(line.contains("ring_sise"), "error does not name the field: {line}");
+    assert!(
+        line.contains("ring_sise"),
+        "error does not name the field: {line}"
+    );
     assert_nothing_left(&tc, &[]);
 }
 
@@ -321,7 +405,10 @@ fn port_in_use_is_one_line_and_starts_nothing() {
     let _holder = TcpListener::bind(taken).expect("hold node 2's port");
     let out = lockstep(&["up", tc.config_path.to_str().unwrap()]);
     let line = one_error_line(&out);
-    assert!(line.contains("port in use") && line.contains(&taken.to_string()), "{line}");
+    assert!(
+        line.contains("port in use") && line.contains(&taken.to_string()),
+        "{line}"
+    );
     assert_nothing_left(&tc, &[taken]);
 }
 
@@ -337,20 +424,39 @@ fn missing_server_binary_is_one_line() {
         "{port}",
     ]);
     let line = one_error_line(&out);
-    assert!(line.contains("/nonexistent/redis-server") && line.contains("not found"), "{line}");
+    assert!(
+        line.contains("/nonexistent/redis-server") && line.contains("not found"),
+        "{line}"
+    );
     assert_nothing_left(&tc, &[]);
 }
 
 #[test]
 fn server_failing_at_start_stops_everything() {
     let tc = config("upsrvfail", Server::Redis);
-    let mut up = Up::spawn(&tc.config_path, &["--server-cmd", "redis-server", "--port", "{port}", "--no-such-option", "x"]);
+    let mut up = Up::spawn(
+        &tc.config_path,
+        &[
+            "--server-cmd",
+            "redis-server",
+            "--port",
+            "{port}",
+            "--no-such-option",
+            "x",
+        ],
+    );
     let st = up.wait_exit(READY_LIMIT);
     assert!(!st.success(), "lockstep up succeeded with a failing server");
     let out = up.output();
-    let err: Vec<&str> = out.lines().filter(|l| l.starts_with("stderr: lockstep: ")).collect();
+    let err: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("stderr: lockstep: "))
+        .collect();
     assert_eq!(err.len(), 1, "want one error line:\n{out}");
-    assert!(err[0].contains("server of node") && err[0].contains("exited"), "{out}");
+    assert!(
+        err[0].contains("server of node") && err[0].contains("exited"),
+        "{out}"
+    );
     assert_nothing_left(&tc, &[]);
 }
 
@@ -369,7 +475,10 @@ fn private_zookeeper_starts_serves_and_stops_on_drop() {
     // It uses our config, not the system's.
     assert!(!processes_mentioning(&dir.display().to_string()).is_empty());
     drop(zk);
-    assert!(!zookeeper_serving(addr), "ZooKeeper still serves after drop");
+    assert!(
+        !zookeeper_serving(addr),
+        "ZooKeeper still serves after drop"
+    );
     let left = processes_mentioning(&dir.display().to_string());
     assert!(left.is_empty(), "left running: {left:?}");
     TcpListener::bind(addr).expect("ZooKeeper's port is free after drop");
