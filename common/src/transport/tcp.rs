@@ -5,7 +5,7 @@
 //! # Connection
 //!
 //! A writer connects to the peer's `control` address and runs the
-//! [`handshake`](crate::handshake) with [`Channel::Region`]; then the
+//! [`handshake`] with [`Channel::Region`]; then the
 //! stream carries write frames one way and fence notices the other way.
 //!
 //! # Frames (writer → region server), little-endian

@@ -100,13 +100,18 @@
 //!   them while spinning or when their park times out.
 //! - The staging ring is shared anonymous memory and the region a shared
 //!   file mapping, so a server that forks (Redis `BGSAVE`) never has them
-//!   copied away from the device; buffers that libibverbs providers
-//!   allocate need a kernel with copy-on-fork for pinned pages (Linux 5.13
-//!   or later) or `RDMAV_FORK_SAFE=1`, and a warning says so when neither
-//!   holds.
+//!   copied away from the device. The queue buffers libibverbs providers
+//!   allocate need a kernel that copies pinned pages on fork (Linux 5.13
+//!   or later); on older kernels the transport calls `ibv_fork_init`
+//!   (as `RDMAV_FORK_SAFE=1` would), which keeps registered memory out of
+//!   forked children.
+//! - Connections of writers that vanish without a disconnect (a host that
+//!   crashes; a killed process still disconnects, the kernel does it) stay
+//!   on the owner, idle, until it restarts.
 //! - Dropping the transport stops its threads and destroys every queue pair
 //!   (peers see a disconnect).
-//! - All `unsafe` of this transport is in [`verbs`] (when built).
+//! - All `unsafe` of this transport is in its `verbs` module (built with
+//!   the feature).
 
 use std::sync::Arc;
 
@@ -199,12 +204,14 @@ mod imp {
         /// peers are made by the first write to each.
         pub fn open(config: &Config, me: u64, local: Arc<Region>) -> Result<Self, TransportError> {
             let node = config.node(me).map_err(|_| TransportError::UnknownNode(me))?;
-            let devices = verbs::device_names().map_err(unavailable)?;
+            // Before any other verbs call: a server that forks (Redis
+            // BGSAVE) must not take registered pages with it.
             if verbs::fork_unsafe() {
-                log::warn!(
-                    "rdma: this kernel does not keep registered pages across fork; a server that forks needs RDMAV_FORK_SAFE=1"
-                );
+                if let Err(e) = verbs::fork_init() {
+                    log::warn!("rdma: {e}: a server that forks needs RDMAV_FORK_SAFE=1 on this kernel");
+                }
             }
+            let devices = verbs::device_names().map_err(unavailable)?;
             let control = node.control;
             let channel = EventChannel::new().map_err(unavailable)?;
             let anchor = CmId::new(&channel).map_err(unavailable)?;

@@ -470,8 +470,11 @@ impl Peer {
             if ev.kind == event::RDMA_CM_EVENT_REJECTED {
                 return Err(match Refusal::decode(&ev.private_data) {
                     Ok(r) => ConnectError::Refused(r),
-                    // No lockstep answer: nobody listens there (IB reject
-                    // reason 8, invalid service id), or something else.
+                    // IB reject reason 8, invalid service id: nothing
+                    // listens on that address and port.
+                    Err(_) if ev.status == 8 => ConnectError::Other(
+                        "nobody takes rdma writes there (is that node's follower running with transport = \"rdma\"?)".into(),
+                    ),
                     Err(_) => ConnectError::Event(ev.name(), ev.status),
                 });
             }
@@ -498,11 +501,14 @@ impl Peer {
             max_send_wr: depth,
             max_inline: WANT_INLINE,
         };
-        let caps = match id.create_qp(&self.pd, &cq, want) {
+        let mut caps = match id.create_qp(&self.pd, &cq, want) {
             Ok(c) => c,
             // Some devices take no inline data.
             Err(_) => id.create_qp(&self.pd, &cq, QpCaps { max_inline: 0, ..want })?,
         };
+        // A device may give more than asked; the completion queue is sized
+        // for what was asked (every request can complete with an error).
+        caps.max_send_wr = caps.max_send_wr.min(depth);
         let req = ConnRequest {
             from: self.me,
             to: self.node,

@@ -33,6 +33,9 @@ pub enum RdmaError {
     /// `ibv_get_device_list` failed for another reason.
     #[error("ibv_get_device_list: {0}")]
     GetDeviceList(io::Error),
+    /// `ibv_fork_init` failed.
+    #[error("ibv_fork_init: {0}")]
+    ForkInit(io::Error),
     /// `ibv_query_device` failed.
     #[error("ibv_query_device: {0}")]
     QueryDevice(io::Error),
@@ -209,6 +212,14 @@ pub fn device_names() -> Result<Vec<String>, RdmaError> {
 pub fn fork_unsafe() -> bool {
     // SAFETY: a status query without arguments.
     unsafe { sys::ibv_is_fork_initialized() == sys::IBV_FORK_DISABLED }
+}
+
+/// Keeps registered memory (and the providers' queue buffers) out of
+/// forked children, so a fork cannot copy them away from the device. Must
+/// come before the process's first other verbs call to take effect.
+pub fn fork_init() -> Result<(), RdmaError> {
+    // SAFETY: no arguments; it only sets libibverbs' global fork mode.
+    check_errno(unsafe { sys::ibv_fork_init() }).map_err(RdmaError::ForkInit)
 }
 
 /// A socket address in the C layout librdmacm takes.
