@@ -263,6 +263,59 @@ mod tests {
         assert_eq!(t.local().commit(), 7);
     }
 
+    struct FakePeer {
+        len: u64,
+        fenced: u64,
+    }
+
+    impl RemotePeer for FakePeer {
+        fn region_len(&self) -> u64 {
+            self.len
+        }
+        fn fenced_view(&self) -> u64 {
+            self.fenced
+        }
+    }
+
+    #[test]
+    fn peer_table_checks_every_remote_write() {
+        let c = test_config("peers", "tcp", 3);
+        let t = PeerTable::new(&c, 1, |n| {
+            Ok(FakePeer {
+                len: 4096,
+                fenced: if n.id == 3 { 7 } else { 0 },
+            })
+        })
+        .unwrap();
+        assert_eq!(t.iter().count(), 2);
+        assert!(t.target(2, 1, 64, 8).is_ok());
+        assert!(matches!(t.target(1, 1, 64, 8), Err(TransportError::UnknownNode(1))));
+        assert!(matches!(t.target(9, 1, 64, 8), Err(TransportError::UnknownNode(9))));
+        assert!(matches!(t.target(u64::MAX, 1, 64, 8), Err(TransportError::UnknownNode(_))));
+        assert!(matches!(t.target(2, 1, 0, 8), Err(TransportError::Range(_))));
+        assert!(matches!(t.target(2, 1, 4096, 8), Err(TransportError::Range(_))));
+        assert!(matches!(
+            t.target(3, 6, 64, 8),
+            Err(TransportError::Fenced { node: 3, ours: 6, theirs: 7 })
+        ));
+        assert!(t.target(3, 7, 64, 8).is_ok());
+    }
+
+    #[test]
+    fn start_once_starts_one_thread() {
+        let started = AtomicBool::new(false);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let start = |tx: std::sync::mpsc::Sender<u32>| {
+            start_once(&started, || "t".into(), || "a test thread".into(), move || {
+                move || tx.send(1).unwrap()
+            })
+        };
+        let h = start(tx.clone()).unwrap().expect("first call starts");
+        h.join().unwrap();
+        assert!(start(tx).unwrap().is_none(), "later calls do nothing");
+        assert_eq!(rx.try_iter().count(), 1);
+    }
+
     #[test]
     fn remote_write_rules() {
         assert!(check_remote_write(64, 8, 128).is_ok());
