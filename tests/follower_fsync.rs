@@ -102,7 +102,6 @@ fn fsync_backup_sigkilled_mid_load_restarts_and_loses_no_acknowledged_write() {
 }
 
 #[test]
-#[ignore = "known bug (static election): a restarted leader resumes from its own log, which can lack entries only the backups stored and acked; see static_leader_restart_keeps_a_write_only_the_backups_stored"]
 fn fsync_whole_cluster_sigkilled_restarts_from_its_logs_with_every_acknowledged_write() {
     let mut c = fsync_cluster("fsync-all");
     c.start_all();
@@ -147,7 +146,6 @@ fn fsync_whole_cluster_sigkilled_restarts_from_its_logs_with_every_acknowledged_
 /// was answered OK, so the restarted cluster must still hold it — and must
 /// not hang: the backups' logs already hold that seq.
 #[test]
-#[ignore = "known bug (static election): the restarted leader reuses the seq of the write only the backups stored; the write is lost and the backups never ack again"]
 fn static_leader_restart_keeps_a_write_only_the_backups_stored() {
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;

@@ -66,6 +66,7 @@ fn follower_down_at_start_joins_later_and_converges() {
     for id in [1, 2] {
         c.start_server(id);
     }
+    c.wait_leader(1);
     redis_mixed_workload(c.app(1), 4, 200);
     c.start_follower(3);
     c.start_server(3);

@@ -271,10 +271,52 @@ impl Node {
         Ok(())
     }
 
-    /// The candidate's rounds. Returns the view started.
+    /// Takes the next view from ZooKeeper and starts it.
     fn lead_new_view(&self, election: &Election) -> anyhow::Result<u64> {
-        let floor = self.region.view().max(self.log_view.load(Ordering::Acquire));
-        let view = election.claim_view(floor)?;
+        let view = election.claim_view(self.view_floor())?;
+        self.start_view(view)
+    }
+
+    /// Views above this one are new to this node.
+    fn view_floor(&self) -> u64 {
+        self.region.view().max(self.log_view.load(Ordering::Acquire))
+    }
+
+    /// Static election: the configured leader opens every run with a view
+    /// change of its own (it alone starts views, so no ZooKeeper is needed):
+    /// a restarted leader thereby adopts entries the backups stored and
+    /// acked that its own log lacks, instead of reusing their seqs. A backup
+    /// that missed such a view change follows the leader's view when it
+    /// sees it.
+    pub(crate) fn static_loop(&self) {
+        let leader = self.config.election.leader;
+        while !self.stopping() {
+            if leader == self.me {
+                let leading = self.region.leader() == self.me && self.region.view() == self.log_view.load(Ordering::Acquire);
+                if !leading && !self.stale.load(Ordering::Relaxed) {
+                    match self.start_view(self.view_floor() + 1) {
+                        Ok(v) => log::info!("node {}: leading view {v} (static election)", self.me),
+                        Err(e) => log::warn!("node {}: {e:#}; retrying", self.me),
+                    }
+                }
+            } else if let Ok(s) = control::query_status(&self.config, leader, Duration::from_secs(1)) {
+                let changing = self
+                    .view_change_at
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_some_and(|t| t.elapsed() < VIEW_CHANGE_PATIENCE);
+                if s.role == "leader" && s.view > self.log_view.load(Ordering::Acquire) && s.view >= self.region.view() && !changing {
+                    if let Err(e) = self.follow(s.view, leader, None) {
+                        log::warn!("node {}: following node {leader} in view {}: {e:#}", self.me, s.view);
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// The candidate's rounds for `view`. Returns the view started.
+    fn start_view(&self, view: u64) -> anyhow::Result<u64> {
         log::info!("node {}: candidate for view {view}", self.me);
         let members: Vec<u64> = self.config.ids().collect();
         let mut cand = Candidate::new(view, self.me, &members);

@@ -120,10 +120,16 @@ impl Node {
         store.set_view(view)?;
         // Static: one view, one leader, forever. ZooKeeper: nobody leads
         // until a view change says so.
+        // Static: the configured leader leads; it opens a new view first
+        // (see `static_loop`), until then it is nobody's leader. ZooKeeper:
+        // nobody leads until a view change says so.
+        let stored_log_view = store.log_view()?;
         let (leader, log_view) = if zookeeper {
-            (0, store.log_view()?)
+            (0, stored_log_view)
+        } else if config.election.leader == me {
+            (0, if stored_log_view == 0 { view } else { stored_log_view })
         } else {
-            (config.election.leader, view)
+            (config.election.leader, if stored_log_view == 0 { view } else { stored_log_view })
         };
         store.set_log_view(log_view)?;
         region.set_view(view);
@@ -132,18 +138,8 @@ impl Node {
         region.set_heartbeat(now_ms());
         let committed = store.commit()?;
         region.set_commit(committed);
-        if zookeeper {
+        if zookeeper || config.election.leader == me {
             region.set_role(Role::Joining);
-        } else if leader == me {
-            region.set_writer_start(last.seq + 1, last.end_pos);
-            region.set_ack(me, last.seq);
-            region.set_tail(last.end_pos);
-            // A restarted leader first rebuilds its (fresh) server.
-            region.set_role(if last.seq == 0 {
-                Role::Leader
-            } else {
-                Role::Joining
-            });
         } else {
             region.set_role(Role::Backup);
         }
@@ -241,15 +237,23 @@ impl Node {
             .name("apply".into())
             .spawn(move || n.apply_loop())?;
         let zookeeper = self.config.election.mode == ElectionMode::Zookeeper;
+        let n = self.clone();
         if zookeeper {
-            let n = self.clone();
             std::thread::Builder::new()
                 .name("election".into())
                 .spawn(move || n.election_loop())?;
+        } else {
+            std::thread::Builder::new()
+                .name("static".into())
+                .spawn(move || n.static_loop())?;
         }
-        // A node that starts behind (or late) asks a peer for what it missed
-        // (under ZooKeeper, the view change or the join does that).
-        if !self.is_leader_node() && !zookeeper {
+        // A node that starts behind (or late) asks the leader for what it
+        // missed — only when it follows the leader's view already (else the
+        // view change or the join does that).
+        let leader_view = control::query_status(&self.config, self.config.election.leader, Duration::from_secs(1))
+            .map(|s| s.view)
+            .unwrap_or(0);
+        if !zookeeper && self.config.election.leader != self.me && leader_view == self.log_view.load(Ordering::Acquire) {
             let mut r = self.reader();
             self.catch_up(&mut r);
             self.poll_loop(r);

@@ -229,8 +229,13 @@ impl TestCluster {
         for id in 1..=self.nodes.len() as u64 {
             self.start_server(id);
         }
+        self.wait_leader(1);
+    }
+
+    /// Waits until node `id` leads (its view change done, preload active).
+    pub fn wait_leader(&mut self, id: u64) {
         self.wait("leader active", Duration::from_secs(60), |c| {
-            c.status(1).map(|s| s.role == "leader").unwrap_or(false)
+            c.status(id).map(|s| s.role == "leader").unwrap_or(false)
         });
     }
 
