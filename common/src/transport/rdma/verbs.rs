@@ -760,7 +760,9 @@ pub struct WriteWr<'a> {
 
 /// An RDMA device context, found through the id bound to this node's
 /// address (the "anchor", which keeps librdmacm's reference on the device
-/// for as long as it lives).
+/// for as long as it lives), or for an address bound to no device, the
+/// first of `rdma_get_devices` (whose list, holding references on the
+/// devices, is kept until drop).
 pub struct Device {
     ctx: *mut sys::ibv_context,
     /// The device's name.
@@ -768,6 +770,7 @@ pub struct Device {
     /// Most work requests per queue.
     pub max_qp_wr: u32,
     anchor: CmId,
+    list: *mut *mut sys::ibv_context,
 }
 
 // SAFETY: an ibv_context is thread-safe; it is only passed to verbs.
@@ -780,21 +783,32 @@ impl Device {
     /// wildcard or loopback address, the first device).
     pub fn open(anchor: CmId, addr: SocketAddr) -> Result<Arc<Device>, RdmaError> {
         let mut ctx = anchor.verbs();
+        let mut list = std::ptr::null_mut();
         if ctx.is_null() {
             let mut n: c_int = 0;
-            // SAFETY: valid out-pointer; the array is freed below (the
-            // contexts themselves stay open, owned by librdmacm).
-            let list = unsafe { sys::rdma_get_devices(&mut n) };
+            // SAFETY: valid out-pointer; a non-NULL list is freed exactly
+            // once, by `Drop` (or below when it holds no device).
+            list = unsafe { sys::rdma_get_devices(&mut n) };
             if !list.is_null() {
                 // SAFETY: a non-NULL list holds `n` contexts, then NULL.
                 unsafe {
                     if n > 0 {
                         ctx = *list;
+                    } else {
+                        sys::rdma_free_devices(list);
+                        list = std::ptr::null_mut();
                     }
-                    sys::rdma_free_devices(list);
                 }
             }
         }
+        // From here on `list` (if any) is owned by a Device or freed.
+        let mut dev = Device {
+            ctx,
+            name: String::new(),
+            max_qp_wr: 1,
+            anchor,
+            list,
+        };
         if ctx.is_null() {
             return Err(RdmaError::NoContext(addr));
         }
@@ -812,17 +826,25 @@ impl Device {
                 CStr::from_ptr(s).to_string_lossy().into_owned()
             }
         };
-        Ok(Arc::new(Device {
-            ctx,
-            name,
-            max_qp_wr: attr.max_qp_wr.max(1) as u32,
-            anchor,
-        }))
+        dev.name = name;
+        dev.max_qp_wr = attr.max_qp_wr.max(1) as u32;
+        Ok(Arc::new(dev))
     }
 
     /// The id bound to this node's address (the listener, when it listens).
     pub fn anchor(&self) -> &CmId {
         &self.anchor
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if !self.list.is_null() {
+            // SAFETY: the list from rdma_get_devices, freed once; every
+            // object made on its context holds an Arc to this Device, so
+            // none is left.
+            unsafe { sys::rdma_free_devices(self.list) };
+        }
     }
 }
 
