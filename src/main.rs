@@ -1,5 +1,6 @@
 //! `lockstep`: the command line of a lockstep cluster.
 
+mod bench;
 mod failover_bench;
 mod status;
 mod up;
@@ -71,6 +72,41 @@ enum BenchCmd {
         #[arg(long, default_value_t = 20)]
         rounds: usize,
     },
+    /// Follower figures: persist+ack latency per entry size, streaming
+    /// ingest and live apply, restart replay of the whole log (starts its
+    /// own 3-node cluster; the bench plays the leader's preload).
+    Follower {
+        /// Transport between the nodes: shm | tcp.
+        #[arg(long, default_value = "shm")]
+        transport: String,
+        /// memory-ack | fsync.
+        #[arg(long, default_value = "memory-ack")]
+        durability: String,
+        /// Ring size.
+        #[arg(long, default_value = "64MiB")]
+        ring_size: String,
+        /// Entry sizes of the latency runs.
+        #[arg(long, default_value = "64,1KiB,16KiB", value_parser = bench::parse_sizes)]
+        sizes: std::vec::Vec<usize>,
+        /// Measured entries per size (a quarter of that after idle gaps).
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
+        /// Idle gap before each "parked" sample, in µs (0: skip those runs).
+        #[arg(long, default_value_t = 2000)]
+        idle_us: u64,
+        /// Entries streamed, then replayed by a restarted follower.
+        #[arg(long, default_value_t = 1_000_000)]
+        entries: u64,
+        /// Client connections the streamed entries alternate between.
+        #[arg(long, default_value_t = 8)]
+        conns: u64,
+        /// One JSON object instead of tables.
+        #[arg(long)]
+        json: bool,
+        /// Keep the work directory (logs, RocksDB) afterwards.
+        #[arg(long)]
+        keep: bool,
+    },
 }
 
 fn load(pos: Option<PathBuf>, flag: Option<PathBuf>) -> anyhow::Result<Config> {
@@ -106,6 +142,32 @@ fn main() {
         Cmd::Bench {
             what: BenchCmd::Failover { config, rounds },
         } => failover_bench::run(&config, rounds),
+        Cmd::Bench {
+            what:
+                BenchCmd::Follower {
+                    transport,
+                    durability,
+                    ring_size,
+                    sizes,
+                    samples,
+                    idle_us,
+                    entries,
+                    conns,
+                    json,
+                    keep,
+                },
+        } => bench::run(&bench::Options {
+            transport,
+            durability,
+            ring_size,
+            sizes,
+            samples,
+            idle: Duration::from_micros(idle_us),
+            entries,
+            conns,
+            json,
+            keep,
+        }),
         Cmd::Check { config } => (|| {
             let c = load(Some(config), None)?;
             println!(

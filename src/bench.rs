@@ -1,0 +1,746 @@
+//! `lockstep bench follower`: the follower's figures on this machine.
+//!
+//! Sets up three nodes (shm or tcp transport, static leader 1): three real
+//! `lockstep-follower` processes with real RocksDB, and real redis-servers
+//! under the preload on the two backups. The bench itself plays the
+//! leader's preload: it writes entries into the leader's ring with
+//! [`RingWriter`], posts the same bytes to the backups through the
+//! configured transport, raises the commit index once a majority acked —
+//! the same protocol `liblockstep.so` runs — but without a leader server,
+//! so the figures are the followers' alone.
+//!
+//! 1. **persist+ack latency** per entry size: from the moment an entry is
+//!    in every ring to the moment a follower's ack is in the leader's
+//!    region (each follower, and the majority a client waits for). Once
+//!    back to back ("hot": followers still spinning) and once after an idle
+//!    gap ("parked": followers asleep on the region's doorbell).
+//! 2. **streaming**: `--entries` small Redis commands over `--conns`
+//!    connections, pipelined as fast as acks allow: ingest rate (majority
+//!    acked) and the backups' live apply rate.
+//! 3. **restart replay**: node 2's server and follower are SIGKILLed; the
+//!    follower restarts on its RocksDB with a fresh server and replays the
+//!    whole log into it. Its rate is the apply throughput from a stored
+//!    log; the two backups' `DEBUG DIGEST`s are compared afterwards.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use lockstep_common::control::NodeStatus;
+use lockstep_common::entry::{self, EntryHeader, Kind};
+use lockstep_common::region::{self, Region};
+use lockstep_common::ring::{RingError, RingWriter};
+use lockstep_common::transport::{self, Transport};
+use lockstep_common::Config;
+use serde_json::json;
+
+use crate::up::Binaries;
+
+/// What `lockstep bench follower` was asked to do.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// "shm" or "tcp".
+    pub transport: String,
+    /// "memory-ack" or "fsync".
+    pub durability: String,
+    /// Ring size, e.g. "64MiB".
+    pub ring_size: String,
+    /// Entry payload sizes for the latency runs.
+    pub sizes: Vec<usize>,
+    /// Measured entries per size and mode.
+    pub samples: usize,
+    /// Idle gap before each "parked" sample.
+    pub idle: Duration,
+    /// Entries of the streaming run (and of the replayed log).
+    pub entries: u64,
+    /// Client connections the streamed entries are spread over.
+    pub conns: u64,
+    /// Print one JSON object instead of tables.
+    pub json: bool,
+    /// Keep the working directory (logs, RocksDB).
+    pub keep: bool,
+}
+
+/// Bound on every wait of the bench: reaching it is a hang.
+const HANG: Duration = Duration::from_secs(600);
+const NODES: u64 = 3;
+const LEADER: u64 = 1;
+
+// ---------------------------------------------------------------------
+// Processes
+
+/// The bench's cluster: config, follower processes, backup servers. Kills
+/// them and removes region files (and, unless kept, the directory) on drop.
+struct Bench {
+    dir: PathBuf,
+    config: Config,
+    config_path: PathBuf,
+    bins: Binaries,
+    followers: Vec<Option<Child>>,
+    servers: Vec<Option<Child>>,
+    keep: bool,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Bench {
+    fn new(opts: &Options) -> anyhow::Result<Bench> {
+        let bins = Binaries::locate()?;
+        let pid = std::process::id();
+        let name = format!("bench{pid}");
+        let dir = std::env::temp_dir().join(format!("lockstep-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let mut toml = format!(
+            "cluster = \"{name}\"\ntransport = \"{}\"\nring_size = \"{}\"\ndata_dir = \"{}\"\n\
+             durability = \"{}\"\nbackup_clients = \"allow\"\nkey = \"lockstep-bench-key-{pid:010}\"\n\
+             [election]\nmode = \"static\"\nleader = {LEADER}\n",
+            opts.transport,
+            opts.ring_size,
+            dir.join("data").display(),
+            opts.durability
+        );
+        for id in 1..=NODES {
+            toml.push_str(&format!(
+                "[[nodes]]\nid = {id}\napp = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
+                free_port()?,
+                free_port()?
+            ));
+        }
+        let config_path = dir.join("cluster.toml");
+        std::fs::write(&config_path, toml)?;
+        let config = Config::load(&config_path)?;
+        Ok(Bench {
+            dir,
+            config,
+            config_path,
+            bins,
+            followers: (0..NODES).map(|_| None).collect(),
+            servers: (0..NODES).map(|_| None).collect(),
+            keep: opts.keep,
+        })
+    }
+
+    fn log(&self, what: &str, id: u64) -> anyhow::Result<std::fs::File> {
+        Ok(std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{what}-{id}.log")))?)
+    }
+
+    fn status(&self, id: u64) -> Result<NodeStatus, String> {
+        lockstep_common::control::query_status(&self.config, id, Duration::from_secs(5))
+    }
+
+    fn wait(&mut self, what: &str, mut cond: impl FnMut(&Bench) -> Result<bool, String>) -> anyhow::Result<()> {
+        let start = Instant::now();
+        let mut last = String::new();
+        loop {
+            match cond(self) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => last = e,
+            }
+            for c in self.followers.iter_mut().chain(self.servers.iter_mut()).flatten() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    bail!("a process of the bench (pid {}) exited ({st}) while waiting for {what}\n{}", c.id(), self.logs());
+                }
+            }
+            if start.elapsed() > HANG {
+                bail!("timed out waiting for {what} ({last})\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn start_follower(&mut self, id: u64) -> anyhow::Result<()> {
+        let log = self.log("follower", id)?;
+        let child = Command::new(&self.bins.follower)
+            .arg("--config")
+            .arg(&self.config_path)
+            .args(["--node", &id.to_string()])
+            .env("LOCKSTEP_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.bins.follower.display()))?;
+        self.followers[id as usize - 1] = Some(child);
+        self.wait(&format!("follower {id} answering"), |b| Ok(b.status(id).is_ok()))
+    }
+
+    fn start_server(&mut self, id: u64) -> anyhow::Result<()> {
+        let app = self.config.node(id)?.app;
+        let data = self.dir.join(format!("server-{id}"));
+        let _ = std::fs::remove_dir_all(&data);
+        std::fs::create_dir_all(&data)?;
+        let log = self.log("server", id)?;
+        let child = Command::new("redis-server")
+            .args(["--port", &app.port().to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--enable-debug-command", "yes"])
+            .arg("--dir")
+            .arg(&data)
+            .env("LD_PRELOAD", &self.bins.preload)
+            .env("LOCKSTEP_CONFIG", &self.config_path)
+            .env("LOCKSTEP_NODE", id.to_string())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("cannot start redis-server (is it installed? scripts/setup installs it)")?;
+        self.servers[id as usize - 1] = Some(child);
+        self.wait(&format!("server {id} listening and attached"), |b| {
+            Ok(TcpStream::connect(app).is_ok() && b.status(id)?.server_pid != 0)
+        })
+    }
+
+    fn kill(slot: &mut Option<Child>) {
+        if let Some(mut c) = slot.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for what in ["follower", "server"] {
+            for id in 1..=NODES {
+                let p = self.dir.join(format!("{what}-{id}.log"));
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                out.push_str(&format!("--- {}\n", p.display()));
+                for l in &lines[lines.len().saturating_sub(8)..] {
+                    out.push_str(l);
+                    out.push('\n');
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        for c in self.servers.iter_mut().chain(self.followers.iter_mut()) {
+            Bench::kill(c);
+        }
+        for id in 1..=NODES {
+            let _ = std::fs::remove_file(region::region_path(&self.config.cluster, id));
+        }
+        if self.keep {
+            eprintln!("bench: kept {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// The bench as the leader's preload
+
+/// Writes entries the way the leader's preload does: ring, peers, tail,
+/// doorbell; flow control on the majority ack.
+struct Leader {
+    region: Arc<Region>,
+    transport: Box<dyn Transport>,
+    ring: RingWriter,
+    safe: u64,
+    next_seq: u64,
+    view: u64,
+    scratch: Vec<u8>,
+    majority: usize,
+}
+
+impl Leader {
+    fn attach(config: &Config) -> anyhow::Result<Leader> {
+        let spec = config.region_spec(LEADER);
+        let region = Arc::new(
+            Region::open(&spec.default_path(), &spec).context("cannot open the leader's region")?,
+        );
+        let transport = transport::open(config, LEADER, region.clone())?;
+        let (seq, pos) = region.writer_start();
+        Ok(Leader {
+            view: region.view(),
+            ring: RingWriter::new(config.ring_size, pos),
+            safe: pos,
+            next_seq: seq.max(1),
+            scratch: vec![0; entry::footprint(config.max_entry as usize)],
+            majority: config.majority(),
+            region,
+            transport,
+        })
+    }
+
+    fn acks(&self) -> [u64; NODES as usize] {
+        let mut a = [0; NODES as usize];
+        for (i, v) in a.iter_mut().enumerate() {
+            *v = self.region.ack(i as u64 + 1);
+        }
+        a
+    }
+
+    /// Highest seq a majority acknowledged.
+    fn majority_acked(&self) -> u64 {
+        let mut a = self.acks();
+        a.sort_unstable_by(|x, y| y.cmp(x));
+        a[self.majority - 1]
+    }
+
+    /// Appends one entry to every ring; returns its seq.
+    fn append(&mut self, kind: Kind, conn: u64, payload: &[u8]) -> anyhow::Result<u64> {
+        self.append_timed(kind, conn, payload).map(|(seq, _)| seq)
+    }
+
+    /// Appends one entry to every ring; returns its seq and, per node, the
+    /// instant the bench started writing the entry into that node's ring
+    /// (taken before the write: a write rings the node's doorbell, and on a
+    /// small machine the woken follower may run before the bench does).
+    fn append_timed(&mut self, kind: Kind, conn: u64, payload: &[u8]) -> anyhow::Result<(u64, [Instant; NODES as usize])> {
+        let seq = self.next_seq;
+        let conn = if kind == Kind::Accept { seq } else { conn };
+        let mut hdr = EntryHeader::new(kind, self.view, seq, conn, payload.len() as u32);
+        let mut waited = false;
+        let mut at = [Instant::now(); NODES as usize];
+        let a = loop {
+            hdr.last_committed = self.region.commit();
+            at[LEADER as usize - 1] = Instant::now();
+            match self.ring.append(self.region.ring(), &hdr, payload, self.safe, &mut self.scratch) {
+                Ok(a) => break a,
+                Err(RingError::Full { .. }) if !waited && seq > 1 => {
+                    self.wait_majority(seq - 1)?;
+                    self.safe = self.ring.pos();
+                    waited = true;
+                }
+                Err(e) => bail!("ring: {e}"),
+            }
+        };
+        self.next_seq = seq + 1;
+        let tail = a.end.to_le_bytes();
+        for peer in (1..=NODES).filter(|&p| p != LEADER) {
+            at[peer as usize - 1] = Instant::now();
+            if let Some(off) = a.wrap_offset {
+                self.transport
+                    .write(peer, self.view, region::ring_offset(off), self.ring.wrap_bytes())?;
+            }
+            self.transport
+                .write(peer, self.view, region::ring_offset(a.offset), &self.scratch[..a.len])?;
+            self.transport.write(peer, self.view, region::tail_offset(), &tail)?;
+        }
+        self.region.set_tail(a.end);
+        self.region.bell().ring();
+        self.transport.flush();
+        Ok((seq, at))
+    }
+
+    /// Waits until `pred(acks)` holds: spins a little, then yields, then
+    /// parks on the leader's doorbell (acks ring it).
+    fn wait_acks(&self, mut pred: impl FnMut(&[u64; NODES as usize]) -> bool) -> anyhow::Result<()> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if pred(&self.acks()) {
+                return Ok(());
+            }
+            spins += 1;
+            if spins < 200 {
+                std::hint::spin_loop();
+            } else if spins < 400 {
+                std::thread::yield_now();
+            } else {
+                let bell = self.region.bell();
+                let seen = bell.value();
+                if pred(&self.acks()) {
+                    return Ok(());
+                }
+                bell.wait(seen, Duration::from_millis(1));
+                if start.elapsed() > HANG {
+                    bail!("no majority ack (acks {:?})", self.acks());
+                }
+            }
+        }
+    }
+
+    fn wait_majority(&self, seq: u64) -> anyhow::Result<()> {
+        let m = self.majority;
+        self.wait_acks(|a| a.iter().filter(|&&x| x >= seq).count() >= m)?;
+        self.region.raise_commit(seq);
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------
+// Payloads
+
+fn resp(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// A `SET key value` command of exactly `size` bytes (the key is padded
+/// when the value's length digits would skip `size`); the shortest such
+/// command when `size` is below it.
+fn set_of_size(key: &str, size: usize) -> Vec<u8> {
+    for pad in 0..4 {
+        let key = format!("{key}{}", "_".repeat(pad));
+        let base = resp(&[b"SET", key.as_bytes(), b""]).len();
+        if size <= base {
+            return resp(&[b"SET", key.as_bytes(), b""]);
+        }
+        // The length prefix grows by at most 6 digits here.
+        for vlen in (size - base).saturating_sub(6)..=size - base {
+            let cmd = resp(&[b"SET", key.as_bytes(), &vec![b'x'; vlen]]);
+            if cmd.len() == size {
+                return cmd;
+            }
+        }
+    }
+    unreachable!("no SET command of {size} bytes")
+}
+
+// ---------------------------------------------------------------------
+// Figures
+
+/// Nearest-rank percentile of sorted `v` (µs).
+fn pct(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+#[derive(Debug)]
+struct Latency {
+    size: usize,
+    mode: &'static str,
+    /// µs, sorted: leader's own follower, backups (both pooled), majority.
+    own: Vec<f64>,
+    backups: Vec<f64>,
+    majority: Vec<f64>,
+}
+
+impl Latency {
+    fn summary(v: &[f64]) -> serde_json::Value {
+        json!({"p50_us": pct(v, 0.50), "p99_us": pct(v, 0.99), "p999_us": pct(v, 0.999), "max_us": pct(v, 1.0), "n": v.len()})
+    }
+}
+
+/// Measures persist+ack latency of `samples` entries of `size` bytes.
+fn latency(l: &mut Leader, conn: u64, size: usize, samples: usize, idle: Option<Duration>) -> anyhow::Result<Latency> {
+    let payload = set_of_size(&format!("lat:{size}"), size);
+    let warmup = (samples / 10).max(10);
+    let mut out = Latency {
+        size: payload.len(),
+        mode: if idle.is_some() { "parked" } else { "hot" },
+        own: Vec::with_capacity(samples),
+        backups: Vec::with_capacity(2 * samples),
+        majority: Vec::with_capacity(samples),
+    };
+    for i in 0..warmup + samples {
+        if let Some(gap) = idle {
+            std::thread::sleep(gap);
+        }
+        let (seq, written) = l.append_timed(Kind::Data, conn, &payload)?;
+        let mut at: [Option<Duration>; NODES as usize] = [None; NODES as usize];
+        let mut majority_at = None;
+        let m = l.majority;
+        l.wait_acks(|a| {
+            let now = Instant::now();
+            for (k, &x) in a.iter().enumerate() {
+                if x >= seq && at[k].is_none() {
+                    at[k] = Some(now - written[k]);
+                }
+            }
+            if majority_at.is_none() && at.iter().filter(|t| t.is_some()).count() >= m {
+                // A client waits from the first write on.
+                majority_at = Some(now - written[LEADER as usize - 1]);
+            }
+            at.iter().all(|t| t.is_some())
+        })?;
+        l.region.raise_commit(seq);
+        if i >= warmup {
+            let us = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e6).unwrap_or(f64::NAN);
+            out.own.push(us(at[LEADER as usize - 1]));
+            for id in (1..=NODES).filter(|&id| id != LEADER) {
+                out.backups.push(us(at[id as usize - 1]));
+            }
+            out.majority.push(us(majority_at));
+        }
+    }
+    for v in [&mut out.own, &mut out.backups, &mut out.majority] {
+        v.sort_by(|a, b| a.total_cmp(b));
+    }
+    Ok(out)
+}
+
+struct Stream {
+    entries: u64,
+    bytes: u64,
+    ingest: Duration,
+    applied_live: Duration,
+}
+
+/// Streams `n` small commands over `conns` connections (round robin, the
+/// order many clients produce); returns when both backups applied them.
+fn stream(b: &mut Bench, l: &mut Leader, n: u64, conns: u64) -> anyhow::Result<Stream> {
+    let start = Instant::now();
+    let mut ids = Vec::new();
+    for _ in 0..conns {
+        ids.push(l.append(Kind::Accept, 0, &[])?);
+    }
+    let mut bytes = 0u64;
+    let report = (n / 10).max(1);
+    for i in 0..n {
+        let c = (i % conns) as usize;
+        let cmd = if i % 2 == 0 {
+            resp(&[b"SET", format!("k:{}", i % 10_000).as_bytes(), format!("v{i:016}").as_bytes()])
+        } else {
+            resp(&[b"INCR", format!("ctr:{c}").as_bytes()])
+        };
+        bytes += cmd.len() as u64;
+        let seq = l.append(Kind::Data, ids[c], &cmd)?;
+        if seq % 64 == 0 {
+            let m = l.majority_acked();
+            l.region.raise_commit(m);
+        }
+        if (i + 1) % report == 0 {
+            eprintln!("  streamed {} of {n} entries ({:.1?})", i + 1, start.elapsed());
+        }
+    }
+    let last = l.next_seq - 1;
+    l.wait_majority(last)?;
+    let ingest = start.elapsed();
+    b.wait("both backups applying the streamed entries", |b| {
+        Ok((1..=NODES)
+            .filter(|&id| id != LEADER)
+            .all(|id| b.status(id).map(|s| s.applied >= last).unwrap_or(false)))
+    })?;
+    Ok(Stream {
+        entries: last,
+        bytes,
+        ingest,
+        applied_live: start.elapsed(),
+    })
+}
+
+struct Replay {
+    entries: u64,
+    /// From the follower's spawn to its first status answer.
+    startup: Duration,
+    /// From the spawn to the whole log applied to the fresh server.
+    total: Duration,
+}
+
+/// SIGKILLs node `id` (server and follower), restarts it with a fresh
+/// server, and times the replay of its whole log.
+fn restart_replay(b: &mut Bench, id: u64, last: u64) -> anyhow::Result<Replay> {
+    Bench::kill(&mut b.servers[id as usize - 1]);
+    Bench::kill(&mut b.followers[id as usize - 1]);
+    let t0 = Instant::now();
+    b.start_follower(id)?;
+    let startup = t0.elapsed();
+    b.start_server(id)?;
+    let report = Instant::now();
+    let mut said = Instant::now();
+    b.wait(&format!("node {id} replaying its log"), |b| {
+        let s = b.status(id)?;
+        if said.elapsed() > Duration::from_secs(5) {
+            eprintln!("  node {id}: applied {} of {last} ({:.1?})", s.applied, report.elapsed());
+            said = Instant::now();
+        }
+        Ok(s.applied >= last)
+    })?;
+    Ok(Replay {
+        entries: last,
+        startup,
+        total: t0.elapsed(),
+    })
+}
+
+/// `DEBUG DIGEST` of the Redis at `addr`.
+fn digest(addr: SocketAddr) -> anyhow::Result<String> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    s.write_all(&resp(&[b"DEBUG", b"DIGEST"]))?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line)?;
+    Ok(line.trim_end().trim_start_matches('+').to_string())
+}
+
+/// Runs the follower bench.
+pub fn run(opts: &Options) -> anyhow::Result<()> {
+    let mut b = Bench::new(opts)?;
+    eprintln!(
+        "bench follower: 3 nodes, transport {}, durability {}, ring {}, work dir {}",
+        opts.transport,
+        opts.durability,
+        opts.ring_size,
+        b.dir.display()
+    );
+    for id in 1..=NODES {
+        b.start_follower(id)?;
+    }
+    for id in (1..=NODES).filter(|&id| id != LEADER) {
+        b.start_server(id)?;
+    }
+    b.wait("node 1 leading", |b| Ok(b.status(LEADER)?.role == "leader"))?;
+    let mut l = Leader::attach(&b.config)?;
+
+    // 1. Latency.
+    let conn = l.append(Kind::Accept, 0, &[])?;
+    l.wait_majority(conn)?;
+    let mut lat = Vec::new();
+    for &size in &opts.sizes {
+        if size > b.config.max_entry as usize {
+            bail!("entry size {size} is above max_entry ({})", b.config.max_entry);
+        }
+        eprintln!("  latency: {size} B entries");
+        lat.push(latency(&mut l, conn, size, opts.samples, None)?);
+        if !opts.idle.is_zero() {
+            lat.push(latency(&mut l, conn, size, opts.samples / 4, Some(opts.idle))?);
+        }
+    }
+
+    // 2. Streaming and live apply.
+    eprintln!("  streaming {} entries over {} connections", opts.entries, opts.conns);
+    let st = stream(&mut b, &mut l, opts.entries, opts.conns.max(1))?;
+
+    // 3. Restart replay of the whole log into a fresh server.
+    eprintln!("  restarting node 2: replay of {} entries into a fresh redis-server", st.entries);
+    let rp = restart_replay(&mut b, 2, st.entries)?;
+    let d2 = digest(b.config.node(2)?.app)?;
+    let d3 = digest(b.config.node(3)?.app)?;
+    let divergences: u64 = (1..=NODES).filter_map(|id| b.status(id).ok()).map(|s| s.divergences).sum();
+
+    let rate = |n: u64, d: Duration| n as f64 / d.as_secs_f64();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    if opts.json {
+        let j = json!({
+            "machine": {"cores": cores},
+            "transport": opts.transport,
+            "durability": opts.durability,
+            "latency": lat.iter().map(|x| json!({
+                "entry_bytes": x.size,
+                "mode": x.mode,
+                "leader_follower": Latency::summary(&x.own),
+                "backup": Latency::summary(&x.backups),
+                "majority": Latency::summary(&x.majority),
+            })).collect::<Vec<_>>(),
+            "stream": {
+                "entries": st.entries,
+                "payload_bytes": st.bytes,
+                "ingest_s": st.ingest.as_secs_f64(),
+                "ingest_entries_per_s": rate(st.entries, st.ingest),
+                "live_apply_s": st.applied_live.as_secs_f64(),
+                "live_apply_entries_per_s": rate(st.entries, st.applied_live),
+            },
+            "restart_replay": {
+                "entries": rp.entries,
+                "follower_startup_s": rp.startup.as_secs_f64(),
+                "total_s": rp.total.as_secs_f64(),
+                "entries_per_s": rate(rp.entries, rp.total),
+                "digests_equal": d2 == d3,
+            },
+            "divergences": divergences,
+        });
+        println!("{j}");
+    } else {
+        println!(
+            "persist+ack latency, µs (entry in the ring -> ack in the leader's region; {cores} cores, transport {}, durability {})",
+            opts.transport, opts.durability
+        );
+        println!(
+            "{:>7} {:>7} | {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>9} {:>9}",
+            "entry", "mode", "own p50", "own p99", "bkp p50", "bkp p99", "bkp max", "maj p50", "maj p99"
+        );
+        for x in &lat {
+            println!(
+                "{:>7} {:>7} | {:>9.1} {:>9.1} | {:>9.1} {:>9.1} {:>9.1} | {:>9.1} {:>9.1}",
+                x.size,
+                x.mode,
+                pct(&x.own, 0.5),
+                pct(&x.own, 0.99),
+                pct(&x.backups, 0.5),
+                pct(&x.backups, 0.99),
+                pct(&x.backups, 1.0),
+                pct(&x.majority, 0.5),
+                pct(&x.majority, 0.99)
+            );
+        }
+        println!("  own = the leader node's follower, bkp = each backup's follower, maj = majority (what a client waits for)");
+        println!();
+        println!("streaming {} entries ({} payload bytes) over {} connections:", st.entries, st.bytes, opts.conns);
+        println!(
+            "  ingest (majority acked)   {:>8.2} s  {:>10.0} entries/s",
+            st.ingest.as_secs_f64(),
+            rate(st.entries, st.ingest)
+        );
+        println!(
+            "  live apply (both backups) {:>8.2} s  {:>10.0} entries/s",
+            st.applied_live.as_secs_f64(),
+            rate(st.entries, st.applied_live)
+        );
+        println!("restart of node 2 (SIGKILL, fresh redis-server, replay from its RocksDB):");
+        println!("  follower answering        {:>8.2} s", rp.startup.as_secs_f64());
+        println!(
+            "  whole log applied         {:>8.2} s  {:>10.0} entries/s  ({} entries)",
+            rp.total.as_secs_f64(),
+            rate(rp.entries, rp.total),
+            rp.entries
+        );
+        println!(
+            "  backups' DEBUG DIGEST     {}",
+            if d2 == d3 { "equal".to_string() } else { format!("DIFFER: {d2} vs {d3}") }
+        );
+        println!("  divergences reported      {divergences}");
+    }
+    if d2 != d3 {
+        bail!("the restarted node's digest {d2} differs from node 3's {d3}");
+    }
+    Ok(())
+}
+
+/// Parses "64,1KiB,16KiB".
+pub fn parse_sizes(s: &str) -> Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|p| lockstep_common::config::parse_size(p).map(|v| v as usize))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_commands_have_the_asked_size() {
+        for size in [40, 64, 100, 1024, 16384, 65536] {
+            assert_eq!(set_of_size("lat:1", size).len(), size, "size {size}");
+        }
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(pct(&v, 0.5), 50.0);
+        assert_eq!(pct(&v, 0.99), 99.0);
+        assert_eq!(pct(&v, 1.0), 100.0);
+        assert!(pct(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn size_lists() {
+        assert_eq!(parse_sizes("64,1KiB,16KiB").unwrap(), vec![64, 1024, 16384]);
+        assert!(parse_sizes("64,x").is_err());
+    }
+}
