@@ -179,17 +179,34 @@ impl Finder {
         found
     }
 
-    /// Waits until node `id` reports `role` in the view `leader` leads.
+    /// Waits until node `id` reports `role` in the view `leader` leads; a
+    /// node that reports "stale" instead (its server must be rebuilt) fails
+    /// at once.
     fn wait_role(&self, id: u64, role: &str, leader: u64) {
-        self.wait(&format!("node {id} to be {role} under leader {leader}"), || {
+        let got = self.wait_role_any(id, &[role, "stale"], leader);
+        assert_eq!(
+            got, role,
+            "node {id} is {got} under leader {leader}, not {role}: its server missed inputs, or applied inputs the \
+             majority does not have (see its follower log)\n{}",
+            self.logs()
+        );
+    }
+
+    /// Waits until node `id` reports one of `roles` in the view `leader`
+    /// leads; returns it.
+    fn wait_role_any(&self, id: u64, roles: &[&str], leader: u64) -> String {
+        let mut got = String::new();
+        self.wait(&format!("node {id} to be one of {roles:?} under leader {leader}"), || {
             let l = self.status(leader)?;
             let s = self.status(id)?;
-            if s.role == role && s.view == l.view && s.leader == leader {
+            if roles.contains(&s.role.as_str()) && s.view == l.view && s.leader == leader {
+                got = s.role.clone();
                 Ok(())
             } else {
                 Err(format!("node {id}: role {} view {} leader {}; leader's view {}", s.role, s.view, s.leader, l.view))
             }
         });
+        got
     }
 
     /// Waits until every node in `ids` is in the leader's view and applied
@@ -222,7 +239,11 @@ impl Finder {
                 break;
             }
             if start.elapsed() > Duration::from_secs(30) {
-                panic!("DEBUG DIGEST differs between nodes: {digests:?}\n{}", self.logs());
+                panic!(
+                    "DEBUG DIGEST differs between nodes: {digests:?}\n{}\n{}",
+                    self.data_diff(ids),
+                    self.logs()
+                );
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -230,6 +251,51 @@ impl Finder {
             let s = self.status(id).expect("status");
             assert_eq!(s.divergences, 0, "node {id} counted divergences\n{}", self.logs());
         }
+    }
+}
+
+impl Finder {
+    /// Which keys differ between the servers of `ids` (for failure
+    /// messages): per key, each node's DEBUG DIGEST-VALUE and a summary.
+    fn data_diff(&self, ids: &[u64]) -> String {
+        let mut per_node: Vec<(u64, HashMap<String, String>)> = Vec::new();
+        for &id in ids {
+            let mut map = HashMap::new();
+            let Ok(mut c) = Resp::connect_with(self.app(id), Duration::from_secs(2), Duration::from_secs(30)) else {
+                continue;
+            };
+            let Ok(Reply::Array(Some(keys))) = c.cmd(&[b"KEYS", b"*"]) else { continue };
+            for k in keys {
+                let Reply::Bulk(Some(k)) = k else { continue };
+                let summary = match c.cmd(&[b"TYPE", &k]) {
+                    Ok(Reply::Status(t)) if t == "list" => match c.cmd(&[b"LLEN", &k]) {
+                        Ok(Reply::Int(n)) => {
+                            let tail = c.cmd(&[b"LRANGE", &k, b"-3", b"-1"]);
+                            format!("list len {n} tail {tail:?}")
+                        }
+                        other => format!("list {other:?}"),
+                    },
+                    Ok(Reply::Status(t)) if t == "string" => match c.cmd(&[b"GET", &k]) {
+                        Ok(Reply::Bulk(Some(v))) => format!("{:?}", String::from_utf8_lossy(&v)),
+                        other => format!("{other:?}"),
+                    },
+                    other => format!("{other:?}"),
+                };
+                map.insert(String::from_utf8_lossy(&k).into_owned(), summary);
+            }
+            per_node.push((id, map));
+        }
+        let mut keys: Vec<&String> = per_node.iter().flat_map(|(_, m)| m.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        let mut out = String::from("keys that differ:\n");
+        for k in keys {
+            let vals: Vec<(u64, Option<&String>)> = per_node.iter().map(|(id, m)| (*id, m.get(k))).collect();
+            if vals.iter().any(|(_, v)| *v != vals[0].1) {
+                out.push_str(&format!("  {k}: {vals:?}\n"));
+            }
+        }
+        out
     }
 }
 
@@ -299,18 +365,26 @@ struct Load {
 }
 
 impl Load {
-    /// Starts `threads` clients of the leader found among `among`.
-    fn start(f: &Finder, among: &[u64], threads: usize, on_error: OnError, read_timeout: Duration) -> Load {
+    /// Starts clients (numbered by `clients`: their ids are unique across
+    /// loads of one test) of the leader found among `among`.
+    fn start(
+        f: &Finder,
+        among: &[u64],
+        clients: std::ops::Range<usize>,
+        on_error: OnError,
+        read_timeout: Duration,
+    ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(AtomicBool::new(false));
-        let acked: Arc<Vec<AtomicU64>> = Arc::new((0..threads).map(|_| AtomicU64::new(0)).collect());
+        let acked: Arc<Vec<AtomicU64>> = Arc::new(clients.clone().map(|_| AtomicU64::new(0)).collect());
         let errors = Arc::new(Mutex::new(Vec::new()));
-        let handles = (0..threads)
-            .map(|t| {
+        let handles = clients
+            .enumerate()
+            .map(|(i, t)| {
                 let (f, among) = (f.clone(), among.to_vec());
                 let (stop, acked, failed, errors) = (stop.clone(), acked.clone(), failed.clone(), errors.clone());
                 std::thread::spawn(move || {
-                    run_client(t, &f, &among, on_error, read_timeout, &stop, &acked[t], &failed, &errors)
+                    run_client(t, &f, &among, on_error, read_timeout, &stop, &acked[i], &failed, &errors)
                 })
             })
             .collect();
@@ -537,7 +611,7 @@ fn leader_sigkill_loses_no_acknowledged_write() {
     let f = Finder::new(&c.config_path, &c.dir);
     let all = f.ids();
     let old = f.wait_leader(&all, &[], "a first leader");
-    let load = Load::start(&f, &all, 8, OnError::Reconnect, Duration::from_secs(20));
+    let load = Load::start(&f, &all, 0..8, OnError::Reconnect, Duration::from_secs(20));
     load.wait_progress(&f, 30, "load on the first leader");
 
     kill_node(&mut c, old);
@@ -572,7 +646,7 @@ fn three_leader_kills_in_a_row() {
     let f = Finder::new(&c.config_path, &c.dir);
     let all = f.ids();
     let mut leader = f.wait_leader(&all, &[], "a first leader");
-    let load = Load::start(&f, &all, 6, OnError::Reconnect, Duration::from_secs(20));
+    let load = Load::start(&f, &all, 0..6, OnError::Reconnect, Duration::from_secs(20));
     for round in 1..=3 {
         load.wait_progress(&f, 20, &format!("load before kill {round}"));
         kill_node(&mut c, leader);
@@ -633,12 +707,36 @@ fn zookeeper_unreachable_at_start_is_a_clear_error() {
     eprintln!("follower without ZooKeeper: {status}: {}", stderr.trim());
 }
 
+/// How ZooKeeper goes away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ZkLoss {
+    /// Its process is stopped: connections close at once.
+    Stopped,
+    /// Its process is frozen (SIGSTOP): connections stay open, nothing
+    /// answers (as behind a partition).
+    Frozen,
+}
+
+/// Bound on how long a leader may go on completing writes without
+/// ZooKeeper: 30 session timeouts (a hang, not a latency claim).
+const LOSS_BOUND: Duration = Duration::from_millis(30 * SESSION_MS);
+
 #[test]
 fn zookeeper_lost_leader_stops_accepting_writes() {
     let _serial = serial();
+    zookeeper_loss_body("fo-zklost", ZkLoss::Stopped);
+}
+
+#[test]
+fn zookeeper_unresponsive_leader_stops_accepting_writes() {
+    let _serial = serial();
+    zookeeper_loss_body("fo-zkfrozen", ZkLoss::Frozen);
+}
+
+fn zookeeper_loss_body(test: &str, loss: ZkLoss) {
     // Backups refuse clients here: a node that stopped leading must not
     // serve anyone either.
-    let (c, mut zk) = zk_cluster("fo-zklost", 3, "deny");
+    let (c, mut zk) = zk_cluster(test, 3, "deny");
     let f = Finder::new(&c.config_path, &c.dir);
     let all = f.ids();
     let old = f.wait_leader(&all, &[], "a first leader");
@@ -657,10 +755,14 @@ fn zookeeper_lost_leader_stops_accepting_writes() {
         }
     };
     for i in 0..20 {
-        set(&mut conn, format!("zk:pre:{i}")).unwrap_or_else(|e| panic!("SET before ZooKeeper stopped: {e}"));
+        set(&mut conn, format!("zk:pre:{i}")).unwrap_or_else(|e| panic!("SET before ZooKeeper went away: {e}"));
     }
 
-    zk.stop();
+    let group = nix::unistd::Pid::from_raw(zk.pid() as i32);
+    match loss {
+        ZkLoss::Stopped => zk.stop(),
+        ZkLoss::Frozen => nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGSTOP).unwrap(),
+    }
     // Writes go on while the leader's session may still be valid, then stop.
     let start = Instant::now();
     let mut n = 0;
@@ -670,30 +772,39 @@ fn zookeeper_lost_leader_stops_accepting_writes() {
         }
         n += 1;
         assert!(
-            start.elapsed() < HANG,
-            "leader {old} still completes writes long after ZooKeeper stopped\n{}",
+            start.elapsed() < LOSS_BOUND,
+            "ZooKeeper {loss:?}: leader {old} still completes writes ({n} so far) {LOSS_BOUND:?} later, \
+             with a {SESSION_MS} ms session timeout\n{}",
             f.logs()
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    eprintln!("with ZooKeeper down, leader {old} completed {n} more writes, then: {stopped}");
+    eprintln!("ZooKeeper {loss:?}: leader {old} completed {n} more writes, then: {stopped}");
     drop(conn);
     // From now on, until ZooKeeper is back, no node completes a write.
     for round in 0..3 {
         for &id in &all {
             if let Ok(()) = probe_write_with(f.app(id), Duration::from_secs(3)) {
-                panic!("round {round}: node {id} completed a write while ZooKeeper is down\n{}", f.logs());
+                panic!("round {round}: node {id} completed a write while ZooKeeper is {loss:?}\n{}", f.logs());
             }
         }
         std::thread::sleep(Duration::from_millis(500));
     }
 
-    // Same data dir, same port.
-    let zk_log = c.dir.join("zk").join("zookeeper.log");
-    let _ = std::fs::copy(&zk_log, c.dir.join("zk").join("zookeeper-before-stop.log"));
-    let port = zk.port();
-    drop(zk);
-    let _zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("restart ZooKeeper");
+    let _zk = match loss {
+        ZkLoss::Stopped => {
+            // Same data dir, same port.
+            let zk_log = c.dir.join("zk").join("zookeeper.log");
+            let _ = std::fs::copy(&zk_log, c.dir.join("zk").join("zookeeper-before-stop.log"));
+            let port = zk.port();
+            drop(zk);
+            ZookeeperServer::start(&c.dir.join("zk"), port).expect("restart ZooKeeper")
+        }
+        ZkLoss::Frozen => {
+            nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGCONT).unwrap();
+            zk
+        }
+    };
     let new = f.wait_leader(&all, &[], "a serving leader after ZooKeeper came back");
     eprintln!("ZooKeeper back: node {new} leads");
     let mut r = Resp::connect_with(f.app(new), Duration::from_secs(2), Duration::from_secs(60)).unwrap();
@@ -717,7 +828,7 @@ fn zookeeper_paused_past_session_timeout_cluster_recovers() {
     let f = Finder::new(&c.config_path, &c.dir);
     let all = f.ids();
     let old = f.wait_leader(&all, &[], "a first leader");
-    let load = Load::start(&f, &all, 4, OnError::Reconnect, Duration::from_secs(20));
+    let load = Load::start(&f, &all, 0..4, OnError::Reconnect, Duration::from_secs(20));
     load.wait_progress(&f, 20, "load before ZooKeeper pauses");
     let group = nix::unistd::Pid::from_raw(zk.pid() as i32);
     nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGSTOP).unwrap();
@@ -727,6 +838,18 @@ fn zookeeper_paused_past_session_timeout_cluster_recovers() {
     let leader = f.wait_leader(&all, &[], "a serving leader after the ZooKeeper pause");
     let (logs, errors) = load.finish();
     eprintln!("ZooKeeper paused: leader {old} before, {leader} after; {} client errors", errors.len());
+    // A leader deposed while reads were in flight may hold a server that
+    // missed a committed input: it says "stale" and asks for a restart.
+    let mut c = c;
+    for id in without(&all, leader) {
+        if f.wait_role_any(id, &["backup", "stale"], leader) == "stale" {
+            eprintln!("node {id} reports stale after the pause: restarting it, as its log asks");
+            kill_node(&mut c, id);
+            c.start_follower(id);
+            c.start_server(id);
+            f.wait_role(id, "backup", leader);
+        }
+    }
     check_history(&f, leader, &logs);
     f.wait_converged(leader, &all);
     f.assert_digests_agree(&all);
@@ -745,7 +868,7 @@ fn backup_kill_body(test: &str, zookeeper: bool) {
     let all = f.ids();
     let leader = f.wait_leader(&all, &[], "a leader");
     let backup = *all.iter().rev().find(|&&i| i != leader).unwrap();
-    let load = Load::start(&f, &all, 4, OnError::Stop, HANG);
+    let load = Load::start(&f, &all, 0..4, OnError::Stop, HANG);
     load.wait_progress(&f, 20, "load before the backup is killed");
     kill_node(&mut c, backup);
     load.wait_progress(&f, 50, "clients of the leader after a backup was killed");
@@ -1096,8 +1219,16 @@ fn isolated_leader_cannot_ack_and_rejoins() {
         c.start_server(id, &f);
     }
     let old = f.wait_leader(&all, &[], "a first leader");
-    let load = Load::start(&f, &all, 4, OnError::Reconnect, Duration::from_secs(10));
-    load.wait_progress(&f, 20, "load on the first leader");
+    // Load on the first leader, stopped before the isolation: then nothing
+    // is in flight when the link goes down, and the only input the isolated
+    // leader holds beyond the majority is the isolated client's. (With
+    // load in flight, an entry the backups stored but whose acks were cut
+    // off is committed by the new view without the old leader's server
+    // having consumed it: that node then reports "stale" and needs a
+    // restart, by design.)
+    let before = Load::start(&f, &all, 0..4, OnError::Reconnect, Duration::from_secs(10));
+    before.wait_progress(&f, 20, "load on the first leader");
+    let (mut logs, _) = before.finish();
 
     // A client inside the old leader's namespace: it still reaches its
     // server after the link is down.
@@ -1159,6 +1290,7 @@ fn isolated_leader_cannot_ack_and_rejoins() {
     let majority = without(&all, old);
     let new = f.wait_leader(&majority, &[old], "the majority to elect a new leader");
     eprintln!("leader {old} isolated; {new} leads the majority");
+    let load = Load::start(&f, &majority, 100..104, OnError::Reconnect, Duration::from_secs(10));
     load.wait_progress(&f, 20, "clients served by the new leader");
 
     // Did the isolated leader notice that it lost ZooKeeper? (Reported, not
@@ -1184,7 +1316,7 @@ fn isolated_leader_cannot_ack_and_rejoins() {
         isolated.end
     );
     load.wait_progress(&f, 10, "load after the old leader rejoined");
-    let (logs, _) = load.finish();
+    logs.extend(load.finish().0);
 
     let mut r = Resp::connect_with(f.app(new), Duration::from_secs(2), Duration::from_secs(60)).unwrap();
     for (key, value) in &isolated.acked {
