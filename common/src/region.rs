@@ -341,7 +341,12 @@ impl Region {
 
     /// An anonymous shared region, for tests and benchmarks.
     pub fn anonymous(spec: &RegionSpec) -> Result<Region, RegionError> {
-        let region = Self::map(None, Path::new("<anonymous>"), spec.file_len(), spec.ring_size)?;
+        let region = Self::map(
+            None,
+            Path::new("<anonymous>"),
+            spec.file_len(),
+            spec.ring_size,
+        )?;
         region.init_identity(spec);
         Ok(region)
     }
@@ -349,9 +354,14 @@ impl Region {
     /// Maps `len` bytes of `file` (None: fresh zeroed anonymous memory)
     /// shared. The memory is page-aligned (so 8-aligned) and only ever
     /// accessed as atomics, for which every bit pattern is valid.
-    fn map(file: Option<&std::fs::File>, path: &Path, len: u64, ring_size: u64) -> Result<Region, RegionError> {
-        let ptr = map_shared(file.map(|f| f.as_raw_fd()), len as usize)
-            .map_err(io_err(path, "mmap"))?;
+    fn map(
+        file: Option<&std::fs::File>,
+        path: &Path,
+        len: u64,
+        ring_size: u64,
+    ) -> Result<Region, RegionError> {
+        let ptr =
+            map_shared(file.map(|f| f.as_raw_fd()), len as usize).map_err(io_err(path, "mmap"))?;
         Ok(Region {
             ptr: ptr as *mut AtomicU64,
             words: (len / 8) as usize,

@@ -187,7 +187,9 @@ impl Replayer {
                     if self.stop.load(Ordering::Relaxed) {
                         return Err(e);
                     }
-                    if start.elapsed().as_secs().is_multiple_of(10) && start.elapsed().subsec_millis() < 60 {
+                    if start.elapsed().as_secs().is_multiple_of(10)
+                        && start.elapsed().subsec_millis() < 60
+                    {
                         log::info!("waiting for the server at {}: {e}", self.app);
                     }
                     std::thread::sleep(Duration::from_millis(50));

@@ -496,7 +496,11 @@ fn before_close(fd: c_int) {
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
     // SAFETY: `buf` is the caller's buffer of `count` bytes; forwarding.
-    unsafe { input(fd, 0, Bufs::Flat(buf as *const u8, count), || real_read(fd, buf, count)) }
+    unsafe {
+        input(fd, 0, Bufs::Flat(buf as *const u8, count), || {
+            real_read(fd, buf, count)
+        })
+    }
 }
 
 /// Interposed glibc `__read_chk` (`read` under `_FORTIFY_SOURCE`).
@@ -533,7 +537,11 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
         return unsafe { real_readv(fd, iov, cnt) };
     }
     // SAFETY: `iov` holds `cnt` iovecs describing the buffers readv fills.
-    unsafe { input(fd, 0, Bufs::Iov(iov, cnt as usize), || real_readv(fd, iov, cnt)) }
+    unsafe {
+        input(fd, 0, Bufs::Iov(iov, cnt as usize), || {
+            real_readv(fd, iov, cnt)
+        })
+    }
 }
 
 /// Interposed `recv(2)`.
@@ -750,7 +758,11 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
     // SAFETY: `buf` holds `count` bytes (the caller's contract); forwarding.
-    unsafe { output(fd, Bufs::Flat(buf as *const u8, count), || real_write(fd, buf, count)) }
+    unsafe {
+        output(fd, Bufs::Flat(buf as *const u8, count), || {
+            real_write(fd, buf, count)
+        })
+    }
 }
 
 /// Interposed `writev(2)`.
@@ -764,7 +776,11 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
         return unsafe { real_writev(fd, iov, cnt) };
     }
     // SAFETY: `iov` holds `cnt` valid iovecs (the caller's contract).
-    unsafe { output(fd, Bufs::Iov(iov, cnt as usize), || real_writev(fd, iov, cnt)) }
+    unsafe {
+        output(fd, Bufs::Iov(iov, cnt as usize), || {
+            real_writev(fd, iov, cnt)
+        })
+    }
 }
 
 /// Interposed `send(2)`.

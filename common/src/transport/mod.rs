@@ -72,7 +72,11 @@ pub trait Transport: Send + Sync {
 }
 
 /// Opens the configured transport for node `me`, whose region is `local`.
-pub fn open(config: &Config, me: u64, local: Arc<Region>) -> Result<Box<dyn Transport>, TransportError> {
+pub fn open(
+    config: &Config,
+    me: u64,
+    local: Arc<Region>,
+) -> Result<Box<dyn Transport>, TransportError> {
     match config.transport {
         TransportKind::Shm => Ok(Box::new(shm::ShmTransport::open(config, me, local)?)),
         TransportKind::Tcp => Ok(Box::new(tcp::TcpTransport::new(config, me, local)?)),
@@ -82,7 +86,11 @@ pub fn open(config: &Config, me: u64, local: Arc<Region>) -> Result<Box<dyn Tran
 
 /// The rules every remote write obeys: non-empty, 8-aligned, inside a
 /// region of `region_len` bytes and clear of the identity words.
-pub(crate) fn check_remote_write(offset: u64, len: usize, region_len: u64) -> Result<(), WordsError> {
+pub(crate) fn check_remote_write(
+    offset: u64,
+    len: usize,
+    region_len: u64,
+) -> Result<(), WordsError> {
     if !offset.is_multiple_of(8) || !len.is_multiple_of(8) || len == 0 {
         return Err(WordsError::Unaligned { offset, len });
     }
@@ -157,7 +165,13 @@ impl<P: RemotePeer> PeerTable<P> {
     /// to, once it passed the checks of every transport: `node` is a peer,
     /// the range is allowed ([`check_remote_write`]) and the peer has not
     /// refused `view`.
-    pub(crate) fn target(&self, node: u64, view: u64, offset: u64, len: usize) -> Result<&Arc<P>, TransportError> {
+    pub(crate) fn target(
+        &self,
+        node: u64,
+        view: u64,
+        offset: u64,
+        len: usize,
+    ) -> Result<&Arc<P>, TransportError> {
         let peer = usize::try_from(node)
             .ok()
             .and_then(|i| self.0.get(i))
@@ -289,14 +303,33 @@ mod tests {
         .unwrap();
         assert_eq!(t.iter().count(), 2);
         assert!(t.target(2, 1, 64, 8).is_ok());
-        assert!(matches!(t.target(1, 1, 64, 8), Err(TransportError::UnknownNode(1))));
-        assert!(matches!(t.target(9, 1, 64, 8), Err(TransportError::UnknownNode(9))));
-        assert!(matches!(t.target(u64::MAX, 1, 64, 8), Err(TransportError::UnknownNode(_))));
-        assert!(matches!(t.target(2, 1, 0, 8), Err(TransportError::Range(_))));
-        assert!(matches!(t.target(2, 1, 4096, 8), Err(TransportError::Range(_))));
+        assert!(matches!(
+            t.target(1, 1, 64, 8),
+            Err(TransportError::UnknownNode(1))
+        ));
+        assert!(matches!(
+            t.target(9, 1, 64, 8),
+            Err(TransportError::UnknownNode(9))
+        ));
+        assert!(matches!(
+            t.target(u64::MAX, 1, 64, 8),
+            Err(TransportError::UnknownNode(_))
+        ));
+        assert!(matches!(
+            t.target(2, 1, 0, 8),
+            Err(TransportError::Range(_))
+        ));
+        assert!(matches!(
+            t.target(2, 1, 4096, 8),
+            Err(TransportError::Range(_))
+        ));
         assert!(matches!(
             t.target(3, 6, 64, 8),
-            Err(TransportError::Fenced { node: 3, ours: 6, theirs: 7 })
+            Err(TransportError::Fenced {
+                node: 3,
+                ours: 6,
+                theirs: 7
+            })
         ));
         assert!(t.target(3, 7, 64, 8).is_ok());
     }
@@ -306,9 +339,12 @@ mod tests {
         let started = AtomicBool::new(false);
         let (tx, rx) = std::sync::mpsc::channel();
         let start = |tx: std::sync::mpsc::Sender<u32>| {
-            start_once(&started, || "t".into(), || "a test thread".into(), move || {
-                move || tx.send(1).unwrap()
-            })
+            start_once(
+                &started,
+                || "t".into(),
+                || "a test thread".into(),
+                move || move || tx.send(1).unwrap(),
+            )
         };
         let h = start(tx.clone()).unwrap().expect("first call starts");
         h.join().unwrap();
@@ -320,10 +356,22 @@ mod tests {
     fn remote_write_rules() {
         assert!(check_remote_write(64, 8, 128).is_ok());
         assert!(check_remote_write(120, 8, 128).is_ok());
-        assert!(matches!(check_remote_write(56, 8, 128), Err(WordsError::OutOfBounds { .. })));
-        assert!(matches!(check_remote_write(128, 8, 128), Err(WordsError::OutOfBounds { .. })));
-        assert!(matches!(check_remote_write(68, 8, 128), Err(WordsError::Unaligned { .. })));
-        assert!(matches!(check_remote_write(64, 0, 128), Err(WordsError::Unaligned { .. })));
+        assert!(matches!(
+            check_remote_write(56, 8, 128),
+            Err(WordsError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            check_remote_write(128, 8, 128),
+            Err(WordsError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            check_remote_write(68, 8, 128),
+            Err(WordsError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            check_remote_write(64, 0, 128),
+            Err(WordsError::Unaligned { .. })
+        ));
         assert!(matches!(
             check_remote_write(u64::MAX - 7, 8, u64::MAX),
             Err(WordsError::OutOfBounds { .. })

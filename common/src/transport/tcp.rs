@@ -82,7 +82,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{check_remote_write, lock, start_once, write_local, PeerTable, RemotePeer, Transport, TransportError};
+use super::{
+    check_remote_write, lock, start_once, write_local, PeerTable, RemotePeer, Transport,
+    TransportError,
+};
 use crate::config::Config;
 use crate::handshake::{self, Channel};
 use crate::region::Region;

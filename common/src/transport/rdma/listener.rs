@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::verbs::{event, CmEvent, CmId, CompletionQueue, Device, ProtectionDomain, QpCaps, RegisteredRegion};
+use super::verbs::{
+    event, CmEvent, CmId, CompletionQueue, Device, ProtectionDomain, QpCaps, RegisteredRegion,
+};
 use super::wire::{self, ConnAccept, Refusal, RefusalCode};
 use crate::region::Region;
 
@@ -157,9 +159,14 @@ impl Owner {
                 log::warn!("rdma: {e}");
             }
         };
-        let req = match wire::answer(data, self.cluster, self.key.as_deref(), self.me, view, |n| {
-            self.known.contains(&n)
-        }) {
+        let req = match wire::answer(
+            data,
+            self.cluster,
+            self.key.as_deref(),
+            self.me,
+            view,
+            |n| self.known.contains(&n),
+        ) {
             Ok(r) => r,
             Err(r) => {
                 let who = match wire::ConnRequest::decode(data) {
@@ -229,7 +236,10 @@ impl Owner {
                 }
                 Err(e) => {
                     // Cannot revoke: cut the connection instead.
-                    log::warn!("rdma: revoking node {}'s write access: {e}; disconnecting it", a.from);
+                    log::warn!(
+                        "rdma: revoking node {}'s write access: {e}; disconnecting it",
+                        a.from
+                    );
                     a.id.disconnect();
                     a.revoked = true;
                 }

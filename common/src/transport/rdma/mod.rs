@@ -151,13 +151,21 @@ pub const NO_DEVICE: &str = "transport = \"rdma\": no RDMA device found (ibv_get
 
 /// Opens the rdma transport for node `me` (see the module docs).
 #[cfg(feature = "rdma")]
-pub fn open(config: &Config, me: u64, local: Arc<Region>) -> Result<Box<dyn Transport>, TransportError> {
+pub fn open(
+    config: &Config,
+    me: u64,
+    local: Arc<Region>,
+) -> Result<Box<dyn Transport>, TransportError> {
     Ok(Box::new(RdmaTransport::open(config, me, local)?))
 }
 
 /// Without the `rdma` feature: refuses, saying how to get it.
 #[cfg(not(feature = "rdma"))]
-pub fn open(config: &Config, me: u64, local: Arc<Region>) -> Result<Box<dyn Transport>, TransportError> {
+pub fn open(
+    config: &Config,
+    me: u64,
+    local: Arc<Region>,
+) -> Result<Box<dyn Transport>, TransportError> {
     let _ = (config, me, local);
     Err(TransportError::Unavailable(
         "transport = \"rdma\": this build has no RDMA support (build with `--features rdma`, which needs libibverbs-dev and librdmacm-dev); use transport = \"tcp\" or \"shm\"".into(),
@@ -175,7 +183,10 @@ mod imp {
 
     use super::listener::{Listener, Owner};
     use super::peer::{Peer, PeerSpec};
-    use super::verbs::{self, CmId, CompletionQueue, Device, EventChannel, ProtectionDomain, RdmaError, RegisteredRegion};
+    use super::verbs::{
+        self, CmId, CompletionQueue, Device, EventChannel, ProtectionDomain, RdmaError,
+        RegisteredRegion,
+    };
     use super::NO_DEVICE;
     use crate::config::Config;
     use crate::region::{cluster_hash, Region};
@@ -203,12 +214,16 @@ mod imp {
         /// starts answering connect requests for `local`. Connections to
         /// peers are made by the first write to each.
         pub fn open(config: &Config, me: u64, local: Arc<Region>) -> Result<Self, TransportError> {
-            let node = config.node(me).map_err(|_| TransportError::UnknownNode(me))?;
+            let node = config
+                .node(me)
+                .map_err(|_| TransportError::UnknownNode(me))?;
             // Before any other verbs call: a server that forks (Redis
             // BGSAVE) must not take registered pages with it.
             if verbs::fork_unsafe() {
                 if let Err(e) = verbs::fork_init() {
-                    log::warn!("rdma: {e}: a server that forks needs RDMAV_FORK_SAFE=1 on this kernel");
+                    log::warn!(
+                        "rdma: {e}: a server that forks needs RDMAV_FORK_SAFE=1 on this kernel"
+                    );
                 }
             }
             let devices = verbs::device_names().map_err(unavailable)?;
@@ -221,7 +236,8 @@ mod imp {
                     // Another process of this node (its follower) answers.
                     drop(anchor);
                     let a = CmId::new(&channel).map_err(unavailable)?;
-                    a.bind(SocketAddr::new(control.ip(), 0)).map_err(unavailable)?;
+                    a.bind(SocketAddr::new(control.ip(), 0))
+                        .map_err(unavailable)?;
                     (a, false)
                 }
                 Err(e) => return Err(unavailable(e)),
@@ -282,7 +298,13 @@ mod imp {
     }
 
     impl Transport for RdmaTransport {
-        fn write(&self, node: u64, view: u64, offset: u64, bytes: &[u8]) -> Result<(), TransportError> {
+        fn write(
+            &self,
+            node: u64,
+            view: u64,
+            offset: u64,
+            bytes: &[u8],
+        ) -> Result<(), TransportError> {
             if node == self.me {
                 return write_local(&self.local, node, view, offset, bytes);
             }
@@ -327,13 +349,17 @@ mod imp {
             let local = Arc::new(Region::anonymous(&config.region_spec(1)).unwrap());
             match verbs::device_names() {
                 Err(RdmaError::NoDevice) => {
-                    let e = RdmaTransport::open(&config, 1, local).err().expect("must refuse");
+                    let e = RdmaTransport::open(&config, 1, local)
+                        .err()
+                        .expect("must refuse");
                     let msg = e.to_string();
                     assert!(msg.contains("no RDMA device found"), "{msg}");
                     assert!(msg.contains("use transport = \"tcp\" or \"shm\""), "{msg}");
                     assert!(!msg.contains('\n'));
                 }
-                other => eprintln!("skipped: this host has RDMA devices or none can be listed ({other:?})"),
+                other => eprintln!(
+                    "skipped: this host has RDMA devices or none can be listed ({other:?})"
+                ),
             }
             // An unknown node is refused before any device is looked at.
             let spec = RegionSpec {

@@ -14,9 +14,7 @@ use super::verbs::{
     ProtectionDomain, QpCaps, RdmaError, StagingBuffer, WriteWr,
 };
 use super::wire::{ConnAccept, ConnRequest, Refusal, RefusalCode};
-use super::{
-    MAX_PENDING, MAX_PIECE, SIGNAL_EVERY, SQ_DEPTH, STAGING_BYTES, WANT_INLINE,
-};
+use super::{MAX_PENDING, MAX_PIECE, SIGNAL_EVERY, SQ_DEPTH, STAGING_BYTES, WANT_INLINE};
 use crate::transport::{lock, start_once, RemotePeer, TransportError};
 
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -155,7 +153,12 @@ impl Peer {
     }
 
     /// Posts a checked write (or queues it until the connection is up).
-    pub fn write(self: &Arc<Self>, view: u64, offset: u64, bytes: &[u8]) -> Result<(), TransportError> {
+    pub fn write(
+        self: &Arc<Self>,
+        view: u64,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), TransportError> {
         self.view.fetch_max(view, Ordering::AcqRel);
         self.ensure_started()?;
         let mut st = lock(&self.state);
@@ -364,7 +367,10 @@ impl Peer {
         while !self.stopping() {
             let (connected, failed) = {
                 let st = lock(&self.state);
-                (st.conn.is_some(), st.conn.as_ref().is_some_and(|c| c.failed))
+                (
+                    st.conn.is_some(),
+                    st.conn.as_ref().is_some_and(|c| c.failed),
+                )
             };
             if connected {
                 let mut gone = failed;
@@ -487,7 +493,11 @@ impl Peer {
         id.resolve_addr(self.src, self.addr, RESOLVE_TIMEOUT)?;
         self.wait_for(&id, event::RDMA_CM_EVENT_ADDR_RESOLVED, RESOLVE_TIMEOUT * 2)?;
         id.resolve_route(RESOLVE_TIMEOUT)?;
-        self.wait_for(&id, event::RDMA_CM_EVENT_ROUTE_RESOLVED, RESOLVE_TIMEOUT * 2)?;
+        self.wait_for(
+            &id,
+            event::RDMA_CM_EVENT_ROUTE_RESOLVED,
+            RESOLVE_TIMEOUT * 2,
+        )?;
         if !id.same_device(&self.pd) {
             return Err(ConnectError::Other(format!(
                 "the route to {} leaves through another RDMA device than {} (give each node one RDMA device and a control address on it)",
@@ -504,7 +514,14 @@ impl Peer {
         let mut caps = match id.create_qp(&self.pd, &cq, want) {
             Ok(c) => c,
             // Some devices take no inline data.
-            Err(_) => id.create_qp(&self.pd, &cq, QpCaps { max_inline: 0, ..want })?,
+            Err(_) => id.create_qp(
+                &self.pd,
+                &cq,
+                QpCaps {
+                    max_inline: 0,
+                    ..want
+                },
+            )?,
         };
         // A device may give more than asked; the completion queue is sized
         // for what was asked (every request can complete with an error).

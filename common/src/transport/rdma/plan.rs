@@ -294,7 +294,11 @@ mod tests {
         for (len, max_piece) in [(72, 16), (4096, 1000), (1 << 20, 4096), (24, 8), (64, 3)] {
             let p = pieces(64, len, max_piece, 0);
             let last = p.last().unwrap();
-            assert_eq!(last.src, len - 8..len, "the last word is a write of its own");
+            assert_eq!(
+                last.src,
+                len - 8..len,
+                "the last word is a write of its own"
+            );
             let mut at = 0;
             for piece in &p {
                 assert_eq!(piece.src.start, at, "in order, no gap, no overlap");

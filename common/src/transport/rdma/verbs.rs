@@ -510,9 +510,7 @@ impl CmId {
     ) -> Result<(), RdmaError> {
         let mut s = src.map(RawAddr::new);
         let mut d = RawAddr::new(dst);
-        let sp = s
-            .as_mut()
-            .map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
+        let sp = s.as_mut().map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
         // SAFETY: live id; both sockaddrs outlive the call (librdmacm
         // copies them).
         let r = unsafe {
@@ -629,7 +627,9 @@ impl CmId {
         // SAFETY: `raw` is live.
         let qp = unsafe { (*self.raw).qp };
         if qp.is_null() {
-            return Err(RdmaError::PostSend(io::Error::from_raw_os_error(libc::ENOTCONN)));
+            return Err(RdmaError::PostSend(io::Error::from_raw_os_error(
+                libc::ENOTCONN,
+            )));
         }
         for chunk in wrs.chunks(CHAIN) {
             // SAFETY: ibv_sge and ibv_send_wr are plain data (integers,
@@ -885,7 +885,10 @@ impl Drop for ProtectionDomain {
         // it, so none is left; deallocated exactly once.
         let r = unsafe { sys::ibv_dealloc_pd(self.raw) };
         if r != 0 {
-            log::warn!("rdma: ibv_dealloc_pd: {}", io::Error::from_raw_os_error(r.abs()));
+            log::warn!(
+                "rdma: ibv_dealloc_pd: {}",
+                io::Error::from_raw_os_error(r.abs())
+            );
         }
     }
 }
@@ -966,9 +969,9 @@ impl CompletionQueue {
         // SAFETY: live completion queue and room for N completions.
         let n = unsafe { sys::ibv_poll_cq(self.raw, N as c_int, wc.as_mut_ptr()) };
         if n < 0 {
-            return Err(RdmaError::PollCompletionQueue(io::Error::from_raw_os_error(
-                (-n).max(libc::EIO),
-            )));
+            return Err(RdmaError::PollCompletionQueue(
+                io::Error::from_raw_os_error((-n).max(libc::EIO)),
+            ));
         }
         out.extend(wc[..n as usize].iter().map(|w| Completion {
             wr_id: w.wr_id,
@@ -984,7 +987,10 @@ impl Drop for CompletionQueue {
         // left; destroyed exactly once.
         let r = unsafe { sys::ibv_destroy_cq(self.raw) };
         if r != 0 {
-            log::warn!("rdma: ibv_destroy_cq: {}", io::Error::from_raw_os_error(r.abs()));
+            log::warn!(
+                "rdma: ibv_destroy_cq: {}",
+                io::Error::from_raw_os_error(r.abs())
+            );
         }
     }
 }
@@ -1013,7 +1019,10 @@ fn dereg_mr(mr: *mut sys::ibv_mr) {
     // SAFETY: a registration made by `reg_mr`, deregistered exactly once.
     let r = unsafe { sys::ibv_dereg_mr(mr) };
     if r != 0 {
-        log::warn!("rdma: ibv_dereg_mr: {}", io::Error::from_raw_os_error(r.abs()));
+        log::warn!(
+            "rdma: ibv_dereg_mr: {}",
+            io::Error::from_raw_os_error(r.abs())
+        );
     }
 }
 
@@ -1136,7 +1145,9 @@ impl StagingBuffer {
     /// Copies `bytes` to offset `at` and returns the WRITE source for them.
     /// Panics if they do not fit (a planning bug).
     pub fn stage(&mut self, at: usize, bytes: &[u8]) -> Source<'static> {
-        assert!(at.checked_add(bytes.len()).is_some_and(|end| end <= self.len));
+        assert!(at
+            .checked_add(bytes.len())
+            .is_some_and(|end| end <= self.len));
         // SAFETY: `[at, at + len)` lies in our live mapping (checked); the
         // transport only reuses bytes whose requests completed, so the
         // device is not reading them.

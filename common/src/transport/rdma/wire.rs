@@ -411,7 +411,10 @@ mod tests {
             ConnRequest::decode(&good[..55]),
             Err(WireError::Short { .. })
         ));
-        assert!(matches!(ConnRequest::decode(&[]), Err(WireError::Short { .. })));
+        assert!(matches!(
+            ConnRequest::decode(&[]),
+            Err(WireError::Short { .. })
+        ));
         let flip = |i: usize, v: u8| {
             let mut b = good;
             b[i] = v;
@@ -427,7 +430,10 @@ mod tests {
         ));
         for (i, v) in [(5, 0), (5, 16), (6, 0), (6, 200), (7, 1)] {
             assert!(
-                matches!(ConnRequest::decode(&flip(i, v)), Err(WireError::Field { .. })),
+                matches!(
+                    ConnRequest::decode(&flip(i, v)),
+                    Err(WireError::Field { .. })
+                ),
                 "byte {i} = {v}"
             );
         }
@@ -463,7 +469,10 @@ mod tests {
         }
         .encode();
         r[5] = 99;
-        assert!(Refusal::decode(&r).unwrap_err().to_string().contains("unknown refusal code"));
+        assert!(Refusal::decode(&r)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown refusal code"));
         // Any single flipped bit of a request is either refused by decode or
         // by the MAC.
         for bit in 0..REQUEST_LEN * 8 {
@@ -485,14 +494,33 @@ mod tests {
         let code = |r: Result<ConnRequest, Refusal>| r.unwrap_err().code;
         assert_eq!(code(ask(req(), KEY, 8)), RefusalCode::Fenced);
         assert_eq!(ask(req(), KEY, 8).unwrap_err().view, 8);
-        assert_eq!(code(ask(req(), Some("another key 12345"), 7)), RefusalCode::WrongKey);
         assert_eq!(
-            code(ask(ConnRequest { cluster: 1, ..req() }, KEY, 7)),
+            code(ask(req(), Some("another key 12345"), 7)),
+            RefusalCode::WrongKey
+        );
+        assert_eq!(
+            code(ask(
+                ConnRequest {
+                    cluster: 1,
+                    ..req()
+                },
+                KEY,
+                7
+            )),
             RefusalCode::WrongCluster
         );
-        assert_eq!(code(ask(ConnRequest { to: 2, ..req() }, KEY, 7)), RefusalCode::WrongNode);
-        assert_eq!(code(ask(ConnRequest { from: 3, ..req() }, KEY, 7)), RefusalCode::WrongNode);
-        assert_eq!(code(ask(ConnRequest { from: 9, ..req() }, KEY, 7)), RefusalCode::WrongNode);
+        assert_eq!(
+            code(ask(ConnRequest { to: 2, ..req() }, KEY, 7)),
+            RefusalCode::WrongNode
+        );
+        assert_eq!(
+            code(ask(ConnRequest { from: 3, ..req() }, KEY, 7)),
+            RefusalCode::WrongNode
+        );
+        assert_eq!(
+            code(ask(ConnRequest { from: 9, ..req() }, KEY, 7)),
+            RefusalCode::WrongNode
+        );
         assert_eq!(
             code(answer(b"GET / HTTP/1.1", cluster, KEY, 3, 7, known)),
             RefusalCode::Malformed
