@@ -568,7 +568,11 @@ fn check_history(f: &Finder, leader: u64, logs: &[ClientLog]) {
 /// servers started, not yet waited for a leader.
 fn zk_cluster(test: &str, nodes: usize, backup_clients: &str) -> (TestCluster, ZookeeperServer) {
     let mut c = TestCluster::new(test, Options { nodes, ..Options::default() });
-    let zk = ZookeeperServer::start(&c.dir.join("zk"), free_port()).expect("start ZooKeeper");
+    // Not one of the ports the cluster's config took (they are free until
+    // the nodes start).
+    let taken: Vec<u16> = c.nodes.iter().flat_map(|n| [n.app.port(), n.control.port()]).collect();
+    let port = std::iter::repeat_with(free_port).find(|p| !taken.contains(p)).unwrap();
+    let zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), SESSION_MS);
     if backup_clients != "allow" {
         c.set_backup_clients(backup_clients);
@@ -805,17 +809,28 @@ fn zookeeper_loss_body(test: &str, loss: ZkLoss) {
             zk
         }
     };
-    let new = f.wait_leader(&all, &[], "a serving leader after ZooKeeper came back");
-    eprintln!("ZooKeeper back: node {new} leads");
+    let first = f.wait_leader(&all, &[], "a serving leader after ZooKeeper came back");
+    eprintln!("ZooKeeper back: node {first} leads");
+    // Serving means serving correctly for a while: recorded load, then the
+    // same history checks as after a failover.
+    let load = Load::start(&f, &all, 0..4, OnError::Reconnect, Duration::from_secs(10));
+    load.wait_progress(&f, 50, "clients served after ZooKeeper came back");
+    let (logs, errors) = load.finish();
+    let new = f.wait_leader(&all, &[], "a serving leader after the load");
+    eprintln!("after ZooKeeper came back: {} client errors, node {new} leads", errors.len());
     let mut r = Resp::connect_with(f.app(new), Duration::from_secs(2), Duration::from_secs(60)).unwrap();
     for (key, value) in &acked {
+        let got = r
+            .cmd(&[b"GET", key.as_bytes()])
+            .unwrap_or_else(|e| panic!("GET {key} on leader {new}: {e}\n{}", f.logs()));
         assert_eq!(
-            r.cmd(&[b"GET", key.as_bytes()]).unwrap(),
+            got,
             Reply::Bulk(Some(value.clone().into_bytes())),
             "acknowledged SET {key} is missing on leader {new}\n{}",
             f.logs()
         );
     }
+    check_history(&f, new, &logs);
     f.wait_converged(new, &all);
 }
 
