@@ -467,9 +467,8 @@ pub fn redis_mixed_workload(addr: SocketAddr, threads: usize, ops: usize) {
                         }
                         _ => c.cmd(&[b"SET", format!("key:{t}:{}", i % 50).as_bytes(), v.as_bytes()]),
                     };
-                    match r.expect("command") {
-                        Reply::Error(e) => panic!("server error: {e}"),
-                        _ => {}
+                    if let Reply::Error(e) = r.expect("command") {
+                        panic!("server error: {e}");
                     }
                 }
             })
