@@ -108,7 +108,8 @@ impl Bench {
         );
         for id in 1..=NODES {
             toml.push_str(&format!(
-                "[[nodes]]\nid = {id}\napp = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
+                "[[nodes]]\nid = {id}\napp = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\nmetrics = \"127.0.0.1:{}\"\n",
+                free_port()?,
                 free_port()?,
                 free_port()?
             ));
@@ -428,6 +429,9 @@ struct Latency {
     own: Vec<f64>,
     backups: Vec<f64>,
     majority: Vec<f64>,
+    /// Backups' mean RocksDB write per batch (µs) and entries per batch.
+    persist_us: f64,
+    per_batch: f64,
 }
 
 impl Latency {
@@ -446,6 +450,8 @@ fn latency(l: &mut Leader, conn: u64, size: usize, samples: usize, idle: Option<
         own: Vec::with_capacity(samples),
         backups: Vec::with_capacity(2 * samples),
         majority: Vec::with_capacity(samples),
+        persist_us: f64::NAN,
+        per_batch: f64::NAN,
     };
     for i in 0..warmup + samples {
         if let Some(gap) = idle {
@@ -485,7 +491,10 @@ fn latency(l: &mut Leader, conn: u64, size: usize, samples: usize, idle: Option<
 }
 
 struct Stream {
+    /// Entries streamed (the connections' ACCEPTs included).
     entries: u64,
+    /// Last seq of the log afterwards.
+    last: u64,
     bytes: u64,
     ingest: Duration,
     applied_live: Duration,
@@ -527,7 +536,8 @@ fn stream(b: &mut Bench, l: &mut Leader, n: u64, conns: u64) -> anyhow::Result<S
             .all(|id| b.status(id).map(|s| s.applied >= last).unwrap_or(false)))
     })?;
     Ok(Stream {
-        entries: last,
+        entries: n + conns,
+        last,
         bytes,
         ingest,
         applied_live: start.elapsed(),
@@ -578,6 +588,44 @@ fn digest(addr: SocketAddr) -> anyhow::Result<String> {
     Ok(line.trim_end().trim_start_matches('+').to_string())
 }
 
+/// `lockstep_persist_seconds` (sum in seconds, count of batches) and
+/// `lockstep_persisted_entries_total` from node `id`'s metrics.
+fn persist_metrics(config: &Config, id: u64) -> Option<(f64, f64, f64)> {
+    let addr = config.node(id).ok()?.metrics?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n").ok()?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut s, &mut text).ok()?;
+    let get = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+    };
+    Some((
+        get("lockstep_persist_seconds_sum")?,
+        get("lockstep_persist_seconds_count")?,
+        get("lockstep_persisted_entries_total")?,
+    ))
+}
+
+/// Mean RocksDB write per batch (µs) and entries per batch on the
+/// backups between two scrapes.
+fn persist_delta(before: &[Option<(f64, f64, f64)>], after: &[Option<(f64, f64, f64)>]) -> (f64, f64) {
+    let (mut sum, mut batches, mut entries) = (0.0, 0.0, 0.0);
+    for (b, a) in before.iter().zip(after) {
+        if let (Some(b), Some(a)) = (b, a) {
+            sum += a.0 - b.0;
+            batches += a.1 - b.1;
+            entries += a.2 - b.2;
+        }
+    }
+    if batches == 0.0 {
+        (f64::NAN, f64::NAN)
+    } else {
+        (sum / batches * 1e6, entries / batches)
+    }
+}
+
 /// Runs the follower bench.
 pub fn run(opts: &Options) -> anyhow::Result<()> {
     let mut b = Bench::new(opts)?;
@@ -606,9 +654,18 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             bail!("entry size {size} is above max_entry ({})", b.config.max_entry);
         }
         eprintln!("  latency: {size} B entries");
-        lat.push(latency(&mut l, conn, size, opts.samples, None)?);
+        let backups: Vec<u64> = (1..=NODES).filter(|&id| id != LEADER).collect();
+        let scrape = || backups.iter().map(|&id| persist_metrics(&b.config, id)).collect::<Vec<_>>();
+        let mut modes = vec![None];
         if !opts.idle.is_zero() {
-            lat.push(latency(&mut l, conn, size, opts.samples / 4, Some(opts.idle))?);
+            modes.push(Some(opts.idle));
+        }
+        for idle in modes {
+            let n = if idle.is_some() { opts.samples / 4 } else { opts.samples };
+            let before = scrape();
+            let mut x = latency(&mut l, conn, size, n, idle)?;
+            (x.persist_us, x.per_batch) = persist_delta(&before, &scrape());
+            lat.push(x);
         }
     }
 
@@ -617,8 +674,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let st = stream(&mut b, &mut l, opts.entries, opts.conns.max(1))?;
 
     // 3. Restart replay of the whole log into a fresh server.
-    eprintln!("  restarting node 2: replay of {} entries into a fresh redis-server", st.entries);
-    let rp = restart_replay(&mut b, 2, st.entries)?;
+    eprintln!("  restarting node 2: replay of {} entries into a fresh redis-server", st.last);
+    let rp = restart_replay(&mut b, 2, st.last)?;
     let d2 = digest(b.config.node(2)?.app)?;
     let d3 = digest(b.config.node(3)?.app)?;
     let divergences: u64 = (1..=NODES).filter_map(|id| b.status(id).ok()).map(|s| s.divergences).sum();
@@ -636,9 +693,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                 "leader_follower": Latency::summary(&x.own),
                 "backup": Latency::summary(&x.backups),
                 "majority": Latency::summary(&x.majority),
+                "backup_rocksdb_write_us_mean": x.persist_us,
+                "backup_entries_per_batch": x.per_batch,
             })).collect::<Vec<_>>(),
             "stream": {
                 "entries": st.entries,
+                "log_entries": st.last,
                 "payload_bytes": st.bytes,
                 "ingest_s": st.ingest.as_secs_f64(),
                 "ingest_entries_per_s": rate(st.entries, st.ingest),
@@ -661,12 +721,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             opts.transport, opts.durability
         );
         println!(
-            "{:>7} {:>7} | {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>9} {:>9}",
-            "entry", "mode", "own p50", "own p99", "bkp p50", "bkp p99", "bkp max", "maj p50", "maj p99"
+            "{:>7} {:>7} | {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>9} {:>9} | {:>8}",
+            "entry", "mode", "own p50", "own p99", "bkp p50", "bkp p99", "bkp max", "maj p50", "maj p99", "rocksdb"
         );
         for x in &lat {
             println!(
-                "{:>7} {:>7} | {:>9.1} {:>9.1} | {:>9.1} {:>9.1} {:>9.1} | {:>9.1} {:>9.1}",
+                "{:>7} {:>7} | {:>9.1} {:>9.1} | {:>9.1} {:>9.1} {:>9.1} | {:>9.1} {:>9.1} | {:>8.1}",
                 x.size,
                 x.mode,
                 pct(&x.own, 0.5),
@@ -675,12 +735,17 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                 pct(&x.backups, 0.99),
                 pct(&x.backups, 1.0),
                 pct(&x.majority, 0.5),
-                pct(&x.majority, 0.99)
+                pct(&x.majority, 0.99),
+                x.persist_us
             );
         }
-        println!("  own = the leader node's follower, bkp = each backup's follower, maj = majority (what a client waits for)");
+        println!("  own = the leader node's follower, bkp = each backup's follower, maj = majority (what a client waits for),");
+        println!("  rocksdb = the backups' mean RocksDB write per batch (from their metrics)");
         println!();
-        println!("streaming {} entries ({} payload bytes) over {} connections:", st.entries, st.bytes, opts.conns);
+        println!(
+            "streaming {} entries ({} payload bytes) over {} connections (log: {} entries):",
+            st.entries, st.bytes, opts.conns, st.last
+        );
         println!(
             "  ingest (majority acked)   {:>8.2} s  {:>10.0} entries/s",
             st.ingest.as_secs_f64(),
