@@ -897,6 +897,13 @@ fn backup_kill_body(test: &str, zookeeper: bool) {
     check_history(&f, leader, &logs);
     f.wait_converged(leader, &alive);
     f.assert_digests_agree(&alive);
+    // The backup comes back (fresh server, same data dir; its log is
+    // already in the current view) and catches up.
+    c.start_follower(backup);
+    c.start_server(backup);
+    f.wait_role(backup, "backup", leader);
+    f.wait_converged(leader, &all);
+    f.assert_digests_agree(&all);
 }
 
 #[test]
