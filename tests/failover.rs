@@ -14,9 +14,6 @@
 
 mod cluster;
 
-#[path = "../src/zookeeper_server.rs"]
-mod zookeeper_server;
-
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -29,9 +26,10 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cluster::{bin_dir, free_port, Options, Reply, Resp, TestCluster};
+use cluster::{
+    bin_dir, free_port, zookeeper_serving, Options, Reply, Resp, TestCluster, ZookeeperServer,
+};
 use lockstep_common::control::NodeStatus;
-use zookeeper_server::ZookeeperServer;
 
 /// Bound on every wait: reaching it means a hang, not slowness.
 const HANG: Duration = Duration::from_secs(180);
@@ -116,7 +114,10 @@ impl Finder {
     /// The leader of the highest view any node in `among` reports, when
     /// that leader is among them and itself says it leads that view.
     fn leader(&self, among: &[u64]) -> Option<(u64, u64)> {
-        let sts: Vec<NodeStatus> = among.iter().filter_map(|&id| self.status(id).ok()).collect();
+        let sts: Vec<NodeStatus> = among
+            .iter()
+            .filter_map(|&id| self.status(id).ok())
+            .collect();
         let top = sts.iter().map(|s| s.view).max()?;
         let leader = sts
             .iter()
@@ -157,7 +158,10 @@ impl Finder {
                 Err(e) => last = e,
             }
             if start.elapsed() > HANG {
-                panic!("timed out waiting for {what} (last: {last})\n{}", self.logs());
+                panic!(
+                    "timed out waiting for {what} (last: {last})\n{}",
+                    self.logs()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -171,7 +175,8 @@ impl Finder {
             None => Err("no node leads".into()),
             Some((view, l)) if not.contains(&l) => Err(format!("node {l} still leads view {view}")),
             Some((view, l)) => {
-                probe_write(self.app(l)).map_err(|e| format!("view {view} leader {l}: probe write: {e}"))?;
+                probe_write(self.app(l))
+                    .map_err(|e| format!("view {view} leader {l}: probe write: {e}"))?;
                 found = l;
                 Ok(())
             }
@@ -196,16 +201,22 @@ impl Finder {
     /// leads; returns it.
     fn wait_role_any(&self, id: u64, roles: &[&str], leader: u64) -> String {
         let mut got = String::new();
-        self.wait(&format!("node {id} to be one of {roles:?} under leader {leader}"), || {
-            let l = self.status(leader)?;
-            let s = self.status(id)?;
-            if roles.contains(&s.role.as_str()) && s.view == l.view && s.leader == leader {
-                got = s.role.clone();
-                Ok(())
-            } else {
-                Err(format!("node {id}: role {} view {} leader {}; leader's view {}", s.role, s.view, s.leader, l.view))
-            }
-        });
+        self.wait(
+            &format!("node {id} to be one of {roles:?} under leader {leader}"),
+            || {
+                let l = self.status(leader)?;
+                let s = self.status(id)?;
+                if roles.contains(&s.role.as_str()) && s.view == l.view && s.leader == leader {
+                    got = s.role.clone();
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "node {id}: role {} view {} leader {}; leader's view {}",
+                        s.role, s.view, s.leader, l.view
+                    ))
+                }
+            },
+        );
         got
     }
 
@@ -249,7 +260,12 @@ impl Finder {
         }
         for &id in ids {
             let s = self.status(id).expect("status");
-            assert_eq!(s.divergences, 0, "node {id} counted divergences\n{}", self.logs());
+            assert_eq!(
+                s.divergences,
+                0,
+                "node {id} counted divergences\n{}",
+                self.logs()
+            );
         }
     }
 }
@@ -261,10 +277,16 @@ impl Finder {
         let mut per_node: Vec<(u64, HashMap<String, String>)> = Vec::new();
         for &id in ids {
             let mut map = HashMap::new();
-            let Ok(mut c) = Resp::connect_with(self.app(id), Duration::from_secs(2), Duration::from_secs(30)) else {
+            let Ok(mut c) = Resp::connect_with(
+                self.app(id),
+                Duration::from_secs(2),
+                Duration::from_secs(30),
+            ) else {
                 continue;
             };
-            let Ok(Reply::Array(Some(keys))) = c.cmd(&[b"KEYS", b"*"]) else { continue };
+            let Ok(Reply::Array(Some(keys))) = c.cmd(&[b"KEYS", b"*"]) else {
+                continue;
+            };
             for k in keys {
                 let Reply::Bulk(Some(k)) = k else { continue };
                 let summary = match c.cmd(&[b"TYPE", &k]) {
@@ -290,7 +312,8 @@ impl Finder {
         keys.dedup();
         let mut out = String::from("keys that differ:\n");
         for k in keys {
-            let vals: Vec<(u64, Option<&String>)> = per_node.iter().map(|(id, m)| (*id, m.get(k))).collect();
+            let vals: Vec<(u64, Option<&String>)> =
+                per_node.iter().map(|(id, m)| (*id, m.get(k))).collect();
             if vals.iter().any(|(_, v)| *v != vals[0].1) {
                 out.push_str(&format!("  {k}: {vals:?}\n"));
             }
@@ -301,7 +324,8 @@ impl Finder {
 
 /// `DEBUG DIGEST` of the server at `addr`.
 fn digest(addr: SocketAddr) -> Result<String, String> {
-    let mut c = Resp::connect_with(addr, Duration::from_secs(2), Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    let mut c = Resp::connect_with(addr, Duration::from_secs(2), Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
     match c.cmd(&[b"DEBUG", b"DIGEST"]) {
         Ok(Reply::Status(s)) => Ok(s),
         other => Err(format!("{other:?}")),
@@ -314,7 +338,8 @@ fn probe_write(addr: SocketAddr) -> Result<(), String> {
 }
 
 fn probe_write_with(addr: SocketAddr, read: Duration) -> Result<(), String> {
-    let mut c = Resp::connect_with(addr, Duration::from_secs(2), read).map_err(|e| format!("connect: {e}"))?;
+    let mut c = Resp::connect_with(addr, Duration::from_secs(2), read)
+        .map_err(|e| format!("connect: {e}"))?;
     match c.cmd(&[b"SET", b"fo:probe", b"1"]) {
         Ok(Reply::Status(s)) if s == "OK" => Ok(()),
         Ok(other) => Err(format!("answered {other:?}")),
@@ -323,7 +348,10 @@ fn probe_write_with(addr: SocketAddr, read: Duration) -> Result<(), String> {
 }
 
 fn is_timeout(e: &std::io::Error) -> bool {
-    matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 // ---------------------------------------------------------------------
@@ -376,23 +404,44 @@ impl Load {
     ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(AtomicBool::new(false));
-        let acked: Arc<Vec<AtomicU64>> = Arc::new(clients.clone().map(|_| AtomicU64::new(0)).collect());
+        let acked: Arc<Vec<AtomicU64>> =
+            Arc::new(clients.clone().map(|_| AtomicU64::new(0)).collect());
         let errors = Arc::new(Mutex::new(Vec::new()));
         let handles = clients
             .enumerate()
             .map(|(i, t)| {
                 let (f, among) = (f.clone(), among.to_vec());
-                let (stop, acked, failed, errors) = (stop.clone(), acked.clone(), failed.clone(), errors.clone());
+                let (stop, acked, failed, errors) =
+                    (stop.clone(), acked.clone(), failed.clone(), errors.clone());
                 std::thread::spawn(move || {
-                    run_client(t, &f, &among, on_error, read_timeout, &stop, &acked[i], &failed, &errors)
+                    run_client(
+                        t,
+                        &f,
+                        &among,
+                        on_error,
+                        read_timeout,
+                        &stop,
+                        &acked[i],
+                        &failed,
+                        &errors,
+                    )
                 })
             })
             .collect();
-        Load { stop, acked, failed, errors, handles }
+        Load {
+            stop,
+            acked,
+            failed,
+            errors,
+            handles,
+        }
     }
 
     fn acked(&self) -> Vec<u64> {
-        self.acked.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+        self.acked
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// Waits until every client had `each` more commands acknowledged.
@@ -400,7 +449,11 @@ impl Load {
         let base = self.acked();
         f.wait(what, || {
             if self.failed.load(Ordering::Relaxed) {
-                panic!("a client failed: {:?}\n{}", self.errors.lock().unwrap(), f.logs());
+                panic!(
+                    "a client failed: {:?}\n{}",
+                    self.errors.lock().unwrap(),
+                    f.logs()
+                );
             }
             let now = self.acked();
             if now.iter().zip(&base).all(|(n, b)| *n >= b + each) {
@@ -414,7 +467,11 @@ impl Load {
     /// Stops the clients; their histories, and the errors they met.
     fn finish(self) -> (Vec<ClientLog>, Vec<String>) {
         self.stop.store(true, Ordering::Relaxed);
-        let logs = self.handles.into_iter().map(|h| h.join().expect("client thread")).collect();
+        let logs = self
+            .handles
+            .into_iter()
+            .map(|h| h.join().expect("client thread"))
+            .collect();
         let errors = std::mem::take(&mut *self.errors.lock().unwrap());
         (logs, errors)
     }
@@ -432,7 +489,10 @@ fn run_client(
     failed: &AtomicBool,
     errors: &Mutex<Vec<String>>,
 ) -> ClientLog {
-    let mut log = ClientLog { client: t, ..Default::default() };
+    let mut log = ClientLog {
+        client: t,
+        ..Default::default()
+    };
     let mut conn: Option<Resp> = None;
     let mut connected_once = false;
     let mut n: u64 = 0;
@@ -455,7 +515,7 @@ fn run_client(
             continue;
         };
         n += 1;
-        let (what, res) = if n % 2 == 0 {
+        let (what, res) = if n & 1 == 0 {
             let k = (n as usize / 2) % COUNTERS;
             log.incr_sent[k] += 1;
             let r = c.cmd(&[b"INCR", counter_key(k).as_bytes()]);
@@ -477,7 +537,10 @@ fn run_client(
                 acked.fetch_add(1, Ordering::Relaxed);
             }
             other => {
-                errors.lock().unwrap().push(format!("client {t}: {what}: {other:?}"));
+                errors
+                    .lock()
+                    .unwrap()
+                    .push(format!("client {t}: {what}: {other:?}"));
                 conn = None;
                 if on_error == OnError::Stop {
                     failed.store(true, Ordering::Relaxed);
@@ -491,8 +554,12 @@ fn run_client(
 
 /// Checks the clients' histories against the data on `leader`.
 fn check_history(f: &Finder, leader: u64, logs: &[ClientLog]) {
-    let mut c = Resp::connect_with(f.app(leader), Duration::from_secs(2), Duration::from_secs(60))
-        .unwrap_or_else(|e| panic!("connect to leader {leader}: {e}\n{}", f.logs()));
+    let mut c = Resp::connect_with(
+        f.app(leader),
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .unwrap_or_else(|e| panic!("connect to leader {leader}: {e}\n{}", f.logs()));
     let mut acked_total = 0;
     for k in 0..COUNTERS {
         let key = counter_key(k);
@@ -506,8 +573,15 @@ fn check_history(f: &Finder, leader: u64, logs: &[ClientLog]) {
         for l in logs {
             let mut prev = 0;
             for &(_, v) in l.incr_acked.iter().filter(|(kk, _)| *kk == k) {
-                assert!(seen.insert(v), "two acknowledged INCR {key} returned {v}: an acknowledged INCR was lost");
-                assert!(v > prev, "client {}: INCR {key} returned {v} after {prev}", l.client);
+                assert!(
+                    seen.insert(v),
+                    "two acknowledged INCR {key} returned {v}: an acknowledged INCR was lost"
+                );
+                assert!(
+                    v > prev,
+                    "client {}: INCR {key} returned {v} after {prev}",
+                    l.client
+                );
                 assert!(v <= value, "an acknowledged INCR {key} returned {v}, but {key} is {value} on leader {leader}");
                 prev = v;
             }
@@ -518,9 +592,15 @@ fn check_history(f: &Finder, leader: u64, logs: &[ClientLog]) {
             "{key} = {value} on leader {leader}, but {} INCRs were acknowledged",
             seen.len()
         );
-        assert!(value as u64 <= sent, "{key} = {value} on leader {leader}, but only {sent} INCRs were sent");
+        assert!(
+            value as u64 <= sent,
+            "{key} = {value} on leader {leader}, but only {sent} INCRs were sent"
+        );
     }
-    let list: Vec<String> = match c.cmd(&[b"LRANGE", LIST.as_bytes(), b"0", b"-1"]).expect("LRANGE") {
+    let list: Vec<String> = match c
+        .cmd(&[b"LRANGE", LIST.as_bytes(), b"0", b"-1"])
+        .expect("LRANGE")
+    {
         Reply::Array(Some(items)) => items
             .into_iter()
             .map(|i| match i {
@@ -530,10 +610,16 @@ fn check_history(f: &Finder, leader: u64, logs: &[ClientLog]) {
             .collect(),
         other => panic!("LRANGE {LIST}: {other:?}"),
     };
-    let sent: HashSet<&str> = logs.iter().flat_map(|l| l.push_sent.iter().map(|s| s.as_str())).collect();
+    let sent: HashSet<&str> = logs
+        .iter()
+        .flat_map(|l| l.push_sent.iter().map(|s| s.as_str()))
+        .collect();
     let mut count: HashMap<&str, usize> = HashMap::new();
     for item in &list {
-        assert!(sent.contains(item.as_str()), "{LIST} holds {item}, which no client sent");
+        assert!(
+            sent.contains(item.as_str()),
+            "{LIST} holds {item}, which no client sent"
+        );
         *count.entry(item.as_str()).or_default() += 1;
     }
     for (id, n) in &count {
@@ -548,8 +634,15 @@ fn check_history(f: &Finder, leader: u64, logs: &[ClientLog]) {
                 Some(&1),
                 "acknowledged RPUSH {id} is missing from {LIST} on leader {leader}"
             );
-            assert!(lens.insert(*len), "two acknowledged RPUSHes returned length {len}: one was lost");
-            assert!(*len > prev && *len as usize <= list.len(), "client {}: RPUSH returned {len}", l.client);
+            assert!(
+                lens.insert(*len),
+                "two acknowledged RPUSHes returned length {len}: one was lost"
+            );
+            assert!(
+                *len > prev && *len as usize <= list.len(),
+                "client {}: RPUSH returned {len}",
+                l.client
+            );
             prev = *len;
         }
         acked_total += l.push_acked.len();
@@ -567,11 +660,23 @@ fn check_history(f: &Finder, leader: u64, logs: &[ClientLog]) {
 /// A loopback cluster electing through a private ZooKeeper; followers and
 /// servers started, not yet waited for a leader.
 fn zk_cluster(test: &str, nodes: usize, backup_clients: &str) -> (TestCluster, ZookeeperServer) {
-    let mut c = TestCluster::new(test, Options { nodes, ..Options::default() });
+    let mut c = TestCluster::new(
+        test,
+        Options {
+            nodes,
+            ..Options::default()
+        },
+    );
     // Not one of the ports the cluster's config took (they are free until
     // the nodes start).
-    let taken: Vec<u16> = c.nodes.iter().flat_map(|n| [n.app.port(), n.control.port()]).collect();
-    let port = std::iter::repeat_with(free_port).find(|p| !taken.contains(p)).unwrap();
+    let taken: Vec<u16> = c
+        .nodes
+        .iter()
+        .flat_map(|n| [n.app.port(), n.control.port()])
+        .collect();
+    let port = std::iter::repeat_with(free_port)
+        .find(|p| !taken.contains(p))
+        .unwrap();
     let zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), SESSION_MS);
     if backup_clients != "allow" {
@@ -604,7 +709,10 @@ fn cli_status(config: &Path) -> serde_json::Value {
         .expect("run lockstep status");
     let text = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-        panic!("lockstep status --json printed no JSON ({e}): {text}\n{}", String::from_utf8_lossy(&out.stderr))
+        panic!(
+            "lockstep status --json printed no JSON ({e}): {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
     })
 }
 
@@ -623,9 +731,16 @@ fn leader_sigkill_loses_no_acknowledged_write() {
     let new = f.wait_leader(&alive, &[old], "a new leader after SIGKILL of the leader");
     load.wait_progress(&f, 30, "every client to be served by the new leader");
     let (logs, errors) = load.finish();
-    eprintln!("leader {old} killed, {new} took over; client errors: {}", errors.len());
+    eprintln!(
+        "leader {old} killed, {new} took over; client errors: {}",
+        errors.len()
+    );
     for l in &logs {
-        assert!(l.reconnects >= 1, "client {} never reconnected after its leader died", l.client);
+        assert!(
+            l.reconnects >= 1,
+            "client {} never reconnected after its leader died",
+            l.client
+        );
     }
 
     check_history(&f, new, &logs);
@@ -638,7 +753,13 @@ fn leader_sigkill_loses_no_acknowledged_write() {
     for n in nodes {
         let id = n["node"].as_u64().expect("node id");
         let role = n["role"].as_str().expect("role");
-        let want = if id == old { "down" } else if id == new { "leader" } else { "backup" };
+        let want = if id == old {
+            "down"
+        } else if id == new {
+            "leader"
+        } else {
+            "backup"
+        };
         assert_eq!(role, want, "node {id} in lockstep status --json: {json}");
     }
 }
@@ -654,7 +775,11 @@ fn three_leader_kills_in_a_row() {
     for round in 1..=3 {
         load.wait_progress(&f, 20, &format!("load before kill {round}"));
         kill_node(&mut c, leader);
-        let next = f.wait_leader(&without(&all, leader), &[leader], &format!("a new leader after kill {round}"));
+        let next = f.wait_leader(
+            &without(&all, leader),
+            &[leader],
+            &format!("a new leader after kill {round}"),
+        );
         eprintln!("round {round}: leader {leader} killed, {next} took over");
         load.wait_progress(&f, 20, &format!("clients served after kill {round}"));
         // The killed node comes back (fresh server, same data dir) as a backup.
@@ -702,10 +827,18 @@ fn zookeeper_unreachable_at_start_is_a_clear_error() {
         std::thread::sleep(Duration::from_millis(100));
     };
     let stderr = std::fs::read_to_string(&err_path).unwrap();
-    assert!(!status.success(), "the follower exited successfully without ZooKeeper: {stderr}");
-    assert!(!stderr.contains("panicked"), "the follower panicked: {stderr}");
     assert!(
-        stderr.lines().any(|l| l.to_lowercase().contains("zookeeper") && l.contains(&addr)),
+        !status.success(),
+        "the follower exited successfully without ZooKeeper: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "the follower panicked: {stderr}"
+    );
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.to_lowercase().contains("zookeeper") && l.contains(&addr)),
         "no line of the follower's stderr names ZooKeeper and {addr}:\n{stderr}"
     );
     eprintln!("follower without ZooKeeper: {status}: {}", stderr.trim());
@@ -745,7 +878,8 @@ fn zookeeper_loss_body(test: &str, loss: ZkLoss) {
     let all = f.ids();
     let old = f.wait_leader(&all, &[], "a first leader");
     let mut acked: Vec<(String, String)> = Vec::new();
-    let mut conn = Resp::connect_with(f.app(old), Duration::from_secs(2), Duration::from_secs(10)).unwrap();
+    let mut conn =
+        Resp::connect_with(f.app(old), Duration::from_secs(2), Duration::from_secs(10)).unwrap();
     let mut set = |conn: &mut Resp, key: String| -> Result<(), String> {
         let value = format!("v-{key}");
         match conn.cmd(&[b"SET", key.as_bytes(), value.as_bytes()]) {
@@ -759,13 +893,16 @@ fn zookeeper_loss_body(test: &str, loss: ZkLoss) {
         }
     };
     for i in 0..20 {
-        set(&mut conn, format!("zk:pre:{i}")).unwrap_or_else(|e| panic!("SET before ZooKeeper went away: {e}"));
+        set(&mut conn, format!("zk:pre:{i}"))
+            .unwrap_or_else(|e| panic!("SET before ZooKeeper went away: {e}"));
     }
 
     let group = nix::unistd::Pid::from_raw(zk.pid() as i32);
     match loss {
         ZkLoss::Stopped => zk.stop(),
-        ZkLoss::Frozen => nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGSTOP).unwrap(),
+        ZkLoss::Frozen => {
+            nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGSTOP).unwrap()
+        }
     }
     // Writes go on while the leader's session may still be valid, then stop.
     let start = Instant::now();
@@ -789,7 +926,10 @@ fn zookeeper_loss_body(test: &str, loss: ZkLoss) {
     for round in 0..3 {
         for &id in &all {
             if let Ok(()) = probe_write_with(f.app(id), Duration::from_secs(3)) {
-                panic!("round {round}: node {id} completed a write while ZooKeeper is {loss:?}\n{}", f.logs());
+                panic!(
+                    "round {round}: node {id} completed a write while ZooKeeper is {loss:?}\n{}",
+                    f.logs()
+                );
             }
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -817,8 +957,12 @@ fn zookeeper_loss_body(test: &str, loss: ZkLoss) {
     load.wait_progress(&f, 50, "clients served after ZooKeeper came back");
     let (logs, errors) = load.finish();
     let new = f.wait_leader(&all, &[], "a serving leader after the load");
-    eprintln!("after ZooKeeper came back: {} client errors, node {new} leads", errors.len());
-    let mut r = Resp::connect_with(f.app(new), Duration::from_secs(2), Duration::from_secs(60)).unwrap();
+    eprintln!(
+        "after ZooKeeper came back: {} client errors, node {new} leads",
+        errors.len()
+    );
+    let mut r =
+        Resp::connect_with(f.app(new), Duration::from_secs(2), Duration::from_secs(60)).unwrap();
     for (key, value) in &acked {
         let got = r
             .cmd(&[b"GET", key.as_bytes()])
@@ -852,7 +996,10 @@ fn zookeeper_paused_past_session_timeout_cluster_recovers() {
     load.wait_progress(&f, 20, "clients served again after the ZooKeeper pause");
     let leader = f.wait_leader(&all, &[], "a serving leader after the ZooKeeper pause");
     let (logs, errors) = load.finish();
-    eprintln!("ZooKeeper paused: leader {old} before, {leader} after; {} client errors", errors.len());
+    eprintln!(
+        "ZooKeeper paused: leader {old} before, {leader} after; {} client errors",
+        errors.len()
+    );
     // A leader deposed while reads were in flight may hold a server that
     // missed a committed input: it says "stale" and asks for a restart.
     let mut c = c;
@@ -888,12 +1035,21 @@ fn backup_kill_body(test: &str, zookeeper: bool) {
     kill_node(&mut c, backup);
     load.wait_progress(&f, 50, "clients of the leader after a backup was killed");
     let (logs, errors) = load.finish();
-    assert!(errors.is_empty(), "clients of the leader failed: {errors:?}\n{}", f.logs());
+    assert!(
+        errors.is_empty(),
+        "clients of the leader failed: {errors:?}\n{}",
+        f.logs()
+    );
     for l in &logs {
         assert_eq!(l.reconnects, 0, "client {} reconnected", l.client);
     }
     let alive = without(&all, backup);
-    assert_eq!(f.leader(&alive).map(|(_, l)| l), Some(leader), "leadership moved\n{}", f.logs());
+    assert_eq!(
+        f.leader(&alive).map(|(_, l)| l),
+        Some(leader),
+        "leadership moved\n{}",
+        f.logs()
+    );
     check_history(&f, leader, &logs);
     f.wait_converged(leader, &alive);
     f.assert_digests_agree(&alive);
@@ -923,11 +1079,18 @@ fn backup_kill_does_not_interrupt_leader_clients_static_election() {
 
 /// Runs `ip`; Err with its stderr.
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
@@ -954,7 +1117,13 @@ impl Net {
             ips: Vec::new(),
         };
         ip(&["link", "add", &net.bridge, "type", "bridge"])?;
-        ip(&["addr", "add", &format!("{}/24", net.bridge_ip), "dev", &net.bridge])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", net.bridge_ip),
+            "dev",
+            &net.bridge,
+        ])?;
         ip(&["link", "set", &net.bridge, "up"])?;
         for i in 1..=nodes {
             let ns = format!("lsf{tag}n{i}");
@@ -968,7 +1137,15 @@ impl Net {
             ip(&["link", "set", &host, "master", &net.bridge])?;
             ip(&["link", "set", &host, "up"])?;
             let addr = Ipv4Addr::new(10, a, b, i as u8);
-            ip(&["-n", &ns, "addr", "add", &format!("{addr}/24"), "dev", &peer])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                &peer,
+            ])?;
             ip(&["-n", &ns, "link", "set", &peer, "up"])?;
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
             net.ips.push(addr);
@@ -1010,7 +1187,10 @@ fn enter_netns(fd: i32) -> std::io::Result<()> {
 }
 
 /// Runs `f` on a thread inside the network namespace at `path`.
-fn in_netns<T: Send + 'static>(path: PathBuf, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+fn in_netns<T: Send + 'static>(
+    path: PathBuf,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> JoinHandle<T> {
     std::thread::spawn(move || {
         let ns = File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         enter_netns(ns.as_raw_fd()).unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
@@ -1041,7 +1221,7 @@ impl BridgeZk {
         )
         .unwrap();
         let log = File::create(dir.join("zookeeper.log")).unwrap();
-        let child = Command::new(zookeeper_server::ZK_SERVER_SCRIPT)
+        let child = Command::new("/usr/share/zookeeper/bin/zkServer.sh")
             .arg("start-foreground")
             .arg(&cfg)
             .current_dir(dir)
@@ -1052,11 +1232,15 @@ impl BridgeZk {
             .expect("start ZooKeeper");
         let mut zk = BridgeZk { child: Some(child) };
         let start = Instant::now();
-        while !zookeeper_server::is_serving(addr) {
+        while !zookeeper_serving(addr) {
             if let Some(st) = zk.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("ZooKeeper exited ({st}):\n{}", logs_in(dir));
             }
-            assert!(start.elapsed() < HANG, "ZooKeeper on {addr} does not serve:\n{}", logs_in(dir));
+            assert!(
+                start.elapsed() < HANG,
+                "ZooKeeper on {addr} does not serve:\n{}",
+                logs_in(dir)
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
         zk
@@ -1153,7 +1337,9 @@ impl NetnsCluster {
                 .stderr(log),
         );
         self.followers[id as usize - 1] = Some(child);
-        f.wait(&format!("follower {id} answering"), || f.status(id).map(|_| ()));
+        f.wait(&format!("follower {id} answering"), || {
+            f.status(id).map(|_| ())
+        });
     }
 
     fn start_server(&mut self, id: u64, f: &Finder) {
@@ -1164,8 +1350,20 @@ impl NetnsCluster {
         let child = self.spawn_in(
             id,
             Command::new("redis-server")
-                .args(["--port", &app.port().to_string(), "--bind", &app.ip().to_string()])
-                .args(["--save", "", "--appendonly", "no", "--enable-debug-command", "yes"])
+                .args([
+                    "--port",
+                    &app.port().to_string(),
+                    "--bind",
+                    &app.ip().to_string(),
+                ])
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--enable-debug-command",
+                    "yes",
+                ])
                 // Clients come from other namespaces, not from loopback.
                 .args(["--protected-mode", "no"])
                 .arg("--dir")
@@ -1179,7 +1377,8 @@ impl NetnsCluster {
         );
         self.servers[id as usize - 1] = Some(child);
         f.wait(&format!("server {id} listening and attached"), || {
-            std::net::TcpStream::connect_timeout(&app, Duration::from_secs(1)).map_err(|e| e.to_string())?;
+            std::net::TcpStream::connect_timeout(&app, Duration::from_secs(1))
+                .map_err(|e| e.to_string())?;
             match f.status(id)?.server_pid {
                 0 => Err("not attached".into()),
                 _ => Ok(()),
@@ -1262,9 +1461,12 @@ fn isolated_leader_cannot_ack_and_rejoins() {
         let stop = stop.clone();
         in_netns(net.ns_path(old), move || {
             let mut out = IsolatedClient::default();
-            let mut conn = Resp::connect_with(app, Duration::from_secs(2), Duration::from_secs(2)).expect("connect inside the namespace");
+            let mut conn = Resp::connect_with(app, Duration::from_secs(2), Duration::from_secs(2))
+                .expect("connect inside the namespace");
             conn.set_read_timeout(Duration::from_secs(60)).unwrap();
-            let r = conn.cmd(&[b"SET", b"iso:pre", b"before"]).expect("SET before isolation");
+            let r = conn
+                .cmd(&[b"SET", b"iso:pre", b"before"])
+                .expect("SET before isolation");
             assert_eq!(r, Reply::Status("OK".into()), "SET before isolation");
             out.acked.push(("iso:pre".into(), "before".into()));
             conn.set_read_timeout(Duration::from_secs(2)).unwrap();
@@ -1272,7 +1474,10 @@ fn isolated_leader_cannot_ack_and_rejoins() {
             go_rx.recv().unwrap();
             let mut n = 0;
             'conn: while !stop.load(Ordering::Relaxed) {
-                let (key, value) = (format!("iso:{n}"), format!("isolated-{}-{n}", std::process::id()));
+                let (key, value) = (
+                    format!("iso:{n}"),
+                    format!("isolated-{}-{n}", std::process::id()),
+                );
                 out.sent.push(key.clone());
                 if let Err(e) = conn.send(&[b"SET", key.as_bytes(), value.as_bytes()]) {
                     out.end = format!("send: {e}");
@@ -1305,26 +1510,39 @@ fn isolated_leader_cannot_ack_and_rejoins() {
             out
         })
     };
-    ready_rx.recv_timeout(HANG).expect("the client in the leader's namespace");
+    ready_rx
+        .recv_timeout(HANG)
+        .expect("the client in the leader's namespace");
 
     net.link(old, false);
     go_tx.send(()).unwrap();
     let majority = without(&all, old);
     let new = f.wait_leader(&majority, &[old], "the majority to elect a new leader");
     eprintln!("leader {old} isolated; {new} leads the majority");
-    let load = Load::start(&f, &majority, 100..104, OnError::Reconnect, Duration::from_secs(10));
+    let load = Load::start(
+        &f,
+        &majority,
+        100..104,
+        OnError::Reconnect,
+        Duration::from_secs(10),
+    );
     load.wait_progress(&f, 20, "clients served by the new leader");
 
     // Did the isolated leader notice that it lost ZooKeeper? (Reported, not
     // asserted: the fencing above is what keeps it from acknowledging.)
     let seen = {
         let f = f.clone();
-        in_netns(net.ns_path(old), move || f.status(old)).join().unwrap()
+        in_netns(net.ns_path(old), move || f.status(old))
+            .join()
+            .unwrap()
     };
     eprintln!(
         "isolated old leader {old} before the link comes back: {}",
         match seen {
-            Ok(s) => format!("role {} view {} leader {} persisted {} committed {}", s.role, s.view, s.leader, s.persisted, s.committed),
+            Ok(s) => format!(
+                "role {} view {} leader {} persisted {} committed {}",
+                s.role, s.view, s.leader, s.persisted, s.committed
+            ),
             Err(e) => e,
         }
     );
@@ -1340,7 +1558,8 @@ fn isolated_leader_cannot_ack_and_rejoins() {
     load.wait_progress(&f, 10, "load after the old leader rejoined");
     logs.extend(load.finish().0);
 
-    let mut r = Resp::connect_with(f.app(new), Duration::from_secs(2), Duration::from_secs(60)).unwrap();
+    let mut r =
+        Resp::connect_with(f.app(new), Duration::from_secs(2), Duration::from_secs(60)).unwrap();
     for (key, value) in &isolated.acked {
         assert_eq!(
             r.cmd(&[b"GET", key.as_bytes()]).unwrap(),
@@ -1354,7 +1573,8 @@ fn isolated_leader_cannot_ack_and_rejoins() {
     // Before the digests, the precise question: does any node's server hold
     // a write of the isolation that the new leader does not?
     for key in &isolated.sent {
-        let on: Vec<(u64, Option<String>)> = all.iter().map(|&id| (id, get(f.app(id), key))).collect();
+        let on: Vec<(u64, Option<String>)> =
+            all.iter().map(|&id| (id, get(f.app(id), key))).collect();
         let leader_has = &on.iter().find(|(id, _)| *id == new).unwrap().1;
         assert!(
             on.iter().all(|(_, v)| v == leader_has),
@@ -1368,7 +1588,8 @@ fn isolated_leader_cannot_ack_and_rejoins() {
 
 /// `GET key` on the server at `addr` (None: nil).
 fn get(addr: SocketAddr, key: &str) -> Option<String> {
-    let mut c = Resp::connect_with(addr, Duration::from_secs(2), Duration::from_secs(30)).expect("connect for GET");
+    let mut c = Resp::connect_with(addr, Duration::from_secs(2), Duration::from_secs(30))
+        .expect("connect for GET");
     match c.cmd(&[b"GET", key.as_bytes()]).expect("GET") {
         Reply::Bulk(Some(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
         Reply::Bulk(None) => None,
