@@ -1082,7 +1082,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip")
         .args(args)
         .output()
-        .map_err(|e| format!("ip: {e}"))?;
+        .map_err(|e| format!("cannot run `ip`: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
@@ -1094,96 +1094,148 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// A bridge in this namespace (with an address), and one namespace per
-/// node joined to it by a veth pair. Removed on drop.
+/// Prefix of every namespace this file creates (`<prefix><pid>-<what>`).
+const NET_PREFIX: &str = "lockstep-fo-";
+
+/// The test's network, all of it inside namespaces it creates (nothing is
+/// added to the namespace the test runs in): a bridge namespace, and one
+/// namespace per node, one for ZooKeeper and one for the test's own
+/// connections, each joined to the bridge by a veth pair. Dropping it
+/// deletes the namespaces, and the bridge and veth pairs with them.
 struct Net {
-    bridge: String,
-    bridge_ip: Ipv4Addr,
     namespaces: Vec<String>,
-    host_veths: Vec<String>,
-    ips: Vec<Ipv4Addr>,
+    bridge_ns: String,
+    node_ns: Vec<String>,
+    zk_ns: String,
+    client_ns: String,
+    node_ips: Vec<Ipv4Addr>,
+    zk_ip: Ipv4Addr,
 }
 
 impl Net {
     fn create(nodes: usize) -> Result<Net, String> {
+        Self::remove_stale();
         let pid = std::process::id();
-        let tag = pid % 100_000;
-        let (a, b) = (200 + (pid % 50) as u8, (pid / 50 % 250) as u8);
+        let name = |what: &str| format!("{NET_PREFIX}{pid}-{what}");
         let mut net = Net {
-            bridge: format!("lsfb{tag}"),
-            bridge_ip: Ipv4Addr::new(10, a, b, 254),
             namespaces: Vec::new(),
-            host_veths: Vec::new(),
-            ips: Vec::new(),
+            bridge_ns: name("br"),
+            node_ns: (1..=nodes).map(|i| name(&format!("n{i}"))).collect(),
+            zk_ns: name("zk"),
+            client_ns: name("client"),
+            node_ips: (1..=nodes)
+                .map(|i| Ipv4Addr::new(10, 213, 78, i as u8))
+                .collect(),
+            zk_ip: Ipv4Addr::new(10, 213, 78, 200),
         };
-        ip(&["link", "add", &net.bridge, "type", "bridge"])?;
-        ip(&[
-            "addr",
-            "add",
-            &format!("{}/24", net.bridge_ip),
-            "dev",
-            &net.bridge,
-        ])?;
-        ip(&["link", "set", &net.bridge, "up"])?;
-        for i in 1..=nodes {
-            let ns = format!("lsf{tag}n{i}");
-            ip(&["netns", "add", &ns])?;
+        ip(&["netns", "add", &net.bridge_ns])?;
+        net.namespaces.push(net.bridge_ns.clone());
+        let b = net.bridge_ns.clone();
+        ip(&["-n", &b, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &b, "link", "set", "br0", "up"])?;
+        // Nodes first: node N is on bridge port v{N-1}.
+        let mut leaves: Vec<(String, Ipv4Addr)> = net
+            .node_ns
+            .iter()
+            .cloned()
+            .zip(net.node_ips.iter().copied())
+            .collect();
+        leaves.push((net.zk_ns.clone(), net.zk_ip));
+        leaves.push((net.client_ns.clone(), Ipv4Addr::new(10, 213, 78, 100)));
+        for (i, (ns, addr)) in leaves.iter().enumerate() {
+            ip(&["netns", "add", ns])?;
             net.namespaces.push(ns.clone());
-            let host = format!("lsf{tag}h{i}");
-            let peer = format!("lsf{tag}p{i}");
-            ip(&["link", "add", &host, "type", "veth", "peer", "name", &peer])?;
-            net.host_veths.push(host.clone());
-            ip(&["link", "set", &peer, "netns", &ns])?;
-            ip(&["link", "set", &host, "master", &net.bridge])?;
-            ip(&["link", "set", &host, "up"])?;
-            let addr = Ipv4Addr::new(10, a, b, i as u8);
+            let port = format!("v{i}");
+            ip(&[
+                "-n", &b, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns,
+            ])?;
+            ip(&["-n", &b, "link", "set", &port, "master", "br0"])?;
+            ip(&["-n", &b, "link", "set", &port, "up"])?;
             ip(&[
                 "-n",
-                &ns,
+                ns,
                 "addr",
                 "add",
                 &format!("{addr}/24"),
                 "dev",
-                &peer,
+                "eth0",
             ])?;
-            ip(&["-n", &ns, "link", "set", &peer, "up"])?;
-            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-            net.ips.push(addr);
+            ip(&["-n", ns, "link", "set", "eth0", "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
         Ok(net)
     }
 
-    fn ns_path(&self, id: u64) -> PathBuf {
-        PathBuf::from("/var/run/netns").join(&self.namespaces[id as usize - 1])
+    /// Deletes namespaces this file left behind in runs that were killed
+    /// before their cleanup ran (their pid is gone).
+    fn remove_stale() {
+        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+            return;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(ns) = line.split_whitespace().next() else {
+                continue;
+            };
+            let Some(rest) = ns.strip_prefix(NET_PREFIX) else {
+                continue;
+            };
+            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = ip(&["netns", "del", ns]);
+            }
+        }
     }
 
-    /// Takes node `id`'s link (its veth on the bridge side) down or up.
+    fn path(ns: &str) -> PathBuf {
+        PathBuf::from("/var/run/netns").join(ns)
+    }
+
+    fn node_path(&self, id: u64) -> PathBuf {
+        Self::path(&self.node_ns[id as usize - 1])
+    }
+
+    /// Takes node `id`'s link (its port on the bridge) down or up.
     fn link(&self, id: u64, up: bool) {
-        let host = &self.host_veths[id as usize - 1];
-        ip(&["link", "set", host, if up { "up" } else { "down" }]).expect("ip link set");
+        let port = format!("v{}", id - 1);
+        ip(&[
+            "-n",
+            &self.bridge_ns,
+            "link",
+            "set",
+            &port,
+            if up { "up" } else { "down" },
+        ])
+        .expect("ip link set");
     }
 }
 
 impl Drop for Net {
     fn drop(&mut self) {
-        for h in &self.host_veths {
-            let _ = ip(&["link", "del", h]);
-        }
-        let _ = ip(&["link", "del", &self.bridge]);
-        for ns in &self.namespaces {
-            let _ = ip(&["netns", "del", ns]);
+        for ns in self.namespaces.iter().rev() {
+            if let Err(e) = ip(&["netns", "del", ns]) {
+                eprintln!("cleanup: {e}");
+            }
         }
     }
 }
 
 /// Makes the calling thread (or, in `pre_exec`, the child) enter the
-/// network namespace open at `fd`.
+/// network namespace open at `fd`. Threads it spawns later start there too.
 fn enter_netns(fd: i32) -> std::io::Result<()> {
-    // SAFETY: setns(2) on an open namespace fd; no memory is touched.
+    // SAFETY: setns(2) on an open namespace fd; it changes only the calling
+    // thread's network namespace and touches no memory.
     if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Makes the calling thread enter the namespace at `path`.
+fn enter_netns_at(path: &Path) {
+    let ns = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    enter_netns(ns.as_raw_fd()).unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
 }
 
 /// Runs `f` on a thread inside the network namespace at `path`.
@@ -1192,20 +1244,32 @@ fn in_netns<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> JoinHandle<T> {
     std::thread::spawn(move || {
-        let ns = File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        enter_netns(ns.as_raw_fd()).unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
+        enter_netns_at(&path);
         f()
     })
 }
 
-/// A standalone ZooKeeper listening on `addr` (the bridge address, so
-/// every namespace reaches it).
-struct BridgeZk {
+/// `cmd` set to enter the namespace at `path` between fork and exec.
+fn spawn_in(path: &Path, cmd: &mut Command) -> Child {
+    let ns = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let fd = ns.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setns(2), which is async-signal-safe; `ns` outlives the spawn.
+    unsafe {
+        cmd.pre_exec(move || enter_netns(fd));
+    }
+    let child = cmd.spawn().expect("spawn in netns");
+    drop(ns);
+    child
+}
+
+/// A standalone ZooKeeper inside namespace `ns`, listening on `addr`.
+struct NetnsZk {
     child: Option<Child>,
 }
 
-impl BridgeZk {
-    fn start(dir: &Path, addr: SocketAddr) -> BridgeZk {
+impl NetnsZk {
+    fn start(dir: &Path, ns: &Path, addr: SocketAddr) -> NetnsZk {
         std::fs::create_dir_all(dir.join("data")).unwrap();
         let cfg = dir.join("zoo.cfg");
         std::fs::write(
@@ -1221,16 +1285,17 @@ impl BridgeZk {
         )
         .unwrap();
         let log = File::create(dir.join("zookeeper.log")).unwrap();
-        let child = Command::new("/usr/share/zookeeper/bin/zkServer.sh")
-            .arg("start-foreground")
-            .arg(&cfg)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start ZooKeeper");
-        let mut zk = BridgeZk { child: Some(child) };
+        let child = spawn_in(
+            ns,
+            Command::new("/usr/share/zookeeper/bin/zkServer.sh")
+                .arg("start-foreground")
+                .arg(&cfg)
+                .current_dir(dir)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log),
+        );
+        let mut zk = NetnsZk { child: Some(child) };
         let start = Instant::now();
         while !zookeeper_serving(addr) {
             if let Some(st) = zk.child.as_mut().unwrap().try_wait().unwrap() {
@@ -1247,7 +1312,7 @@ impl BridgeZk {
     }
 }
 
-impl Drop for BridgeZk {
+impl Drop for NetnsZk {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             // zkServer.sh start-foreground execs the JVM: this is the JVM.
@@ -1281,7 +1346,7 @@ impl NetnsCluster {
              [election]\nmode = \"zookeeper\"\nzookeeper = \"{zookeeper}\"\nsession_timeout_ms = {SESSION_MS}\n",
             dir.join("data").display()
         );
-        for (i, a) in net.ips.iter().enumerate() {
+        for (i, a) in net.node_ips.iter().enumerate() {
             toml.push_str(&format!(
                 "[[nodes]]\nid = {}\napp = \"{a}:{NS_APP_PORT}\"\ncontrol = \"{a}:{NS_CONTROL_PORT}\"\n",
                 i + 1
@@ -1289,12 +1354,12 @@ impl NetnsCluster {
         }
         let config_path = dir.join("cluster.toml");
         std::fs::write(&config_path, toml).unwrap();
-        let n = net.ips.len();
+        let n = net.node_ips.len();
         NetnsCluster {
             name,
             dir,
             config_path,
-            ns_paths: (1..=n as u64).map(|id| net.ns_path(id)).collect(),
+            ns_paths: (1..=n as u64).map(|id| net.node_path(id)).collect(),
             followers: (0..n).map(|_| None).collect(),
             servers: (0..n).map(|_| None).collect(),
             bins: bin_dir(),
@@ -1311,16 +1376,7 @@ impl NetnsCluster {
 
     /// Spawns `cmd` inside node `id`'s namespace.
     fn spawn_in(&self, id: u64, cmd: &mut Command) -> Child {
-        let ns = File::open(&self.ns_paths[id as usize - 1]).expect("netns file");
-        let fd = ns.as_raw_fd();
-        // SAFETY: the closure runs in the forked child before exec and only
-        // calls setns(2), which is async-signal-safe; `ns` outlives spawn.
-        unsafe {
-            cmd.pre_exec(move || enter_netns(fd));
-        }
-        let child = cmd.spawn().expect("spawn in netns");
-        drop(ns);
-        child
+        spawn_in(&self.ns_paths[id as usize - 1], cmd)
     }
 
     fn start_follower(&mut self, id: u64, f: &Finder) {
@@ -1425,11 +1481,15 @@ fn isolated_leader_cannot_ack_and_rejoins() {
             return;
         }
     };
+    // This thread (and the client threads it starts) lives in the client
+    // namespace from here on: it reaches every node and ZooKeeper through
+    // the bridge, like any outside client.
+    enter_netns_at(&Net::path(&net.client_ns));
     let dir = std::env::temp_dir().join(format!("lockstep-t{}-fo-netns", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let zk_addr = SocketAddr::from((net.bridge_ip, free_port()));
-    let _zk = BridgeZk::start(&dir.join("zk"), zk_addr);
+    let zk_addr = SocketAddr::from((net.zk_ip, 2181));
+    let _zk = NetnsZk::start(&dir.join("zk"), &Net::path(&net.zk_ns), zk_addr);
     let mut c = NetnsCluster::new("fo-netns", dir.clone(), &net, zk_addr);
     let f = Finder::new(&c.config_path, &c.dir);
     let all = f.ids();
@@ -1459,7 +1519,7 @@ fn isolated_leader_cannot_ack_and_rejoins() {
     let app = f.app(old);
     let iso = {
         let stop = stop.clone();
-        in_netns(net.ns_path(old), move || {
+        in_netns(net.node_path(old), move || {
             let mut out = IsolatedClient::default();
             let mut conn = Resp::connect_with(app, Duration::from_secs(2), Duration::from_secs(2))
                 .expect("connect inside the namespace");
@@ -1532,7 +1592,7 @@ fn isolated_leader_cannot_ack_and_rejoins() {
     // asserted: the fencing above is what keeps it from acknowledging.)
     let seen = {
         let f = f.clone();
-        in_netns(net.ns_path(old), move || f.status(old))
+        in_netns(net.node_path(old), move || f.status(old))
             .join()
             .unwrap()
     };
