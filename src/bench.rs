@@ -63,6 +63,10 @@ pub struct Options {
     pub json: bool,
     /// Keep the working directory (logs, RocksDB).
     pub keep: bool,
+    /// Start the backups' servers only after the latency runs, so those
+    /// figures leave out the apply work (replay into Redis) competing for
+    /// the CPU.
+    pub servers_after_latency: bool,
 }
 
 /// Bound on every wait of the bench: reaching it is a hang.
@@ -639,8 +643,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     for id in 1..=NODES {
         b.start_follower(id)?;
     }
-    for id in (1..=NODES).filter(|&id| id != LEADER) {
-        b.start_server(id)?;
+    if !opts.servers_after_latency {
+        for id in (1..=NODES).filter(|&id| id != LEADER) {
+            b.start_server(id)?;
+        }
     }
     b.wait("node 1 leading", |b| Ok(b.status(LEADER)?.role == "leader"))?;
     let mut l = Leader::attach(&b.config)?;
@@ -669,6 +675,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         }
     }
 
+    if opts.servers_after_latency {
+        for id in (1..=NODES).filter(|&id| id != LEADER) {
+            b.start_server(id)?;
+        }
+    }
+
     // 2. Streaming and live apply.
     eprintln!("  streaming {} entries over {} connections", opts.entries, opts.conns);
     let st = stream(&mut b, &mut l, opts.entries, opts.conns.max(1))?;
@@ -687,6 +699,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             "machine": {"cores": cores},
             "transport": opts.transport,
             "durability": opts.durability,
+            "apply_during_latency": !opts.servers_after_latency,
             "latency": lat.iter().map(|x| json!({
                 "entry_bytes": x.size,
                 "mode": x.mode,
@@ -717,8 +730,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         println!("{j}");
     } else {
         println!(
-            "persist+ack latency, µs (entry in the ring -> ack in the leader's region; {cores} cores, transport {}, durability {})",
-            opts.transport, opts.durability
+            "persist+ack latency, µs (entry in the ring -> ack in the leader's region; {cores} cores, transport {}, durability {}, {})",
+            opts.transport,
+            opts.durability,
+            if opts.servers_after_latency { "no apply meanwhile" } else { "backups applying to Redis meanwhile" }
         );
         println!(
             "{:>7} {:>7} | {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>9} {:>9} | {:>8}",

@@ -106,6 +106,10 @@ enum BenchCmd {
         /// Keep the work directory (logs, RocksDB) afterwards.
         #[arg(long)]
         keep: bool,
+        /// Start the backups' servers after the latency runs (latency
+        /// without apply work competing for the CPU).
+        #[arg(long)]
+        servers_after_latency: bool,
     },
 }
 
@@ -155,6 +159,7 @@ fn main() {
                     conns,
                     json,
                     keep,
+                    servers_after_latency,
                 },
         } => bench::run(&bench::Options {
             transport,
@@ -167,6 +172,7 @@ fn main() {
             conns,
             json,
             keep,
+            servers_after_latency,
         }),
         Cmd::Check { config } => (|| {
             let c = load(Some(config), None)?;
