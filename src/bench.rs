@@ -100,7 +100,8 @@ impl Bench {
         let name = format!("bench{pid}");
         let dir = std::env::temp_dir().join(format!("lockstep-{name}"));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
         let mut toml = format!(
             "cluster = \"{name}\"\ntransport = \"{}\"\nring_size = \"{}\"\ndata_dir = \"{}\"\n\
              durability = \"{}\"\nbackup_clients = \"allow\"\nkey = \"lockstep-bench-key-{pid:010}\"\n\
@@ -143,7 +144,11 @@ impl Bench {
         lockstep_common::control::query_status(&self.config, id, Duration::from_secs(5))
     }
 
-    fn wait(&mut self, what: &str, mut cond: impl FnMut(&Bench) -> Result<bool, String>) -> anyhow::Result<()> {
+    fn wait(
+        &mut self,
+        what: &str,
+        mut cond: impl FnMut(&Bench) -> Result<bool, String>,
+    ) -> anyhow::Result<()> {
         let start = Instant::now();
         let mut last = String::new();
         loop {
@@ -152,7 +157,12 @@ impl Bench {
                 Ok(false) => {}
                 Err(e) => last = e,
             }
-            for c in self.followers.iter_mut().chain(self.servers.iter_mut()).flatten() {
+            for c in self
+                .followers
+                .iter_mut()
+                .chain(self.servers.iter_mut())
+                .flatten()
+            {
                 if let Ok(Some(st)) = c.try_wait() {
                     bail!("a process of the bench (pid {}) exited ({st}) while waiting for {what}\n{}", c.id(), self.logs());
                 }
@@ -177,7 +187,9 @@ impl Bench {
             .spawn()
             .with_context(|| format!("cannot start {}", self.bins.follower.display()))?;
         self.followers[id as usize - 1] = Some(child);
-        self.wait(&format!("follower {id} answering"), |b| Ok(b.status(id).is_ok()))
+        self.wait(&format!("follower {id} answering"), |b| {
+            Ok(b.status(id).is_ok())
+        })
     }
 
     fn start_server(&mut self, id: u64) -> anyhow::Result<()> {
@@ -188,7 +200,14 @@ impl Bench {
         let log = self.log("server", id)?;
         let child = Command::new("redis-server")
             .args(["--port", &app.port().to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--enable-debug-command", "yes"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--enable-debug-command",
+                "yes",
+            ])
             .arg("--dir")
             .arg(&data)
             .env("LD_PRELOAD", &self.bins.preload)
@@ -306,7 +325,12 @@ impl Leader {
     /// instant the bench started writing the entry into that node's ring
     /// (taken before the write: a write rings the node's doorbell, and on a
     /// small machine the woken follower may run before the bench does).
-    fn append_timed(&mut self, kind: Kind, conn: u64, payload: &[u8]) -> anyhow::Result<(u64, [Instant; NODES as usize])> {
+    fn append_timed(
+        &mut self,
+        kind: Kind,
+        conn: u64,
+        payload: &[u8],
+    ) -> anyhow::Result<(u64, [Instant; NODES as usize])> {
         let seq = self.next_seq;
         let conn = if kind == Kind::Accept { seq } else { conn };
         let mut hdr = EntryHeader::new(kind, self.view, seq, conn, payload.len() as u32);
@@ -315,7 +339,13 @@ impl Leader {
         let a = loop {
             hdr.last_committed = self.region.commit();
             at[LEADER as usize - 1] = Instant::now();
-            match self.ring.append(self.region.ring(), &hdr, payload, self.safe, &mut self.scratch) {
+            match self.ring.append(
+                self.region.ring(),
+                &hdr,
+                payload,
+                self.safe,
+                &mut self.scratch,
+            ) {
                 Ok(a) => break a,
                 Err(RingError::Full { .. }) if !waited && seq > 1 => {
                     self.wait_majority(seq - 1)?;
@@ -330,12 +360,21 @@ impl Leader {
         for peer in (1..=NODES).filter(|&p| p != LEADER) {
             at[peer as usize - 1] = Instant::now();
             if let Some(off) = a.wrap_offset {
-                self.transport
-                    .write(peer, self.view, region::ring_offset(off), self.ring.wrap_bytes())?;
+                self.transport.write(
+                    peer,
+                    self.view,
+                    region::ring_offset(off),
+                    self.ring.wrap_bytes(),
+                )?;
             }
+            self.transport.write(
+                peer,
+                self.view,
+                region::ring_offset(a.offset),
+                &self.scratch[..a.len],
+            )?;
             self.transport
-                .write(peer, self.view, region::ring_offset(a.offset), &self.scratch[..a.len])?;
-            self.transport.write(peer, self.view, region::tail_offset(), &tail)?;
+                .write(peer, self.view, region::tail_offset(), &tail)?;
         }
         self.region.set_tail(a.end);
         self.region.bell().ring();
@@ -345,7 +384,10 @@ impl Leader {
 
     /// Waits until `pred(acks)` holds: spins a little, then yields, then
     /// parks on the leader's doorbell (acks ring it).
-    fn wait_acks(&self, mut pred: impl FnMut(&[u64; NODES as usize]) -> bool) -> anyhow::Result<()> {
+    fn wait_acks(
+        &self,
+        mut pred: impl FnMut(&[u64; NODES as usize]) -> bool,
+    ) -> anyhow::Result<()> {
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
@@ -445,7 +487,13 @@ impl Latency {
 }
 
 /// Measures persist+ack latency of `samples` entries of `size` bytes.
-fn latency(l: &mut Leader, conn: u64, size: usize, samples: usize, idle: Option<Duration>) -> anyhow::Result<Latency> {
+fn latency(
+    l: &mut Leader,
+    conn: u64,
+    size: usize,
+    samples: usize,
+    idle: Option<Duration>,
+) -> anyhow::Result<Latency> {
     let payload = set_of_size(&format!("lat:{size}"), size);
     let warmup = (samples / 10).max(10);
     let mut out = Latency {
@@ -517,7 +565,11 @@ fn stream(b: &mut Bench, l: &mut Leader, n: u64, conns: u64) -> anyhow::Result<S
     for i in 0..n {
         let c = (i % conns) as usize;
         let cmd = if i % 2 == 0 {
-            resp(&[b"SET", format!("k:{}", i % 10_000).as_bytes(), format!("v{i:016}").as_bytes()])
+            resp(&[
+                b"SET",
+                format!("k:{}", i % 10_000).as_bytes(),
+                format!("v{i:016}").as_bytes(),
+            ])
         } else {
             resp(&[b"INCR", format!("ctr:{c}").as_bytes()])
         };
@@ -528,7 +580,11 @@ fn stream(b: &mut Bench, l: &mut Leader, n: u64, conns: u64) -> anyhow::Result<S
             l.region.raise_commit(m);
         }
         if (i + 1) % report == 0 {
-            eprintln!("  streamed {} of {n} entries ({:.1?})", i + 1, start.elapsed());
+            eprintln!(
+                "  streamed {} of {n} entries ({:.1?})",
+                i + 1,
+                start.elapsed()
+            );
         }
     }
     let last = l.next_seq - 1;
@@ -570,7 +626,11 @@ fn restart_replay(b: &mut Bench, id: u64, last: u64) -> anyhow::Result<Replay> {
     b.wait(&format!("node {id} replaying its log"), |b| {
         let s = b.status(id)?;
         if said.elapsed() > Duration::from_secs(5) {
-            eprintln!("  node {id}: applied {} of {last} ({:.1?})", s.applied, report.elapsed());
+            eprintln!(
+                "  node {id}: applied {} of {last} ({:.1?})",
+                s.applied,
+                report.elapsed()
+            );
             said = Instant::now();
         }
         Ok(s.applied >= last)
@@ -598,12 +658,18 @@ fn persist_metrics(config: &Config, id: u64) -> Option<(f64, f64, f64)> {
     let addr = config.node(id).ok()?.metrics?;
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n").ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+        .ok()?;
     let mut text = String::new();
     std::io::Read::read_to_string(&mut s, &mut text).ok()?;
     let get = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+        text.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
     };
     Some((
         get("lockstep_persist_seconds_sum")?,
@@ -614,7 +680,10 @@ fn persist_metrics(config: &Config, id: u64) -> Option<(f64, f64, f64)> {
 
 /// Mean RocksDB write per batch (µs) and entries per batch on the
 /// backups between two scrapes.
-fn persist_delta(before: &[Option<(f64, f64, f64)>], after: &[Option<(f64, f64, f64)>]) -> (f64, f64) {
+fn persist_delta(
+    before: &[Option<(f64, f64, f64)>],
+    after: &[Option<(f64, f64, f64)>],
+) -> (f64, f64) {
     let (mut sum, mut batches, mut entries) = (0.0, 0.0, 0.0);
     for (b, a) in before.iter().zip(after) {
         if let (Some(b), Some(a)) = (b, a) {
@@ -657,17 +726,29 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let mut lat = Vec::new();
     for &size in &opts.sizes {
         if size > b.config.max_entry as usize {
-            bail!("entry size {size} is above max_entry ({})", b.config.max_entry);
+            bail!(
+                "entry size {size} is above max_entry ({})",
+                b.config.max_entry
+            );
         }
         eprintln!("  latency: {size} B entries");
         let backups: Vec<u64> = (1..=NODES).filter(|&id| id != LEADER).collect();
-        let scrape = || backups.iter().map(|&id| persist_metrics(&b.config, id)).collect::<Vec<_>>();
+        let scrape = || {
+            backups
+                .iter()
+                .map(|&id| persist_metrics(&b.config, id))
+                .collect::<Vec<_>>()
+        };
         let mut modes = vec![None];
         if !opts.idle.is_zero() {
             modes.push(Some(opts.idle));
         }
         for idle in modes {
-            let n = if idle.is_some() { opts.samples / 4 } else { opts.samples };
+            let n = if idle.is_some() {
+                opts.samples / 4
+            } else {
+                opts.samples
+            };
             let before = scrape();
             let mut x = latency(&mut l, conn, size, n, idle)?;
             (x.persist_us, x.per_batch) = persist_delta(&before, &scrape());
@@ -682,18 +763,29 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     }
 
     // 2. Streaming and live apply.
-    eprintln!("  streaming {} entries over {} connections", opts.entries, opts.conns);
+    eprintln!(
+        "  streaming {} entries over {} connections",
+        opts.entries, opts.conns
+    );
     let st = stream(&mut b, &mut l, opts.entries, opts.conns.max(1))?;
 
     // 3. Restart replay of the whole log into a fresh server.
-    eprintln!("  restarting node 2: replay of {} entries into a fresh redis-server", st.last);
+    eprintln!(
+        "  restarting node 2: replay of {} entries into a fresh redis-server",
+        st.last
+    );
     let rp = restart_replay(&mut b, 2, st.last)?;
     let d2 = digest(b.config.node(2)?.app)?;
     let d3 = digest(b.config.node(3)?.app)?;
-    let divergences: u64 = (1..=NODES).filter_map(|id| b.status(id).ok()).map(|s| s.divergences).sum();
+    let divergences: u64 = (1..=NODES)
+        .filter_map(|id| b.status(id).ok())
+        .map(|s| s.divergences)
+        .sum();
 
     let rate = |n: u64, d: Duration| n as f64 / d.as_secs_f64();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     if opts.json {
         let j = json!({
             "machine": {"cores": cores},
@@ -737,7 +829,16 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         );
         println!(
             "{:>7} {:>7} | {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>9} {:>9} | {:>8}",
-            "entry", "mode", "own p50", "own p99", "bkp p50", "bkp p99", "bkp max", "maj p50", "maj p99", "rocksdb"
+            "entry",
+            "mode",
+            "own p50",
+            "own p99",
+            "bkp p50",
+            "bkp p99",
+            "bkp max",
+            "maj p50",
+            "maj p99",
+            "rocksdb"
         );
         for x in &lat {
             println!(
@@ -772,7 +873,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             rate(st.entries, st.applied_live)
         );
         println!("restart of node 2 (SIGKILL, fresh redis-server, replay from its RocksDB):");
-        println!("  follower answering        {:>8.2} s", rp.startup.as_secs_f64());
+        println!(
+            "  follower answering        {:>8.2} s",
+            rp.startup.as_secs_f64()
+        );
         println!(
             "  whole log applied         {:>8.2} s  {:>10.0} entries/s  ({} entries)",
             rp.total.as_secs_f64(),
@@ -781,7 +885,11 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         );
         println!(
             "  backups' DEBUG DIGEST     {}",
-            if d2 == d3 { "equal".to_string() } else { format!("DIFFER: {d2} vs {d3}") }
+            if d2 == d3 {
+                "equal".to_string()
+            } else {
+                format!("DIFFER: {d2} vs {d3}")
+            }
         );
         println!("  divergences reported      {divergences}");
     }

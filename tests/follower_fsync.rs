@@ -9,7 +9,8 @@ mod cluster;
 use std::time::Duration;
 
 use cluster::{
-    assert_acked_counters, redis_digest, redis_mixed_workload, BackgroundLoad, Options, Reply, Resp, TestCluster,
+    assert_acked_counters, redis_digest, redis_mixed_workload, BackgroundLoad, Options, Reply,
+    Resp, TestCluster,
 };
 use lockstep_common::config::Durability;
 
@@ -31,14 +32,24 @@ fn fsync_cluster(test: &str) -> TestCluster {
 fn assert_same_digest(c: &TestCluster) -> String {
     let leader = redis_digest(c.app(1));
     for id in 2..=c.nodes.len() as u64 {
-        assert_eq!(redis_digest(c.app(id)), leader, "node {id} differs from the leader\n{}", c.logs());
+        assert_eq!(
+            redis_digest(c.app(id)),
+            leader,
+            "node {id} differs from the leader\n{}",
+            c.logs()
+        );
     }
     leader
 }
 
 fn assert_no_divergence(c: &TestCluster) {
     for id in 1..=c.nodes.len() as u64 {
-        assert_eq!(c.status(id).unwrap().divergences, 0, "node {id} saw divergences\n{}", c.logs());
+        assert_eq!(
+            c.status(id).unwrap().divergences,
+            0,
+            "node {id} saw divergences\n{}",
+            c.logs()
+        );
     }
 }
 
@@ -49,7 +60,10 @@ fn logged_store_ends(c: &TestCluster, id: u64) -> Vec<u64> {
     log.lines()
         .filter_map(|l| {
             let rest = &l[l.find("log ends at seq ")? + "log ends at seq ".len()..];
-            rest.split(|ch: char| !ch.is_ascii_digit()).next()?.parse().ok()
+            rest.split(|ch: char| !ch.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
         })
         .collect()
 }
@@ -65,7 +79,11 @@ fn fsync_cluster_converges_under_mixed_workload() {
     let pushes = threads as i64 * (0..ops).filter(|i| i % 7 < 2).count() as i64;
     for id in 1..=3 {
         let mut r = Resp::connect(c.app(id)).unwrap();
-        assert_eq!(r.cmd(&[b"LLEN", b"shared:list"]).unwrap(), Reply::Int(pushes), "list length on node {id}");
+        assert_eq!(
+            r.cmd(&[b"LLEN", b"shared:list"]).unwrap(),
+            Reply::Int(pushes),
+            "list length on node {id}"
+        );
     }
     assert_no_divergence(&c);
 }
@@ -90,7 +108,10 @@ fn fsync_backup_sigkilled_mid_load_restarts_and_loses_no_acknowledged_write() {
     assert_same_digest(&c);
     let counters = assert_acked_counters(&c, &acked);
     // Every client's last INCR was answered, so nothing is in doubt.
-    assert!(counters.iter().all(|v| v.as_slice() == acked), "counters {counters:?}, acknowledged {acked:?}");
+    assert!(
+        counters.iter().all(|v| v.as_slice() == acked),
+        "counters {counters:?}, acknowledged {acked:?}"
+    );
     assert_no_divergence(&c);
     match logged_store_ends(&c, 3).as_slice() {
         [_, after_restart, ..] => assert!(
@@ -127,11 +148,18 @@ fn fsync_whole_cluster_sigkilled_restarts_from_its_logs_with_every_acknowledged_
     // log: every acknowledged INCR is there before any new input.
     let mut r = Resp::connect(c.app(1)).unwrap();
     for (t, &a) in acked.iter().enumerate() {
-        let v = match r.cmd(&[b"GET", cluster::load_counter_key(t).as_bytes()]).unwrap() {
+        let v = match r
+            .cmd(&[b"GET", cluster::load_counter_key(t).as_bytes()])
+            .unwrap()
+        {
             Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b).parse::<i64>().unwrap(),
             other => panic!("GET answered {other:?}"),
         };
-        assert!(v >= a, "restarted leader: counter {t} is {v}, the client saw {a} acknowledged\n{}", c.logs());
+        assert!(
+            v >= a,
+            "restarted leader: counter {t} is {v}, the client saw {a} acknowledged\n{}",
+            c.logs()
+        );
     }
     redis_mixed_workload(c.app(1), 4, 100);
     c.wait_converged(HANG);
@@ -157,7 +185,8 @@ fn static_leader_restart_keeps_a_write_only_the_backups_stored() {
     kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
     let mut r = Resp::connect(c.app(1)).unwrap();
     assert_eq!(
-        r.cmd(&[b"SET", b"only-on-backups", b"acknowledged"]).unwrap(),
+        r.cmd(&[b"SET", b"only-on-backups", b"acknowledged"])
+            .unwrap(),
         Reply::Status("OK".into()),
         "a write acked by the two backups is answered"
     );
@@ -175,9 +204,13 @@ fn static_leader_restart_keeps_a_write_only_the_backups_stored() {
     c.wait("leader active again", HANG, |c| {
         c.status(1).map(|s| s.role == "leader").unwrap_or(false)
     });
-    let mut r = Resp::connect_with(c.app(1), Duration::from_secs(5), Duration::from_secs(30)).unwrap();
+    let mut r =
+        Resp::connect_with(c.app(1), Duration::from_secs(5), Duration::from_secs(30)).unwrap();
     let got = r.cmd(&[b"GET", b"only-on-backups"]).unwrap_or_else(|e| {
-        panic!("the restarted leader never answered a GET ({e}): its input is not acknowledged\n{}", c.logs())
+        panic!(
+            "the restarted leader never answered a GET ({e}): its input is not acknowledged\n{}",
+            c.logs()
+        )
     });
     assert_eq!(
         got,

@@ -5,7 +5,10 @@ mod cluster;
 
 use std::time::Duration;
 
-use cluster::{assert_acked_counters, redis_digest, redis_mixed_workload, BackgroundLoad, Options, Resp, TestCluster};
+use cluster::{
+    assert_acked_counters, redis_digest, redis_mixed_workload, BackgroundLoad, Options, Resp,
+    TestCluster,
+};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -14,7 +17,12 @@ const CONVERGE: Duration = Duration::from_secs(120);
 fn assert_same_digest(c: &TestCluster) {
     let leader = redis_digest(c.app(1));
     for id in 2..=c.nodes.len() as u64 {
-        assert_eq!(redis_digest(c.app(id)), leader, "node {id} differs from the leader\n{}", c.logs());
+        assert_eq!(
+            redis_digest(c.app(id)),
+            leader,
+            "node {id} differs from the leader\n{}",
+            c.logs()
+        );
     }
 }
 
@@ -30,7 +38,11 @@ fn mixed_workload_leaves_identical_replicas() {
     let pushes = 8 * (0..300).filter(|i| i % 7 < 2).count() as i64;
     assert_eq!(len, cluster::Reply::Int(pushes), "list length on a backup");
     for id in 1..=3 {
-        assert_eq!(c.status(id).unwrap().divergences, 0, "node {id} saw divergence");
+        assert_eq!(
+            c.status(id).unwrap().divergences,
+            0,
+            "node {id} saw divergence"
+        );
     }
 }
 
@@ -51,9 +63,16 @@ fn follower_killed_mid_load_restarts_with_fresh_server_and_converges() {
     c.wait_converged(CONVERGE);
     assert_same_digest(&c);
     let counters = assert_acked_counters(&c, &acked);
-    assert!(counters.iter().all(|v| v.as_slice() == acked), "counters {counters:?}, acknowledged {acked:?}");
+    assert!(
+        counters.iter().all(|v| v.as_slice() == acked),
+        "counters {counters:?}, acknowledged {acked:?}"
+    );
     for id in 1..=3 {
-        assert_eq!(c.status(id).unwrap().divergences, 0, "node {id} saw divergence");
+        assert_eq!(
+            c.status(id).unwrap().divergences,
+            0,
+            "node {id} saw divergence"
+        );
     }
 }
 
@@ -77,7 +96,13 @@ fn follower_down_at_start_joins_later_and_converges() {
 
 #[test]
 fn follower_a_ring_lap_behind_catches_up_from_a_peer() {
-    let mut c = TestCluster::new("lap", Options { ring_size: "1MiB", ..Options::default() });
+    let mut c = TestCluster::new(
+        "lap",
+        Options {
+            ring_size: "1MiB",
+            ..Options::default()
+        },
+    );
     c.start_all();
     let pid = c.status(3).unwrap().follower_pid as i32;
     kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
@@ -85,12 +110,17 @@ fn follower_a_ring_lap_behind_catches_up_from_a_peer() {
     let mut r = Resp::connect(c.app(1)).unwrap();
     let value = vec![b'v'; 4096];
     for i in 0..600 {
-        r.cmd(&[b"SET", format!("big:{}", i % 97).as_bytes(), &value]).unwrap();
-        r.cmd(&[b"APPEND", b"order", format!("{i},").as_bytes()]).unwrap();
+        r.cmd(&[b"SET", format!("big:{}", i % 97).as_bytes(), &value])
+            .unwrap();
+        r.cmd(&[b"APPEND", b"order", format!("{i},").as_bytes()])
+            .unwrap();
     }
     kill(Pid::from_raw(pid), Signal::SIGCONT).unwrap();
     c.wait_converged(CONVERGE);
     assert_same_digest(&c);
     let log = std::fs::read_to_string(c.dir.join("follower-3.log")).unwrap();
-    assert!(log.contains("lap behind") || log.contains("caught up"), "node 3 never caught up:\n{log}");
+    assert!(
+        log.contains("lap behind") || log.contains("caught up"),
+        "node 3 never caught up:\n{log}"
+    );
 }

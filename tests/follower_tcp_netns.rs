@@ -37,7 +37,11 @@ fn ip(args: &[&str]) -> Result<(), String> {
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
@@ -62,15 +66,21 @@ impl Net {
             bridge_ns: name("br"),
             node_ns: (1..=nodes).map(|i| name(&format!("n{i}"))).collect(),
             client_ns: name("client"),
-            node_ips: (1..=nodes).map(|i| Ipv4Addr::new(10, 213, 77, i as u8)).collect(),
+            node_ips: (1..=nodes)
+                .map(|i| Ipv4Addr::new(10, 213, 77, i as u8))
+                .collect(),
         };
         ip(&["netns", "add", &net.bridge_ns])?;
         net.namespaces.push(net.bridge_ns.clone());
         let b = net.bridge_ns.clone();
         ip(&["-n", &b, "link", "add", "br0", "type", "bridge"])?;
         ip(&["-n", &b, "link", "set", "br0", "up"])?;
-        let mut ends: Vec<(String, Ipv4Addr)> =
-            net.node_ns.iter().cloned().zip(net.node_ips.iter().copied()).collect();
+        let mut ends: Vec<(String, Ipv4Addr)> = net
+            .node_ns
+            .iter()
+            .cloned()
+            .zip(net.node_ips.iter().copied())
+            .collect();
         ends.push((net.client_ns.clone(), Ipv4Addr::new(10, 213, 77, 100)));
         for (i, (ns, addr)) in ends.iter().enumerate() {
             ip(&["netns", "add", ns])?;
@@ -78,10 +88,20 @@ impl Net {
             // Created inside the bridge namespace, its peer straight in
             // `ns`: no interface ever exists in the test's own namespace.
             let port = format!("v{i}");
-            ip(&["-n", &b, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns])?;
+            ip(&[
+                "-n", &b, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns,
+            ])?;
             ip(&["-n", &b, "link", "set", &port, "master", "br0"])?;
             ip(&["-n", &b, "link", "set", &port, "up"])?;
-            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                "eth0",
+            ])?;
             ip(&["-n", ns, "link", "set", "eth0", "up"])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
@@ -91,11 +111,19 @@ impl Net {
     /// Deletes namespaces this file left behind in runs that were killed
     /// before their cleanup ran (their pid is gone).
     fn remove_stale() {
-        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+            return;
+        };
         for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let Some(ns) = line.split_whitespace().next() else { continue };
-            let Some(rest) = ns.strip_prefix(NS_PREFIX) else { continue };
-            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+            let Some(ns) = line.split_whitespace().next() else {
+                continue;
+            };
+            let Some(rest) = ns.strip_prefix(NS_PREFIX) else {
+                continue;
+            };
+            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
             if !PathBuf::from(format!("/proc/{pid}")).exists() {
                 let _ = ip(&["netns", "del", ns]);
             }
@@ -216,11 +244,23 @@ impl Procs {
         let log = self.log("server", id);
         let child = self
             .in_node(id, "redis-server")
-            .args(["--port", &app.port().to_string(), "--bind", &app.ip().to_string()])
+            .args([
+                "--port",
+                &app.port().to_string(),
+                "--bind",
+                &app.ip().to_string(),
+            ])
             // Clients come from another namespace (not loopback); every
             // address here is private to the test's namespaces.
             .args(["--protected-mode", "no"])
-            .args(["--save", "", "--appendonly", "no", "--enable-debug-command", "yes"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--enable-debug-command",
+                "yes",
+            ])
             .arg("--dir")
             .arg(&data)
             .env("LD_PRELOAD", bin_dir().join("liblockstep.so"))
@@ -241,7 +281,10 @@ impl Procs {
             .map(|rd| rd.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
         paths.sort();
-        for p in paths.into_iter().filter(|p| p.extension().is_some_and(|e| e == "log")) {
+        for p in paths
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        {
             let text = std::fs::read_to_string(&p).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             out.push_str(&format!("--- {}\n", p.display()));
@@ -281,7 +324,10 @@ fn wait(procs_logs: &dyn Fn() -> String, what: &str, mut cond: impl FnMut() -> R
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    panic!("timed out waiting for {what} (last: {last})\n{}", procs_logs());
+    panic!(
+        "timed out waiting for {what} (last: {last})\n{}",
+        procs_logs()
+    );
 }
 
 fn status(config: &Config, id: u64) -> Result<NodeStatus, String> {
@@ -316,40 +362,55 @@ fn run(mut procs: Procs) {
     let logs = |p: &Procs| p.logs();
     for id in 1..=NODES as u64 {
         procs.start_follower(id);
-        wait(&|| logs(&procs), &format!("follower {id} answering"), || status(&config, id).map(|_| ()));
+        wait(
+            &|| logs(&procs),
+            &format!("follower {id} answering"),
+            || status(&config, id).map(|_| ()),
+        );
     }
     for id in 1..=NODES as u64 {
         let app = apps[id as usize - 1];
         procs.start_server(id, app);
-        wait(&|| logs(&procs), &format!("server {id} listening and attached"), || {
-            std::net::TcpStream::connect_timeout(&app, Duration::from_secs(1)).map_err(|e| e.to_string())?;
-            match status(&config, id)?.server_pid {
-                0 => Err("server not attached to its region".into()),
-                _ => Ok(()),
-            }
-        });
+        wait(
+            &|| logs(&procs),
+            &format!("server {id} listening and attached"),
+            || {
+                std::net::TcpStream::connect_timeout(&app, Duration::from_secs(1))
+                    .map_err(|e| e.to_string())?;
+                match status(&config, id)?.server_pid {
+                    0 => Err("server not attached to its region".into()),
+                    _ => Ok(()),
+                }
+            },
+        );
     }
-    wait(&|| logs(&procs), "node 1 leading", || match status(&config, 1)?.role.as_str() {
-        "leader" => Ok(()),
-        r => Err(format!("node 1 is {r}")),
+    wait(&|| logs(&procs), "node 1 leading", || {
+        match status(&config, 1)?.role.as_str() {
+            "leader" => Ok(()),
+            r => Err(format!("node 1 is {r}")),
+        }
     });
 
     let (threads, ops) = (8, 300);
     redis_mixed_workload(apps[0], threads, ops);
 
-    wait(&|| logs(&procs), "every node applied the leader's log", || {
-        let leader = status(&config, 1)?;
-        for id in 1..=NODES as u64 {
-            let s = status(&config, id)?;
-            if s.persisted < leader.persisted || s.applied < leader.persisted {
-                return Err(format!(
-                    "node {id}: persisted {} applied {} < leader's {}",
-                    s.persisted, s.applied, leader.persisted
-                ));
+    wait(
+        &|| logs(&procs),
+        "every node applied the leader's log",
+        || {
+            let leader = status(&config, 1)?;
+            for id in 1..=NODES as u64 {
+                let s = status(&config, id)?;
+                if s.persisted < leader.persisted || s.applied < leader.persisted {
+                    return Err(format!(
+                        "node {id}: persisted {} applied {} < leader's {}",
+                        s.persisted, s.applied, leader.persisted
+                    ));
+                }
             }
-        }
-        Ok(())
-    });
+            Ok(())
+        },
+    );
 
     let leader_digest = redis_digest(apps[0]);
     for (i, &app) in apps.iter().enumerate().skip(1) {
@@ -364,12 +425,26 @@ fn run(mut procs: Procs) {
     let pushes = threads as i64 * (0..ops).filter(|i| i % 7 < 2).count() as i64;
     for (i, &app) in apps.iter().enumerate() {
         let mut r = Resp::connect(app).unwrap();
-        assert_eq!(r.cmd(&[b"LLEN", b"shared:list"]).unwrap(), Reply::Int(pushes), "list length on node {}", i + 1);
+        assert_eq!(
+            r.cmd(&[b"LLEN", b"shared:list"]).unwrap(),
+            Reply::Int(pushes),
+            "list length on node {}",
+            i + 1
+        );
     }
     for id in 1..=NODES as u64 {
         let s = status(&config, id).unwrap();
-        assert_eq!(s.divergences, 0, "node {id} saw divergences\n{}", procs.logs());
-        assert_eq!(s.role, if id == 1 { "leader" } else { "backup" }, "node {id}");
+        assert_eq!(
+            s.divergences,
+            0,
+            "node {id} saw divergences\n{}",
+            procs.logs()
+        );
+        assert_eq!(
+            s.role,
+            if id == 1 { "leader" } else { "backup" },
+            "node {id}"
+        );
     }
     eprintln!(
         "tcp over namespaces: {} entries replicated to {} nodes, digest {leader_digest}",

@@ -807,7 +807,11 @@ pub fn redis_mixed_op(c: &mut Resp, t: usize, i: usize) -> std::io::Result<()> {
             c.cmd(&[b"SELECT", b"0"])?;
             r
         }
-        _ => c.cmd(&[b"SET", format!("key:{t}:{}", i % 50).as_bytes(), v.as_bytes()]),
+        _ => c.cmd(&[
+            b"SET",
+            format!("key:{t}:{}", i % 50).as_bytes(),
+            v.as_bytes(),
+        ]),
     }?;
     if let Reply::Error(e) = r {
         panic!("server error: {e}");
@@ -865,7 +869,11 @@ impl BackgroundLoad {
                 })
             })
             .collect();
-        BackgroundLoad { stop, done, handles }
+        BackgroundLoad {
+            stop,
+            done,
+            handles,
+        }
     }
 
     /// Commands acknowledged so far (all clients).
@@ -880,10 +888,17 @@ impl BackgroundLoad {
         let start = Instant::now();
         while self.done() < target {
             if self.handles.iter().any(|h| h.is_finished()) {
-                panic!("a load client stopped early (I/O error or panic)\n{}", c.logs());
+                panic!(
+                    "a load client stopped early (I/O error or panic)\n{}",
+                    c.logs()
+                );
             }
             if start.elapsed() > limit {
-                panic!("load made no progress to {target} (at {})\n{}", self.done(), c.logs());
+                panic!(
+                    "load made no progress to {target} (at {})\n{}",
+                    self.done(),
+                    c.logs()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -895,7 +910,11 @@ impl BackgroundLoad {
         self.finish()
             .into_iter()
             .map(|(acked, err)| {
-                assert!(err.is_none(), "load client failed: {}", err.unwrap_or_default());
+                assert!(
+                    err.is_none(),
+                    "load client failed: {}",
+                    err.unwrap_or_default()
+                );
                 acked
             })
             .collect()
@@ -924,8 +943,13 @@ pub fn assert_acked_counters(c: &TestCluster, acked: &[i64]) -> Vec<Vec<i64>> {
         let mut r = Resp::connect(c.app(id)).expect("connect for counters");
         let mut vals = Vec::new();
         for (t, &a) in acked.iter().enumerate() {
-            let v = match r.cmd(&[b"GET", load_counter_key(t).as_bytes()]).expect("GET") {
-                Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b).parse::<i64>().expect("counter"),
+            let v = match r
+                .cmd(&[b"GET", load_counter_key(t).as_bytes()])
+                .expect("GET")
+            {
+                Reply::Bulk(Some(b)) => {
+                    String::from_utf8_lossy(&b).parse::<i64>().expect("counter")
+                }
                 Reply::Bulk(None) => 0,
                 other => panic!("GET answered {other:?}"),
             };
