@@ -31,7 +31,7 @@ use zookeeper::{Acl, CreateMode, WatchedEvent, ZkError, ZkState, ZooKeeper};
 #[derive(Debug, thiserror::Error)]
 pub enum ElectionError {
     /// No session could be established.
-    #[error("cannot reach ZooKeeper at {addr} (election.zookeeper; waited {waited_ms} ms for a session): is it running?")]
+    #[error("cannot reach ZooKeeper at {addr} (election.zookeeper): {}", if *waited_ms == 0 { "nothing accepts connections there; is it running?".to_string() } else { format!("no session within {waited_ms} ms") })]
     Unreachable {
         /// The configured address.
         addr: String,

@@ -105,7 +105,10 @@ impl Node {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_some_and(|t| t.elapsed() < VIEW_CHANGE_PATIENCE);
-        if rec.view > log_view && rec.view >= self.region.view() && rec.leader != self.me && !changing {
+        // Also when the log follows that view already but this node does
+        // not know its leader (restarted backup).
+        let unknown = rec.view == log_view && self.region.leader() != rec.leader;
+        if (rec.view > log_view || unknown) && rec.view >= self.region.view() && rec.leader != self.me && !changing {
             log::info!(
                 "node {}: joining view {} led by node {} (log follows view {log_view})",
                 self.me,
@@ -158,6 +161,9 @@ impl Node {
             log::warn!("node {}: {why}: no longer accepting writes", self.me);
             self.note_demotion();
             self.region.set_role(Role::Joining);
+            // Nobody's leader until a view change says so: else the apply
+            // loop would take this node for a restarted leader and flip it back.
+            self.region.set_leader(0);
             self.region.bell().ring();
         }
     }
@@ -166,7 +172,10 @@ impl Node {
     fn note_demotion(&self) {
         let mut d = self.demoted.lock().unwrap_or_else(|p| p.into_inner());
         if d.is_none() {
-            *d = Some((self.log_view.load(Ordering::Acquire), self.region.commit()));
+            let served = self.region.commit();
+            *d = Some((self.log_view.load(Ordering::Acquire), served));
+            // Its server consumed everything up to there: never replay it.
+            self.applied.fetch_max(served, Ordering::AcqRel);
         }
     }
 
@@ -185,6 +194,7 @@ impl Node {
         if self.region.role() == Role::Leader {
             self.note_demotion();
             self.region.set_role(Role::Joining);
+            self.region.set_leader(0);
         }
         *self.view_change_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         self.region.bell().ring();

@@ -95,7 +95,12 @@ impl Replayer {
                 }
                 self.last_conn = None;
             }
-            Kind::View => self.close_all(),
+            Kind::View => {
+                // The last connection's bytes must be read before the view
+                // starts (the new leader serves right after this entry).
+                self.wait_consumed_last()?;
+                self.close_all()
+            }
             Kind::Noop | Kind::Wrap => {}
         }
         Ok(())
