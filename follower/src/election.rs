@@ -87,6 +87,12 @@ pub enum Session {
 #[derive(Debug)]
 struct Shared {
     state: Mutex<(ZkState, Instant)>,
+    /// When a probe request last got an answer: the client notices a
+    /// server that stopped answering (frozen, or the path cut without a
+    /// reset) only when the TCP connection breaks, which may be never.
+    last_answer: Mutex<Instant>,
+    /// The probe period.
+    probe: Duration,
     /// Bumped by every watch and state change; waiters sleep on it.
     wake: Mutex<u64>,
     cv: Condvar,
@@ -108,7 +114,10 @@ impl SessionWatch {
     /// The session's state.
     pub fn session(&self) -> Session {
         let (st, since) = *self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+        let quiet = self.0.last_answer.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
         match st {
+            // Connected, but the server has not answered for a while.
+            ZkState::Connected | ZkState::ConnectedReadOnly if quiet > self.0.probe * 2 => Session::Disconnected(quiet),
             ZkState::Connected | ZkState::ConnectedReadOnly => Session::Connected,
             ZkState::Closed | ZkState::AuthFailed => Session::Expired,
             _ => Session::Disconnected(since.elapsed()),
@@ -118,7 +127,7 @@ impl SessionWatch {
 
 /// One follower's membership in the election.
 pub struct Election {
-    zk: ZooKeeper,
+    zk: Arc<ZooKeeper>,
     root: String,
     me: u64,
     znode: String,
@@ -150,6 +159,8 @@ impl Election {
         }
         let shared = Arc::new(Shared {
             state: Mutex::new((ZkState::Connecting, Instant::now())),
+            last_answer: Mutex::new(Instant::now()),
+            probe: (timeout / 4).max(Duration::from_millis(20)),
             wake: Mutex::new(0),
             cv: Condvar::new(),
         });
@@ -197,6 +208,8 @@ impl Election {
             .create(&prefix, me.to_string().into_bytes(), Acl::open_unsafe().clone(), CreateMode::EphemeralSequential)
             .map_err(op_err("create", &prefix))?;
         log::info!("node {me}: registered in the election as {znode}");
+        let zk = Arc::new(zk);
+        spawn_probe(Arc::downgrade(&zk), shared.clone(), root.clone());
         Ok(Election {
             zk,
             root,
@@ -337,6 +350,22 @@ impl Drop for Election {
             let _ = self.zk.close();
         }
     }
+}
+
+/// Asks ZooKeeper something small every probe period and records when it
+/// answered; stops when the election is dropped.
+fn spawn_probe(zk: std::sync::Weak<ZooKeeper>, shared: Arc<Shared>, root: String) {
+    let _ = std::thread::Builder::new().name("zk-probe".into()).spawn(move || loop {
+        let Some(zk) = zk.upgrade() else {
+            return;
+        };
+        let sent = Instant::now();
+        if zk.exists(&root, false).is_ok() {
+            *shared.last_answer.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+        }
+        drop(zk);
+        std::thread::sleep(shared.probe);
+    });
 }
 
 fn ensure(zk: &ZooKeeper, path: &str, data: &[u8]) -> Result<(), ElectionError> {
