@@ -25,7 +25,7 @@ use crate::words::{self, WordsError};
 /// "LOCKSTEP" in ASCII, little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LOCKSTEP");
 /// Bumped whenever the control block layout changes.
-pub const LAYOUT_VERSION: u64 = 1;
+pub const LAYOUT_VERSION: u64 = 2;
 /// Bytes of control block before the ring.
 pub const CONTROL_SIZE: u64 = 32 * 1024;
 /// Highest node id (ids are 1..=MAX_NODES).
@@ -42,7 +42,10 @@ const W_CLUSTER: usize = 4;
 const W_VIEW: usize = LINE;
 const W_LEADER: usize = 2 * LINE;
 const W_ROLE: usize = 3 * LINE;
-const W_COMMIT: usize = 4 * LINE;
+// The view whose leader last wrote the commit word, just before it: a
+// leader sends both in one write, view first (see `commit_record`).
+const W_COMMIT_VIEW: usize = 4 * LINE;
+const W_COMMIT: usize = 4 * LINE + 1;
 const W_TAIL: usize = 5 * LINE;
 const W_BELL: usize = 6 * LINE;
 const W_BELL_WAITERS: usize = 7 * LINE;
@@ -92,6 +95,21 @@ pub fn ack_offset(id: u64) -> u64 {
 /// Region offset of the commit word.
 pub fn commit_offset() -> u64 {
     word_offset(W_COMMIT)
+}
+/// Region offset of a commit record (`commit_record`): the commit word's
+/// view tag, followed by the commit word.
+pub fn commit_record_offset() -> u64 {
+    word_offset(W_COMMIT_VIEW)
+}
+/// What a leader of `view` writes at `commit_record_offset` to tell a peer
+/// that `seq` is committed. Words are stored in order, the last with
+/// release, so a reader that loads the commit word first (acquire) and
+/// the tag second sees the tag of that write or of a later one.
+pub fn commit_record(view: u64, seq: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&view.to_le_bytes());
+    b[8..].copy_from_slice(&seq.to_le_bytes());
+    b
 }
 /// Region offset of the tail word.
 pub fn tail_offset() -> u64 {
@@ -464,6 +482,13 @@ impl Region {
     pub fn commit(&self) -> u64 {
         self.word(W_COMMIT).load(Ordering::Acquire)
     }
+    /// The commit word and the view of the leader that wrote it (a view
+    /// at least that new: see `commit_record`). A commit point is only
+    /// meaningful for a log that follows that view.
+    pub fn commit_in_view(&self) -> (u64, u64) {
+        let seq = self.word(W_COMMIT).load(Ordering::Acquire);
+        (seq, self.word(W_COMMIT_VIEW).load(Ordering::Acquire))
+    }
     /// Raises the commit word to at least `seq`.
     pub fn raise_commit(&self, seq: u64) {
         self.word(W_COMMIT).fetch_max(seq, Ordering::AcqRel);
@@ -728,6 +753,17 @@ mod tests {
         assert!(r.write(4, &[1; 8]).is_err());
         r.write(ack_offset(2), &7u64.to_le_bytes()).unwrap();
         assert_eq!(r.ack(2), 7);
+    }
+
+    #[test]
+    fn commit_records_carry_their_view() {
+        let r = Region::anonymous(&spec(1)).unwrap();
+        r.write(commit_record_offset(), &commit_record(4, 220)).unwrap();
+        assert_eq!(r.commit_in_view(), (220, 4));
+        assert_eq!(r.commit(), 220);
+        // The leader's own raise leaves the tag alone.
+        r.raise_commit(230);
+        assert_eq!(r.commit_in_view(), (230, 4));
     }
 
     #[test]

@@ -269,11 +269,12 @@ impl Node {
             next = batch[batch.len() - 1].0 + 1;
             kept.extend(batch.into_iter().map(|(seq, e)| (seq, e.header().view)));
         }
-        if !viewchange::demoted_server_is_consistent(led_view, served, kept) {
+        if let Some(missed) = viewchange::first_missed_input(led_view, served, kept) {
             self.stale.store(true, Ordering::Relaxed);
             bail!(
-                "node {}: its server missed inputs of view {led_view} that were committed after it stopped leading; \
-                 restart this node's server and follower to rebuild it from the log",
+                "node {}: its server consumed view {led_view} up to seq {served}, but the new view kept seq {missed} \
+                 of that view, which the server never saw; restart this node's server and follower to rebuild \
+                 it from the log",
                 self.me
             );
         }

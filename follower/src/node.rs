@@ -324,6 +324,17 @@ impl Node {
         }
     }
 
+    /// Takes the commit point a leader wrote into this region, if that
+    /// leader's view is the one this log follows: a newer leader's commit
+    /// point arriving before this node joined its view would otherwise
+    /// "commit" this log's uncommitted tail of the old view.
+    fn learn_remote_commit(&self) {
+        let (seq, view) = self.region.commit_in_view();
+        if view == self.log_view.load(Ordering::Acquire) {
+            self.learn_commit(seq.min(self.persisted.load(Ordering::Acquire)));
+        }
+    }
+
     /// Whether this node may store an entry of `view` now: not from a
     /// fenced view, and only from the leader its log follows.
     fn admits(&self, view: u64) -> bool {
@@ -427,7 +438,7 @@ impl Node {
                 gap_since = None;
                 continue;
             }
-            self.learn_commit(self.region.commit().min(self.persisted.load(Ordering::Acquire)));
+            self.learn_remote_commit();
             if backoff.is_completed() {
                 // Writers ring after writing: a write since `seen` makes
                 // this return at once.
@@ -544,8 +555,8 @@ impl Node {
                         if let Err(e) = self.transport.write(
                             peer,
                             view,
-                            region::commit_offset(),
-                            &c.to_le_bytes(),
+                            region::commit_record_offset(),
+                            &region::commit_record(view, c),
                         ) {
                             log::debug!("commit heartbeat to node {peer}: {e}");
                         }

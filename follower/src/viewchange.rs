@@ -138,15 +138,17 @@ pub fn admits(promised: u64, view: u64) -> bool {
 /// acked it). If the new view's log kept an entry of that view above
 /// `served`, the server never saw an input the others apply: it cannot be
 /// brought in line by replay and must be rebuilt (restart). `new_log`
-/// yields `(seq, view)` of the adopted log above `served`.
-pub fn demoted_server_is_consistent(
+/// yields `(seq, view)` of the adopted log above `served`; the answer is
+/// the first such entry the server missed (None: the server is in line).
+pub fn first_missed_input(
     led_view: u64,
     served: u64,
     new_log: impl IntoIterator<Item = (u64, u64)>,
-) -> bool {
+) -> Option<u64> {
     new_log
         .into_iter()
-        .all(|(seq, view)| seq <= served || view != led_view)
+        .find(|&(seq, view)| seq > served && view == led_view)
+        .map(|(seq, _)| seq)
 }
 
 #[cfg(test)]
@@ -201,9 +203,9 @@ mod tests {
     #[test]
     fn demoted_server_check() {
         // Led view 3, served up to 10.
-        assert!(demoted_server_is_consistent(3, 10, [(9, 3), (10, 3), (11, 4)]));
-        assert!(!demoted_server_is_consistent(3, 10, [(11, 3)]));
-        assert!(demoted_server_is_consistent(3, 10, []));
+        assert_eq!(first_missed_input(3, 10, [(9, 3), (10, 3), (11, 4)]), None);
+        assert_eq!(first_missed_input(3, 10, [(11, 3), (12, 3)]), Some(11));
+        assert_eq!(first_missed_input(3, 10, []), None);
     }
 
     /// A simulated cluster: logs of `(view, value)`, crashes, partial
