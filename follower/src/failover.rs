@@ -124,7 +124,10 @@ impl Node {
     fn announce(&self, election: &Election, view: u64) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(600);
         while self.region.role() != Role::Leader {
-            if self.stopping() || self.region.view() != view || Instant::now() > deadline {
+            // Demoted before serving (the session wavered): not leading,
+            // so the election loop goes on and may start a newer view.
+            let demoted = self.region.leader() != self.me;
+            if self.stopping() || demoted || self.region.view() != view || Instant::now() > deadline {
                 bail!("view {view} did not start here");
             }
             std::thread::sleep(Duration::from_millis(5));
