@@ -53,6 +53,10 @@ const W_HEARTBEAT: usize = 8 * LINE;
 const W_NEXT_SEQ: usize = 9 * LINE;
 const W_NEXT_POS: usize = 10 * LINE;
 const W_PRELOAD: usize = 11 * LINE;
+// Highest seq whose input the leader's preload handed to its server, with
+// HANDOVER_FENCED set once the follower stopped the hand-overs.
+const W_HANDOVER: usize = 12 * LINE;
+const HANDOVER_FENCED: u64 = 1 << 63;
 const W_ACK: usize = 16 * LINE; // ack[id] at W_ACK + id * LINE
 const W_REPLAY: usize = 512; // (port, consumed) pairs
 const CONTROL_WORDS: usize = (CONTROL_SIZE / 8) as usize;
@@ -482,6 +486,32 @@ impl Region {
     pub fn commit(&self) -> u64 {
         self.word(W_COMMIT).load(Ordering::Acquire)
     }
+    /// Leader's preload: records that the input up to `seq` goes to the
+    /// server now. False once the follower fenced hand-overs: the input
+    /// must then not reach the server.
+    pub fn hand_over(&self, seq: u64) -> bool {
+        self.word(W_HANDOVER)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                (cur & HANDOVER_FENCED == 0).then_some(cur.max(seq))
+            })
+            .is_ok()
+    }
+    /// Follower, when this node stops leading: stops every further
+    /// hand-over and returns the highest seq the server was given. Exact:
+    /// a hand-over either landed before the fence or fails.
+    pub fn fence_handover(&self) -> u64 {
+        self.word(W_HANDOVER).fetch_or(HANDOVER_FENCED, Ordering::AcqRel) & !HANDOVER_FENCED
+    }
+    /// Follower, when this node starts leading after serving up to `seq`
+    /// (by replay): hand-overs allowed again.
+    pub fn open_handover(&self, seq: u64) {
+        self.word(W_HANDOVER).store(seq, Ordering::Release);
+    }
+    /// The highest seq handed over (fence bit cleared).
+    pub fn handed_over(&self) -> u64 {
+        self.word(W_HANDOVER).load(Ordering::Acquire) & !HANDOVER_FENCED
+    }
+
     /// The commit word and the view of the leader that wrote it (a view
     /// at least that new: see `commit_record`). A commit point is only
     /// meaningful for a log that follows that view.
@@ -753,6 +783,22 @@ mod tests {
         assert!(r.write(4, &[1; 8]).is_err());
         r.write(ack_offset(2), &7u64.to_le_bytes()).unwrap();
         assert_eq!(r.ack(2), 7);
+    }
+
+    #[test]
+    fn handover_fence_is_exact() {
+        let r = Region::anonymous(&spec(1)).unwrap();
+        r.open_handover(10);
+        assert!(r.hand_over(12));
+        assert!(r.hand_over(11), "an older seq keeps the highest");
+        assert_eq!(r.handed_over(), 12);
+        assert_eq!(r.fence_handover(), 12);
+        assert!(!r.hand_over(13), "fenced: nothing more reaches the server");
+        assert_eq!(r.fence_handover(), 12, "fencing twice reads the same");
+        assert_eq!(r.handed_over(), 12);
+        r.open_handover(20);
+        assert!(r.hand_over(21));
+        assert_eq!(r.handed_over(), 21);
     }
 
     #[test]

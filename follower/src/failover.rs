@@ -32,6 +32,18 @@ impl Node {
         let timeout = Duration::from_millis(self.config.election.session_timeout_ms);
         while !self.stopping() {
             let mut guard = self.election.lock().unwrap_or_else(|p| p.into_inner());
+            if self.stale.load(Ordering::Relaxed) {
+                // A node whose server must be rebuilt cannot lead: leave the
+                // election (closing the session frees the znode at once) so
+                // that the lowest znode is never one that cannot serve.
+                if guard.take().is_some() {
+                    *self.session_watch.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    log::warn!("node {}: left the election until this node is restarted", self.me);
+                }
+                drop(guard);
+                std::thread::sleep(RETRY);
+                continue;
+            }
             let session = guard.as_ref().map(|e| e.session()).unwrap_or(Session::Expired);
             match session {
                 Session::Expired => {
@@ -171,11 +183,24 @@ impl Node {
         }
     }
 
+    /// Another view is being made: this node neither leads nor is about to
+    /// (a view it started but whose preload is not active yet counts too,
+    /// or the apply loop would activate it in the newer view).
+    fn step_down(&self) {
+        if self.region.role() == Role::Leader {
+            self.note_demotion();
+            self.region.set_role(Role::Joining);
+        }
+        if self.region.leader() == self.me {
+            self.region.set_leader(0);
+        }
+    }
+
     /// Remembers what the server consumed while this node led.
     fn note_demotion(&self) {
         let mut d = self.demoted.lock().unwrap_or_else(|p| p.into_inner());
         if d.is_none() {
-            let served = self.region.commit();
+            let served = self.region.fence_handover();
             *d = Some((self.log_view.load(Ordering::Acquire), served));
             // Its server consumed everything up to there: never replay it.
             self.applied.fetch_max(served, Ordering::AcqRel);
@@ -194,11 +219,7 @@ impl Node {
         }
         store.set_view(view)?;
         self.region.raise_view(view);
-        if self.region.role() == Role::Leader {
-            self.note_demotion();
-            self.region.set_role(Role::Joining);
-            self.region.set_leader(0);
-        }
+        self.step_down();
         *self.view_change_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         self.region.bell().ring();
         let p = Promise {
@@ -220,10 +241,7 @@ impl Node {
         }
         self.store().set_view(view)?;
         self.region.raise_view(view);
-        if self.region.role() == Role::Leader {
-            self.note_demotion();
-            self.region.set_role(Role::Joining);
-        }
+        self.step_down();
         let cut = {
             let mut store = self.store();
             let cut = viewchange::sync_point(store.last().seq, self.committed.load(Ordering::Acquire));
@@ -355,9 +373,19 @@ impl Node {
                 Err(e) => log::info!("view {view}: no promise from node {peer}: {e:#}"),
             }
         }
-        let Some(adopt) = cand.decide() else {
+        let Some(decided) = cand.decide() else {
             bail!("view {view}: no majority promised");
         };
+        let led = *self.demoted.lock().unwrap_or_else(|p| p.into_inner());
+        let adopt = viewchange::trim_unserved(decided, led);
+        if adopt.last_seq < decided.last_seq {
+            log::info!(
+                "view {view}: dropping seqs {}..={} of view {}: this node led it and never gave them to its server",
+                adopt.last_seq + 1,
+                decided.last_seq,
+                decided.log_view
+            );
+        }
         log::info!("view {view}: adopting node {}'s log up to seq {}", adopt.source, adopt.last_seq);
         let view_seq = self.adopt(view, adopt)?;
         let mut holders = vec![self.me];
@@ -383,6 +411,7 @@ impl Node {
         }
         self.committed.fetch_max(view_seq, Ordering::AcqRel);
         self.region.set_commit(view_seq);
+        self.region.open_handover(view_seq);
         self.store().set_commit(view_seq)?;
         self.region.set_writer_start(view_seq + 1, last.end_pos);
         self.region.set_tail(last.end_pos);

@@ -634,7 +634,7 @@ impl Node {
                     .store(replayer.checked.diverged, Ordering::Relaxed);
                 continue;
             }
-            if role == Role::Joining && self.is_leader_node() {
+            if role == Role::Joining && self.is_leader_node() && self.log_view.load(Ordering::Acquire) == self.region.view() {
                 log::info!("node {}: server rebuilt up to seq {applied}; serving as leader", self.me);
                 self.region.set_role(Role::Leader);
                 continue;

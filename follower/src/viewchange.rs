@@ -48,6 +48,8 @@ impl Promise {
 pub struct Adoption {
     /// The node holding it (the candidate itself when its own is as good).
     pub source: u64,
+    /// The view whose leader wrote the adopted log.
+    pub log_view: u64,
     /// The adopted log ends at this seq.
     pub last_seq: u64,
     /// The highest commit point any promiser knew: every seq up to it is
@@ -112,9 +114,28 @@ impl Candidate {
         let committed = self.promises.values().map(|p| p.committed).max().unwrap_or(0);
         Some(Adoption {
             source: best.node,
+            log_view: best.log_view,
             last_seq: best.last_seq,
             committed,
         })
+    }
+}
+
+/// A candidate that itself led the adopted log's view knows where that
+/// log became visible: its server consumed the view's inputs up to
+/// `served` (`led` = `(view, served)`), and the hand-over fence makes that
+/// exact. Entries of the view above it were never given to any server
+/// (backups apply only what the leader committed, and it commits only
+/// what it hands over), so no client saw their effect: the new view may
+/// drop them, and the candidate's server stays in line with the log
+/// instead of having to be rebuilt. Committed entries are always kept.
+pub fn trim_unserved(adopt: Adoption, led: Option<(u64, u64)>) -> Adoption {
+    match led {
+        Some((view, served)) if view == adopt.log_view && served < adopt.last_seq => Adoption {
+            last_seq: served.max(adopt.committed),
+            ..adopt
+        },
+        _ => adopt,
     }
 }
 
@@ -201,6 +222,24 @@ mod tests {
     }
 
     #[test]
+    fn unserved_tail_of_the_candidates_own_view_is_dropped() {
+        let a = Adoption {
+            source: 2,
+            log_view: 3,
+            last_seq: 20,
+            committed: 15,
+        };
+        // Led view 3 and served up to 17: 18..=20 reached no server.
+        assert_eq!(trim_unserved(a, Some((3, 17))).last_seq, 17);
+        // Never below what is known committed.
+        assert_eq!(trim_unserved(a, Some((3, 10))).last_seq, 15);
+        // Another view's log, or a candidate that did not lead: untouched.
+        assert_eq!(trim_unserved(a, Some((2, 17))), a);
+        assert_eq!(trim_unserved(a, None), a);
+        assert_eq!(trim_unserved(a, Some((3, 25))), a);
+    }
+
+    #[test]
     fn demoted_server_check() {
         // Led view 3, served up to 10.
         assert_eq!(first_missed_input(3, 10, [(9, 3), (10, 3), (11, 4)]), None);
@@ -222,6 +261,9 @@ mod tests {
             promised: u64,
             committed: u64,
             up: bool,
+            /// Set when it stopped leading: (view it led, what its server
+            /// was handed), like the runtime's hand-over fence.
+            led: Option<(u64, u64)>,
         }
 
         #[derive(Clone, Debug)]
@@ -234,6 +276,9 @@ mod tests {
             ViewChange { cand: usize, mask: u8, sync_mask: u8 },
             /// A node that missed a view change syncs with the current leader.
             Resync { node: usize },
+            /// The leader stops handing inputs to its server (lost its
+            /// session): nothing more of its view commits.
+            Fence,
         }
 
         fn op(n: usize) -> impl Strategy<Value = Op> {
@@ -243,6 +288,7 @@ mod tests {
                 2 => (0..n, any::<u8>(), any::<u8>())
                     .prop_map(|(cand, mask, sync_mask)| Op::ViewChange { cand, mask, sync_mask }),
                 1 => (0..n).prop_map(|node| Op::Resync { node }),
+                1 => Just(Op::Fence),
             ]
         }
 
@@ -253,6 +299,11 @@ mod tests {
             next_value: u64,
             /// seq -> value of every entry ever committed.
             committed: BTreeMap<u64, u64>,
+            /// The leader's hand-overs are fenced.
+            fenced: bool,
+            /// Seq of the current view's VIEW entry: its leader's server
+            /// has consumed everything up to it when it starts serving.
+            view_start: u64,
         }
 
         impl Sim {
@@ -269,6 +320,8 @@ mod tests {
                     leader: 0,
                     next_value: 1,
                     committed: BTreeMap::new(),
+                    fenced: false,
+                    view_start: 0,
                 }
             }
 
@@ -281,7 +334,18 @@ mod tests {
                 l.up && l.promised == self.view && l.log_view == self.view
             }
 
+            fn fence(&mut self) {
+                let l = &mut self.nodes[self.leader];
+                if !self.fenced {
+                    l.led = Some((self.view, l.committed.max(self.view_start)));
+                    self.fenced = true;
+                }
+            }
+
             fn record_commits(&mut self) {
+                if self.fenced {
+                    return;
+                }
                 let leader_log = self.nodes[self.leader].log.clone();
                 for seq in 1..=leader_log.len() {
                     let holders = self
@@ -299,11 +363,10 @@ mod tests {
                             if let Some(old) = self.committed.insert(s as u64, v) {
                                 assert_eq!(old, v, "seq {s} committed twice with different values");
                             }
-                            for x in self.nodes.iter_mut() {
-                                if x.log_view == self.view && x.log.len() >= s {
-                                    x.committed = x.committed.max(s as u64);
-                                }
-                            }
+                            // Only the leader knows at once; backups learn it
+                            // from later entries' headers.
+                            let l = &mut self.nodes[self.leader];
+                            l.committed = l.committed.max(s as u64);
                         }
                     }
                 }
@@ -317,11 +380,15 @@ mod tests {
                 self.next_value += 1;
                 self.nodes[self.leader].log.push((self.view, value));
                 let leader_log = self.nodes[self.leader].log.clone();
+                let header_commit = self.nodes[self.leader].committed;
                 for i in 0..self.n() {
                     if i == self.leader || mask & (1 << i) == 0 {
                         continue;
                     }
                     let x = &mut self.nodes[i];
+                    if x.up && x.log_view == self.view {
+                        x.committed = x.committed.max(header_commit.min(x.log.len() as u64));
+                    }
                     // A backup takes the leader's next entry only in order and when it follows
                     // this leader (the runtime's gap check and fence).
                     if x.up && admits(x.promised, self.view) && x.log_view == self.view && x.log.len() + 1 == leader_log.len() {
@@ -341,6 +408,11 @@ mod tests {
                 for i in 0..self.n() {
                     let x = &mut self.nodes[i];
                     if (i == cand || mask & (1 << i) != 0) && x.up && admits(x.promised, view) {
+                        if i == self.leader && !self.fenced {
+                            // A promise fences the leader's hand-overs.
+                            x.led = Some((self.view, x.committed.max(self.view_start)));
+                            self.fenced = true;
+                        }
                         x.promised = view;
                         c.promise(Promise {
                             node: i as u64 + 1,
@@ -353,6 +425,7 @@ mod tests {
                 let Some(a) = c.decide() else {
                     return;
                 };
+                let a = trim_unserved(a, self.nodes[cand].led);
                 assert!(a.last_seq >= a.committed);
                 let src = a.source as usize - 1;
                 let mut log = self.nodes[src].log[..a.last_seq as usize].to_vec();
@@ -370,10 +443,13 @@ mod tests {
                     x.log.extend_from_slice(&log[cut..]);
                     x.log_view = view;
                     x.promised = view;
+                    x.led = None;
                     holders += 1;
                 }
                 self.view = view;
                 self.leader = cand;
+                self.fenced = false;
+                self.view_start = log.len() as u64;
                 if holders >= majority(self.n()) {
                     self.record_commits();
                 }
@@ -421,6 +497,7 @@ mod tests {
                     }
                     Op::ViewChange { cand, mask, sync_mask } => self.view_change(cand, mask, sync_mask),
                     Op::Resync { node } => self.resync(node),
+                    Op::Fence => self.fence(),
                 }
                 self.check();
             }

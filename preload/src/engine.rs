@@ -178,6 +178,12 @@ impl Engine {
     ) -> Result<Logged, Fail> {
         let logged = self.append(kind, conn, out_hash, segments, total)?;
         self.wait_majority(logged.last, logged.view)?;
+        // The follower may have stopped this node leading meanwhile; what
+        // it fenced out never reaches the server, so it knows exactly
+        // what the server consumed.
+        if !self.region.hand_over(logged.last) {
+            return Err(Fail::Lost("this node stopped leading"));
+        }
         self.region.raise_commit(logged.last);
         Ok(logged)
     }
