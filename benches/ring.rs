@@ -7,7 +7,11 @@ use lockstep_common::region::{Region, RegionSpec};
 use lockstep_common::ring::{ReadOutcome, RingReader, RingWriter};
 
 fn ring(c: &mut Criterion) {
-    let spec = RegionSpec { cluster: "bench".into(), node: 1, ring_size: 1 << 24 };
+    let spec = RegionSpec {
+        cluster: "bench".into(),
+        node: 1,
+        ring_size: 1 << 24,
+    };
     let region = Region::anonymous(&spec).expect("anonymous region");
     let mut group = c.benchmark_group("ring_append_read");
     for size in [64usize, 1024, 16 * 1024] {
@@ -22,7 +26,9 @@ fn ring(c: &mut Criterion) {
             b.iter(|| {
                 let hdr = EntryHeader::new(Kind::Data, 1, seq, 1, size as u32);
                 // The reader keeps up, so everything before us is "acked".
-                let a = w.append(region.ring(), &hdr, &payload, r.pos(), &mut scratch).expect("append");
+                let a = w
+                    .append(region.ring(), &hdr, &payload, r.pos(), &mut scratch)
+                    .expect("append");
                 match r.poll(region.ring(), a.end, &mut buf) {
                     ReadOutcome::Entry { header, .. } => assert_eq!(header.seq, seq),
                     other => panic!("{other:?}"),

@@ -44,10 +44,16 @@ fn wait_converged(config: &Config, limit: Duration) -> anyhow::Result<()> {
     let start = Instant::now();
     loop {
         let nodes = status::query_all(config, Duration::from_millis(500));
-        let ok: Vec<_> = nodes.iter().filter_map(|n| n.status.as_ref().ok()).collect();
+        let ok: Vec<_> = nodes
+            .iter()
+            .filter_map(|n| n.status.as_ref().ok())
+            .collect();
         if ok.len() == nodes.len() {
             let top = ok.iter().map(|s| s.committed).max().unwrap_or(0);
-            if ok.iter().all(|s| s.applied >= top && (s.role == "leader" || s.role == "backup")) {
+            if ok
+                .iter()
+                .all(|s| s.applied >= top && (s.role == "leader" || s.role == "backup"))
+            {
                 return Ok(());
             }
         }
@@ -63,12 +69,18 @@ fn wait_converged(config: &Config, limit: Duration) -> anyhow::Result<()> {
 pub fn run(config_path: &Path, rounds: usize) -> anyhow::Result<()> {
     let config = Config::load(config_path)?;
     if config.election.mode != ElectionMode::Zookeeper {
-        bail!("bench failover needs election.mode = \"zookeeper\" in {}", config_path.display());
+        bail!(
+            "bench failover needs election.mode = \"zookeeper\" in {}",
+            config_path.display()
+        );
     }
     let bins = Binaries::locate()?;
     let stop = AtomicBool::new(false);
     let say = |m: &str| eprintln!("  {m}");
-    let cmd = config.server.clone().context("bench failover needs `server = [...]` in the config")?;
+    let cmd = config
+        .server
+        .clone()
+        .context("bench failover needs `server = [...]` in the config")?;
     let mut cluster = Cluster::start(config.clone(), config_path, &cmd, &bins, &stop, &say)?;
     println!(
         "failover bench: {} nodes, session_timeout_ms = {}, {rounds} rounds",
@@ -104,14 +116,22 @@ pub fn run(config_path: &Path, rounds: usize) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(2));
         };
         let took = t0.elapsed();
-        println!("round {round:2}: node {old} killed, node {new} acknowledged a write after {:.0} ms", took.as_secs_f64() * 1e3);
+        println!(
+            "round {round:2}: node {old} killed, node {new} acknowledged a write after {:.0} ms",
+            took.as_secs_f64() * 1e3
+        );
         times.push(took);
         cluster.restart_node(old, config_path, &bins, &stop, &say)?;
     }
     times.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     if let (Some(p50), Some(max)) = (times.get(times.len() / 2), times.last()) {
-        println!("failover: p50 {:.0} ms, max {:.0} ms over {} rounds", ms(*p50), ms(*max), times.len());
+        println!(
+            "failover: p50 {:.0} ms, max {:.0} ms over {} rounds",
+            ms(*p50),
+            ms(*max),
+            times.len()
+        );
     }
     cluster.stop();
     Ok(())

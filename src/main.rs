@@ -14,7 +14,11 @@ use clap::{Parser, Subcommand};
 use lockstep_common::Config;
 
 #[derive(Parser)]
-#[command(name = "lockstep", version, about = "Replicated, fault-tolerant unmodified servers")]
+#[command(
+    name = "lockstep",
+    version,
+    about = "Replicated, fault-tolerant unmodified servers"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -114,7 +118,9 @@ enum BenchCmd {
 }
 
 fn load(pos: Option<PathBuf>, flag: Option<PathBuf>) -> anyhow::Result<Config> {
-    let path = flag.or(pos).context("give the cluster config (e.g. --config cluster.toml)")?;
+    let path = flag
+        .or(pos)
+        .context("give the cluster config (e.g. --config cluster.toml)")?;
     let c = Config::load(&path)?;
     for w in &c.warnings {
         eprintln!("warning: {w}");
@@ -123,10 +129,15 @@ fn load(pos: Option<PathBuf>, flag: Option<PathBuf>) -> anyhow::Result<Config> {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().filter_or("LOCKSTEP_LOG", "warn")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().filter_or("LOCKSTEP_LOG", "warn"))
+        .init();
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Status { config_pos, config, json } => (|| {
+        Cmd::Status {
+            config_pos,
+            config,
+            json,
+        } => (|| {
             let c = load(config_pos, config)?;
             let nodes = status::query_all(&c, Duration::from_secs(2));
             if json {

@@ -67,7 +67,10 @@ pub fn to_table(config: &Config, nodes: &[NodeView]) -> String {
         "node", "role", "view", "persisted", "committed", "applied", "lag", "div", "app"
     ));
     for n in nodes {
-        let app = config.node(n.id).map(|x| x.app.to_string()).unwrap_or_default();
+        let app = config
+            .node(n.id)
+            .map(|x| x.app.to_string())
+            .unwrap_or_default();
         match &n.status {
             Ok(s) => out.push_str(&format!(
                 "{:>4}  {:<8} {:>5} {:>10} {:>10} {:>10} {:>6} {:>5}  {}\n",

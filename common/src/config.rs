@@ -172,9 +172,7 @@ impl<'de> Deserialize<'de> for Size {
 /// Parses "4096", "64KiB", "64MiB", "1GiB" (also KB/MB/GB as binary units).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: u64 = num
         .parse()
@@ -273,7 +271,9 @@ impl Config {
         }
         let ring_size = raw.ring_size.map(|s| s.0).unwrap_or(64 << 20);
         if !ring_size.is_power_of_two() {
-            return err(format!("ring_size: {ring_size} bytes is not a power of two"));
+            return err(format!(
+                "ring_size: {ring_size} bytes is not a power of two"
+            ));
         }
         if ring_size < MIN_RING {
             return err(format!(
@@ -345,7 +345,10 @@ impl Config {
             }
             for (field, a) in own {
                 if a.port() == 0 {
-                    return err(format!("nodes.{field}: node {} needs a fixed port, not 0", n.id));
+                    return err(format!(
+                        "nodes.{field}: node {} needs a fixed port, not 0",
+                        n.id
+                    ));
                 }
                 if !addrs.insert(a) {
                     return err(format!(
@@ -472,7 +475,10 @@ metrics = "127.0.0.1:7203"
         assert_eq!(c.max_entry, 64 << 10);
         assert!(c.warnings.is_empty());
         assert_eq!(c.node(3).unwrap().metrics.unwrap().port(), 7203);
-        assert_eq!(c.node_data_dir(2), PathBuf::from("/tmp/lockstep-demo/node-2"));
+        assert_eq!(
+            c.node_data_dir(2),
+            PathBuf::from("/tmp/lockstep-demo/node-2")
+        );
     }
 
     #[test]
@@ -499,7 +505,11 @@ metrics = "127.0.0.1:7203"
     fn cluster_size() {
         let two = GOOD.split("[[nodes]]\nid = 3").next().unwrap();
         let c = Config::parse(two).unwrap();
-        assert!(c.warnings[0].contains("even cluster size"), "{:?}", c.warnings);
+        assert!(
+            c.warnings[0].contains("even cluster size"),
+            "{:?}",
+            c.warnings
+        );
         let none = GOOD.split("[[nodes]]").next().unwrap();
         assert!(bad(none).starts_with("nodes: the cluster has no nodes"));
     }
@@ -543,7 +553,10 @@ metrics = "127.0.0.1:7203"
             "cluster = \"demo\"",
             "cluster = \"demo\"\nkey_file = \"/nonexistent/key\"",
         ));
-        assert!(e.starts_with("key_file: cannot read /nonexistent/key"), "{e}");
+        assert!(
+            e.starts_with("key_file: cannot read /nonexistent/key"),
+            "{e}"
+        );
     }
 
     #[test]

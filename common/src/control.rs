@@ -232,8 +232,16 @@ mod tests {
         let mut buf = Vec::new();
         send_json(&mut buf, &Request::Fetch { from: 3, to: 9 }).unwrap();
         let es = vec![
-            FetchedEntry { seq: 3, pos: 0, bytes: vec![1; 128] },
-            FetchedEntry { seq: 4, pos: 128, bytes: vec![2; 64] },
+            FetchedEntry {
+                seq: 3,
+                pos: 0,
+                bytes: vec![1; 128],
+            },
+            FetchedEntry {
+                seq: 4,
+                pos: 128,
+                bytes: vec![2; 64],
+            },
         ];
         send_entries(&mut buf, &es).unwrap();
         send_entries(&mut buf, &[]).unwrap();

@@ -199,7 +199,9 @@ pub(crate) fn map_shared(fd: Option<RawFd>, len: usize) -> io::Result<*mut libc:
 #[derive(Debug, thiserror::Error)]
 pub enum RegionError {
     /// The file exists already (create refuses to reuse it).
-    #[error("region file {0} already exists (another follower running, or a stale file: remove it)")]
+    #[error(
+        "region file {0} already exists (another follower running, or a stale file: remove it)"
+    )]
     Exists(PathBuf),
     /// The file does not exist.
     #[error("region file {0} does not exist (is the follower for this node running?)")]
@@ -500,7 +502,9 @@ impl Region {
     /// hand-over and returns the highest seq the server was given. Exact:
     /// a hand-over either landed before the fence or fails.
     pub fn fence_handover(&self) -> u64 {
-        self.word(W_HANDOVER).fetch_or(HANDOVER_FENCED, Ordering::AcqRel) & !HANDOVER_FENCED
+        self.word(W_HANDOVER)
+            .fetch_or(HANDOVER_FENCED, Ordering::AcqRel)
+            & !HANDOVER_FENCED
     }
     /// Follower, when this node starts leading after serving up to `seq`
     /// (by replay): hand-overs allowed again.
@@ -537,7 +541,8 @@ impl Region {
     }
     /// `ack[id]`: highest seq node `id` stored in the current view.
     pub fn ack(&self, id: u64) -> u64 {
-        self.word(W_ACK + id as usize * LINE).load(Ordering::Acquire)
+        self.word(W_ACK + id as usize * LINE)
+            .load(Ordering::Acquire)
     }
     /// Sets `ack[id]` locally.
     pub fn set_ack(&self, id: u64, seq: u64) {
@@ -548,7 +553,8 @@ impl Region {
     /// Resets every ack slot (new view).
     pub fn clear_acks(&self) {
         for id in 0..=MAX_NODES as u64 {
-            self.word(W_ACK + id as usize * LINE).store(0, Ordering::Release);
+            self.word(W_ACK + id as usize * LINE)
+                .store(0, Ordering::Release);
         }
     }
     /// Follower heartbeat (milliseconds since the epoch; 0: never).
@@ -635,7 +641,12 @@ impl<'a> ReplaySlot<'a> {
     pub fn claim(&self, port: u16) -> bool {
         let won = self
             .port
-            .compare_exchange(0, SLOT_USED | port as u64, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(
+                0,
+                SLOT_USED | port as u64,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
             .is_ok();
         if won {
             // Before the claimer connects, so before the preload can
@@ -745,7 +756,10 @@ mod tests {
         let p = tmp("twice");
         let r = Region::create(&p, &spec(1)).unwrap();
         r.set_view(3);
-        assert!(matches!(Region::create(&p, &spec(1)), Err(RegionError::Exists(_))));
+        assert!(matches!(
+            Region::create(&p, &spec(1)),
+            Err(RegionError::Exists(_))
+        ));
         let r2 = Region::open(&p, &spec(1)).unwrap();
         assert_eq!(r2.view(), 3);
         let e = Region::open(&p, &spec(2)).unwrap_err().to_string();
@@ -804,7 +818,8 @@ mod tests {
     #[test]
     fn commit_records_carry_their_view() {
         let r = Region::anonymous(&spec(1)).unwrap();
-        r.write(commit_record_offset(), &commit_record(4, 220)).unwrap();
+        r.write(commit_record_offset(), &commit_record(4, 220))
+            .unwrap();
         assert_eq!(r.commit_in_view(), (220, 4));
         assert_eq!(r.commit(), 220);
         // The leader's own raise leaves the tag alone.
@@ -818,7 +833,11 @@ mod tests {
         assert!(r.replay_slot(3).claim(40000));
         r.replay_slot(3).add_consumed(5);
         assert!(!r.replay_slot(3).claim(40001));
-        assert_eq!(r.replay_slot(3).consumed(), 5, "a failed claim keeps the live counter");
+        assert_eq!(
+            r.replay_slot(3).consumed(),
+            5,
+            "a failed claim keeps the live counter"
+        );
         r.replay_slot(3).release();
         assert!(r.replay_slot(3).claim(40000));
         assert_eq!(r.replay_slot(3).consumed(), 0);

@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::entry::{self, EntryHeader, Kind, DecodeError, CANARY_LEN, HEADER_LEN};
+use crate::entry::{self, DecodeError, EntryHeader, Kind, CANARY_LEN, HEADER_LEN};
 use crate::words;
 
 /// Smallest footprint of any entry (an empty payload).
@@ -355,17 +355,21 @@ mod tests {
 
     fn data(seq: u64, len: usize) -> (EntryHeader, Vec<u8>) {
         let payload: Vec<u8> = (0..len).map(|i| (seq as usize * 31 + i) as u8).collect();
-        (
-            EntryHeader::new(Kind::Data, 1, seq, 7, len as u32),
-            payload,
-        )
+        (EntryHeader::new(Kind::Data, 1, seq, 7, len as u32), payload)
     }
 
     #[test]
     fn geometry_places_and_wraps() {
         let g = RingGeometry::new(SIZE);
         let p = g.place(0, 128, 0).unwrap();
-        assert_eq!(p, Placement { wrap_at: None, start: 0, end: 128 });
+        assert_eq!(
+            p,
+            Placement {
+                wrap_at: None,
+                start: 0,
+                end: 128
+            }
+        );
         // 256 bytes left at 3840: a 384-byte entry wraps with a marker.
         let p = g.place(3840, 384, 3840).unwrap();
         assert_eq!(p.wrap_at, Some(3840));
@@ -382,7 +386,10 @@ mod tests {
         let g = RingGeometry::new(SIZE);
         assert!(matches!(g.place(4096, 128, 0), Err(RingError::Full { .. })));
         assert!(g.place(4096, 128, 128).is_ok());
-        assert!(matches!(g.place(0, SIZE, 0), Err(RingError::TooLarge { .. })));
+        assert!(matches!(
+            g.place(0, SIZE, 0),
+            Err(RingError::TooLarge { .. })
+        ));
     }
 
     #[test]
@@ -467,7 +474,9 @@ mod tests {
         let mut h2 = h;
         h2.view = 2;
         w2.append(&ring, &h2, &p, 0, &mut scratch).unwrap();
-        assert!(matches!(r.poll(&ring, 0, &mut buf), ReadOutcome::Entry { header, .. } if header.view == 2));
+        assert!(
+            matches!(r.poll(&ring, 0, &mut buf), ReadOutcome::Entry { header, .. } if header.view == 2)
+        );
     }
 
     #[test]

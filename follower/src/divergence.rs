@@ -113,7 +113,10 @@ mod tests {
     fn matching_prefixes_match_across_chunk_boundaries() {
         let mut c = OutputChecker::default();
         assert_eq!(c.expect(leader_digest(b"+OK\r\n")), Checked::default());
-        assert_eq!(c.expect(leader_digest(b"+OK\r\n:1\r\n")), Checked::default());
+        assert_eq!(
+            c.expect(leader_digest(b"+OK\r\n:1\r\n")),
+            Checked::default()
+        );
         let r1 = c.feed(b"+OK\r\n:");
         let r2 = c.feed(b"1\r\n");
         assert_eq!(r1.matched + r2.matched, 2);

@@ -114,10 +114,17 @@ impl SessionWatch {
     /// The session's state.
     pub fn session(&self) -> Session {
         let (st, since) = *self.0.state.lock().unwrap_or_else(|p| p.into_inner());
-        let quiet = self.0.last_answer.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
+        let quiet = self
+            .0
+            .last_answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed();
         match st {
             // Connected, but the server has not answered for a while.
-            ZkState::Connected | ZkState::ConnectedReadOnly if quiet > self.0.probe * 2 => Session::Disconnected(quiet),
+            ZkState::Connected | ZkState::ConnectedReadOnly if quiet > self.0.probe * 2 => {
+                Session::Disconnected(quiet)
+            }
             ZkState::Connected | ZkState::ConnectedReadOnly => Session::Connected,
             ZkState::Closed | ZkState::AuthFailed => Session::Expired,
             _ => Session::Disconnected(since.elapsed()),
@@ -145,12 +152,19 @@ fn op_err<'a>(op: &'static str, path: &'a str) -> impl FnOnce(ZkError) -> Electi
 impl Election {
     /// Connects (waiting up to `timeout` for a session), creates the
     /// cluster's znodes if missing and registers this follower.
-    pub fn connect(addr: &str, timeout: Duration, cluster: &str, me: u64) -> Result<Election, ElectionError> {
+    pub fn connect(
+        addr: &str,
+        timeout: Duration,
+        cluster: &str,
+        me: u64,
+    ) -> Result<Election, ElectionError> {
         // The client retries a refused connection in a tight loop until
         // the session timeout: find a dead address out cheaply first.
-        let reachable = addr.split(',').filter_map(|a| a.trim().to_socket_addrs().ok()).flatten().any(|a| {
-            TcpStream::connect_timeout(&a, timeout.min(Duration::from_secs(1))).is_ok()
-        });
+        let reachable = addr
+            .split(',')
+            .filter_map(|a| a.trim().to_socket_addrs().ok())
+            .flatten()
+            .any(|a| TcpStream::connect_timeout(&a, timeout.min(Duration::from_secs(1))).is_ok());
         if !reachable {
             return Err(ElectionError::Unreachable {
                 addr: addr.to_string(),
@@ -165,12 +179,13 @@ impl Election {
             cv: Condvar::new(),
         });
         let s = shared.clone();
-        let zk = ZooKeeper::connect(addr, timeout, move |_: WatchedEvent| s.bump()).map_err(|_| {
-            ElectionError::Unreachable {
-                addr: addr.to_string(),
-                waited_ms: 0,
-            }
-        })?;
+        let zk =
+            ZooKeeper::connect(addr, timeout, move |_: WatchedEvent| s.bump()).map_err(|_| {
+                ElectionError::Unreachable {
+                    addr: addr.to_string(),
+                    waited_ms: 0,
+                }
+            })?;
         let s = shared.clone();
         zk.add_listener(move |st: ZkState| {
             *s.state.lock().unwrap_or_else(|p| p.into_inner()) = (st, Instant::now());
@@ -199,13 +214,22 @@ impl Election {
             std::thread::sleep(Duration::from_millis(20));
         }
         let root = format!("/lockstep/{cluster}");
-        for p in ["/lockstep".to_string(), root.clone(), format!("{root}/election")] {
+        for p in [
+            "/lockstep".to_string(),
+            root.clone(),
+            format!("{root}/election"),
+        ] {
             ensure(&zk, &p, b"")?;
         }
         ensure(&zk, &format!("{root}/view"), b"0")?;
         let prefix = format!("{root}/election/n-");
         let znode = zk
-            .create(&prefix, me.to_string().into_bytes(), Acl::open_unsafe().clone(), CreateMode::EphemeralSequential)
+            .create(
+                &prefix,
+                me.to_string().into_bytes(),
+                Acl::open_unsafe().clone(),
+                CreateMode::EphemeralSequential,
+            )
             .map_err(op_err("create", &prefix))?;
         log::info!("node {me}: registered in the election as {znode}");
         let zk = Arc::new(zk);
@@ -245,7 +269,10 @@ impl Election {
     /// on its predecessor wakes [`Election::wait`] when that one goes.
     pub fn is_candidate(&self) -> Result<bool, ElectionError> {
         let dir = format!("{}/election", self.root);
-        let mut children = self.zk.get_children(&dir, false).map_err(op_err("list", &dir))?;
+        let mut children = self
+            .zk
+            .get_children(&dir, false)
+            .map_err(op_err("list", &dir))?;
         children.sort_by_key(|c| sequence_of(c));
         let mine = self.znode.rsplit('/').next().unwrap_or("");
         if !children.iter().any(|c| c == mine) {
@@ -275,10 +302,16 @@ impl Election {
     pub fn claim_view(&self, floor: u64) -> Result<u64, ElectionError> {
         let path = format!("{}/view", self.root);
         loop {
-            let (data, stat) = self.zk.get_data(&path, false).map_err(op_err("read", &path))?;
+            let (data, stat) = self
+                .zk
+                .get_data(&path, false)
+                .map_err(op_err("read", &path))?;
             let stored = parse_u64(&path, &data)?;
             let next = stored.max(floor) + 1;
-            match self.zk.set_data(&path, next.to_string().into_bytes(), Some(stat.version)) {
+            match self
+                .zk
+                .set_data(&path, next.to_string().into_bytes(), Some(stat.version))
+            {
                 Ok(_) => return Ok(next),
                 Err(ZkError::BadVersion) => continue, // someone else took one: read again
                 Err(e) => return Err(op_err("set", &path)(e)),
@@ -289,7 +322,10 @@ impl Election {
     /// The highest view handed out.
     pub fn stored_view(&self) -> Result<u64, ElectionError> {
         let path = format!("{}/view", self.root);
-        let (data, _) = self.zk.get_data(&path, false).map_err(op_err("read", &path))?;
+        let (data, _) = self
+            .zk
+            .get_data(&path, false)
+            .map_err(op_err("read", &path))?;
         parse_u64(&path, &data)
     }
 
@@ -318,7 +354,12 @@ impl Election {
                     }
                 }
                 Err(ZkError::NoNode) => {
-                    match self.zk.create(&path, data.clone(), Acl::open_unsafe().clone(), CreateMode::Persistent) {
+                    match self.zk.create(
+                        &path,
+                        data.clone(),
+                        Acl::open_unsafe().clone(),
+                        CreateMode::Persistent,
+                    ) {
                         Ok(_) => return Ok(()),
                         Err(ZkError::NodeExists) => continue,
                         Err(e) => return Err(op_err("create", &path)(e)),
@@ -333,10 +374,14 @@ impl Election {
     pub fn leader(&self) -> Result<Option<LeaderRecord>, ElectionError> {
         let path = format!("{}/leader", self.root);
         match self.zk.get_data(&path, false) {
-            Ok((data, _)) => serde_json::from_slice(&data).map(Some).map_err(|e| ElectionError::BadData {
-                path,
-                what: e.to_string(),
-            }),
+            Ok((data, _)) => {
+                serde_json::from_slice(&data)
+                    .map(Some)
+                    .map_err(|e| ElectionError::BadData {
+                        path,
+                        what: e.to_string(),
+                    })
+            }
             Err(ZkError::NoNode) => Ok(None),
             Err(e) => Err(op_err("read", &path)(e)),
         }
@@ -355,21 +400,28 @@ impl Drop for Election {
 /// Asks ZooKeeper something small every probe period and records when it
 /// answered; stops when the election is dropped.
 fn spawn_probe(zk: std::sync::Weak<ZooKeeper>, shared: Arc<Shared>, root: String) {
-    let _ = std::thread::Builder::new().name("zk-probe".into()).spawn(move || loop {
-        let Some(zk) = zk.upgrade() else {
-            return;
-        };
-        let sent = Instant::now();
-        if zk.exists(&root, false).is_ok() {
-            *shared.last_answer.lock().unwrap_or_else(|p| p.into_inner()) = sent;
-        }
-        drop(zk);
-        std::thread::sleep(shared.probe);
-    });
+    let _ = std::thread::Builder::new()
+        .name("zk-probe".into())
+        .spawn(move || loop {
+            let Some(zk) = zk.upgrade() else {
+                return;
+            };
+            let sent = Instant::now();
+            if zk.exists(&root, false).is_ok() {
+                *shared.last_answer.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+            }
+            drop(zk);
+            std::thread::sleep(shared.probe);
+        });
 }
 
 fn ensure(zk: &ZooKeeper, path: &str, data: &[u8]) -> Result<(), ElectionError> {
-    match zk.create(path, data.to_vec(), Acl::open_unsafe().clone(), CreateMode::Persistent) {
+    match zk.create(
+        path,
+        data.to_vec(),
+        Acl::open_unsafe().clone(),
+        CreateMode::Persistent,
+    ) {
         Ok(_) | Err(ZkError::NodeExists) => Ok(()),
         Err(e) => Err(op_err("create", path)(e)),
     }
@@ -387,7 +439,10 @@ fn parse_u64(path: &str, data: &[u8]) -> Result<u64, ElectionError> {
 
 /// The sequence number ZooKeeper appended to a sequential znode's name.
 fn sequence_of(name: &str) -> u64 {
-    name.rsplit('-').next().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX)
+    name.rsplit('-')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(u64::MAX)
 }
 
 /// The child just below `mine` in sequence order (`children` sorted).

@@ -38,13 +38,19 @@ impl Node {
                 // that the lowest znode is never one that cannot serve.
                 if guard.take().is_some() {
                     *self.session_watch.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                    log::warn!("node {}: left the election until this node is restarted", self.me);
+                    log::warn!(
+                        "node {}: left the election until this node is restarted",
+                        self.me
+                    );
                 }
                 drop(guard);
                 std::thread::sleep(RETRY);
                 continue;
             }
-            let session = guard.as_ref().map(|e| e.session()).unwrap_or(Session::Expired);
+            let session = guard
+                .as_ref()
+                .map(|e| e.session())
+                .unwrap_or(Session::Expired);
             match session {
                 Session::Expired => {
                     self.demote_self("the ZooKeeper session expired");
@@ -56,7 +62,8 @@ impl Node {
                         self.me,
                     ) {
                         Ok(e) => {
-                            *self.session_watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.watch());
+                            *self.session_watch.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(e.watch());
                             *guard = Some(e);
                         }
                         Err(e) => {
@@ -76,7 +83,10 @@ impl Node {
                     };
                     if let Err(e) = self.election_step(election) {
                         log::warn!("node {}: {e:#}", self.me);
-                        if matches!(e.downcast_ref::<ElectionError>(), Some(ElectionError::SessionLost)) {
+                        if matches!(
+                            e.downcast_ref::<ElectionError>(),
+                            Some(ElectionError::SessionLost)
+                        ) {
                             // Our znode is gone although the client still
                             // looks connected: start over with a new session.
                             self.demote_self("the ZooKeeper session expired");
@@ -99,7 +109,8 @@ impl Node {
 
     fn election_step(&self, election: &Election) -> anyhow::Result<()> {
         if election.is_candidate()? {
-            let leading = self.region.leader() == self.me && self.region.view() == self.log_view.load(Ordering::Acquire);
+            let leading = self.region.leader() == self.me
+                && self.region.view() == self.log_view.load(Ordering::Acquire);
             if !leading && !self.stale.load(Ordering::Relaxed) {
                 let view = self.lead_new_view(election)?;
                 self.announce(election, view)?;
@@ -120,7 +131,11 @@ impl Node {
         // Also when the log follows that view already but this node does
         // not know its leader (restarted backup).
         let unknown = rec.view == log_view && self.region.leader() != rec.leader;
-        if (rec.view > log_view || unknown) && rec.view >= self.region.view() && rec.leader != self.me && !changing {
+        if (rec.view > log_view || unknown)
+            && rec.view >= self.region.view()
+            && rec.leader != self.me
+            && !changing
+        {
             log::info!(
                 "node {}: joining view {} led by node {} (log follows view {log_view})",
                 self.me,
@@ -139,14 +154,18 @@ impl Node {
             // Demoted before serving (the session wavered): not leading,
             // so the election loop goes on and may start a newer view.
             let demoted = self.region.leader() != self.me;
-            if self.stopping() || demoted || self.region.view() != view || Instant::now() > deadline {
+            if self.stopping() || demoted || self.region.view() != view || Instant::now() > deadline
+            {
                 bail!("view {view} did not start here");
             }
             std::thread::sleep(Duration::from_millis(5));
         }
         let app = self.config.node(self.me)?.app.to_string();
         election.publish_leader(view, &app)?;
-        log::info!("node {}: leading view {view}, clients connect to {app}", self.me);
+        log::info!(
+            "node {}: leading view {view}, clients connect to {app}",
+            self.me
+        );
         Ok(())
     }
 
@@ -158,7 +177,12 @@ impl Node {
             return;
         }
         let timeout = Duration::from_millis(self.config.election.session_timeout_ms);
-        let session = match self.session_watch.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        let session = match self
+            .session_watch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
             Some(w) => w.session(),
             None => return,
         };
@@ -220,7 +244,10 @@ impl Node {
         store.set_view(view)?;
         self.region.raise_view(view);
         self.step_down();
-        *self.view_change_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        *self
+            .view_change_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         self.region.bell().ring();
         let p = Promise {
             node: self.me,
@@ -228,7 +255,10 @@ impl Node {
             last_seq: store.last().seq,
             committed: self.committed.load(Ordering::Acquire),
         };
-        log::info!("node {}: promised view {view} to node {candidate}: {p:?}", self.me);
+        log::info!(
+            "node {}: promised view {view} to node {candidate}: {p:?}",
+            self.me
+        );
         Ok(p)
     }
 
@@ -237,14 +267,19 @@ impl Node {
     pub(crate) fn follow(&self, view: u64, leader: u64, last: Option<u64>) -> anyhow::Result<u64> {
         let _sync = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
         if !viewchange::admits(self.region.view(), view) {
-            bail!("node {} promised view {} already", self.me, self.region.view());
+            bail!(
+                "node {} promised view {} already",
+                self.me,
+                self.region.view()
+            );
         }
         self.store().set_view(view)?;
         self.region.raise_view(view);
         self.step_down();
         let cut = {
             let mut store = self.store();
-            let cut = viewchange::sync_point(store.last().seq, self.committed.load(Ordering::Acquire));
+            let cut =
+                viewchange::sync_point(store.last().seq, self.committed.load(Ordering::Acquire));
             store.truncate_after(cut)?;
             self.epoch.fetch_add(1, Ordering::AcqRel);
             cut
@@ -266,10 +301,16 @@ impl Node {
         self.region.set_leader(leader);
         self.region.set_role(Role::Backup);
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        *self.view_change_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self
+            .view_change_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         self.region.bell().ring();
         self.ack(end);
-        log::info!("node {}: following node {leader} in view {view}, log ends at {end}", self.me);
+        log::info!(
+            "node {}: following node {leader} in view {view}, log ends at {end}",
+            self.me
+        );
         Ok(end)
     }
 
@@ -277,7 +318,12 @@ impl Node {
     /// keeps its server only if the server consumed everything of its view
     /// that the new log kept; it then resumes applying from there.
     fn check_demoted_server(&self, from: u64) -> anyhow::Result<()> {
-        let Some((led_view, served)) = self.demoted.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        let Some((led_view, served)) = self
+            .demoted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
             return Ok(());
         };
         let mut next = from.min(served) + 1;
@@ -311,7 +357,9 @@ impl Node {
 
     /// Views above this one are new to this node.
     fn view_floor(&self) -> u64 {
-        self.region.view().max(self.log_view.load(Ordering::Acquire))
+        self.region
+            .view()
+            .max(self.log_view.load(Ordering::Acquire))
     }
 
     /// Static election: the configured leader opens every run with a view
@@ -324,22 +372,33 @@ impl Node {
         let leader = self.config.election.leader;
         while !self.stopping() {
             if leader == self.me {
-                let leading = self.region.leader() == self.me && self.region.view() == self.log_view.load(Ordering::Acquire);
+                let leading = self.region.leader() == self.me
+                    && self.region.view() == self.log_view.load(Ordering::Acquire);
                 if !leading && !self.stale.load(Ordering::Relaxed) {
                     match self.start_view(self.view_floor() + 1) {
                         Ok(v) => log::info!("node {}: leading view {v} (static election)", self.me),
                         Err(e) => log::warn!("node {}: {e:#}; retrying", self.me),
                     }
                 }
-            } else if let Ok(s) = control::query_status(&self.config, leader, Duration::from_secs(1)) {
+            } else if let Ok(s) =
+                control::query_status(&self.config, leader, Duration::from_secs(1))
+            {
                 let changing = self
                     .view_change_at
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .is_some_and(|t| t.elapsed() < VIEW_CHANGE_PATIENCE);
-                if s.role == "leader" && s.view > self.log_view.load(Ordering::Acquire) && s.view >= self.region.view() && !changing {
+                if s.role == "leader"
+                    && s.view > self.log_view.load(Ordering::Acquire)
+                    && s.view >= self.region.view()
+                    && !changing
+                {
                     if let Err(e) = self.follow(s.view, leader, None) {
-                        log::warn!("node {}: following node {leader} in view {}: {e:#}", self.me, s.view);
+                        log::warn!(
+                            "node {}: following node {leader} in view {}: {e:#}",
+                            self.me,
+                            s.view
+                        );
                     }
                 }
             }
@@ -386,7 +445,11 @@ impl Node {
                 decided.log_view
             );
         }
-        log::info!("view {view}: adopting node {}'s log up to seq {}", adopt.source, adopt.last_seq);
+        log::info!(
+            "view {view}: adopting node {}'s log up to seq {}",
+            adopt.source,
+            adopt.last_seq
+        );
         let view_seq = self.adopt(view, adopt)?;
         let mut holders = vec![self.me];
         for (peer, r) in self.round(&Request::NewView {
@@ -419,7 +482,10 @@ impl Node {
         // The apply loop replays up to the VIEW entry (closing every replay
         // connection), then flips the preload to active.
         self.region.set_role(Role::Joining);
-        *self.view_change_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self
+            .view_change_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         self.region.bell().ring();
         log::info!("view {view} started at seq {view_seq} with nodes {holders:?}");
         Ok(view)
@@ -440,14 +506,20 @@ impl Node {
             self.epoch.fetch_add(1, Ordering::AcqRel);
             if adopt.last_seq > cut {
                 self.fetch_from(adopt.source, cut + 1, adopt.last_seq)
-                    .with_context(|| format!("fetching the adopted log from node {}", adopt.source))?;
+                    .with_context(|| {
+                        format!("fetching the adopted log from node {}", adopt.source)
+                    })?;
             }
         }
         let mut store = self.store();
         store.truncate_after(adopt.last_seq)?;
         let last = store.last();
         if last.seq != adopt.last_seq {
-            bail!("adopting the log up to {} left it at {}", adopt.last_seq, last.seq);
+            bail!(
+                "adopting the log up to {} left it at {}",
+                adopt.last_seq,
+                last.seq
+            );
         }
         let mut hdr = EntryHeader::new(Kind::View, view, last.seq + 1, 0, 0);
         hdr.last_committed = adopt.committed.max(committed);
@@ -482,7 +554,13 @@ impl Node {
                 .collect();
             handles
                 .into_iter()
-                .map(|(peer, h)| (peer, h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("request thread panicked")))))
+                .map(|(peer, h)| {
+                    (
+                        peer,
+                        h.join()
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("request thread panicked"))),
+                    )
+                })
                 .collect()
         })
     }

@@ -14,7 +14,11 @@ use lockstep_common::Config;
 
 /// Command line.
 #[derive(Parser, Debug)]
-#[command(name = "lockstep-follower", version, about = "lockstep per-node follower process")]
+#[command(
+    name = "lockstep-follower",
+    version,
+    about = "lockstep per-node follower process"
+)]
 struct Args {
     /// Cluster config (TOML).
     #[arg(long)]
@@ -25,9 +29,11 @@ struct Args {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().filter_or("LOCKSTEP_LOG", "info,zookeeper=off"))
-        .format_timestamp_millis()
-        .init();
+    env_logger::Builder::from_env(
+        env_logger::Env::default().filter_or("LOCKSTEP_LOG", "info,zookeeper=off"),
+    )
+    .format_timestamp_millis()
+    .init();
     let args = Args::parse();
     if let Err(e) = run(&args) {
         eprintln!("lockstep-follower: {e:#}");

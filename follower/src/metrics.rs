@@ -78,12 +78,36 @@ impl Metrics {
     pub fn render(&self, gauges: &[(&str, &str, u64)]) -> String {
         let mut out = String::new();
         let counters = [
-            ("lockstep_persisted_entries_total", "Entries stored in RocksDB", &self.persisted_entries),
-            ("lockstep_acks_total", "Acks posted to the leader", &self.acks),
-            ("lockstep_applied_entries_total", "Entries applied to the local server", &self.applied_entries),
-            ("lockstep_divergences_total", "Output divergences from the leader", &self.divergences),
-            ("lockstep_catchups_total", "Catch-ups from a peer", &self.catchups),
-            ("lockstep_fetched_entries_total", "Entries fetched from peers", &self.fetched_entries),
+            (
+                "lockstep_persisted_entries_total",
+                "Entries stored in RocksDB",
+                &self.persisted_entries,
+            ),
+            (
+                "lockstep_acks_total",
+                "Acks posted to the leader",
+                &self.acks,
+            ),
+            (
+                "lockstep_applied_entries_total",
+                "Entries applied to the local server",
+                &self.applied_entries,
+            ),
+            (
+                "lockstep_divergences_total",
+                "Output divergences from the leader",
+                &self.divergences,
+            ),
+            (
+                "lockstep_catchups_total",
+                "Catch-ups from a peer",
+                &self.catchups,
+            ),
+            (
+                "lockstep_fetched_entries_total",
+                "Entries fetched from peers",
+                &self.fetched_entries,
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(
@@ -105,18 +129,18 @@ impl Metrics {
             "Entry seen in the ring to ack posted",
             &mut out,
         );
-        self.apply
-            .render("lockstep_apply_seconds", "Apply latency per entry", &mut out);
+        self.apply.render(
+            "lockstep_apply_seconds",
+            "Apply latency per entry",
+            &mut out,
+        );
         out
     }
 }
 
 /// Serves `GET /metrics` on `addr` from a background thread; `body` is
 /// called per request.
-pub fn serve(
-    addr: SocketAddr,
-    body: Arc<dyn Fn() -> String + Send + Sync>,
-) -> std::io::Result<()> {
+pub fn serve(addr: SocketAddr, body: Arc<dyn Fn() -> String + Send + Sync>) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr)?;
     std::thread::Builder::new()
         .name("metrics".into())
@@ -159,7 +183,10 @@ mod tests {
         m.persist.observe(Duration::from_micros(3));
         m.persist.observe(Duration::from_millis(500));
         let text = m.render(&[("lockstep_view", "view", 2)]);
-        assert!(text.contains("lockstep_persist_seconds_bucket{le=\"0.000005\"} 1"), "{text}");
+        assert!(
+            text.contains("lockstep_persist_seconds_bucket{le=\"0.000005\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("lockstep_persist_seconds_bucket{le=\"+Inf\"} 2"));
         assert!(text.contains("lockstep_persist_seconds_count 2"));
         assert!(text.contains("lockstep_view 2"));

@@ -131,9 +131,23 @@ impl Node {
         let (leader, log_view) = if zookeeper {
             (0, stored_log_view)
         } else if config.election.leader == me {
-            (0, if stored_log_view == 0 { view } else { stored_log_view })
+            (
+                0,
+                if stored_log_view == 0 {
+                    view
+                } else {
+                    stored_log_view
+                },
+            )
         } else {
-            (config.election.leader, if stored_log_view == 0 { view } else { stored_log_view })
+            (
+                config.election.leader,
+                if stored_log_view == 0 {
+                    view
+                } else {
+                    stored_log_view
+                },
+            )
         };
         store.set_log_view(log_view)?;
         region.set_view(view);
@@ -254,10 +268,17 @@ impl Node {
         // A node that starts behind (or late) asks the leader for what it
         // missed — only when it follows the leader's view already (else the
         // view change or the join does that).
-        let leader_view = control::query_status(&self.config, self.config.election.leader, Duration::from_secs(1))
-            .map(|s| s.view)
-            .unwrap_or(0);
-        if !zookeeper && self.config.election.leader != self.me && leader_view == self.log_view.load(Ordering::Acquire) {
+        let leader_view = control::query_status(
+            &self.config,
+            self.config.election.leader,
+            Duration::from_secs(1),
+        )
+        .map(|s| s.view)
+        .unwrap_or(0);
+        if !zookeeper
+            && self.config.election.leader != self.me
+            && leader_view == self.log_view.load(Ordering::Acquire)
+        {
             let mut r = self.reader();
             self.catch_up(&mut r);
             self.poll_loop(r);
@@ -291,7 +312,11 @@ impl Node {
             ("lockstep_view", "Current view", s.view),
             ("lockstep_leader", "Leader of the current view", s.leader),
             ("lockstep_persisted_seq", "Highest seq stored", s.persisted),
-            ("lockstep_committed_seq", "Highest seq known committed", s.committed),
+            (
+                "lockstep_committed_seq",
+                "Highest seq known committed",
+                s.committed,
+            ),
             ("lockstep_applied_seq", "Highest seq applied", s.applied),
             (
                 "lockstep_apply_lag",
@@ -305,10 +330,12 @@ impl Node {
     pub(crate) fn ack(&self, seq: u64) {
         let leader = self.region.leader();
         let view = self.region.view();
-        if let Err(e) =
-            self.transport
-                .write(leader, view, region::ack_offset(self.me), &seq.to_le_bytes())
-        {
+        if let Err(e) = self.transport.write(
+            leader,
+            view,
+            region::ack_offset(self.me),
+            &seq.to_le_bytes(),
+        ) {
             log::warn!("ack {seq} to node {leader} failed: {e}");
         }
         self.transport.flush();
@@ -338,7 +365,8 @@ impl Node {
     /// Whether this node may store an entry of `view` now: not from a
     /// fenced view, and only from the leader its log follows.
     fn admits(&self, view: u64) -> bool {
-        crate::viewchange::admits(self.region.view(), view) && view == self.log_view.load(Ordering::Acquire)
+        crate::viewchange::admits(self.region.view(), view)
+            && view == self.log_view.load(Ordering::Acquire)
     }
 
     /// Persist-and-ack loop over the local ring.
@@ -372,26 +400,33 @@ impl Node {
                     }
                     ReadOutcome::Empty => break,
                     ReadOutcome::Lapped { expected } => {
-                        log::warn!("fell a ring lap behind at seq {expected}: catching up from a peer");
+                        log::warn!(
+                            "fell a ring lap behind at seq {expected}: catching up from a peer"
+                        );
                         need_catchup = true;
                         break;
                     }
                     ReadOutcome::Corrupt { expected, error } => {
-                        log::error!("corrupt entry at seq {expected}: {error}; fetching it from a peer");
+                        log::error!(
+                            "corrupt entry at seq {expected}: {error}; fetching it from a peer"
+                        );
                         need_catchup = true;
                         break;
                     }
                 }
             }
             if !batch.is_empty() {
-                let refs: Vec<(u64, &[u8])> = batch.iter().map(|(p, b)| (*p, b.as_slice())).collect();
+                let refs: Vec<(u64, &[u8])> =
+                    batch.iter().map(|(p, b)| (*p, b.as_slice())).collect();
                 let t = Instant::now();
                 let res = {
                     let mut store = self.store();
                     // Under the store lock: a promise (which takes it too)
                     // either sees these entries or fences them out.
                     if self.epoch.load(Ordering::Acquire) != epoch
-                        || !refs.iter().all(|(_, b)| self.admits(EntryHeader::parse(b).map(|h| h.view).unwrap_or(0)))
+                        || !refs.iter().all(|(_, b)| {
+                            self.admits(EntryHeader::parse(b).map(|h| h.view).unwrap_or(0))
+                        })
                     {
                         drop(store);
                         batch.clear();
@@ -423,7 +458,8 @@ impl Node {
                 continue;
             }
             let tail_ahead = self.region.tail() > reader.pos();
-            let following = self.region.role() == Role::Backup && self.log_view.load(Ordering::Acquire) == self.region.view();
+            let following = self.region.role() == Role::Backup
+                && self.log_view.load(Ordering::Acquire) == self.region.view();
             if tail_ahead && !self.is_leader_node() && following {
                 let since = *gap_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > GAP_PATIENCE {
@@ -477,7 +513,10 @@ impl Node {
                 Ok(0) => continue,
                 Ok(n) => {
                     let last = self.store().last();
-                    log::info!("caught up {n} entries from node {peer}, now at seq {}", last.seq);
+                    log::info!(
+                        "caught up {n} entries from node {peer}, now at seq {}",
+                        last.seq
+                    );
                     reader.reset(last.end_pos, last.seq + 1);
                     self.persisted.store(last.seq, Ordering::Release);
                     self.ack(last.seq);
@@ -488,7 +527,11 @@ impl Node {
         }
     }
 
-    pub(crate) fn control_connect(&self, peer: u64, connect_timeout: Duration) -> anyhow::Result<TcpStream> {
+    pub(crate) fn control_connect(
+        &self,
+        peer: u64,
+        connect_timeout: Duration,
+    ) -> anyhow::Result<TcpStream> {
         let addr = self.config.node(peer)?.control;
         let s = handshake::connect(
             addr,
@@ -526,7 +569,8 @@ impl Node {
                     bail!("node {peer} sent entry {} labelled {}", h.seq, e.seq);
                 }
             }
-            let refs: Vec<(u64, &[u8])> = batch.iter().map(|e| (e.pos, e.bytes.as_slice())).collect();
+            let refs: Vec<(u64, &[u8])> =
+                batch.iter().map(|e| (e.pos, e.bytes.as_slice())).collect();
             self.store().append(&refs)?;
             n += batch.len() as u64;
             self.metrics
@@ -634,8 +678,14 @@ impl Node {
                     .store(replayer.checked.diverged, Ordering::Relaxed);
                 continue;
             }
-            if role == Role::Joining && self.is_leader_node() && self.log_view.load(Ordering::Acquire) == self.region.view() {
-                log::info!("node {}: server rebuilt up to seq {applied}; serving as leader", self.me);
+            if role == Role::Joining
+                && self.is_leader_node()
+                && self.log_view.load(Ordering::Acquire) == self.region.view()
+            {
+                log::info!(
+                    "node {}: server rebuilt up to seq {applied}; serving as leader",
+                    self.me
+                );
                 self.region.set_role(Role::Leader);
                 continue;
             }
@@ -651,12 +701,19 @@ impl Node {
                 .store(replayer.checked.diverged, Ordering::Relaxed);
             if last_saved.elapsed() > Duration::from_secs(1) {
                 let _ = self.store().set_applied(applied);
-                let _ = self.store().set_commit(self.committed.load(Ordering::Acquire));
+                let _ = self
+                    .store()
+                    .set_commit(self.committed.load(Ordering::Acquire));
                 last_saved = Instant::now();
             }
             let bell = self.region.bell();
             let seen = bell.value();
-            if self.committed.load(Ordering::Acquire).min(self.persisted.load(Ordering::Acquire)) <= applied {
+            if self
+                .committed
+                .load(Ordering::Acquire)
+                .min(self.persisted.load(Ordering::Acquire))
+                <= applied
+            {
                 bell.wait(seen, Duration::from_millis(2));
             }
         }
@@ -685,7 +742,11 @@ impl Node {
 
     fn serve_peer(&self, mut stream: TcpStream, from: std::net::SocketAddr) {
         let _ = stream.set_nonblocking(false);
-        let hello = match handshake::accept(&mut stream, &self.config.cluster, self.config.key.as_deref()) {
+        let hello = match handshake::accept(
+            &mut stream,
+            &self.config.cluster,
+            self.config.key.as_deref(),
+        ) {
             Ok(h) => h,
             Err(e) => {
                 log::warn!("refused a connection from {from}: {e}");

@@ -122,12 +122,11 @@ impl LogStore {
             None => Ok(LogEnd::default()),
             Some(kv) => {
                 let (k, v) = kv?;
-                let seq = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| {
-                    StoreError::Corrupt {
+                let seq =
+                    u64::from_be_bytes(k.as_ref().try_into().map_err(|_| StoreError::Corrupt {
                         seq: 0,
                         what: "bad key".into(),
-                    }
-                })?);
+                    })?);
                 let e = Self::decode_value(seq, &v)?;
                 Ok(LogEnd {
                     seq,

@@ -111,7 +111,12 @@ impl Candidate {
                 .then_with(|| (a.node == self.me).cmp(&(b.node == self.me)))
                 .then_with(|| b.node.cmp(&a.node))
         })?;
-        let committed = self.promises.values().map(|p| p.committed).max().unwrap_or(0);
+        let committed = self
+            .promises
+            .values()
+            .map(|p| p.committed)
+            .max()
+            .unwrap_or(0);
         Some(Adoption {
             source: best.node,
             log_view: best.log_view,
@@ -273,7 +278,11 @@ mod tests {
             /// A node crashes (its log survives) or comes back.
             Toggle { node: usize },
             /// `cand` starts a view with promises from `mask` and syncs `sync_mask`.
-            ViewChange { cand: usize, mask: u8, sync_mask: u8 },
+            ViewChange {
+                cand: usize,
+                mask: u8,
+                sync_mask: u8,
+            },
             /// A node that missed a view change syncs with the current leader.
             Resync { node: usize },
             /// The leader stops handing inputs to its server (lost its
@@ -352,7 +361,9 @@ mod tests {
                         .nodes
                         .iter()
                         .filter(|x| {
-                            x.log_view == self.view && x.log.len() >= seq && x.log[seq - 1] == leader_log[seq - 1]
+                            x.log_view == self.view
+                                && x.log.len() >= seq
+                                && x.log[seq - 1] == leader_log[seq - 1]
                         })
                         .count();
                     // Like the preload, the leader only counts acks of entries of its own view and
@@ -391,7 +402,11 @@ mod tests {
                     }
                     // A backup takes the leader's next entry only in order and when it follows
                     // this leader (the runtime's gap check and fence).
-                    if x.up && admits(x.promised, self.view) && x.log_view == self.view && x.log.len() + 1 == leader_log.len() {
+                    if x.up
+                        && admits(x.promised, self.view)
+                        && x.log_view == self.view
+                        && x.log.len() + 1 == leader_log.len()
+                    {
                         x.log.push(leader_log[leader_log.len() - 1]);
                     }
                 }
@@ -402,7 +417,10 @@ mod tests {
                 if !self.nodes[cand].up {
                     return;
                 }
-                let view = self.view.max(self.nodes.iter().map(|x| x.promised).max().unwrap()) + 1;
+                let view = self
+                    .view
+                    .max(self.nodes.iter().map(|x| x.promised).max().unwrap())
+                    + 1;
                 let ids: Vec<u64> = (1..=self.n() as u64).collect();
                 let mut c = Candidate::new(view, cand as u64 + 1, &ids);
                 for i in 0..self.n() {
@@ -430,15 +448,23 @@ mod tests {
                 let src = a.source as usize - 1;
                 let mut log = self.nodes[src].log[..a.last_seq as usize].to_vec();
                 log.push((view, 0)); // the VIEW entry
-                // Sync: the candidate always, others when reachable.
+                                     // Sync: the candidate always, others when reachable.
                 let mut holders = 0;
                 for i in 0..self.n() {
                     let x = &mut self.nodes[i];
-                    if !(i == cand || sync_mask & (1 << i) != 0) || !x.up || !admits(x.promised, view) {
+                    if !(i == cand || sync_mask & (1 << i) != 0)
+                        || !x.up
+                        || !admits(x.promised, view)
+                    {
                         continue;
                     }
                     let cut = sync_point(x.log.len() as u64, x.committed) as usize;
-                    assert_eq!(x.log[..cut], log[..cut], "node {} holds a different committed prefix", i + 1);
+                    assert_eq!(
+                        x.log[..cut],
+                        log[..cut],
+                        "node {} holds a different committed prefix",
+                        i + 1
+                    );
                     x.log.truncate(cut);
                     x.log.extend_from_slice(&log[cut..]);
                     x.log_view = view;
@@ -456,13 +482,21 @@ mod tests {
             }
 
             fn resync(&mut self, i: usize) {
-                if !self.leading() || !self.nodes[i].up || !admits(self.nodes[i].promised, self.view) {
+                if !self.leading()
+                    || !self.nodes[i].up
+                    || !admits(self.nodes[i].promised, self.view)
+                {
                     return;
                 }
                 let log = self.nodes[self.leader].log.clone();
                 let x = &mut self.nodes[i];
                 let cut = sync_point(x.log.len() as u64, x.committed) as usize;
-                assert_eq!(x.log[..cut], log[..cut], "node {} holds a different committed prefix", i + 1);
+                assert_eq!(
+                    x.log[..cut],
+                    log[..cut],
+                    "node {} holds a different committed prefix",
+                    i + 1
+                );
                 x.log.truncate(cut);
                 x.log.extend_from_slice(&log[cut..]);
                 x.log_view = self.view;
@@ -474,13 +508,25 @@ mod tests {
                 for (&seq, &value) in &self.committed {
                     for (i, x) in self.nodes.iter().enumerate() {
                         if x.log_view == self.view && self.leading() && x.log.len() as u64 >= seq {
-                            assert_eq!(x.log[seq as usize - 1].1, value, "node {} lost committed seq {seq}", i + 1);
+                            assert_eq!(
+                                x.log[seq as usize - 1].1,
+                                value,
+                                "node {} lost committed seq {seq}",
+                                i + 1
+                            );
                         }
                     }
                     if self.leading() {
                         let l = &self.nodes[self.leader].log;
-                        assert!(l.len() as u64 >= seq, "the leader lacks committed seq {seq}");
-                        assert_eq!(l[seq as usize - 1].1, value, "the leader changed committed seq {seq}");
+                        assert!(
+                            l.len() as u64 >= seq,
+                            "the leader lacks committed seq {seq}"
+                        );
+                        assert_eq!(
+                            l[seq as usize - 1].1,
+                            value,
+                            "the leader changed committed seq {seq}"
+                        );
                     }
                 }
             }
@@ -495,7 +541,11 @@ mod tests {
                             self.nodes[node].up = !self.nodes[node].up;
                         }
                     }
-                    Op::ViewChange { cand, mask, sync_mask } => self.view_change(cand, mask, sync_mask),
+                    Op::ViewChange {
+                        cand,
+                        mask,
+                        sync_mask,
+                    } => self.view_change(cand, mask, sync_mask),
                     Op::Resync { node } => self.resync(node),
                     Op::Fence => self.fence(),
                 }

@@ -190,7 +190,14 @@ impl TestCluster {
             Server::Redis => {
                 let mut c = Command::new("redis-server");
                 c.args(["--port", &n.app.port().to_string(), "--bind", "127.0.0.1"])
-                    .args(["--save", "", "--appendonly", "no", "--enable-debug-command", "yes"])
+                    .args([
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--enable-debug-command",
+                        "yes",
+                    ])
                     .arg("--dir")
                     .arg(&data);
                 c
@@ -214,10 +221,14 @@ impl TestCluster {
             .expect("spawn server");
         let i = self.idx(id);
         self.servers[i] = Some(child);
-        self.wait("server listening and attached", Duration::from_secs(60), |c| {
-            TcpStream::connect(n.app).is_ok()
-                && c.status(id).map(|s| s.server_pid != 0).unwrap_or(false)
-        });
+        self.wait(
+            "server listening and attached",
+            Duration::from_secs(60),
+            |c| {
+                TcpStream::connect(n.app).is_ok()
+                    && c.status(id).map(|s| s.server_pid != 0).unwrap_or(false)
+            },
+        );
     }
 
     /// Starts every follower, then every server; waits until the leader
@@ -465,7 +476,11 @@ pub fn redis_mixed_workload(addr: SocketAddr, threads: usize, ops: usize) {
                             c.cmd(&[b"SELECT", b"0"]).unwrap();
                             r
                         }
-                        _ => c.cmd(&[b"SET", format!("key:{t}:{}", i % 50).as_bytes(), v.as_bytes()]),
+                        _ => c.cmd(&[
+                            b"SET",
+                            format!("key:{t}:{}", i % 50).as_bytes(),
+                            v.as_bytes(),
+                        ]),
                     };
                     if let Reply::Error(e) = r.expect("command") {
                         panic!("server error: {e}");
@@ -491,7 +506,11 @@ impl Resp {
     /// Connects with a bound on the connect itself (an address behind a
     /// downed link never answers a SYN) and the given read timeout: a
     /// reply that does not come in time fails with `WouldBlock`/`TimedOut`.
-    pub fn connect_with(addr: SocketAddr, connect: Duration, read: Duration) -> std::io::Result<Resp> {
+    pub fn connect_with(
+        addr: SocketAddr,
+        connect: Duration,
+        read: Duration,
+    ) -> std::io::Result<Resp> {
         let s = TcpStream::connect_timeout(&addr, connect)?;
         s.set_read_timeout(Some(read))?;
         s.set_write_timeout(Some(read))?;
@@ -514,7 +533,10 @@ impl TestCluster {
     pub fn use_zookeeper(&mut self, zookeeper: &str, session_timeout_ms: u64) {
         let text = std::fs::read_to_string(&self.config_path).expect("read config");
         let old = "[election]\nmode = \"static\"\nleader = 1\n";
-        assert!(text.contains(old), "config has no static election section:\n{text}");
+        assert!(
+            text.contains(old),
+            "config has no static election section:\n{text}"
+        );
         let new = format!(
             "[election]\nmode = \"zookeeper\"\nzookeeper = \"{zookeeper}\"\nsession_timeout_ms = {session_timeout_ms}\n"
         );
@@ -525,7 +547,10 @@ impl TestCluster {
     pub fn set_backup_clients(&mut self, value: &str) {
         let text = std::fs::read_to_string(&self.config_path).expect("read config");
         let old = "backup_clients = \"allow\"\n";
-        assert!(text.contains(old), "config has no backup_clients line:\n{text}");
+        assert!(
+            text.contains(old),
+            "config has no backup_clients line:\n{text}"
+        );
         let new = format!("backup_clients = \"{value}\"\n");
         std::fs::write(&self.config_path, text.replacen(old, &new, 1)).expect("write config");
     }
@@ -536,7 +561,9 @@ impl TestCluster {
 #[path = "../../src/zookeeper_server.rs"]
 mod zookeeper_server;
 #[allow(unused_imports)]
-pub use zookeeper_server::{is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperServer};
+pub use zookeeper_server::{
+    is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperServer,
+};
 
 /// Live processes (other than this one) whose command line or environment
 /// contains `needle`, as "pid: cmdline". Zombies have neither, so they do
@@ -544,7 +571,9 @@ pub use zookeeper_server::{is_serving as zookeeper_serving, srvr as zookeeper_sr
 pub fn processes_mentioning(needle: &str) -> Vec<String> {
     let me = std::process::id().to_string();
     let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else { return out };
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
     for e in rd.flatten() {
         let pid = e.file_name().to_string_lossy().to_string();
         if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
@@ -602,7 +631,14 @@ impl Memcache {
     }
 
     /// `set`/`add`/`replace`/`append`/`prepend` (or `cas` with `cas`).
-    pub fn store(&mut self, cmd: &str, key: &str, flags: u32, value: &[u8], cas: Option<u64>) -> std::io::Result<String> {
+    pub fn store(
+        &mut self,
+        cmd: &str,
+        key: &str,
+        flags: u32,
+        value: &[u8],
+        cas: Option<u64>,
+    ) -> std::io::Result<String> {
         let cas = cas.map(|c| format!(" {c}")).unwrap_or_default();
         let mut b = format!("{cmd} {key} {flags} 0 {}{cas}\r\n", value.len()).into_bytes();
         b.extend_from_slice(value);
@@ -688,11 +724,23 @@ fn percent_decode(s: &str) -> String {
 /// append, prepend, cas after gets, delete, incr/decr on shared counters.
 /// Returns the net change each counter `ctr:K` received (its start value is
 /// `MC_COUNTER_START`, set by this function before the clients start).
-pub fn memcached_mixed_workload(addr: SocketAddr, threads: usize, ops: usize, keys: usize) -> Vec<i64> {
+pub fn memcached_mixed_workload(
+    addr: SocketAddr,
+    threads: usize,
+    ops: usize,
+    keys: usize,
+) -> Vec<i64> {
     let mut c = Memcache::connect(addr).expect("connect");
     for k in 0..keys {
         assert_eq!(
-            c.store("set", &format!("ctr:{k}"), 0, MC_COUNTER_START.to_string().as_bytes(), None).unwrap(),
+            c.store(
+                "set",
+                &format!("ctr:{k}"),
+                0,
+                MC_COUNTER_START.to_string().as_bytes(),
+                None
+            )
+            .unwrap(),
             "STORED"
         );
     }
@@ -740,7 +788,10 @@ pub fn memcached_mixed_workload(addr: SocketAddr, threads: usize, ops: usize, ke
                                 let mut nv = old;
                                 nv.extend_from_slice(b"+cas");
                                 let r = ok(c.store("cas", &key, 100 + t as u32, &nv, Some(cas)));
-                                assert!(r == "STORED" || r == "EXISTS" || r == "NOT_FOUND", "cas answered {r:?}");
+                                assert!(
+                                    r == "STORED" || r == "EXISTS" || r == "NOT_FOUND",
+                                    "cas answered {r:?}"
+                                );
                             }
                         }
                         _ => {
@@ -770,7 +821,9 @@ impl TestCluster {
     /// `ids[0]` is the leader.
     pub fn wait_converged_on(&self, ids: &[u64], limit: Duration) {
         self.wait("the nodes applied the leader's log", limit, |c| {
-            let Ok(l) = c.status(ids[0]) else { return false };
+            let Ok(l) = c.status(ids[0]) else {
+                return false;
+            };
             ids.iter().all(|&id| {
                 c.status(id)
                     .map(|s| s.applied >= l.persisted && s.persisted >= l.persisted)

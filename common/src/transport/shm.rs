@@ -21,7 +21,9 @@ pub struct ShmTransport {
 impl ShmTransport {
     /// Prepares writes from node `me`; peers are mapped lazily.
     pub fn open(config: &Config, me: u64, local: Arc<Region>) -> Result<Self, TransportError> {
-        config.node(me).map_err(|_| TransportError::UnknownNode(me))?;
+        config
+            .node(me)
+            .map_err(|_| TransportError::UnknownNode(me))?;
         Ok(ShmTransport {
             me,
             local,
