@@ -13,12 +13,11 @@
 //! long a test waits before it reports a hang (with the logs).
 
 mod cluster;
+mod netns;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +29,7 @@ use cluster::{
     bin_dir, free_port, zookeeper_serving, Options, Reply, Resp, TestCluster, ZookeeperServer,
 };
 use lockstep_common::control::NodeStatus;
+use netns::{enter_netns_at, in_netns, spawn_in, Net};
 
 /// Bound on every wait: reaching it means a hang, not slowness.
 const HANG: Duration = Duration::from_secs(180);
@@ -206,7 +206,11 @@ impl Finder {
             || {
                 let l = self.status(leader)?;
                 let s = self.status(id)?;
-                if roles.contains(&s.role.as_str()) && s.view == l.view && s.leader == leader {
+                // A stale node waits for a restart wherever it stopped.
+                let stale = s.role == "stale" && roles.contains(&"stale");
+                if stale
+                    || (roles.contains(&s.role.as_str()) && s.view == l.view && s.leader == leader)
+                {
                     got = s.role.clone();
                     Ok(())
                 } else {
@@ -1077,191 +1081,8 @@ fn backup_kill_does_not_interrupt_leader_clients_static_election() {
 // ---------------------------------------------------------------------
 // Network namespaces
 
-/// Runs `ip`; Err with its stderr.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run `ip`: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
 /// Prefix of every namespace this file creates (`<prefix><pid>-<what>`).
 const NET_PREFIX: &str = "lockstep-fo-";
-
-/// The test's network, all of it inside namespaces it creates (nothing is
-/// added to the namespace the test runs in): a bridge namespace, and one
-/// namespace per node, one for ZooKeeper and one for the test's own
-/// connections, each joined to the bridge by a veth pair. Dropping it
-/// deletes the namespaces, and the bridge and veth pairs with them.
-struct Net {
-    namespaces: Vec<String>,
-    bridge_ns: String,
-    node_ns: Vec<String>,
-    zk_ns: String,
-    client_ns: String,
-    node_ips: Vec<Ipv4Addr>,
-    zk_ip: Ipv4Addr,
-}
-
-impl Net {
-    fn create(nodes: usize) -> Result<Net, String> {
-        Self::remove_stale();
-        let pid = std::process::id();
-        let name = |what: &str| format!("{NET_PREFIX}{pid}-{what}");
-        let mut net = Net {
-            namespaces: Vec::new(),
-            bridge_ns: name("br"),
-            node_ns: (1..=nodes).map(|i| name(&format!("n{i}"))).collect(),
-            zk_ns: name("zk"),
-            client_ns: name("client"),
-            node_ips: (1..=nodes)
-                .map(|i| Ipv4Addr::new(10, 213, 78, i as u8))
-                .collect(),
-            zk_ip: Ipv4Addr::new(10, 213, 78, 200),
-        };
-        ip(&["netns", "add", &net.bridge_ns])?;
-        net.namespaces.push(net.bridge_ns.clone());
-        let b = net.bridge_ns.clone();
-        ip(&["-n", &b, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &b, "link", "set", "br0", "up"])?;
-        // Nodes first: node N is on bridge port v{N-1}.
-        let mut leaves: Vec<(String, Ipv4Addr)> = net
-            .node_ns
-            .iter()
-            .cloned()
-            .zip(net.node_ips.iter().copied())
-            .collect();
-        leaves.push((net.zk_ns.clone(), net.zk_ip));
-        leaves.push((net.client_ns.clone(), Ipv4Addr::new(10, 213, 78, 100)));
-        for (i, (ns, addr)) in leaves.iter().enumerate() {
-            ip(&["netns", "add", ns])?;
-            net.namespaces.push(ns.clone());
-            let port = format!("v{i}");
-            ip(&[
-                "-n", &b, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns,
-            ])?;
-            ip(&["-n", &b, "link", "set", &port, "master", "br0"])?;
-            ip(&["-n", &b, "link", "set", &port, "up"])?;
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{addr}/24"),
-                "dev",
-                "eth0",
-            ])?;
-            ip(&["-n", ns, "link", "set", "eth0", "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(net)
-    }
-
-    /// Deletes namespaces this file left behind in runs that were killed
-    /// before their cleanup ran (their pid is gone).
-    fn remove_stale() {
-        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-            return;
-        };
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let Some(ns) = line.split_whitespace().next() else {
-                continue;
-            };
-            let Some(rest) = ns.strip_prefix(NET_PREFIX) else {
-                continue;
-            };
-            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-                continue;
-            };
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = ip(&["netns", "del", ns]);
-            }
-        }
-    }
-
-    fn path(ns: &str) -> PathBuf {
-        PathBuf::from("/var/run/netns").join(ns)
-    }
-
-    fn node_path(&self, id: u64) -> PathBuf {
-        Self::path(&self.node_ns[id as usize - 1])
-    }
-
-    /// Takes node `id`'s link (its port on the bridge) down or up.
-    fn link(&self, id: u64, up: bool) {
-        let port = format!("v{}", id - 1);
-        ip(&[
-            "-n",
-            &self.bridge_ns,
-            "link",
-            "set",
-            &port,
-            if up { "up" } else { "down" },
-        ])
-        .expect("ip link set");
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        for ns in self.namespaces.iter().rev() {
-            if let Err(e) = ip(&["netns", "del", ns]) {
-                eprintln!("cleanup: {e}");
-            }
-        }
-    }
-}
-
-/// Makes the calling thread (or, in `pre_exec`, the child) enter the
-/// network namespace open at `fd`. Threads it spawns later start there too.
-fn enter_netns(fd: i32) -> std::io::Result<()> {
-    // SAFETY: setns(2) on an open namespace fd; it changes only the calling
-    // thread's network namespace and touches no memory.
-    if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Makes the calling thread enter the namespace at `path`.
-fn enter_netns_at(path: &Path) {
-    let ns = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    enter_netns(ns.as_raw_fd()).unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
-}
-
-/// Runs `f` on a thread inside the network namespace at `path`.
-fn in_netns<T: Send + 'static>(
-    path: PathBuf,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> JoinHandle<T> {
-    std::thread::spawn(move || {
-        enter_netns_at(&path);
-        f()
-    })
-}
-
-/// `cmd` set to enter the namespace at `path` between fork and exec.
-fn spawn_in(path: &Path, cmd: &mut Command) -> Child {
-    let ns = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let fd = ns.as_raw_fd();
-    // SAFETY: the closure runs in the forked child before exec and only
-    // calls setns(2), which is async-signal-safe; `ns` outlives the spawn.
-    unsafe {
-        cmd.pre_exec(move || enter_netns(fd));
-    }
-    let child = cmd.spawn().expect("spawn in netns");
-    drop(ns);
-    child
-}
 
 /// A standalone ZooKeeper inside namespace `ns`, listening on `addr`.
 struct NetnsZk {
@@ -1474,7 +1295,7 @@ struct IsolatedClient {
 #[test]
 fn isolated_leader_cannot_ack_and_rejoins() {
     let _serial = serial();
-    let net = match Net::create(3) {
+    let net = match Net::create(NET_PREFIX, 78, 3, &[("zk", 200)]) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("skipping isolated_leader_cannot_ack_and_rejoins: cannot set up network namespaces: {e}");
@@ -1488,8 +1309,9 @@ fn isolated_leader_cannot_ack_and_rejoins() {
     let dir = std::env::temp_dir().join(format!("lockstep-t{}-fo-netns", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let zk_addr = SocketAddr::from((net.zk_ip, 2181));
-    let _zk = NetnsZk::start(&dir.join("zk"), &Net::path(&net.zk_ns), zk_addr);
+    let (zk_ns, zk_ip) = net.host("zk");
+    let zk_addr = SocketAddr::from((zk_ip, 2181));
+    let _zk = NetnsZk::start(&dir.join("zk"), &Net::path(zk_ns), zk_addr);
     let mut c = NetnsCluster::new("fo-netns", dir.clone(), &net, zk_addr);
     let f = Finder::new(&c.config_path, &c.dir);
     let all = f.ids();

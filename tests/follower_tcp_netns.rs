@@ -8,10 +8,10 @@
 //! Without `ip` or CAP_NET_ADMIN the test says why and skips.
 
 mod cluster;
+mod netns;
 
 use std::fs::File;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::AsRawFd;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use cluster::{bin_dir, redis_digest, redis_mixed_workload, Reply, Resp};
 use lockstep_common::control::NodeStatus;
 use lockstep_common::Config;
+use netns::Net;
 
 /// Bound on every wait: reaching it means a hang, not slowness.
 const HANG: Duration = Duration::from_secs(180);
@@ -28,139 +29,10 @@ const NODES: usize = 3;
 /// Prefix of every namespace this file creates (`<prefix><pid>-<what>`).
 const NS_PREFIX: &str = "lockstep-tcpns-";
 
-/// Runs `ip`; Err with its stderr.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run `ip`: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// The test's network: a bridge namespace, one namespace per node and one
-/// for the clients, each joined to the bridge by a veth pair. Dropping it
-/// deletes every namespace, which destroys the bridge and the veth pairs
-/// with them.
-struct Net {
-    namespaces: Vec<String>,
-    bridge_ns: String,
-    node_ns: Vec<String>,
-    client_ns: String,
-    node_ips: Vec<Ipv4Addr>,
-}
-
-impl Net {
-    fn create(nodes: usize) -> Result<Net, String> {
-        let pid = std::process::id();
-        let name = |what: &str| format!("{NS_PREFIX}{pid}-{what}");
-        let mut net = Net {
-            namespaces: Vec::new(),
-            bridge_ns: name("br"),
-            node_ns: (1..=nodes).map(|i| name(&format!("n{i}"))).collect(),
-            client_ns: name("client"),
-            node_ips: (1..=nodes)
-                .map(|i| Ipv4Addr::new(10, 213, 77, i as u8))
-                .collect(),
-        };
-        ip(&["netns", "add", &net.bridge_ns])?;
-        net.namespaces.push(net.bridge_ns.clone());
-        let b = net.bridge_ns.clone();
-        ip(&["-n", &b, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &b, "link", "set", "br0", "up"])?;
-        let mut ends: Vec<(String, Ipv4Addr)> = net
-            .node_ns
-            .iter()
-            .cloned()
-            .zip(net.node_ips.iter().copied())
-            .collect();
-        ends.push((net.client_ns.clone(), Ipv4Addr::new(10, 213, 77, 100)));
-        for (i, (ns, addr)) in ends.iter().enumerate() {
-            ip(&["netns", "add", ns])?;
-            net.namespaces.push(ns.clone());
-            // Created inside the bridge namespace, its peer straight in
-            // `ns`: no interface ever exists in the test's own namespace.
-            let port = format!("v{i}");
-            ip(&[
-                "-n", &b, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns,
-            ])?;
-            ip(&["-n", &b, "link", "set", &port, "master", "br0"])?;
-            ip(&["-n", &b, "link", "set", &port, "up"])?;
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{addr}/24"),
-                "dev",
-                "eth0",
-            ])?;
-            ip(&["-n", ns, "link", "set", "eth0", "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(net)
-    }
-
-    /// Deletes namespaces this file left behind in runs that were killed
-    /// before their cleanup ran (their pid is gone).
-    fn remove_stale() {
-        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-            return;
-        };
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let Some(ns) = line.split_whitespace().next() else {
-                continue;
-            };
-            let Some(rest) = ns.strip_prefix(NS_PREFIX) else {
-                continue;
-            };
-            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-                continue;
-            };
-            if !PathBuf::from(format!("/proc/{pid}")).exists() {
-                let _ = ip(&["netns", "del", ns]);
-            }
-        }
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        for ns in self.namespaces.iter().rev() {
-            if let Err(e) = ip(&["netns", "del", ns]) {
-                eprintln!("cleanup: {e}");
-            }
-        }
-    }
-}
-
-/// Makes the calling thread enter the network namespace `ns`.
-fn enter_netns(ns: &str) -> std::io::Result<()> {
-    let f = File::open(PathBuf::from("/var/run/netns").join(ns))?;
-    // SAFETY: setns(2) on a namespace fd we hold open for the call; it
-    // changes only this thread's network namespace and touches no memory.
-    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Runs `f` on a new thread inside namespace `ns` (threads it spawns stay
-/// there too) and returns its result; a panic in `f` is re-raised here.
-fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let ns = ns.to_string();
-    let h = std::thread::spawn(move || {
-        enter_netns(&ns).unwrap_or_else(|e| panic!("setns {ns}: {e}"));
-        f()
-    });
-    match h.join() {
+/// Runs `f` on a thread inside namespace `ns` and returns its result; a
+/// panic in `f` is re-raised here.
+fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    match netns::in_netns(Net::path(ns), f).join() {
         Ok(v) => v,
         Err(p) => std::panic::resume_unwind(p),
     }
@@ -336,8 +208,7 @@ fn status(config: &Config, id: u64) -> Result<NodeStatus, String> {
 
 #[test]
 fn tcp_transport_across_network_namespaces_leaves_identical_replicas() {
-    Net::remove_stale();
-    let net = match Net::create(NODES) {
+    let net = match Net::create(NS_PREFIX, 77, NODES, &[]) {
         Ok(n) => n,
         Err(e) => {
             eprintln!(
@@ -352,7 +223,7 @@ fn tcp_transport_across_network_namespaces_leaves_identical_replicas() {
     // Everything that talks to the cluster runs in the client namespace;
     // `procs` moves there too so that a panic kills the processes before
     // `net` deletes the namespaces.
-    in_netns(&client_ns, move || run(procs));
+    in_ns(&client_ns, move || run(procs));
     drop(net);
 }
 

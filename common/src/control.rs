@@ -73,6 +73,23 @@ pub struct NodeStatus {
     pub follower_pid: u64,
 }
 
+/// What a node reports when it fences the views below a candidate's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Promise {
+    /// The promising node.
+    pub node: u64,
+    /// The view whose leader its log follows.
+    pub log_view: u64,
+    /// Its last stored seq.
+    pub last_seq: u64,
+    /// Its highest seq known committed.
+    pub committed: u64,
+    /// Set when it led `log_view` and stopped: that view and the highest
+    /// seq its server was handed (exact: hand-overs are fenced).
+    #[serde(default)]
+    pub led: Option<(u64, u64)>,
+}
+
 /// A follower's answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {
@@ -83,16 +100,7 @@ pub enum Response {
     /// The request failed.
     Error(String),
     /// Answer to `Prepare`: views below it are fenced here now.
-    Promise {
-        /// The promising node.
-        node: u64,
-        /// The view whose leader its log follows.
-        log_view: u64,
-        /// Its last stored seq.
-        last_seq: u64,
-        /// Its highest seq known committed.
-        committed: u64,
-    },
+    Promise(Promise),
     /// Answer to `NewView`: the log now ends at `last`.
     Synced {
         /// Last stored seq.

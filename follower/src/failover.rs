@@ -254,6 +254,7 @@ impl Node {
             log_view: self.log_view.load(Ordering::Acquire),
             last_seq: store.last().seq,
             committed: self.committed.load(Ordering::Acquire),
+            led: *self.demoted.lock().unwrap_or_else(|p| p.into_inner()),
         };
         log::info!(
             "node {}: promised view {view} to node {candidate}: {p:?}",
@@ -417,37 +418,18 @@ impl Node {
             candidate: self.me,
         }) {
             match r {
-                Ok(Response::Promise {
-                    node,
-                    log_view,
-                    last_seq,
-                    committed,
-                }) if node == peer => cand.promise(Promise {
-                    node,
-                    log_view,
-                    last_seq,
-                    committed,
-                }),
+                Ok(Response::Promise(p)) if p.node == peer => cand.promise(p),
                 Ok(other) => log::info!("view {view}: node {peer} answered {other:?}"),
                 Err(e) => log::info!("view {view}: no promise from node {peer}: {e:#}"),
             }
         }
-        let Some(decided) = cand.decide() else {
+        let Some(adopt) = cand.decide() else {
             bail!("view {view}: no majority promised");
         };
-        let led = *self.demoted.lock().unwrap_or_else(|p| p.into_inner());
-        let adopt = viewchange::trim_unserved(decided, led);
-        if adopt.last_seq < decided.last_seq {
-            log::info!(
-                "view {view}: dropping seqs {}..={} of view {}: this node led it and never gave them to its server",
-                adopt.last_seq + 1,
-                decided.last_seq,
-                decided.log_view
-            );
-        }
         log::info!(
-            "view {view}: adopting node {}'s log up to seq {}",
+            "view {view}: adopting node {}'s log of view {} up to seq {}",
             adopt.source,
+            adopt.log_view,
             adopt.last_seq
         );
         let view_seq = self.adopt(view, adopt)?;

@@ -773,12 +773,7 @@ impl Node {
                 Request::Status => control::send_json(s, &Response::Status(self.status()))?,
                 Request::Prepare { view, candidate } => {
                     let r = match self.promise(view, candidate) {
-                        Ok(p) => Response::Promise {
-                            node: p.node,
-                            log_view: p.log_view,
-                            last_seq: p.last_seq,
-                            committed: p.committed,
-                        },
+                        Ok(p) => Response::Promise(p),
                         Err(e) => Response::Error(format!("{e:#}")),
                     };
                     control::send_json(s, &r)?

@@ -23,24 +23,11 @@
 
 use std::collections::BTreeMap;
 
-/// What a node reports when it fences the views below a candidate's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Promise {
-    /// The promising node.
-    pub node: u64,
-    /// The view whose leader its log follows.
-    pub log_view: u64,
-    /// Its last stored seq.
-    pub last_seq: u64,
-    /// Its highest seq known committed.
-    pub committed: u64,
-}
+pub use lockstep_common::control::Promise;
 
-impl Promise {
-    /// Order of "more up to date".
-    fn rank(&self) -> (u64, u64) {
-        (self.log_view, self.last_seq)
-    }
+/// Order of "more up to date".
+fn rank(p: &Promise) -> (u64, u64) {
+    (p.log_view, p.last_seq)
 }
 
 /// Which log the new view starts from.
@@ -106,8 +93,8 @@ impl Candidate {
             return None;
         }
         let best = self.promises.values().max_by(|a, b| {
-            a.rank()
-                .cmp(&b.rank())
+            rank(a)
+                .cmp(&rank(b))
                 .then_with(|| (a.node == self.me).cmp(&(b.node == self.me)))
                 .then_with(|| b.node.cmp(&a.node))
         })?;
@@ -117,23 +104,33 @@ impl Candidate {
             .map(|p| p.committed)
             .max()
             .unwrap_or(0);
-        Some(Adoption {
+        let adoption = Adoption {
             source: best.node,
             log_view: best.log_view,
             last_seq: best.last_seq,
             committed,
-        })
+        };
+        // The adopted view's own leader, if it promised, says how much of
+        // that view reached its server.
+        let led = self
+            .promises
+            .values()
+            .filter_map(|p| p.led)
+            .find(|&(v, _)| v == best.log_view);
+        Some(trim_unserved(adoption, led))
     }
 }
 
-/// A candidate that itself led the adopted log's view knows where that
+/// The leader of the adopted log's view, once deposed, knows where that
 /// log became visible: its server consumed the view's inputs up to
-/// `served` (`led` = `(view, served)`), and the hand-over fence makes that
-/// exact. Entries of the view above it were never given to any server
-/// (backups apply only what the leader committed, and it commits only
-/// what it hands over), so no client saw their effect: the new view may
-/// drop them, and the candidate's server stays in line with the log
-/// instead of having to be rebuilt. Committed entries are always kept.
+/// `served` (`led` = `(view, served)`, from its promise), and the
+/// hand-over fence makes that exact. Entries of the view above it were
+/// never given to any server (backups apply only what the leader
+/// committed, and it commits only what it handed over), so no client saw
+/// their effect: the new view may drop them, and the old leader's server
+/// stays in line with the log instead of having to be rebuilt. Committed
+/// entries are always kept. Without that leader's promise the tail is
+/// kept: it may have been served.
 pub fn trim_unserved(adopt: Adoption, led: Option<(u64, u64)>) -> Adoption {
     match led {
         Some((view, served)) if view == adopt.log_view && served < adopt.last_seq => Adoption {
@@ -187,7 +184,28 @@ mod tests {
             log_view,
             last_seq,
             committed,
+            led: None,
         }
+    }
+
+    #[test]
+    fn the_deposed_leaders_promise_trims_what_its_server_never_got() {
+        let mut c = Candidate::new(5, 3, &[1, 2, 3]);
+        c.promise(p(3, 4, 20, 15));
+        c.promise(Promise {
+            led: Some((4, 17)),
+            ..p(1, 4, 20, 15)
+        });
+        let a = c.decide().unwrap();
+        assert_eq!((a.log_view, a.last_seq), (4, 17));
+        // A record of an older view says nothing about view 4's log.
+        let mut c = Candidate::new(5, 3, &[1, 2, 3]);
+        c.promise(p(3, 4, 20, 15));
+        c.promise(Promise {
+            led: Some((3, 9)),
+            ..p(1, 3, 12, 9)
+        });
+        assert_eq!(c.decide().unwrap().last_seq, 20);
     }
 
     #[test]
@@ -437,13 +455,13 @@ mod tests {
                             log_view: x.log_view,
                             last_seq: x.log.len() as u64,
                             committed: x.committed,
+                            led: x.led,
                         });
                     }
                 }
                 let Some(a) = c.decide() else {
                     return;
                 };
-                let a = trim_unserved(a, self.nodes[cand].led);
                 assert!(a.last_seq >= a.committed);
                 let src = a.source as usize - 1;
                 let mut log = self.nodes[src].log[..a.last_seq as usize].to_vec();

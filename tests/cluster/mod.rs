@@ -10,6 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../resp/mod.rs"]
+mod resp;
+#[allow(unused_imports)]
+pub use resp::{resp_encode, Reply, Resp};
+
 use lockstep_common::control::NodeStatus;
 
 /// Directory holding the built binaries (target/debug).
@@ -346,97 +351,6 @@ pub fn query_status(config: &lockstep_common::Config, id: u64) -> Result<NodeSta
     lockstep_common::control::query_status(config, id, Duration::from_secs(5))
 }
 
-/// A minimal RESP client.
-pub struct Resp {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
-
-/// A RESP reply.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reply {
-    /// +simple
-    Status(String),
-    /// -error
-    Error(String),
-    /// :int
-    Int(i64),
-    /// $bulk (None: nil)
-    Bulk(Option<Vec<u8>>),
-    /// *array (None: nil)
-    Array(Option<Vec<Reply>>),
-}
-
-impl Resp {
-    /// Connects to a Redis server.
-    pub fn connect(addr: SocketAddr) -> std::io::Result<Resp> {
-        let s = TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(60)))?;
-        s.set_nodelay(true)?;
-        Ok(Resp {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
-        })
-    }
-
-    /// Sends one command and reads its reply.
-    pub fn cmd(&mut self, args: &[&[u8]]) -> std::io::Result<Reply> {
-        self.send(args)?;
-        self.read()
-    }
-
-    /// Sends one command without reading.
-    pub fn send(&mut self, args: &[&[u8]]) -> std::io::Result<()> {
-        let mut out = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            out.extend_from_slice(a);
-            out.extend_from_slice(b"\r\n");
-        }
-        self.w.write_all(&out)
-    }
-
-    /// Reads one reply.
-    pub fn read(&mut self) -> std::io::Result<Reply> {
-        let mut line = String::new();
-        if self.r.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        let line = line.trim_end_matches("\r\n");
-        let (t, rest) = line.split_at(1);
-        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, line.to_string());
-        Ok(match t {
-            "+" => Reply::Status(rest.into()),
-            "-" => Reply::Error(rest.into()),
-            ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
-            "$" => {
-                let n: i64 = rest.parse().map_err(|_| bad())?;
-                if n < 0 {
-                    Reply::Bulk(None)
-                } else {
-                    let mut b = vec![0u8; n as usize + 2];
-                    self.r.read_exact(&mut b)?;
-                    b.truncate(n as usize);
-                    Reply::Bulk(Some(b))
-                }
-            }
-            "*" => {
-                let n: i64 = rest.parse().map_err(|_| bad())?;
-                if n < 0 {
-                    Reply::Array(None)
-                } else {
-                    let mut v = Vec::new();
-                    for _ in 0..n {
-                        v.push(self.read()?);
-                    }
-                    Reply::Array(Some(v))
-                }
-            }
-            _ => return Err(bad()),
-        })
-    }
-}
-
 /// `DEBUG DIGEST` of the Redis server at `addr`.
 pub fn redis_digest(addr: SocketAddr) -> String {
     let mut c = Resp::connect(addr).expect("connect for digest");
@@ -501,31 +415,6 @@ pub fn remove(p: &Path) {
 }
 
 // ---- Helpers for the failover tests (tests/failover.rs) ----
-
-impl Resp {
-    /// Connects with a bound on the connect itself (an address behind a
-    /// downed link never answers a SYN) and the given read timeout: a
-    /// reply that does not come in time fails with `WouldBlock`/`TimedOut`.
-    pub fn connect_with(
-        addr: SocketAddr,
-        connect: Duration,
-        read: Duration,
-    ) -> std::io::Result<Resp> {
-        let s = TcpStream::connect_timeout(&addr, connect)?;
-        s.set_read_timeout(Some(read))?;
-        s.set_write_timeout(Some(read))?;
-        s.set_nodelay(true)?;
-        Ok(Resp {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
-        })
-    }
-
-    /// Changes the read timeout of an open connection.
-    pub fn set_read_timeout(&self, t: Duration) -> std::io::Result<()> {
-        self.w.set_read_timeout(Some(t))
-    }
-}
 
 impl TestCluster {
     /// Rewrites the (not yet used) config for ZooKeeper election at

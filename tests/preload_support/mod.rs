@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -18,6 +18,11 @@ use lockstep_common::entry::{self, EntryHeader, Kind};
 use lockstep_common::region::{self, Region, Role};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use lockstep_common::Config;
+
+#[path = "../resp/mod.rs"]
+mod resp;
+#[allow(unused_imports)]
+pub use resp::{resp_encode, Reply, Resp};
 
 /// Generous limit for anything a test waits for.
 pub const LIMIT: Duration = Duration::from_secs(60);
@@ -661,115 +666,6 @@ pub fn connect_from_own_port(addr: SocketAddr, before_connect: impl FnOnce(u16))
     assert_eq!(r, 0, "connect: {}", io::Error::last_os_error());
     stream.set_read_timeout(Some(LIMIT)).expect("timeout");
     stream
-}
-
-/// A reply from Redis.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reply {
-    /// +simple
-    Status(String),
-    /// -error
-    Error(String),
-    /// :integer
-    Int(i64),
-    /// $bulk (None: nil)
-    Bulk(Option<Vec<u8>>),
-    /// *array (None: nil)
-    Array(Option<Vec<Reply>>),
-}
-
-/// A minimal RESP client that remembers every byte it sent.
-pub struct Resp {
-    r: BufReader<TcpStream>,
-    /// Everything sent on this connection.
-    pub sent: Vec<u8>,
-}
-
-/// Encodes a command as a RESP array of bulk strings.
-pub fn resp_encode(args: &[&[u8]]) -> Vec<u8> {
-    let mut b = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        b.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        b.extend_from_slice(a);
-        b.extend_from_slice(b"\r\n");
-    }
-    b
-}
-
-impl Resp {
-    /// Connects.
-    pub fn connect(addr: SocketAddr) -> io::Result<Resp> {
-        Ok(Resp::on(connect(addr)?))
-    }
-
-    /// Wraps a connected stream.
-    pub fn on(s: TcpStream) -> Resp {
-        Resp {
-            r: BufReader::new(s),
-            sent: Vec::new(),
-        }
-    }
-
-    /// Sends a command and reads its reply.
-    pub fn cmd(&mut self, args: &[&[u8]]) -> io::Result<Reply> {
-        let b = resp_encode(args);
-        self.r.get_mut().write_all(&b)?;
-        self.sent.extend_from_slice(&b);
-        self.read()
-    }
-
-    /// Reads one reply.
-    pub fn read(&mut self) -> io::Result<Reply> {
-        let mut line = String::new();
-        if self.r.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed",
-            ));
-        }
-        let line = line.trim_end_matches("\r\n");
-        let bad = || {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("bad reply line {line:?}"),
-            )
-        };
-        let (t, rest) = line.split_at(1.min(line.len()));
-        Ok(match t {
-            "+" => Reply::Status(rest.into()),
-            "-" => Reply::Error(rest.into()),
-            ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
-            "$" => {
-                let n: i64 = rest.parse().map_err(|_| bad())?;
-                if n < 0 {
-                    Reply::Bulk(None)
-                } else {
-                    let mut b = vec![0u8; n as usize + 2];
-                    self.r.read_exact(&mut b)?;
-                    b.truncate(n as usize);
-                    Reply::Bulk(Some(b))
-                }
-            }
-            "*" => {
-                let n: i64 = rest.parse().map_err(|_| bad())?;
-                if n < 0 {
-                    Reply::Array(None)
-                } else {
-                    let mut v = Vec::new();
-                    for _ in 0..n {
-                        v.push(self.read()?);
-                    }
-                    Reply::Array(Some(v))
-                }
-            }
-            _ => return Err(bad()),
-        })
-    }
-
-    /// The underlying stream.
-    pub fn stream(&mut self) -> &mut TcpStream {
-        self.r.get_mut()
-    }
 }
 
 /// Connects and pings until Redis answers (it may still be starting).
