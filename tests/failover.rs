@@ -1167,12 +1167,7 @@ impl NetnsCluster {
              [election]\nmode = \"zookeeper\"\nzookeeper = \"{zookeeper}\"\nsession_timeout_ms = {SESSION_MS}\n",
             dir.join("data").display()
         );
-        for (i, a) in net.node_ips.iter().enumerate() {
-            toml.push_str(&format!(
-                "[[nodes]]\nid = {}\napp = \"{a}:{NS_APP_PORT}\"\ncontrol = \"{a}:{NS_CONTROL_PORT}\"\n",
-                i + 1
-            ));
-        }
+        toml.push_str(&net.nodes_toml(NS_APP_PORT, NS_CONTROL_PORT));
         let config_path = dir.join("cluster.toml");
         std::fs::write(&config_path, toml).unwrap();
         let n = net.node_ips.len();

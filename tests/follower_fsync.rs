@@ -9,8 +9,7 @@ mod cluster;
 use std::time::Duration;
 
 use cluster::{
-    assert_acked_counters, redis_digest, redis_mixed_workload, BackgroundLoad, Options, Reply,
-    Resp, TestCluster,
+    assert_acked_counters, redis_mixed_workload, BackgroundLoad, Options, Reply, Resp, TestCluster,
 };
 use lockstep_common::config::Durability;
 
@@ -27,30 +26,6 @@ fn fsync_cluster(test: &str) -> TestCluster {
     );
     assert_eq!(c.config().durability, Durability::Fsync);
     c
-}
-
-fn assert_same_digest(c: &TestCluster) -> String {
-    let leader = redis_digest(c.app(1));
-    for id in 2..=c.nodes.len() as u64 {
-        assert_eq!(
-            redis_digest(c.app(id)),
-            leader,
-            "node {id} differs from the leader\n{}",
-            c.logs()
-        );
-    }
-    leader
-}
-
-fn assert_no_divergence(c: &TestCluster) {
-    for id in 1..=c.nodes.len() as u64 {
-        assert_eq!(
-            c.status(id).unwrap().divergences,
-            0,
-            "node {id} saw divergences\n{}",
-            c.logs()
-        );
-    }
 }
 
 /// The seqs node `id`'s follower reported its stored log ending at, one per
@@ -75,7 +50,7 @@ fn fsync_cluster_converges_under_mixed_workload() {
     let (threads, ops) = (8, 300);
     redis_mixed_workload(c.app(1), threads, ops);
     c.wait_converged(HANG);
-    assert_same_digest(&c);
+    c.assert_same_digest();
     let pushes = threads as i64 * (0..ops).filter(|i| i % 7 < 2).count() as i64;
     for id in 1..=3 {
         let mut r = Resp::connect(c.app(id)).unwrap();
@@ -85,7 +60,7 @@ fn fsync_cluster_converges_under_mixed_workload() {
             "list length on node {id}"
         );
     }
-    assert_no_divergence(&c);
+    c.assert_no_divergence();
 }
 
 #[test]
@@ -97,22 +72,17 @@ fn fsync_backup_sigkilled_mid_load_restarts_and_loses_no_acknowledged_write() {
     // Everything node 3 reports stored was acked by it (it acks after the
     // fsynced write): its restarted follower must find at least that much.
     let stored_before = c.status(3).unwrap().persisted;
-    c.kill_follower(3);
-    c.kill_server(3);
-    load.wait_more(&c, 1000, HANG);
-    c.start_follower(3);
-    c.start_server(3);
-    load.wait_more(&c, 1000, HANG);
+    c.restart_node_under_load(3, &load, HANG);
     let acked = load.stop();
     c.wait_converged(HANG);
-    assert_same_digest(&c);
+    c.assert_same_digest();
     let counters = assert_acked_counters(&c, &acked);
     // Every client's last INCR was answered, so nothing is in doubt.
     assert!(
         counters.iter().all(|v| v.as_slice() == acked),
         "counters {counters:?}, acknowledged {acked:?}"
     );
-    assert_no_divergence(&c);
+    c.assert_no_divergence();
     match logged_store_ends(&c, 3).as_slice() {
         [_, after_restart, ..] => assert!(
             *after_restart >= stored_before,
@@ -163,9 +133,9 @@ fn fsync_whole_cluster_sigkilled_restarts_from_its_logs_with_every_acknowledged_
     }
     redis_mixed_workload(c.app(1), 4, 100);
     c.wait_converged(HANG);
-    assert_same_digest(&c);
+    c.assert_same_digest();
     assert_acked_counters(&c, &acked);
-    assert_no_divergence(&c);
+    c.assert_no_divergence();
 }
 
 /// Deterministic form of the race the whole-cluster test hits now and
@@ -219,5 +189,5 @@ fn static_leader_restart_keeps_a_write_only_the_backups_stored() {
         c.logs()
     );
     c.wait_converged(HANG);
-    assert_same_digest(&c);
+    c.assert_same_digest();
 }

@@ -6,25 +6,12 @@ mod cluster;
 use std::time::Duration;
 
 use cluster::{
-    assert_acked_counters, redis_digest, redis_mixed_workload, BackgroundLoad, Options, Resp,
-    TestCluster,
+    assert_acked_counters, redis_mixed_workload, BackgroundLoad, Options, Resp, TestCluster,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 const CONVERGE: Duration = Duration::from_secs(120);
-
-fn assert_same_digest(c: &TestCluster) {
-    let leader = redis_digest(c.app(1));
-    for id in 2..=c.nodes.len() as u64 {
-        assert_eq!(
-            redis_digest(c.app(id)),
-            leader,
-            "node {id} differs from the leader\n{}",
-            c.logs()
-        );
-    }
-}
 
 #[test]
 fn mixed_workload_leaves_identical_replicas() {
@@ -32,18 +19,12 @@ fn mixed_workload_leaves_identical_replicas() {
     c.start_all();
     redis_mixed_workload(c.app(1), 8, 300);
     c.wait_converged(CONVERGE);
-    assert_same_digest(&c);
+    c.assert_same_digest();
     let mut r = Resp::connect(c.app(2)).unwrap();
     let len = r.cmd(&[b"LLEN", b"shared:list"]).unwrap();
     let pushes = 8 * (0..300).filter(|i| i % 7 < 2).count() as i64;
     assert_eq!(len, cluster::Reply::Int(pushes), "list length on a backup");
-    for id in 1..=3 {
-        assert_eq!(
-            c.status(id).unwrap().divergences,
-            0,
-            "node {id} saw divergence"
-        );
-    }
+    c.assert_no_divergence();
 }
 
 #[test]
@@ -52,28 +33,17 @@ fn follower_killed_mid_load_restarts_with_fresh_server_and_converges() {
     c.start_all();
     let load = BackgroundLoad::start(c.app(1), 4);
     load.wait_more(&c, 1000, CONVERGE);
-    c.kill_follower(3);
-    c.kill_server(3);
     // The leader and node 2 are a majority: clients go on meanwhile.
-    load.wait_more(&c, 1000, CONVERGE);
-    c.start_follower(3);
-    c.start_server(3);
-    load.wait_more(&c, 1000, CONVERGE);
+    c.restart_node_under_load(3, &load, CONVERGE);
     let acked = load.stop();
     c.wait_converged(CONVERGE);
-    assert_same_digest(&c);
+    c.assert_same_digest();
     let counters = assert_acked_counters(&c, &acked);
     assert!(
         counters.iter().all(|v| v.as_slice() == acked),
         "counters {counters:?}, acknowledged {acked:?}"
     );
-    for id in 1..=3 {
-        assert_eq!(
-            c.status(id).unwrap().divergences,
-            0,
-            "node {id} saw divergence"
-        );
-    }
+    c.assert_no_divergence();
 }
 
 #[test]
@@ -91,7 +61,7 @@ fn follower_down_at_start_joins_later_and_converges() {
     c.start_server(3);
     redis_mixed_workload(c.app(1), 2, 50);
     c.wait_converged(CONVERGE);
-    assert_same_digest(&c);
+    c.assert_same_digest();
 }
 
 #[test]
@@ -117,7 +87,7 @@ fn follower_a_ring_lap_behind_catches_up_from_a_peer() {
     }
     kill(Pid::from_raw(pid), Signal::SIGCONT).unwrap();
     c.wait_converged(CONVERGE);
-    assert_same_digest(&c);
+    c.assert_same_digest();
     let log = std::fs::read_to_string(c.dir.join("follower-3.log")).unwrap();
     assert!(
         log.contains("lap behind") || log.contains("caught up"),

@@ -61,12 +61,7 @@ impl Procs {
              [election]\nmode = \"static\"\nleader = 1\n",
             dir.join("data").display()
         );
-        for (i, a) in net.node_ips.iter().enumerate() {
-            toml.push_str(&format!(
-                "[[nodes]]\nid = {}\napp = \"{a}:{APP_PORT}\"\ncontrol = \"{a}:{CONTROL_PORT}\"\n",
-                i + 1
-            ));
-        }
+        toml.push_str(&net.nodes_toml(APP_PORT, CONTROL_PORT));
         let config_path = dir.join("cluster.toml");
         std::fs::write(&config_path, toml).unwrap();
         Procs {

@@ -367,6 +367,19 @@ fn up_killed_leaves_no_orphans_and_restarts() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // An exiting process drops its command line and environment before
+    // its sockets: wait for the ports too.
+    for n in &tc.nodes {
+        for a in [n.app, n.control] {
+            while let Err(e) = TcpListener::bind(a) {
+                assert!(
+                    start.elapsed() < EXIT_LIMIT,
+                    "port {a} still held after the kill: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
     // A new `up` removes the stale region files and rebuilds from the log.
     let mut up = Up::spawn(&tc.config_path, &[]);
     up.wait_line("ready", READY_LIMIT);

@@ -877,6 +877,46 @@ impl BackgroundLoad {
     }
 }
 
+impl TestCluster {
+    /// Asserts that every node's `DEBUG DIGEST` equals node 1's; returns it.
+    pub fn assert_same_digest(&self) -> String {
+        let leader = redis_digest(self.app(1));
+        for id in 2..=self.nodes.len() as u64 {
+            assert_eq!(
+                redis_digest(self.app(id)),
+                leader,
+                "node {id} differs from the leader\n{}",
+                self.logs()
+            );
+        }
+        leader
+    }
+
+    /// Asserts that no node's follower saw a divergence.
+    pub fn assert_no_divergence(&self) {
+        for id in 1..=self.nodes.len() as u64 {
+            assert_eq!(
+                self.status(id).unwrap().divergences,
+                0,
+                "node {id} saw divergences\n{}",
+                self.logs()
+            );
+        }
+    }
+
+    /// With `load` running: SIGKILLs node `id`'s follower and server, lets
+    /// the others serve on, restarts both (fresh server), and returns once
+    /// the load moved on after each step.
+    pub fn restart_node_under_load(&mut self, id: u64, load: &BackgroundLoad, limit: Duration) {
+        self.kill_follower(id);
+        self.kill_server(id);
+        load.wait_more(self, 1000, limit);
+        self.start_follower(id);
+        self.start_server(id);
+        load.wait_more(self, 1000, limit);
+    }
+}
+
 /// Checks on every node of `c` that each client's counter holds at least
 /// what the client saw acknowledged (`acked[t]`); returns the values read.
 pub fn assert_acked_counters(c: &TestCluster, acked: &[i64]) -> Vec<Vec<i64>> {

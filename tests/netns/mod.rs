@@ -121,6 +121,21 @@ impl Net {
         Self::path(&self.node_ns[id as usize - 1])
     }
 
+    /// The config's `[[nodes]]` tables: node N's server and control port
+    /// at its address.
+    pub fn nodes_toml(&self, app_port: u16, control_port: u16) -> String {
+        self.node_ips
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                format!(
+                    "[[nodes]]\nid = {}\napp = \"{a}:{app_port}\"\ncontrol = \"{a}:{control_port}\"\n",
+                    i + 1
+                )
+            })
+            .collect()
+    }
+
     /// Takes node `id`'s link (its port on the bridge) down or up.
     pub fn link(&self, id: u64, up: bool) {
         let port = format!("v{}", id - 1);
