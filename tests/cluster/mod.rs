@@ -5,13 +5,17 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../ports/mod.rs"]
+mod ports;
 #[path = "../resp/mod.rs"]
 mod resp;
+#[allow(unused_imports)]
+pub use ports::free_port;
 #[allow(unused_imports)]
 pub use resp::{resp_encode, Reply, Resp};
 
@@ -30,15 +34,6 @@ pub fn bin_dir() -> PathBuf {
         );
     }
     dir
-}
-
-/// A free loopback port (bind 0, read it, release it).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 /// What kind of server each node runs.

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,8 +19,12 @@ use lockstep_common::region::{self, Region, Role};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use lockstep_common::Config;
 
+#[path = "../ports/mod.rs"]
+mod ports;
 #[path = "../resp/mod.rs"]
 mod resp;
+#[allow(unused_imports)]
+pub use ports::free_port;
 #[allow(unused_imports)]
 pub use resp::{resp_encode, Reply, Resp};
 
@@ -56,15 +60,6 @@ pub fn preload_lib() -> PathBuf {
         lib.display()
     );
     lib
-}
-
-/// A free loopback port (bind 0, read it, release it).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 /// Polls `cond` every 10 ms until it holds or `limit` passes.
