@@ -1228,14 +1228,7 @@ impl NetnsCluster {
                     "--bind",
                     &app.ip().to_string(),
                 ])
-                .args([
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--enable-debug-command",
-                    "yes",
-                ])
+                .args(cluster::REDIS_TEST_ARGS)
                 // Clients come from other namespaces, not from loopback.
                 .args(["--protected-mode", "no"])
                 .arg("--dir")

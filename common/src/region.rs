@@ -511,10 +511,6 @@ impl Region {
     pub fn open_handover(&self, seq: u64) {
         self.word(W_HANDOVER).store(seq, Ordering::Release);
     }
-    /// The highest seq handed over (fence bit cleared).
-    pub fn handed_over(&self) -> u64 {
-        self.word(W_HANDOVER).load(Ordering::Acquire) & !HANDOVER_FENCED
-    }
 
     /// The commit word and the view of the leader that wrote it (a view
     /// at least that new: see `commit_record`). A commit point is only
@@ -805,14 +801,12 @@ mod tests {
         r.open_handover(10);
         assert!(r.hand_over(12));
         assert!(r.hand_over(11), "an older seq keeps the highest");
-        assert_eq!(r.handed_over(), 12);
         assert_eq!(r.fence_handover(), 12);
         assert!(!r.hand_over(13), "fenced: nothing more reaches the server");
         assert_eq!(r.fence_handover(), 12, "fencing twice reads the same");
-        assert_eq!(r.handed_over(), 12);
         r.open_handover(20);
         assert!(r.hand_over(21));
-        assert_eq!(r.handed_over(), 21);
+        assert_eq!(r.fence_handover(), 21);
     }
 
     #[test]

@@ -198,11 +198,7 @@ impl Node {
     fn demote_self(&self, why: &str) {
         if self.region.role() == Role::Leader {
             log::warn!("node {}: {why}: no longer accepting writes", self.me);
-            self.note_demotion();
-            self.region.set_role(Role::Joining);
-            // Nobody's leader until a view change says so: else the apply
-            // loop would take this node for a restarted leader and flip it back.
-            self.region.set_leader(0);
+            self.step_down();
             self.region.bell().ring();
         }
     }
@@ -215,6 +211,8 @@ impl Node {
             self.note_demotion();
             self.region.set_role(Role::Joining);
         }
+        // Nobody's leader until a view change says so: else the apply loop
+        // would take this node for a restarted leader and flip it back.
         if self.region.leader() == self.me {
             self.region.set_leader(0);
         }
