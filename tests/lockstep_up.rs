@@ -374,7 +374,8 @@ fn up_killed_leaves_no_orphans_and_restarts() {
             while let Err(e) = TcpListener::bind(a) {
                 assert!(
                     start.elapsed() < EXIT_LIMIT,
-                    "port {a} still held after the kill: {e}"
+                    "port {a} still held after the kill: {e}\n{}",
+                    listener_of(a)
                 );
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -496,4 +497,14 @@ fn private_zookeeper_starts_serves_and_stops_on_drop() {
     assert!(left.is_empty(), "left running: {left:?}");
     TcpListener::bind(addr).expect("ZooKeeper's port is free after drop");
     remove(&dir);
+}
+
+/// Who listens on `a`, as `ss` tells (for failure messages: a server
+/// renames itself, so the command-line scan cannot find it).
+fn listener_of(a: SocketAddr) -> String {
+    Command::new("ss")
+        .args(["-Hltnp", &format!("sport = :{}", a.port())])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_else(|e| format!("(ss: {e})"))
 }

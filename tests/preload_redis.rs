@@ -424,6 +424,46 @@ fn losing_leadership_while_waiting_for_acks_fails_the_connection() {
 }
 
 #[test]
+fn leader_whose_follower_died_fails_the_waiting_input_and_still_stops() {
+    let f = Fixture::new("nofollower", Options::default());
+    let acker = Acker::start(&f);
+    let mut server = start_redis(&f);
+    let mut c = Resp::connect(f.app()).unwrap();
+    assert_eq!(
+        c.cmd(&[b"SET", b"k", b"1"]).unwrap(),
+        Reply::Status("OK".into())
+    );
+    // No acks come, and then the local follower dies: nothing will ever
+    // change the role or view this wait is watching.
+    acker.pause(true);
+    c.stream()
+        .write_all(&resp_encode(&[b"SET", b"k", b"2"]))
+        .unwrap();
+    f.kill_follower();
+    assert!(
+        is_closed_by_peer(c.stream(), LIMIT),
+        "the unacknowledged input kept waiting for a follower that is gone"
+    );
+    assert!(
+        f.preload_log().contains("follower is not running"),
+        "{}",
+        f.preload_log()
+    );
+    // Back in its event loop, the server still obeys SIGTERM.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    assert!(
+        server.wait_exit(LIMIT).is_some(),
+        "the server did not stop on SIGTERM\n{}",
+        server.output()
+    );
+    acker.pause(false);
+}
+
+#[test]
 fn missing_region_or_bad_config_stops_the_server_at_its_first_accept() {
     // No region files: the follower is not running.
     let f = Fixture::new(

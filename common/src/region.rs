@@ -12,7 +12,7 @@
 //! (next seq / next position), the ack array, and the replay slots through
 //! which the passive preload reports what the server consumed.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::{AsRawFd, RawFd};
@@ -224,6 +224,9 @@ pub enum RegionError {
         /// The OS error.
         source: io::Error,
     },
+    /// Another live process (a follower of the same node) owns the file.
+    #[error("region file {0} is in use by another running follower of this node")]
+    Owned(PathBuf),
     /// A write fell outside the region or was misaligned.
     #[error(transparent)]
     Range(#[from] WordsError),
@@ -235,6 +238,9 @@ pub struct Region {
     words: usize,
     ring_size: u64,
     path: PathBuf,
+    /// The open file behind the mapping (None: anonymous); it carries the
+    /// owner's lock (see `claim`).
+    file: Option<File>,
 }
 
 // SAFETY: the mapping is only accessed through `AtomicU64`, which is Sync;
@@ -278,7 +284,7 @@ impl Region {
             })?;
         file.set_len(spec.file_len())
             .map_err(io_err(path, "set length"))?;
-        let region = Self::map(Some(&file), path, spec.file_len(), spec.ring_size)?;
+        let region = Self::map(Some(file), path, spec.file_len(), spec.ring_size)?;
         region.init_identity(spec);
         Ok(region)
     }
@@ -317,7 +323,7 @@ impl Region {
                 "{len} bytes is too short to be a lockstep region"
             )));
         }
-        let region = Self::map(Some(&file), path, len, len - CONTROL_SIZE)?;
+        let region = Self::map(Some(file), path, len, len - CONTROL_SIZE)?;
         let w = region.words();
         if w[W_MAGIC].load(Ordering::Acquire) != MAGIC {
             return Err(mismatch("not a lockstep region (bad magic)".into()));
@@ -379,19 +385,59 @@ impl Region {
     /// shared. The memory is page-aligned (so 8-aligned) and only ever
     /// accessed as atomics, for which every bit pattern is valid.
     fn map(
-        file: Option<&std::fs::File>,
+        file: Option<File>,
         path: &Path,
         len: u64,
         ring_size: u64,
     ) -> Result<Region, RegionError> {
-        let ptr =
-            map_shared(file.map(|f| f.as_raw_fd()), len as usize).map_err(io_err(path, "mmap"))?;
+        let ptr = map_shared(file.as_ref().map(|f| f.as_raw_fd()), len as usize)
+            .map_err(io_err(path, "mmap"))?;
         Ok(Region {
             ptr: ptr as *mut AtomicU64,
             words: (len / 8) as usize,
             ring_size,
             path: path.to_path_buf(),
+            file,
         })
+    }
+
+    /// Makes this process the region's owner (its node's follower) for as
+    /// long as this `Region` lives: an exclusive lock on the file, which
+    /// the kernel drops when the process dies however it dies. Fails when
+    /// another live process owns it.
+    pub fn claim(&self) -> Result<(), RegionError> {
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
+        // A server's preload probes the lock for a moment (see
+        // `owner_alive`): retry briefly before calling the file taken.
+        for _ in 0..50 {
+            match file.try_lock() {
+                Ok(()) => return Ok(()),
+                Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(2)),
+                Err(TryLockError::Error(e)) => return Err(io_err(&self.path, "lock")(e)),
+            }
+        }
+        Err(RegionError::Owned(self.path.clone()))
+    }
+
+    /// Whether the region's owner (see `claim`) is alive. A server's
+    /// preload asks when the acks it waits for do not come: without its
+    /// follower the node can neither ack nor learn of view changes.
+    /// Anonymous regions have no owner to lose: always true.
+    pub fn owner_alive(&self) -> bool {
+        let Some(file) = &self.file else {
+            return true;
+        };
+        match file.try_lock_shared() {
+            Ok(()) => {
+                let _ = file.unlock();
+                false
+            }
+            Err(TryLockError::WouldBlock) => true,
+            // Cannot tell: do not give up on a live follower.
+            Err(TryLockError::Error(_)) => true,
+        }
     }
 
     /// Clears everything but the identity words: ring, view, role, acks,
@@ -745,6 +791,29 @@ mod tests {
         let p = std::env::temp_dir().join(format!("lockstep-test-{}-{name}", std::process::id()));
         let _ = std::fs::remove_file(&p);
         p
+    }
+
+    #[test]
+    fn one_owner_at_a_time_and_its_death_is_seen() {
+        let p = tmp("owner");
+        let owner = Region::create(&p, &spec(1)).unwrap();
+        let server = Region::open(&p, &spec(1)).unwrap();
+        assert!(!server.owner_alive(), "nobody claimed it yet");
+        owner.claim().unwrap();
+        assert!(server.owner_alive());
+        // Probing leaves the lock as it was.
+        assert!(server.owner_alive());
+        let second = Region::open(&p, &spec(1)).unwrap();
+        let e = second.claim().unwrap_err().to_string();
+        assert!(e.contains("in use by another running follower"), "{e}");
+        drop(owner);
+        assert!(!server.owner_alive(), "the owner's lock dies with it");
+        second.claim().unwrap();
+        assert!(server.owner_alive());
+        let anon = Region::anonymous(&spec(1)).unwrap();
+        assert!(anon.owner_alive());
+        anon.claim().unwrap();
+        let _ = std::fs::remove_file(&p);
     }
 
     #[test]

@@ -107,6 +107,10 @@ impl Node {
         let spec = config.region_spec(me);
         let path = spec.default_path();
         let (region, created) = Region::open_or_create(&path, &spec)?;
+        // Before touching it: a second follower of this node must not reset
+        // the region under the first. The lock also tells the server's
+        // preload that this follower is alive.
+        region.claim()?;
         if !created {
             let pid = region.preload_pid();
             if pid_alive(pid) {
@@ -122,8 +126,6 @@ impl Node {
         let last = store.last();
         let view = store.view()?.max(1);
         store.set_view(view)?;
-        // Static: one view, one leader, forever. ZooKeeper: nobody leads
-        // until a view change says so.
         // Static: the configured leader leads; it opens a new view first
         // (see `static_loop`), until then it is nobody's leader. ZooKeeper:
         // nobody leads until a view change says so.

@@ -25,6 +25,11 @@ use lockstep_common::Config;
 const PARK: Duration = Duration::from_millis(5);
 /// A wait this long gets a warning (and another one every such period).
 const SLOW_WAIT: Duration = Duration::from_secs(5);
+/// Parked this long, the wait loop also checks that the local follower
+/// still runs (one lock probe per park): without it no view change ever
+/// reaches this node, and the server must not wait forever, for it would
+/// never get back to its event loop, not even to handle SIGTERM.
+const OWNER_CHECK_AFTER: Duration = Duration::from_millis(100);
 
 /// Why an input could not be replicated. Either way the connection fails;
 /// the server never sees the input.
@@ -336,6 +341,12 @@ impl Engine {
                 bell.wait(seen, PARK);
                 let since = *parked_since.get_or_insert_with(Instant::now);
                 let waited = since.elapsed();
+                if waited >= OWNER_CHECK_AFTER && !self.region.owner_alive() {
+                    log::error!(
+                        "seq {seq}: this node's follower is not running; failing the input"
+                    );
+                    return Err(Fail::Lost("this node's follower is not running"));
+                }
                 if waited >= warned_at + SLOW_WAIT {
                     warned_at = waited;
                     log::warn!(

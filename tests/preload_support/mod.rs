@@ -115,6 +115,9 @@ pub struct Fixture {
     pub config: Config,
     /// Regions of nodes 1..=3 (empty without region files).
     pub regions: Vec<Arc<Region>>,
+    /// Node 1's follower lock (`Region::claim`, on an open of its own):
+    /// the test plays that follower; dropping the lock plays its death.
+    follower_lock: Mutex<Option<Region>>,
 }
 
 impl Fixture {
@@ -148,6 +151,7 @@ impl Fixture {
             config_path,
             config,
             regions: Vec::new(),
+            follower_lock: Mutex::new(None),
         };
         if opts.regions {
             for id in 1..=3 {
@@ -160,9 +164,18 @@ impl Fixture {
                 r.set_role(Role::Backup);
                 f.regions.push(Arc::new(r));
             }
+            let spec = f.config.region_spec(1);
+            let lock = Region::open(&spec.default_path(), &spec).expect("open region");
+            lock.claim().expect("claim node 1's region");
+            *f.follower_lock.lock().unwrap() = Some(lock);
             f.set_role(opts.role);
         }
         f
+    }
+
+    /// Plays the death of node 1's follower: its lock goes away.
+    pub fn kill_follower(&self) {
+        self.follower_lock.lock().unwrap().take();
     }
 
     /// Node `id`'s region.
