@@ -1254,18 +1254,13 @@ impl NetnsCluster {
 
 impl Drop for NetnsCluster {
     fn drop(&mut self) {
-        for c in self.servers.iter_mut().chain(self.followers.iter_mut()) {
-            if let Some(mut c) = c.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-        for id in 1..=self.ns_paths.len() as u64 {
-            let _ = std::fs::remove_file(lockstep_common::region::region_path(&self.name, id));
-        }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        let children = self.servers.iter_mut().chain(self.followers.iter_mut());
+        netns::tear_down(
+            children.filter_map(|c| c.as_mut()),
+            &self.name,
+            self.ns_paths.len() as u64,
+            &self.dir,
+        );
     }
 }
 

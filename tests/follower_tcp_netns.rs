@@ -159,16 +159,12 @@ impl Procs {
 
 impl Drop for Procs {
     fn drop(&mut self) {
-        for c in self.children.iter_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for id in 1..=self.node_ns.len() as u64 {
-            let _ = std::fs::remove_file(lockstep_common::region::region_path(&self.name, id));
-        }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        netns::tear_down(
+            self.children.iter_mut(),
+            &self.name,
+            self.node_ns.len() as u64,
+            &self.dir,
+        );
     }
 }
 

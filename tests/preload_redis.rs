@@ -379,21 +379,27 @@ fn backup_clients_allow_serves_others_until_the_node_leads() {
     server.assert_running();
 }
 
-#[test]
-fn losing_leadership_while_waiting_for_acks_fails_the_connection() {
-    let f = Fixture::new("lose", Options::default());
-    let acker = Acker::start(&f);
-    let mut server = start_redis(&f);
+/// Sets k=1 through the leader, stops the acks and sends `SET k 2`, which
+/// therefore waits for a majority; returns that client.
+fn set_k1_then_send_unacked_k2(f: &Fixture, acker: &Acker) -> Resp {
     let mut c = Resp::connect(f.app()).unwrap();
     assert_eq!(
         c.cmd(&[b"SET", b"k", b"1"]).unwrap(),
         Reply::Status("OK".into())
     );
-
     acker.pause(true);
     c.stream()
         .write_all(&resp_encode(&[b"SET", b"k", b"2"]))
         .unwrap();
+    c
+}
+
+#[test]
+fn losing_leadership_while_waiting_for_acks_fails_the_connection() {
+    let f = Fixture::new("lose", Options::default());
+    let acker = Acker::start(&f);
+    let mut server = start_redis(&f);
+    let mut c = set_k1_then_send_unacked_k2(&f, &acker);
     // Not acknowledged: the server has not seen the command.
     c.stream()
         .set_read_timeout(Some(Duration::from_millis(300)))
@@ -428,17 +434,9 @@ fn leader_whose_follower_died_fails_the_waiting_input_and_still_stops() {
     let f = Fixture::new("nofollower", Options::default());
     let acker = Acker::start(&f);
     let mut server = start_redis(&f);
-    let mut c = Resp::connect(f.app()).unwrap();
-    assert_eq!(
-        c.cmd(&[b"SET", b"k", b"1"]).unwrap(),
-        Reply::Status("OK".into())
-    );
-    // No acks come, and then the local follower dies: nothing will ever
-    // change the role or view this wait is watching.
-    acker.pause(true);
-    c.stream()
-        .write_all(&resp_encode(&[b"SET", b"k", b"2"]))
-        .unwrap();
+    let mut c = set_k1_then_send_unacked_k2(&f, &acker);
+    // Then the local follower dies: nothing will ever change the role or
+    // view that the waiting input watches.
     f.kill_follower();
     assert!(
         is_closed_by_peer(c.stream(), LIMIT),

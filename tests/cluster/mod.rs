@@ -172,18 +172,13 @@ impl TestCluster {
 
     /// Starts node `id`'s follower and waits until it answers.
     pub fn start_follower(&mut self, id: u64) {
-        let log = self.log("follower", id);
-        let child = Command::new(self.bins.join("lockstep-follower"))
-            .arg("--config")
+        let mut cmd = Command::new(self.bins.join("lockstep-follower"));
+        cmd.arg("--config")
             .arg(&self.config_path)
             .arg("--node")
             .arg(id.to_string())
-            .env("LOCKSTEP_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn follower");
+            .env("LOCKSTEP_LOG", "info");
+        let child = spawn_logged(cmd, self.log("follower", id));
         let i = self.idx(id);
         self.followers[i] = Some(child);
         self.wait("follower answering", Duration::from_secs(30), |c| {
@@ -214,16 +209,10 @@ impl TestCluster {
                 c
             }
         };
-        let log = self.log("server", id);
-        let child = cmd
-            .env("LD_PRELOAD", self.bins.join("liblockstep.so"))
+        cmd.env("LD_PRELOAD", self.bins.join("liblockstep.so"))
             .env("LOCKSTEP_CONFIG", &self.config_path)
-            .env("LOCKSTEP_NODE", id.to_string())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn server");
+            .env("LOCKSTEP_NODE", id.to_string());
+        let child = spawn_logged(cmd, self.log("server", id));
         let i = self.idx(id);
         self.servers[i] = Some(child);
         self.wait(
@@ -457,6 +446,15 @@ pub use zookeeper_server::{
 /// Live processes (other than this one) whose command line or environment
 /// contains `needle`, as "pid: cmdline". Zombies have neither, so they do
 /// not count.
+/// Spawns `cmd` with no stdin and stdout and stderr into `log`.
+fn spawn_logged(mut cmd: Command, log: std::fs::File) -> Child {
+    cmd.stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot spawn {cmd:?}: {e}"))
+}
+
 pub fn processes_mentioning(needle: &str) -> Vec<String> {
     let me = std::process::id().to_string();
     let mut out = Vec::new();
@@ -915,6 +913,20 @@ impl TestCluster {
         self.start_server(id);
         load.wait_more(self, 1000, limit);
     }
+}
+
+/// After a load whose clients all got their last answer: waits until the
+/// cluster converged, then checks identical digests, every node's counters
+/// exactly as acknowledged (nothing is in doubt), and no divergence.
+pub fn assert_converged_exactly(c: &TestCluster, acked: &[i64], limit: Duration) {
+    c.wait_converged(limit);
+    c.assert_same_digest();
+    let counters = assert_acked_counters(c, acked);
+    assert!(
+        counters.iter().all(|v| v.as_slice() == acked),
+        "counters {counters:?}, acknowledged {acked:?}"
+    );
+    c.assert_no_divergence();
 }
 
 /// Checks on every node of `c` that each client's counter holds at least

@@ -225,3 +225,24 @@ pub fn spawn_in(path: &Path, cmd: &mut Command) -> Child {
     drop(ns);
     child
 }
+
+/// Tears a test cluster down: kills and reaps `children`, removes the
+/// cluster's region files, and removes `dir` unless the test is failing
+/// (its logs are the evidence).
+pub fn tear_down<'a>(
+    children: impl IntoIterator<Item = &'a mut Child>,
+    cluster: &str,
+    nodes: u64,
+    dir: &Path,
+) {
+    for c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    for id in 1..=nodes {
+        let _ = std::fs::remove_file(lockstep_common::region::region_path(cluster, id));
+    }
+    if !std::thread::panicking() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
