@@ -544,9 +544,14 @@ impl Region {
             })
             .is_ok()
     }
-    /// Follower, when this node stops leading: stops every further
-    /// hand-over and returns the highest seq the server was given. Exact:
-    /// a hand-over either landed before the fence or fails.
+    /// Whether hand-overs are fenced (this node is not serving a view).
+    pub fn handover_fenced(&self) -> bool {
+        self.word(W_HANDOVER).load(Ordering::Acquire) & HANDOVER_FENCED != 0
+    }
+    /// Follower, when this node stops leading (or the leader's preload,
+    /// once its follower is gone): stops every further hand-over and
+    /// returns the highest seq the server was given. Exact: a hand-over
+    /// either landed before the fence or fails.
     pub fn fence_handover(&self) -> u64 {
         self.word(W_HANDOVER)
             .fetch_or(HANDOVER_FENCED, Ordering::AcqRel)

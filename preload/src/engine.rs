@@ -152,6 +152,9 @@ impl Engine {
         if self.region.role() != Role::Leader {
             return Err(Fail::Lost("this node is not the leader"));
         }
+        if self.region.handover_fenced() {
+            return Err(Fail::Lost("this node stopped serving"));
+        }
         let view = self.region.view();
         if self.transport.fenced_by() > view {
             return Err(Fail::Lost("a peer is in a newer view"));
@@ -342,8 +345,15 @@ impl Engine {
                 let since = *parked_since.get_or_insert_with(Instant::now);
                 let waited = since.elapsed();
                 if waited >= OWNER_CHECK_AFTER && !self.region.owner_alive() {
+                    // Without its follower this node can neither ack nor
+                    // change views: it stops serving this view for good.
+                    // Should a majority still store this input, no later
+                    // one commits it behind the server's back (they all
+                    // fail before being logged), and the next view drops
+                    // it: the fence keeps `served` exact.
+                    let served = self.region.fence_handover();
                     log::error!(
-                        "seq {seq}: this node's follower is not running; failing the input"
+                        "seq {seq}: this node's follower is not running; failing the input and every later one (the server consumed up to seq {served}); restart the node"
                     );
                     return Err(Fail::Lost("this node's follower is not running"));
                 }

@@ -539,6 +539,20 @@ impl Server {
         }
     }
 
+    /// Sends SIGTERM and panics (with its output) unless it exits.
+    pub fn assert_stops_on_sigterm(&mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+        assert!(
+            self.wait_exit(LIMIT).is_some(),
+            "the server did not stop on SIGTERM\n{}",
+            self.output()
+        );
+    }
+
     /// Waits up to `limit` for it to exit.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let start = Instant::now();
