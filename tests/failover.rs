@@ -769,6 +769,39 @@ fn leader_sigkill_loses_no_acknowledged_write() {
 }
 
 #[test]
+fn leader_server_killed_alone_fails_over() {
+    let _serial = serial();
+    let (mut c, _zk) = zk_cluster("fo-srvkill", 3, "allow");
+    let f = Finder::new(&c.config_path, &c.dir);
+    let all = f.ids();
+    let old = f.wait_leader(&all, &[], "a first leader");
+    let load = Load::start(&f, &all, 0..6, OnError::Reconnect, Duration::from_secs(20));
+    load.wait_progress(&f, 30, "load on the first leader");
+
+    // Only the server dies (the OOM killer's kind of fault); its follower
+    // runs on and must hand the leadership over by itself.
+    c.kill_server(old);
+    let alive = without(&all, old);
+    let new = f.wait_leader(
+        &alive,
+        &[old],
+        "a new leader after the leader's server died",
+    );
+    f.wait_role(old, "stale", new);
+    load.wait_progress(&f, 30, "every client to be served by the new leader");
+    let (logs, _) = load.finish();
+    check_history(&f, new, &logs);
+
+    // Restarted, the node rebuilds its server from the log as a backup.
+    c.kill_follower(old);
+    c.start_follower(old);
+    c.start_server(old);
+    f.wait_role(old, "backup", new);
+    f.wait_converged(new, &all);
+    f.assert_digests_agree(&all);
+}
+
+#[test]
 fn three_leader_kills_in_a_row() {
     let _serial = serial();
     let (mut c, _zk) = zk_cluster("fo-kill3", 5, "allow");

@@ -195,7 +195,7 @@ impl Node {
     }
 
     /// Stops leading (the preload fails its clients' connections).
-    fn demote_self(&self, why: &str) {
+    pub(crate) fn demote_self(&self, why: &str) {
         if self.region.role() == Role::Leader {
             log::warn!("node {}: {why}: no longer accepting writes", self.me);
             self.step_down();

@@ -3,7 +3,6 @@
 //! to the local server, serves the control channel and metrics.
 
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -31,6 +30,8 @@ const CATCHUP_SPACING: Duration = Duration::from_millis(500);
 const FETCH_BATCH: usize = 1024;
 /// Period of the heartbeat (and of the leader's commit writes when idle).
 const HEARTBEAT: Duration = Duration::from_millis(10);
+/// How often the heartbeat thread checks that this node's server runs.
+const SERVER_CHECK: Duration = Duration::from_millis(100);
 /// Idle drains of the replay connections' replies at most this often.
 const DRAIN_EVERY: Duration = Duration::from_millis(1);
 /// Timeout of one control-channel exchange.
@@ -79,8 +80,20 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether process `pid` runs. A zombie does not: it holds no socket and
+/// no mapping any more, it only waits for its parent to reap it.
 fn pid_alive(pid: u64) -> bool {
-    pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
+    if pid == 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state letter follows the command name in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
+            .unwrap_or(true),
+        Err(_) => false,
+    }
 }
 
 impl Node {
@@ -589,9 +602,14 @@ impl Node {
     fn heartbeat_loop(&self) {
         let mut sent = 0u64;
         let mut last_send = Instant::now();
+        let mut server_checked = Instant::now();
         while !self.stopping() {
             self.region.set_heartbeat(now_ms());
             self.check_session();
+            if server_checked.elapsed() >= SERVER_CHECK {
+                self.check_server();
+                server_checked = Instant::now();
+            }
             if self.region.role() == Role::Leader {
                 let c = self.region.commit();
                 self.learn_commit(c.min(self.persisted.load(Ordering::Acquire)));
@@ -618,6 +636,23 @@ impl Node {
             // backup's threads.
             std::thread::sleep(HEARTBEAT);
         }
+    }
+
+    /// A node whose server exited can neither serve clients nor apply the
+    /// log: it steps down and goes stale (leaving the election, so that
+    /// another node leads at once) until its server and follower are
+    /// restarted and rebuild the server from the log.
+    fn check_server(&self) {
+        let pid = self.region.preload_pid();
+        if pid == 0 || self.stale.load(Ordering::Relaxed) || pid_alive(pid) {
+            return;
+        }
+        log::error!(
+            "node {}: its server (pid {pid}) exited; this node serves nothing until its server and follower are restarted",
+            self.me
+        );
+        self.demote_self("its server exited");
+        self.stale.store(true, Ordering::Relaxed);
     }
 
     /// Applies committed entries to the local server (backups, and a
