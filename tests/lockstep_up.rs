@@ -180,8 +180,9 @@ fn assert_nothing_left(tc: &TestCluster, held: &[SocketAddr]) {
     for n in &tc.nodes {
         for a in [n.app, n.control] {
             if !held.contains(&a) {
-                TcpListener::bind(a)
-                    .unwrap_or_else(|e| panic!("port {a} still in use after stop: {e}"));
+                TcpListener::bind(a).unwrap_or_else(|e| {
+                    panic!("port {a} still in use after stop: {e}\n{}", listener_of(a))
+                });
             }
         }
     }
