@@ -12,7 +12,7 @@
 //! (next seq / next position), the ack array, and the replay slots through
 //! which the passive preload reports what the server consumed.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::{AsRawFd, RawFd};
@@ -168,6 +168,27 @@ pub fn cluster_hash(name: &str) -> u64 {
     h.0
 }
 
+/// Liveness locks: open-file-description locks on single bytes of the
+/// region file, which the kernel drops when the holder dies however it
+/// dies. Byte 0: the follower that owns the region; byte 1: the attached
+/// server. A probe (F_OFD_GETLK) takes nothing, and one process never
+/// conflicts with its own lock, so the follower and its server can each
+/// hold one byte and probe the other.
+const LOCK_OWNER: i64 = 0;
+const LOCK_SERVER: i64 = 1;
+
+/// An exclusive lock request for one byte.
+fn lock_request(byte: i64) -> libc::flock {
+    libc::flock {
+        l_type: libc::F_WRLCK as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: byte,
+        l_len: 1,
+        // Must be 0 for open-file-description locks.
+        l_pid: 0,
+    }
+}
+
 /// Maps `len` bytes of the file `fd` (None: fresh zeroed anonymous memory)
 /// read-write and `MAP_SHARED`, so a `fork` never copies them. The caller
 /// unmaps them.
@@ -227,6 +248,9 @@ pub enum RegionError {
     /// Another live process (a follower of the same node) owns the file.
     #[error("region file {0} is in use by another running follower of this node")]
     Owned(PathBuf),
+    /// Another live server is attached to the region.
+    #[error("another server is already attached to region file {0} (one server per node)")]
+    ServerAttached(PathBuf),
     /// A write fell outside the region or was misaligned.
     #[error(transparent)]
     Range(#[from] WordsError),
@@ -402,42 +426,62 @@ impl Region {
     }
 
     /// Makes this process the region's owner (its node's follower) for as
-    /// long as this `Region` lives: an exclusive lock on the file, which
-    /// the kernel drops when the process dies however it dies. Fails when
-    /// another live process owns it.
+    /// long as this `Region` lives. Fails when another live process owns
+    /// it (a second follower of the same node).
     pub fn claim(&self) -> Result<(), RegionError> {
-        let Some(file) = &self.file else {
-            return Ok(());
-        };
-        // A server's preload probes the lock for a moment (see
-        // `owner_alive`): retry briefly before calling the file taken.
-        for _ in 0..50 {
-            match file.try_lock() {
-                Ok(()) => return Ok(()),
-                Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(2)),
-                Err(TryLockError::Error(e)) => return Err(io_err(&self.path, "lock")(e)),
-            }
-        }
-        Err(RegionError::Owned(self.path.clone()))
+        self.take_lock(LOCK_OWNER, RegionError::Owned)
     }
 
     /// Whether the region's owner (see `claim`) is alive. A server's
     /// preload asks when the acks it waits for do not come: without its
     /// follower the node can neither ack nor learn of view changes.
-    /// Anonymous regions have no owner to lose: always true.
     pub fn owner_alive(&self) -> bool {
+        self.lock_held(LOCK_OWNER)
+    }
+
+    /// Marks this process as the server attached to the region (its
+    /// preload, at attach) for as long as this `Region` lives. Fails when
+    /// another live server is attached.
+    pub fn attach_server(&self) -> Result<(), RegionError> {
+        self.take_lock(LOCK_SERVER, RegionError::ServerAttached)
+    }
+
+    /// Whether a server is attached (see `attach_server`): the follower
+    /// asks to notice its server's exit. Works across pid namespaces, and
+    /// a zombie holds nothing.
+    pub fn server_attached(&self) -> bool {
+        self.lock_held(LOCK_SERVER)
+    }
+
+    fn take_lock(&self, byte: i64, taken: fn(PathBuf) -> RegionError) -> Result<(), RegionError> {
         let Some(file) = &self.file else {
+            return Ok(());
+        };
+        let mut fl = lock_request(byte);
+        // SAFETY: F_OFD_SETLK on an fd this Region owns, with a fully
+        // initialised `flock` that outlives the call.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EACCES) => Err(taken(self.path.clone())),
+            _ => Err(io_err(&self.path, "lock")(e)),
+        }
+    }
+
+    fn lock_held(&self, byte: i64) -> bool {
+        let Some(file) = &self.file else {
+            // Anonymous regions have no other process to lose.
             return true;
         };
-        match file.try_lock_shared() {
-            Ok(()) => {
-                let _ = file.unlock();
-                false
-            }
-            Err(TryLockError::WouldBlock) => true,
-            // Cannot tell: do not give up on a live follower.
-            Err(TryLockError::Error(_)) => true,
-        }
+        let mut fl = lock_request(byte);
+        // SAFETY: F_OFD_GETLK only fills in `fl`, a fully initialised
+        // `flock` on our stack; the fd is owned by this Region.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+        // Cannot tell: do not give up on a live process.
+        r != 0 || fl.l_type != libc::F_UNLCK as libc::c_short
     }
 
     /// Clears everything but the identity words: ring, view, role, acks,
@@ -799,7 +843,7 @@ mod tests {
     }
 
     #[test]
-    fn one_owner_at_a_time_and_its_death_is_seen() {
+    fn one_owner_and_one_server_at_a_time_and_their_deaths_are_seen() {
         let p = tmp("owner");
         let owner = Region::create(&p, &spec(1)).unwrap();
         let server = Region::open(&p, &spec(1)).unwrap();
@@ -815,8 +859,20 @@ mod tests {
         assert!(!server.owner_alive(), "the owner's lock dies with it");
         second.claim().unwrap();
         assert!(server.owner_alive());
+        // The server's byte is independent of the owner's.
+        assert!(!second.server_attached());
+        server.attach_server().unwrap();
+        assert!(second.server_attached() && server.owner_alive());
+        let e = Region::open(&p, &spec(1))
+            .unwrap()
+            .attach_server()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("another server is already attached"), "{e}");
+        drop(server);
+        assert!(!second.server_attached());
         let anon = Region::anonymous(&spec(1)).unwrap();
-        assert!(anon.owner_alive());
+        assert!(anon.owner_alive() && anon.server_attached());
         anon.claim().unwrap();
         let _ = std::fs::remove_file(&p);
     }

@@ -80,22 +80,6 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Whether process `pid` runs. A zombie does not: it holds no socket and
-/// no mapping any more, it only waits for its parent to reap it.
-fn pid_alive(pid: u64) -> bool {
-    if pid == 0 {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state letter follows the command name in parentheses.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .map(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
-            .unwrap_or(true),
-        Err(_) => false,
-    }
-}
-
 impl Node {
     /// Opens the store and the region and takes this node's role.
     pub fn start(config: Config, me: u64, stop: Arc<AtomicBool>) -> anyhow::Result<Arc<Node>> {
@@ -125,8 +109,8 @@ impl Node {
         // preload that this follower is alive.
         region.claim()?;
         if !created {
-            let pid = region.preload_pid();
-            if pid_alive(pid) {
+            if region.server_attached() {
+                let pid = region.preload_pid();
                 bail!(
                     "a server (pid {pid}) is still attached to {}: stop it first — a starting follower rebuilds a fresh server from the log",
                     path.display()
@@ -643,8 +627,10 @@ impl Node {
     /// another node leads at once) until its server and follower are
     /// restarted and rebuild the server from the log.
     fn check_server(&self) {
+        // A server attached once in this follower's life (its pid word is
+        // set), and its lock is gone.
         let pid = self.region.preload_pid();
-        if pid == 0 || self.stale.load(Ordering::Relaxed) || pid_alive(pid) {
+        if pid == 0 || self.stale.load(Ordering::Relaxed) || self.region.server_attached() {
             return;
         }
         log::error!(

@@ -138,6 +138,8 @@ pub fn attach() -> Result<&'static Engine, String> {
     };
     let spec = s.config.region_spec(s.me);
     let region = Region::open(&spec.default_path(), &spec).map_err(|e| e.to_string())?;
+    // Held until this process exits: the follower watches it.
+    region.attach_server().map_err(|e| e.to_string())?;
     let engine = Engine::new(s.config.clone(), s.me, Arc::new(region))?;
     engine.region.set_preload_pid(std::process::id() as u64);
     // From now on a forked child (Redis BGSAVE) must not act for us. A
