@@ -182,7 +182,7 @@ fn lock_request(byte: i64) -> libc::flock {
     libc::flock {
         l_type: libc::F_WRLCK as libc::c_short,
         l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: byte,
+        l_start: byte as libc::off_t,
         l_len: 1,
         // Must be 0 for open-file-description locks.
         l_pid: 0,
@@ -262,8 +262,8 @@ pub struct Region {
     words: usize,
     ring_size: u64,
     path: PathBuf,
-    /// The open file behind the mapping (None: anonymous); it carries the
-    /// owner's lock (see `claim`).
+    /// The open file behind the mapping (None: anonymous); it carries
+    /// this process's liveness lock (see `claim`, `attach_server`).
     file: Option<File>,
 }
 
