@@ -50,7 +50,7 @@ pub fn to_json(config: &Config, nodes: &[NodeView]) -> serde_json::Value {
                 "node": n.id, "up": true, "role": s.role, "view": s.view, "leader": s.leader,
                 "persisted": s.persisted, "committed": s.committed, "applied": s.applied,
                 "lag": s.committed.saturating_sub(s.applied), "divergences": s.divergences,
-                "server_pid": s.server_pid,
+                "server_pid": s.server_pid, "stale_reason": s.stale_reason,
             }),
             Err(e) => json!({ "node": n.id, "up": false, "role": "down", "error": e }),
         })
@@ -85,6 +85,18 @@ pub fn to_table(config: &Config, nodes: &[NodeView]) -> String {
                 app
             )),
             Err(e) => out.push_str(&format!("{:>4}  {:<8} ({e})  {app}\n", n.id, "down")),
+        }
+    }
+    for n in nodes {
+        if let Ok(NodeStatus {
+            stale_reason: Some(why),
+            ..
+        }) = &n.status
+        {
+            out.push_str(&format!(
+                "node {} is stale: {why}; restart its server and follower\n",
+                n.id
+            ));
         }
     }
     out

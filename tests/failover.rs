@@ -788,6 +788,22 @@ fn leader_server_killed_alone_fails_over() {
         "a new leader after the leader's server died",
     );
     f.wait_role(old, "stale", new);
+    let why = f.status(old).expect("status").stale_reason;
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("server") && w.contains("exited")),
+        "stale reason: {why:?}"
+    );
+    let table = Command::new(bin_dir().join("lockstep"))
+        .args(["status", "--config"])
+        .arg(&c.config_path)
+        .output()
+        .expect("run lockstep status");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains(&format!("node {old} is stale: its server")),
+        "{table}"
+    );
     load.wait_progress(&f, 30, "every client to be served by the new leader");
     let (logs, _) = load.finish();
     check_history(&f, new, &logs);

@@ -56,8 +56,11 @@ pub struct NodeStatus {
     pub view: u64,
     /// Leader of the current view (0: none).
     pub leader: u64,
-    /// "leader", "backup" or "joining".
+    /// "leader", "backup", "joining" or "stale".
     pub role: String,
+    /// Why a stale node must be restarted (None unless stale).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_reason: Option<String>,
     /// Highest seq stored durably.
     pub persisted: u64,
     /// Highest seq known committed.

@@ -62,6 +62,8 @@ pub struct Node {
     /// The server missed committed inputs while this node led: it must be
     /// restarted (fresh) before this node can serve again.
     pub(crate) stale: AtomicBool,
+    /// Why it is stale (for `status`).
+    stale_reason: Mutex<Option<String>>,
     /// ZooKeeper membership (election mode "zookeeper").
     pub(crate) election: Mutex<Option<crate::election::Election>>,
     /// The election's session state, readable while the election thread
@@ -177,6 +179,7 @@ impl Node {
             demoted: Mutex::new(None),
             view_change_at: Mutex::new(None),
             stale: AtomicBool::new(false),
+            stale_reason: Mutex::new(None),
             session_watch: Mutex::new(election.as_ref().map(|e| e.watch())),
             election: Mutex::new(election),
             config,
@@ -221,6 +224,11 @@ impl Node {
             view: self.region.view(),
             leader: self.region.leader(),
             role: role.into(),
+            stale_reason: self
+                .stale_reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             persisted,
             committed: self.committed.load(Ordering::Acquire),
             applied,
@@ -638,6 +646,12 @@ impl Node {
             self.me
         );
         self.demote_self("its server exited");
+        self.go_stale(format!("its server (pid {pid}) exited"));
+    }
+
+    /// Marks this node stale (it leaves the election; `status` says why).
+    pub(crate) fn go_stale(&self, why: String) {
+        *self.stale_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
         self.stale.store(true, Ordering::Relaxed);
     }
 
