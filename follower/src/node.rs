@@ -645,8 +645,10 @@ impl Node {
             "node {}: its server (pid {pid}) exited; this node serves nothing until its server and follower are restarted",
             self.me
         );
-        self.demote_self("its server exited");
+        // Stale first: once demoted, the election thread must not find a
+        // non-stale candidate that no longer leads and start a view for it.
         self.go_stale(format!("its server (pid {pid}) exited"));
+        self.demote_self("its server exited");
     }
 
     /// Marks this node stale (it leaves the election; `status` says why).
