@@ -200,14 +200,7 @@ impl Bench {
         let log = self.log("server", id)?;
         let child = Command::new("redis-server")
             .args(["--port", &app.port().to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--enable-debug-command",
-                "yes",
-            ])
+            .args(lockstep_common::config::REDIS_REPLICA_ARGS)
             .arg("--dir")
             .arg(&data)
             .env("LD_PRELOAD", &self.bins.preload)

@@ -1277,7 +1277,7 @@ impl NetnsCluster {
                     "--bind",
                     &app.ip().to_string(),
                 ])
-                .args(cluster::REDIS_TEST_ARGS)
+                .args(lockstep_common::config::REDIS_REPLICA_ARGS)
                 // Clients come from other namespaces, not from loopback.
                 .args(["--protected-mode", "no"])
                 .arg("--dir")

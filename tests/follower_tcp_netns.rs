@@ -120,7 +120,7 @@ impl Procs {
             // Clients come from another namespace (not loopback); every
             // address here is private to the test's namespaces.
             .args(["--protected-mode", "no"])
-            .args(cluster::REDIS_TEST_ARGS)
+            .args(lockstep_common::config::REDIS_REPLICA_ARGS)
             .arg("--dir")
             .arg(&data)
             .env("LD_PRELOAD", bin_dir().join("liblockstep.so"))

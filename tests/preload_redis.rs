@@ -394,6 +394,15 @@ fn set_k1_then_send_unacked_k2(f: &Fixture, acker: &Acker) -> Resp {
     c
 }
 
+/// `GET k` on the server through a replay connection, as a follower would
+/// look (node 1 must be a backup: a leader refuses it).
+fn get_k_by_replay(f: &Fixture) -> Reply {
+    let stream = connect_from_own_port(f.app(), |port| {
+        assert!(f.region(1).replay_slot(0).claim(port))
+    });
+    Resp::on(stream).cmd(&[b"GET", b"k"]).unwrap()
+}
+
 #[test]
 fn losing_leadership_while_waiting_for_acks_fails_the_connection() {
     let f = Fixture::new("lose", Options::default());
@@ -418,14 +427,7 @@ fn losing_leadership_while_waiting_for_acks_fails_the_connection() {
     server.assert_running();
 
     // The unreplicated SET never ran.
-    let stream = connect_from_own_port(f.app(), |port| {
-        assert!(f.region(1).replay_slot(0).claim(port))
-    });
-    let mut replay = Resp::on(stream);
-    assert_eq!(
-        replay.cmd(&[b"GET", b"k"]).unwrap(),
-        Reply::Bulk(Some(b"1".to_vec()))
-    );
+    assert_eq!(get_k_by_replay(&f), Reply::Bulk(Some(b"1".to_vec())));
     acker.pause(false);
 }
 
@@ -458,13 +460,9 @@ fn leader_whose_follower_died_fails_the_waiting_input_and_still_stops() {
         is_closed_by_peer(late.stream(), LIMIT),
         "a client was served after the follower died"
     );
-    // Look through a replay connection, as a restarted follower would.
     f.set_role(Role::Backup);
-    let stream = connect_from_own_port(f.app(), |port| {
-        assert!(f.region(1).replay_slot(0).claim(port))
-    });
     assert_eq!(
-        Resp::on(stream).cmd(&[b"GET", b"k"]).unwrap(),
+        get_k_by_replay(&f),
         Reply::Bulk(Some(b"1".to_vec())),
         "the server saw an input that failed"
     );

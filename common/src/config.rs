@@ -14,6 +14,18 @@ use crate::region::{RegionSpec, MAX_NODES};
 /// Smallest ring accepted.
 pub const MIN_RING: u64 = 1 << 20;
 
+/// What a redis-server replica that lockstep starts itself (benchmarks,
+/// tests) gets besides its address: no persistence of its own (the log is
+/// the state) and `DEBUG DIGEST` for comparing replicas.
+pub const REDIS_REPLICA_ARGS: [&str; 6] = [
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--enable-debug-command",
+    "yes",
+];
+
 /// One-sided write transport between nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -336,13 +336,13 @@ impl Node {
             kept.extend(batch.into_iter().map(|(seq, e)| (seq, e.header().view)));
         }
         if let Some(missed) = viewchange::first_missed_input(led_view, served, kept) {
-            self.go_stale(format!(
-                "its server consumed view {led_view} up to seq {served}, but the new view kept seq {missed}, which the server never saw"
-            ));
+            let why = format!(
+                "its server consumed view {led_view} up to seq {served}, but the new view kept seq {missed} \
+                 of that view, which the server never saw"
+            );
+            self.go_stale(why.clone());
             bail!(
-                "node {}: its server consumed view {led_view} up to seq {served}, but the new view kept seq {missed} \
-                 of that view, which the server never saw; restart this node's server and follower to rebuild \
-                 it from the log",
+                "node {}: {why}; restart this node's server and follower to rebuild it from the log",
                 self.me
             );
         }

@@ -56,18 +56,6 @@ pub struct NodePorts {
     pub control: SocketAddr,
 }
 
-/// What every test redis-server gets besides its address: no
-/// persistence (the log is the state) and `DEBUG DIGEST` for comparing
-/// replicas.
-pub const REDIS_TEST_ARGS: [&str; 6] = [
-    "--save",
-    "",
-    "--appendonly",
-    "no",
-    "--enable-debug-command",
-    "yes",
-];
-
 /// A running test cluster.
 pub struct TestCluster {
     /// Cluster name (unique per test).
@@ -197,7 +185,7 @@ impl TestCluster {
             Server::Redis => {
                 let mut c = Command::new("redis-server");
                 c.args(["--port", &n.app.port().to_string(), "--bind", "127.0.0.1"])
-                    .args(REDIS_TEST_ARGS)
+                    .args(lockstep_common::config::REDIS_REPLICA_ARGS)
                     .arg("--dir")
                     .arg(&data);
                 c
