@@ -48,6 +48,20 @@ pub enum Durability {
     Fsync,
 }
 
+/// When the leader's server may act on an input (see the README's "Commit
+/// disciplines").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommitMode {
+    /// Output commit (default): the server reads each input at once; every
+    /// externally visible act on a client connection (write, send, close,
+    /// shutdown) waits until a majority stored every input appended so far.
+    Output,
+    /// Input commit (APUS): the server sees an input only once a majority
+    /// stored it.
+    Input,
+}
+
 /// Whether a backup's server accepts clients other than the replay stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -140,6 +154,8 @@ struct RawConfig {
     durability: Durability,
     #[serde(default = "default_backup_clients")]
     backup_clients: BackupClients,
+    #[serde(default = "default_commit")]
+    commit: CommitMode,
     #[serde(default)]
     key: Option<String>,
     #[serde(default)]
@@ -160,6 +176,9 @@ fn default_durability() -> Durability {
 }
 fn default_backup_clients() -> BackupClients {
     BackupClients::Deny
+}
+fn default_commit() -> CommitMode {
+    CommitMode::Output
 }
 
 /// A byte size: an integer or a string like "64MiB".
@@ -217,6 +236,8 @@ pub struct Config {
     pub durability: Durability,
     /// Whether backups serve other clients.
     pub backup_clients: BackupClients,
+    /// When the leader's server may act on an input.
+    pub commit: CommitMode,
     /// Cluster key authenticating tcp transport peers (None for shm).
     pub key: Option<String>,
     /// Server command template for `lockstep up` ({port}, {data}, {node}).
@@ -403,6 +424,7 @@ impl Config {
             max_entry: max_entry as u32,
             durability: raw.durability,
             backup_clients: raw.backup_clients,
+            commit: raw.commit,
             key,
             server: raw.server,
             election: raw.election,
@@ -429,7 +451,7 @@ impl Config {
 
     /// Votes needed for a majority.
     pub fn majority(&self) -> usize {
-        self.nodes.len() / 2 + 1
+        crate::quorum::majority(self.nodes.len())
     }
 
     /// Region identity of node `id`.
@@ -491,6 +513,21 @@ metrics = "127.0.0.1:7203"
             c.node_data_dir(2),
             PathBuf::from("/tmp/lockstep-demo/node-2")
         );
+    }
+
+    #[test]
+    fn commit_mode_defaults_to_output_and_is_checked() {
+        assert_eq!(Config::parse(GOOD).unwrap().commit, CommitMode::Output);
+        let input = GOOD.replace(
+            "cluster = \"demo\"",
+            "cluster = \"demo\"\ncommit = \"input\"",
+        );
+        assert_eq!(Config::parse(&input).unwrap().commit, CommitMode::Input);
+        let e = bad(&GOOD.replace(
+            "cluster = \"demo\"",
+            "cluster = \"demo\"\ncommit = \"later\"",
+        ));
+        assert!(e.contains("unknown variant `later`"), "{e}");
     }
 
     #[test]

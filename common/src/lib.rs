@@ -6,6 +6,7 @@ pub mod config;
 pub mod control;
 pub mod entry;
 pub mod handshake;
+pub mod quorum;
 pub mod region;
 pub mod ring;
 pub mod transport;

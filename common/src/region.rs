@@ -588,6 +588,11 @@ impl Region {
             })
             .is_ok()
     }
+    /// Highest seq whose input the leader's preload handed to its server
+    /// (fenced or not).
+    pub fn served(&self) -> u64 {
+        self.word(W_HANDOVER).load(Ordering::Acquire) & !HANDOVER_FENCED
+    }
     /// Whether hand-overs are fenced (this node is not serving a view).
     pub fn handover_fenced(&self) -> bool {
         self.word(W_HANDOVER).load(Ordering::Acquire) & HANDOVER_FENCED != 0

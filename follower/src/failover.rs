@@ -335,11 +335,18 @@ impl Node {
             next = batch[batch.len() - 1].0 + 1;
             kept.extend(batch.into_iter().map(|(seq, e)| (seq, e.header().view)));
         }
-        if let Some(missed) = viewchange::first_missed_input(led_view, served, kept) {
-            let why = format!(
-                "its server consumed view {led_view} up to seq {served}, but the new view kept seq {missed} \
+        let why = match viewchange::demoted_server_fate(led_view, served, from, kept) {
+            viewchange::ServerFate::InLine => None,
+            viewchange::ServerFate::Missed(seq) => Some(format!(
+                "its server consumed view {led_view} up to seq {served}, but the new view kept seq {seq} \
                  of that view, which the server never saw"
-            );
+            )),
+            viewchange::ServerFate::Dropped(seq) => Some(format!(
+                "its server executed seq {seq} of view {led_view}, which the new view dropped \
+                 (output commit: it was never acknowledged to a client)"
+            )),
+        };
+        if let Some(why) = why {
             self.go_stale(why.clone());
             bail!(
                 "node {}: {why}; restart this node's server and follower to rebuild it from the log",

@@ -603,7 +603,7 @@ impl Node {
                 server_checked = Instant::now();
             }
             if self.region.role() == Role::Leader {
-                let c = self.region.commit();
+                let c = self.raise_leader_commit();
                 self.learn_commit(c.min(self.persisted.load(Ordering::Acquire)));
                 if c != sent || last_send.elapsed() > Duration::from_millis(100) {
                     let view = self.region.view();
@@ -628,6 +628,17 @@ impl Node {
             // backup's threads.
             std::thread::sleep(HEARTBEAT);
         }
+    }
+
+    /// Leader: raises the commit word to what the ack array proves a
+    /// majority stored, never past what the server was handed. The preload
+    /// raises it when an output waits; this keeps it moving when none does
+    /// (a client that only pipelines `noreply` commands), so backups apply.
+    fn raise_leader_commit(&self) -> u64 {
+        let acks: Vec<u64> = self.config.ids().map(|id| self.region.ack(id)).collect();
+        let proven = lockstep_common::quorum::acked_by(&acks, self.config.majority());
+        self.region.raise_commit(proven.min(self.region.served()));
+        self.region.commit()
     }
 
     /// A node whose server exited can neither serve clients nor apply the

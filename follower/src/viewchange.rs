@@ -44,10 +44,7 @@ pub struct Adoption {
     pub committed: u64,
 }
 
-/// Smallest number of nodes that is a majority of `n`.
-pub fn majority(n: usize) -> usize {
-    n / 2 + 1
-}
+pub use lockstep_common::quorum::majority;
 
 /// The candidate's side of a view change: collects promises, decides.
 #[derive(Clone, Debug)]
@@ -154,24 +151,56 @@ pub fn admits(promised: u64, view: u64) -> bool {
     view >= promised
 }
 
-/// What a demoted leader's server holds, when it stays up as a backup.
+/// What a demoted leader's server holds, measured against the new view's
+/// log, when the node would stay up as a backup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerFate {
+    /// The server consumed exactly a prefix of the new log: it resumes
+    /// applying after `served`.
+    InLine,
+    /// The new log kept this seq of the led view, which the server never
+    /// saw (its hand-over was fenced): replay cannot add it in the middle.
+    Missed(u64),
+    /// The server consumed this seq of the led view, which the new log does
+    /// not hold (output commit: the server acts on inputs before they are
+    /// committed, and the new view dropped an uncommitted one). Its state
+    /// includes an input no replica applies.
+    Dropped(u64),
+}
+
+/// Judges a demoted leader's server.
 ///
-/// A leader's server consumed exactly the entries of its view up to its
-/// commit word `served` (each input is handed over only once a majority
-/// acked it). If the new view's log kept an entry of that view above
-/// `served`, the server never saw an input the others apply: it cannot be
-/// brought in line by replay and must be rebuilt (restart). `new_log`
-/// yields `(seq, view)` of the adopted log above `served`; the answer is
-/// the first such entry the server missed (None: the server is in line).
-pub fn first_missed_input(
+/// The server consumed the led view's inputs up to `served` (exact: the
+/// hand-over fence). `cut` is where the node's log was cut to take the new
+/// one (its commit point: everything up to it is the same everywhere).
+/// `new_log` yields `(seq, view)` of the new log above `min(cut, served)`,
+/// in order.
+///
+/// Entries carry the view of the leader that first wrote them, and a view
+/// has one leader writing each seq once; so when the new log holds the led
+/// view's own entry at `served`, it holds the led view's entries below it
+/// too (a log that took that entry took its leader's prefix), and the
+/// server consumed a prefix of the new log.
+pub fn demoted_server_fate(
     led_view: u64,
     served: u64,
+    cut: u64,
     new_log: impl IntoIterator<Item = (u64, u64)>,
-) -> Option<u64> {
-    new_log
-        .into_iter()
-        .find(|&(seq, view)| seq > served && view == led_view)
-        .map(|(seq, _)| seq)
+) -> ServerFate {
+    let mut holds_served = served <= cut;
+    for (seq, view) in new_log {
+        if seq == served && view == led_view {
+            holds_served = true;
+        }
+        if seq > served && view == led_view {
+            return ServerFate::Missed(seq);
+        }
+    }
+    if holds_served {
+        ServerFate::InLine
+    } else {
+        ServerFate::Dropped(served)
+    }
 }
 
 #[cfg(test)]
@@ -264,10 +293,45 @@ mod tests {
 
     #[test]
     fn demoted_server_check() {
-        // Led view 3, served up to 10.
-        assert_eq!(first_missed_input(3, 10, [(9, 3), (10, 3), (11, 4)]), None);
-        assert_eq!(first_missed_input(3, 10, [(11, 3), (12, 3)]), Some(11));
-        assert_eq!(first_missed_input(3, 10, []), None);
+        use ServerFate::*;
+        // Led view 3, served up to 10, log cut at 8.
+        let fate = |log: &[(u64, u64)]| demoted_server_fate(3, 10, 8, log.iter().copied());
+        assert_eq!(fate(&[(9, 3), (10, 3), (11, 4)]), InLine);
+        assert_eq!(fate(&[(9, 3), (10, 3), (11, 3), (12, 3)]), Missed(11));
+        // Output commit: the server ran 9 and 10, the new view kept neither.
+        assert_eq!(fate(&[]), Dropped(10));
+        assert_eq!(fate(&[(9, 3)]), Dropped(10));
+        assert_eq!(fate(&[(9, 4), (10, 4)]), Dropped(10));
+        // Everything served was committed (input commit): in line.
+        assert_eq!(demoted_server_fate(3, 8, 8, []), InLine);
+        assert_eq!(demoted_server_fate(3, 8, 10, [(9, 3)]), Missed(9));
+    }
+
+    proptest::proptest! {
+        /// Against a model: a leader of view 3 wrote seqs `start..=top`,
+        /// its server consumed up to `served`; the new log took the leader's
+        /// entries up to `kept` and then entries of view 4. InLine exactly
+        /// when the server's consumed inputs are a prefix of the new log.
+        #[test]
+        fn a_demoted_server_stays_only_when_it_consumed_a_prefix_of_the_new_log(
+            start in 1u64..20, len in 0u64..20, served_off in 0u64..20,
+            kept_off in 0u64..25, extra in 0u64..5,
+        ) {
+            let top = start + len;
+            let served = (start + served_off).min(top);
+            let kept = (start - 1 + kept_off).min(top);
+            let cut = start - 1;
+            let mut log: Vec<(u64, u64)> = (start..=kept).map(|s| (s, 3)).collect();
+            log.extend((kept + 1..=kept + extra).map(|s| (s, 4)));
+            let fate = demoted_server_fate(3, served, cut, log.iter().copied());
+            let prefix = kept >= served;
+            let missed = kept > served;
+            match fate {
+                ServerFate::InLine => proptest::prop_assert!(prefix && !missed),
+                ServerFate::Missed(s) => proptest::prop_assert!(missed && s == served + 1),
+                ServerFate::Dropped(s) => proptest::prop_assert!(!prefix && s == served),
+            }
+        }
     }
 
     /// A simulated cluster: logs of `(view, value)`, crashes, partial

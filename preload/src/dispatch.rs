@@ -3,12 +3,16 @@
 //!
 //! | fd class | role      | input call                                     |
 //! |----------|-----------|------------------------------------------------|
-//! | Client   | Leader    | real call, then DATA/CLOSE entries, wait ack    |
+//! | Client   | Leader    | real call, then DATA/CLOSE entries (input mode: |
+//! |          |           | wait for the commit before returning)          |
 //! | Client   | otherwise | fail the connection (accepted as leader)       |
 //! | Replay   | any       | real call, add the bytes to the slot's consumed |
 //! | Guest    | Leader    | fail the connection (was never replicated)     |
 //! | Guest    | otherwise | pass through                                   |
 //! | other    | any       | pass through (one table lookup)                |
+//!
+//! Output (write/send/close/shutdown) on a Client fd first waits until
+//! every input appended so far is committed (output mode; see `engine`).
 
 use lockstep_common::config::BackupClients;
 use lockstep_common::entry::Kind;
@@ -235,6 +239,36 @@ fn log_close(engine: &Engine, slot: &Slot) -> Result<(), Fail> {
         .map(|_| ())
 }
 
+/// Before output to a tracked fd: a client's output is held until every
+/// input appended so far is committed (output mode). Some: the output is
+/// refused (this node stopped leading: never released; the connection is
+/// reset).
+pub fn before_output(fd: i32) -> Option<Ret> {
+    let slot = fdtable::slot(fd)?;
+    if slot.class() != Class::Client || slot.state() & FAILED != 0 {
+        // A failed client's socket is shut down already: the call fails.
+        return None;
+    }
+    let engine = setup::engine()?;
+    match engine.wait_output() {
+        Ok(()) => None,
+        Err(f) => Some(fail_with(fd, slot.conn(), &f)),
+    }
+}
+
+/// Holds a client's close or shutdown until its inputs (and every earlier
+/// one) are committed: the client must not see the connection end on an
+/// input the cluster may still lose. When that can no longer happen, the
+/// connection is reset instead.
+fn hold_end(engine: &Engine, fd: i32, slot: &Slot) {
+    if slot.state() & FAILED != 0 {
+        return;
+    }
+    if let Err(f) = engine.wait_output() {
+        fail_with(fd, slot.conn(), &f);
+    }
+}
+
 /// Output written to a tracked fd.
 pub fn after_output(fd: i32, segments: &[&[u8]]) {
     if let Some(slot) = fdtable::slot(fd) {
@@ -257,6 +291,7 @@ pub fn before_close(fd: i32) {
                     slot.conn()
                 );
             }
+            hold_end(engine, fd, slot);
         }
     }
     slot.clear();
@@ -271,19 +306,24 @@ pub fn forget(fd: i32) {
 
 /// Before `shutdown(fd, how)`: the end of a client's input is its CLOSE.
 /// SHUT_WR alone is not: the server still reads from the client.
+/// Any shutdown is visible to the client, so it waits for the commit like
+/// output does (output mode).
 pub fn before_shutdown(fd: i32, how: i32) {
-    if how == libc::SHUT_WR {
-        return;
-    }
     let (Some(slot), Some(engine)) = (fdtable::slot(fd), setup::engine()) else {
         return;
     };
-    if let Err(f) = log_close(engine, slot) {
-        log::info!(
-            "connection {}: shut down; its CLOSE was not replicated: {f}",
-            slot.conn()
-        );
+    if slot.class() != Class::Client {
+        return;
     }
+    if how != libc::SHUT_WR {
+        if let Err(f) = log_close(engine, slot) {
+            log::info!(
+                "connection {}: shut down; its CLOSE was not replicated: {f}",
+                slot.conn()
+            );
+        }
+    }
+    hold_end(engine, fd, slot);
 }
 
 /// Whether listener `fd` is this node's app listener (cached per fd).

@@ -1,5 +1,6 @@
 //! The leader's replication path: turn one input into entries in the local
-//! ring, post the same bytes to every peer, and wait for a majority.
+//! ring, post the same bytes to every peer, and let the server act on it
+//! only as the cluster's commit discipline allows.
 //!
 //! One writer per process behind a mutex (the sequence lock): it holds the
 //! ring writer, the next seq, the flow-control bound `safe` and pre-sized
@@ -7,6 +8,22 @@
 //! happens outside the lock: spin with a bounded backoff, then park on the
 //! region's doorbell (the local follower rings it when it writes an ack;
 //! remote acks arriving through `Region::write` ring it too).
+//!
+//! # Commit disciplines
+//!
+//! - `input` (APUS): [`Engine::replicate`] returns once a majority stored
+//!   the input; only then does the server see it.
+//! - `output` (default): [`Engine::replicate`] returns as soon as the input
+//!   is in the local ring and posted to the peers; the server acts on it at
+//!   once. [`Engine::wait_output`] runs before every externally visible act
+//!   on a client connection and waits until a majority stored *every* input
+//!   appended so far (the server is single-threaded: any reply may depend
+//!   on any earlier input). After a burst of N inputs the first reply waits
+//!   once, the other N-1 find the commit point already past them.
+//!
+//! Either way the commit point never passes what the server was handed
+//! (the region's hand-over word), so a deposed leader knows exactly which
+//! of its view's inputs its server consumed.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,11 +31,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
+use lockstep_common::config::CommitMode;
 use lockstep_common::entry::{self, EntryHeader, Kind};
 use lockstep_common::region::{self, Region, Role};
 use lockstep_common::ring::{RingError, RingWriter};
 use lockstep_common::transport::{self, Transport, TransportError};
-use lockstep_common::Config;
+use lockstep_common::{quorum, Config};
 
 /// How long one park on the doorbell lasts before the wait loop looks at
 /// role, view and fencing again (those changes do not all ring the bell).
@@ -93,6 +111,16 @@ pub struct Engine {
     writer: Mutex<Writer>,
     /// Bit per peer id: a non-fencing write error was already reported.
     warned: AtomicU64,
+    /// The cluster's commit discipline.
+    mode: CommitMode,
+    /// Last seq appended, and the view it was appended in (written under
+    /// the writer lock, read by [`Engine::wait_output`] without it).
+    appended: AtomicU64,
+    appended_view: AtomicU64,
+    /// Highest seq this process has seen a majority store in
+    /// `appended_view`: outputs covered by it pass without looking at the
+    /// ack array.
+    released: AtomicU64,
 }
 
 impl Engine {
@@ -122,6 +150,10 @@ impl Engine {
             max_entry,
             writer: Mutex::new(writer),
             warned: AtomicU64::new(0),
+            mode: config.commit,
+            appended: AtomicU64::new(0),
+            appended_view: AtomicU64::new(0),
+            released: AtomicU64::new(0),
             config,
         })
     }
@@ -165,6 +197,7 @@ impl Engine {
             w.next_seq = seq.max(1);
             w.ring = RingWriter::new(self.config.ring_size, pos);
             w.safe = pos;
+            self.released.store(0, Ordering::Release);
             log::info!(
                 "leading view {view}: next seq {} at ring position {pos}",
                 w.next_seq
@@ -173,9 +206,16 @@ impl Engine {
         Ok(view)
     }
 
+    /// The cluster's commit discipline.
+    pub fn mode(&self) -> CommitMode {
+        self.mode
+    }
+
     /// Replicates one input: `segments` (`total` bytes, split into entries
     /// of at most `max_entry`) for DATA, nothing for ACCEPT/CLOSE. Returns
-    /// once a majority stored every entry, with the commit index raised.
+    /// once the server may have the input: in input mode once a majority
+    /// stored every entry (commit index raised), in output mode once it is
+    /// in the local ring and posted to the peers.
     pub fn replicate(
         &self,
         kind: Kind,
@@ -185,15 +225,49 @@ impl Engine {
         total: usize,
     ) -> Result<Logged, Fail> {
         let logged = self.append(kind, conn, out_hash, segments, total)?;
-        self.wait_majority(logged.last, logged.view)?;
+        if self.mode == CommitMode::Input {
+            self.wait_majority(logged.last, logged.view)?;
+        }
         // The follower may have stopped this node leading meanwhile; what
         // it fenced out never reaches the server, so it knows exactly
         // what the server consumed.
         if !self.region.hand_over(logged.last) {
             return Err(Fail::Lost("this node stopped leading"));
         }
-        self.region.raise_commit(logged.last);
+        if self.mode == CommitMode::Input {
+            self.release(logged.last);
+        }
         Ok(logged)
+    }
+
+    /// Output mode: returns once a majority stored every input appended so
+    /// far, so that the server may act outside (reply, close). Fails when
+    /// this node stops leading meanwhile: that output must never be
+    /// released. Input mode: every input was committed before the server
+    /// saw it, so this returns at once.
+    pub fn wait_output(&self) -> Result<(), Fail> {
+        if self.mode == CommitMode::Input {
+            return Ok(());
+        }
+        let view = self.appended_view.load(Ordering::Acquire);
+        let seq = self.appended.load(Ordering::Acquire);
+        if seq == 0 || self.released.load(Ordering::Acquire) >= seq {
+            // The released mark is reset (under the writer lock) before
+            // any seq of a new view is appended.
+            return Ok(());
+        }
+        self.wait_majority(seq, view)?;
+        self.release(seq);
+        Ok(())
+    }
+
+    /// Records that a majority stored everything up to `seq` and raises the
+    /// commit word, never past what the server was handed (an input whose
+    /// hand-over was fenced is not the server's, and stays uncommitted
+    /// here; the next view decides about it).
+    fn release(&self, seq: u64) {
+        self.released.fetch_max(seq, Ordering::AcqRel);
+        self.region.raise_commit(seq.min(self.region.served()));
     }
 
     fn append(
@@ -226,11 +300,10 @@ impl Engine {
         } else {
             one(&[])?;
         }
-        Ok(Logged {
-            first,
-            last: w.next_seq - 1,
-            view,
-        })
+        let last = w.next_seq - 1;
+        self.appended_view.store(view, Ordering::Release);
+        self.appended.store(last, Ordering::Release);
+        Ok(Logged { first, last, view })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -310,16 +383,12 @@ impl Engine {
 
     /// Whether a majority (this node included) acknowledged `seq`.
     pub fn acked(&self, seq: u64) -> bool {
-        let mut n = 0;
-        for &id in &self.ids {
-            if self.region.ack(id) >= seq {
-                n += 1;
-                if n >= self.majority {
-                    return true;
-                }
-            }
+        let mut acks = [0u64; region::MAX_NODES + 1];
+        let n = self.ids.len().min(acks.len());
+        for (slot, &id) in acks.iter_mut().zip(&self.ids) {
+            *slot = self.region.ack(id);
         }
-        false
+        quorum::acked_by(&acks[..n], self.majority) >= seq
     }
 
     /// Waits until a majority acknowledged `seq`, failing when this node

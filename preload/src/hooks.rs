@@ -413,8 +413,9 @@ unsafe fn input(fd: c_int, flags: c_int, bufs: Bufs, real: impl FnOnce() -> ssiz
     finish(r, e)
 }
 
-/// The body of every send-type hook: output to a tracked fd feeds its
-/// digest; anything else goes straight to `real`.
+/// The body of every send-type hook: output to a tracked fd waits for the
+/// commit (output mode) and feeds its digest; anything else goes straight
+/// to `real`.
 ///
 /// # Safety
 /// `bufs` must describe the buffers `real` sends from.
@@ -423,6 +424,14 @@ unsafe fn output(fd: c_int, bufs: Bufs, real: impl FnOnce() -> ssize_t) -> ssize
     let Some((_reentry, bufs)) = (unsafe { enter_tracked(fd, bufs) }) else {
         return real();
     };
+    // Output commit: nothing leaves for a client before the inputs it may
+    // depend on are committed. A panic deciding fails the connection
+    // rather than release an output unchecked.
+    let held = caught(|| dispatch::before_output(fd))
+        .unwrap_or_else(|| Some(dispatch::internal_error(fd)));
+    if let Some(r) = held {
+        return finish(r, errno());
+    }
     let n = real();
     if n > 0 {
         let e = errno();
