@@ -57,9 +57,10 @@ impl Procs {
         std::fs::create_dir_all(&dir).unwrap();
         let mut toml = format!(
             "cluster = \"{name}\"\ntransport = \"tcp\"\nring_size = \"8MiB\"\ndata_dir = \"{}\"\n\
-             backup_clients = \"allow\"\nkey = \"tcp-netns-test-key-0123456789\"\n\
+             backup_clients = \"allow\"\nkey = \"tcp-netns-test-key-0123456789\"\n{}\
              [election]\nmode = \"static\"\nleader = 1\n",
-            dir.join("data").display()
+            dir.join("data").display(),
+            cluster::commit_line()
         );
         toml.push_str(&net.nodes_toml(APP_PORT, CONTROL_PORT));
         let config_path = dir.join("cluster.toml");

@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 
 #[path = "../ports/mod.rs"]
 mod ports;
+#[path = "../commit_mode/mod.rs"]
+mod commit_mode;
+#[allow(unused_imports)]
+pub use commit_mode::{commit_line, commit_mode};
 #[path = "../resp/mod.rs"]
 mod resp;
 #[allow(unused_imports)]
@@ -113,10 +117,11 @@ impl TestCluster {
             })
             .collect();
         let mut toml = format!(
-            "cluster = \"{name}\"\ntransport = \"{}\"\nring_size = \"{}\"\ndata_dir = \"{}\"\nbackup_clients = \"allow\"\nkey = \"test-cluster-key-0123456789\"\n{}\n[election]\nmode = \"static\"\nleader = 1\n",
+            "cluster = \"{name}\"\ntransport = \"{}\"\nring_size = \"{}\"\ndata_dir = \"{}\"\nbackup_clients = \"allow\"\nkey = \"test-cluster-key-0123456789\"\n{}{}\n[election]\nmode = \"static\"\nleader = 1\n",
             opts.transport,
             opts.ring_size,
             dir.join("data").display(),
+            commit_line(),
             opts.extra
         );
         for n in &nodes {

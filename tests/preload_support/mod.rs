@@ -23,6 +23,10 @@ use lockstep_common::Config;
 mod ports;
 #[path = "../resp/mod.rs"]
 mod resp;
+#[path = "../commit_mode/mod.rs"]
+mod commit_mode;
+#[allow(unused_imports)]
+pub use commit_mode::commit_mode;
 #[allow(unused_imports)]
 pub use ports::free_port;
 #[allow(unused_imports)]
@@ -129,11 +133,12 @@ impl Fixture {
         std::fs::create_dir_all(&dir).expect("scratch dir");
         let mut text = format!(
             "cluster = \"{name}\"\ntransport = \"shm\"\nring_size = \"{}\"\nmax_entry = \"{}\"\n\
-             data_dir = \"{}\"\nbackup_clients = \"{}\"\n[election]\nmode = \"static\"\nleader = 1\n",
+             data_dir = \"{}\"\nbackup_clients = \"{}\"\n{}[election]\nmode = \"static\"\nleader = 1\n",
             opts.ring_size,
             opts.max_entry,
             dir.join("data").display(),
-            opts.backup_clients
+            opts.backup_clients,
+            commit_mode::commit_line()
         );
         for id in 1..=3 {
             text.push_str(&format!(

@@ -1,0 +1,151 @@
+//! The commit disciplines seen from a client, with real followers and real
+//! servers: no reply (and no read) is ever visible before the inputs it may
+//! depend on are committed, and the commit keeps moving when no reply waits.
+//!
+//! Runs in the suite's commit mode (`LOCKSTEP_TEST_COMMIT`): every check
+//! here holds in both; in input mode the server itself waits instead of
+//! its replies.
+
+mod cluster;
+
+use std::io::Write;
+use std::time::Duration;
+
+use cluster::*;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+const LIMIT: Duration = Duration::from_secs(60);
+/// How long a held reply is watched for not arriving. Not a speed bound:
+/// the reply may not come at all while the backups are frozen.
+const HELD: Duration = Duration::from_millis(700);
+
+/// SIGSTOPs the followers it is given; SIGCONTs them when dropped (also
+/// when a check fails), so that the cluster can stop cleanly.
+struct Frozen(Vec<i32>);
+
+impl Frozen {
+    fn followers(c: &TestCluster, ids: &[u64]) -> Frozen {
+        let pids: Vec<i32> = ids
+            .iter()
+            .map(|&id| c.status(id).expect("status").follower_pid as i32)
+            .collect();
+        for &p in &pids {
+            kill(Pid::from_raw(p), Signal::SIGSTOP).expect("SIGSTOP a follower");
+        }
+        Frozen(pids)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            let _ = kill(Pid::from_raw(p), Signal::SIGCONT);
+        }
+    }
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+/// Asserts that `c` gets no reply within `HELD`.
+fn assert_held(c: &mut Resp, what: &str) {
+    c.set_read_timeout(HELD).unwrap();
+    match c.read() {
+        Err(e) if is_timeout(&e) => {}
+        other => panic!("{what}: answered while no majority could store it: {other:?}"),
+    }
+    c.set_read_timeout(LIMIT).unwrap();
+}
+
+#[test]
+fn no_reply_is_visible_before_its_input_is_committed() {
+    let mut c = TestCluster::new("oc-held", Options::default());
+    c.start_all();
+    let mut writer = Resp::connect(c.app(1)).unwrap();
+    let mut reader = Resp::connect(c.app(1)).unwrap();
+    assert_eq!(
+        writer.cmd(&[b"SET", b"k", b"old"]).unwrap(),
+        Reply::Status("OK".into())
+    );
+
+    let frozen = Frozen::followers(&c, &[2, 3]);
+    writer.send(&[b"SET", b"k", b"new"]).unwrap();
+    assert_held(&mut writer, "SET k new");
+    // A read from another connection is an input too: in output mode the
+    // server already ran the SET, and this GET's reply would show it.
+    reader.send(&[b"GET", b"k"]).unwrap();
+    assert_held(&mut reader, "GET k");
+    // Nothing closes or resets either connection meanwhile.
+    assert_eq!(c.status(1).expect("leader status").role, "leader");
+
+    drop(frozen);
+    assert_eq!(writer.read().unwrap(), Reply::Status("OK".into()));
+    assert_eq!(reader.read().unwrap(), Reply::Bulk(Some(b"new".to_vec())));
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}
+
+#[test]
+fn a_connection_closed_by_the_server_waits_for_the_commit() {
+    let mut c = TestCluster::new("oc-quit", Options::default());
+    c.start_all();
+    let mut client = Resp::connect(c.app(1)).unwrap();
+    assert_eq!(
+        client.cmd(&[b"SET", b"k", b"1"]).unwrap(),
+        Reply::Status("OK".into())
+    );
+    let frozen = Frozen::followers(&c, &[2, 3]);
+    // QUIT: the server replies and closes; neither may reach the client
+    // before the commit.
+    client.send(&[b"QUIT"]).unwrap();
+    assert_held(&mut client, "QUIT");
+    drop(frozen);
+    assert_eq!(client.read().unwrap(), Reply::Status("OK".into()));
+    let mut b = [0u8; 1];
+    use std::io::Read;
+    assert_eq!(client.stream().read(&mut b).unwrap(), 0, "no EOF after QUIT");
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+}
+
+/// memcached's `noreply` commands produce no output at all: the leader's
+/// follower must keep raising the commit point so the backups apply them.
+#[test]
+fn commands_without_replies_still_commit_and_apply() {
+    let mut c = TestCluster::new(
+        "oc-noreply",
+        Options {
+            server: Server::Memcached,
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    let mut s = std::net::TcpStream::connect(c.app(1)).unwrap();
+    for i in 0..200 {
+        write!(s, "set k{i} 0 0 2 noreply\r\nv{}\r\n", i % 10).unwrap();
+    }
+    s.flush().unwrap();
+    // The backups apply all of it, though no reply ever waited (nothing
+    // here reads from the leader until they have).
+    for id in 2..=3 {
+        c.wait(&format!("node {id} to apply the noreply sets"), LIMIT, |c| {
+            Memcache::connect(c.app(id))
+                .and_then(|mut m| m.dump())
+                .map(|d| d.len() == 200)
+                .unwrap_or(false)
+        });
+    }
+    let want = Memcache::connect(c.app(1)).unwrap().dump().unwrap();
+    assert_eq!(want.len(), 200, "the leader holds every key");
+    for id in 2..=3 {
+        let got = Memcache::connect(c.app(id)).unwrap().dump().unwrap();
+        assert_eq!(got, want, "node {id} differs from the leader");
+    }
+    drop(s);
+}
