@@ -109,7 +109,11 @@ fn a_connection_closed_by_the_server_waits_for_the_commit() {
     assert_eq!(client.read().unwrap(), Reply::Status("OK".into()));
     let mut b = [0u8; 1];
     use std::io::Read;
-    assert_eq!(client.stream().read(&mut b).unwrap(), 0, "no EOF after QUIT");
+    assert_eq!(
+        client.stream().read(&mut b).unwrap(),
+        0,
+        "no EOF after QUIT"
+    );
     c.wait_converged(LIMIT);
     c.assert_same_digest();
 }
@@ -134,12 +138,16 @@ fn commands_without_replies_still_commit_and_apply() {
     // The backups apply all of it, though no reply ever waited (nothing
     // here reads from the leader until they have).
     for id in 2..=3 {
-        c.wait(&format!("node {id} to apply the noreply sets"), LIMIT, |c| {
-            Memcache::connect(c.app(id))
-                .and_then(|mut m| m.dump())
-                .map(|d| d.len() == 200)
-                .unwrap_or(false)
-        });
+        c.wait(
+            &format!("node {id} to apply the noreply sets"),
+            LIMIT,
+            |c| {
+                Memcache::connect(c.app(id))
+                    .and_then(|mut m| m.dump())
+                    .map(|d| d.len() == 200)
+                    .unwrap_or(false)
+            },
+        );
     }
     let want = Memcache::connect(c.app(1)).unwrap().dump().unwrap();
     assert_eq!(want.len(), 200, "the leader holds every key");

@@ -425,10 +425,7 @@ fn losing_leadership_while_waiting_for_acks_fails_the_connection() {
         "connection survived the role change"
     );
     server.assert_running();
-    assert_eq!(
-        get_k_by_replay(&f),
-        what_the_server_ran_of_the_failed_set(),
-    );
+    assert_eq!(get_k_by_replay(&f), what_the_server_ran_of_the_failed_set(),);
     acker.pause(false);
 }
 

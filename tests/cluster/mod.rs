@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "../ports/mod.rs"]
-mod ports;
 #[path = "../commit_mode/mod.rs"]
 mod commit_mode;
+#[path = "../ports/mod.rs"]
+mod ports;
 #[allow(unused_imports)]
 pub use commit_mode::{commit_line, commit_mode};
 #[path = "../resp/mod.rs"]

@@ -19,12 +19,12 @@ use lockstep_common::region::{self, Region, Role};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use lockstep_common::Config;
 
+#[path = "../commit_mode/mod.rs"]
+mod commit_mode;
 #[path = "../ports/mod.rs"]
 mod ports;
 #[path = "../resp/mod.rs"]
 mod resp;
-#[path = "../commit_mode/mod.rs"]
-mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::commit_mode;
 #[allow(unused_imports)]
