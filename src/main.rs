@@ -1,7 +1,10 @@
 //! `lockstep`: the command line of a lockstep cluster.
 
 mod bench;
+mod bench_redis;
+mod chart;
 mod failover_bench;
+mod loadgen;
 mod status;
 mod up;
 mod zookeeper_server;
@@ -115,6 +118,38 @@ enum BenchCmd {
         #[arg(long)]
         servers_after_latency: bool,
     },
+    /// The same load against plain Redis, Redis with async replicas, with
+    /// `appendfsync always`, with `WAIT 1 0` after each write, and 3-node
+    /// lockstep clusters (shm output/input commit, tcp): redis-benchmark
+    /// and the built-in load client; a table, JSON and a PNG chart.
+    Redis {
+        /// Results directory [default: target/bench-redis/<timestamp>].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Requests per redis-benchmark test and per load-client run
+        /// [default: 50000, 5000 with --quick].
+        #[arg(long)]
+        requests: Option<u64>,
+        /// Client connections (redis-benchmark -c, load-client threads).
+        #[arg(long, default_value_t = 50)]
+        clients: usize,
+        /// Depth of the pipelined SET run (redis-benchmark -P).
+        #[arg(long, default_value_t = 16)]
+        pipeline: usize,
+        /// Run the load client this many seconds instead of --requests.
+        #[arg(long)]
+        duration: Option<f64>,
+        /// Only these systems (comma list): plain, replicas, aof-always,
+        /// wait, lockstep-output, lockstep-input, lockstep-tcp.
+        #[arg(long, value_parser = bench_redis::parse_systems)]
+        only: Option<std::vec::Vec<bench_redis::System>>,
+        /// A short run (5000 requests per run unless --requests says otherwise).
+        #[arg(long)]
+        quick: bool,
+        /// Keep the servers' data and logs (under the results directory).
+        #[arg(long)]
+        keep: bool,
+    },
 }
 
 fn load(pos: Option<PathBuf>, flag: Option<PathBuf>) -> anyhow::Result<Config> {
@@ -184,6 +219,27 @@ fn main() {
             json,
             keep,
             servers_after_latency,
+        }),
+        Cmd::Bench {
+            what:
+                BenchCmd::Redis {
+                    out,
+                    requests,
+                    clients,
+                    pipeline,
+                    duration,
+                    only,
+                    quick,
+                    keep,
+                },
+        } => bench_redis::run(&bench_redis::Options {
+            out,
+            requests: requests.unwrap_or(if quick { 5_000 } else { 50_000 }),
+            clients,
+            pipeline,
+            duration: duration.map(Duration::from_secs_f64),
+            only,
+            keep,
         }),
         Cmd::Check { config } => (|| {
             let c = load(Some(config), None)?;

@@ -1,0 +1,334 @@
+//! A minimal Redis load client for `lockstep bench redis`: N connections,
+//! one thread each, every thread sending `SET` (optionally followed by
+//! `WAIT n 0`) and waiting for the reply before the next request, with
+//! every request's latency recorded in an HDR histogram.
+//!
+//! It exists beside `redis-benchmark` because `redis-benchmark` cannot send
+//! `WAIT` after each write: with one client of our own, the `WAIT` row is
+//! compared with the other systems under exactly the same load.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
+
+/// How long one reply may take before the run is declared hung.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Largest latency the histogram holds (larger ones saturate): 60 s in ns.
+const MAX_LATENCY_NS: u64 = 60_000_000_000;
+
+/// A reply from Redis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// `+simple string`
+    Status(String),
+    /// `-error`
+    Error(String),
+    /// `:integer`
+    Int(i64),
+    /// `$bulk` (None: nil)
+    Bulk(Option<Vec<u8>>),
+    /// `*array` (None: nil)
+    Array(Option<Vec<Reply>>),
+}
+
+/// Encodes a command as a RESP array of bulk strings.
+pub fn encode(args: &[&[u8]], out: &mut Vec<u8>) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Reads one reply (nested arrays included).
+pub fn read_reply(r: &mut impl BufRead) -> io::Result<Reply> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the server closed the connection",
+        ));
+    }
+    let line = line.trim_end_matches("\r\n");
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad reply line {line:?}"),
+        )
+    };
+    let (kind, rest) = line.split_at(1.min(line.len()));
+    Ok(match kind {
+        "+" => Reply::Status(rest.into()),
+        "-" => Reply::Error(rest.into()),
+        ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
+        "$" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            if n < 0 {
+                Reply::Bulk(None)
+            } else {
+                let mut b = vec![0u8; n as usize + 2];
+                r.read_exact(&mut b)?;
+                b.truncate(n as usize);
+                Reply::Bulk(Some(b))
+            }
+        }
+        "*" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            if n < 0 {
+                Reply::Array(None)
+            } else {
+                let mut v = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    v.push(read_reply(r)?);
+                }
+                Reply::Array(Some(v))
+            }
+        }
+        _ => return Err(bad()),
+    })
+}
+
+/// Opens a connection with bounded connect and reply times.
+fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(5)))?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// Sends one command on a fresh connection and returns its reply (setup
+/// and readiness checks, not load).
+pub fn command(addr: SocketAddr, args: &[&str], timeout: Duration) -> anyhow::Result<Reply> {
+    let mut s = connect(addr, timeout).with_context(|| format!("cannot connect to {addr}"))?;
+    let mut buf = Vec::new();
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    encode(&args, &mut buf);
+    s.write_all(&buf)?;
+    Ok(read_reply(&mut BufReader::new(s))?)
+}
+
+/// What one load run does.
+#[derive(Clone, Debug)]
+pub struct LoadSpec {
+    /// The server to load.
+    pub addr: SocketAddr,
+    /// Connections, one thread each.
+    pub clients: usize,
+    /// Requests in all (split evenly over the connections); ignored when
+    /// `duration` is set.
+    pub requests: u64,
+    /// Run for this long instead of a request count.
+    pub duration: Option<Duration>,
+    /// Send `WAIT n 0` after every SET and count both as one request.
+    pub wait_replicas: Option<u32>,
+    /// Bytes of each SET's value (`redis-benchmark -d`, default 3).
+    pub value_size: usize,
+}
+
+/// What one load run measured.
+pub struct LoadResult {
+    /// Requests completed.
+    pub requests: u64,
+    /// From the moment all connections were open and started until the
+    /// last one finished.
+    pub elapsed: Duration,
+    /// Per-request latency in nanoseconds, all connections together.
+    pub latency_ns: Histogram<u64>,
+}
+
+impl LoadResult {
+    /// Completed requests per second.
+    pub fn rps(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The latency at quantile `q` (0..=1), in milliseconds.
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        self.latency_ns.value_at_quantile(q) as f64 / 1e6
+    }
+}
+
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid histogram bounds")
+}
+
+/// One connection's work until its quota is done or the run is stopped.
+struct Client {
+    stream: TcpStream,
+    id: usize,
+    quota: u64,
+}
+
+/// Connection `id`'s share of `requests` spread over `clients`.
+fn quota(requests: u64, clients: u64, id: u64) -> u64 {
+    requests / clients + u64::from(id < requests % clients)
+}
+
+/// Runs the load; `stop` (Ctrl-C) ends it early with an error.
+pub fn run(spec: &LoadSpec, stop: &AtomicBool) -> anyhow::Result<LoadResult> {
+    if spec.clients == 0 {
+        bail!("the load needs at least one client");
+    }
+    // Open every connection before the clock starts: connection setup is
+    // not what is measured (and through lockstep each accept is a log entry).
+    let clients = spec.clients as u64;
+    let mut conns = Vec::with_capacity(spec.clients);
+    for id in 0..spec.clients {
+        let stream = connect(spec.addr, REPLY_TIMEOUT)
+            .with_context(|| format!("load client {id}: cannot connect to {}", spec.addr))?;
+        let quota = quota(spec.requests, clients, id as u64);
+        conns.push(Client { stream, id, quota });
+    }
+    let start_line = Barrier::new(spec.clients + 1);
+    // Raised by the first client that fails, so the others stop early.
+    let abort = AtomicBool::new(false);
+    let value = vec![b'x'; spec.value_size];
+    std::thread::scope(|s| {
+        let handles: Vec<_> = conns
+            .into_iter()
+            .map(|c| {
+                let (start_line, abort, value) = (&start_line, &abort, &value);
+                s.spawn(move || {
+                    start_line.wait();
+                    let r = client(c, spec, value, stop, abort);
+                    if r.is_err() {
+                        abort.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
+            })
+            .collect();
+        start_line.wait();
+        let t0 = Instant::now();
+        let mut total = LoadResult {
+            requests: 0,
+            elapsed: Duration::ZERO,
+            latency_ns: new_histogram(),
+        };
+        let mut first_err = None;
+        for h in handles {
+            match h.join() {
+                Ok(Ok((n, hist, end))) => {
+                    total.requests += n;
+                    total.latency_ns.add(&hist).expect("same histogram bounds");
+                    total.elapsed = total.elapsed.max(end.saturating_duration_since(t0));
+                }
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(anyhow::anyhow!("a load client thread panicked"));
+                }
+            }
+        }
+        if stop.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
+    })
+}
+
+/// One connection's loop: SET (and WAIT), read the reply, record latency.
+fn client(
+    c: Client,
+    spec: &LoadSpec,
+    value: &[u8],
+    stop: &AtomicBool,
+    abort: &AtomicBool,
+) -> anyhow::Result<(u64, Histogram<u64>, Instant)> {
+    let mut hist = new_histogram();
+    let mut reader = BufReader::new(c.stream.try_clone()?);
+    let mut w = c.stream;
+    let deadline = spec.duration.map(|d| Instant::now() + d);
+    let wait_n = spec.wait_replicas.map(|n| n.to_string());
+    let mut buf = Vec::with_capacity(128);
+    let mut done = 0u64;
+    loop {
+        let more = match deadline {
+            Some(d) => Instant::now() < d,
+            None => done < c.quota,
+        };
+        if !more || stop.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed) {
+            break;
+        }
+        // Keys cycle over 1000 per connection: the same small working set
+        // for every system, and no single hot key shared by all clients.
+        let key = format!("lockstep:lg:{}:{}", c.id, done % 1000);
+        buf.clear();
+        encode(&[b"SET", key.as_bytes(), value], &mut buf);
+        if let Some(n) = &wait_n {
+            // WAIT goes out in the same write as its SET: the pair costs
+            // one round trip, the cheapest way a client gets "a replica has
+            // it" from Redis, so the WAIT row is Redis's best case.
+            encode(&[b"WAIT", n.as_bytes(), b"0"], &mut buf);
+        }
+        let t = Instant::now();
+        w.write_all(&buf)
+            .with_context(|| format!("load client {}: cannot send", c.id))?;
+        match read_reply(&mut reader) {
+            Ok(Reply::Status(s)) if s == "OK" => {}
+            Ok(r) => bail!("load client {}: SET answered {r:?}", c.id),
+            Err(e) => bail!("load client {}: no reply to SET: {e}", c.id),
+        }
+        if let Some(n) = spec.wait_replicas {
+            match read_reply(&mut reader) {
+                Ok(Reply::Int(k)) if k >= i64::from(n) => {}
+                Ok(r) => bail!("load client {}: WAIT {n} 0 answered {r:?}", c.id),
+                Err(e) => bail!("load client {}: no reply to WAIT: {e}", c.id),
+            }
+        }
+        hist.saturating_record(t.elapsed().as_nanos() as u64);
+        done += 1;
+    }
+    Ok((done, hist, Instant::now()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_bulk_strings() {
+        let mut b = Vec::new();
+        encode(&[b"SET", b"k", b"xyz"], &mut b);
+        assert_eq!(b, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nxyz\r\n");
+    }
+
+    #[test]
+    fn reads_every_reply_kind() {
+        let mut r: &[u8] = b"+OK\r\n-ERR no\r\n:7\r\n$3\r\nabc\r\n$-1\r\n*2\r\n:1\r\n$0\r\n\r\n";
+        assert_eq!(read_reply(&mut r).unwrap(), Reply::Status("OK".into()));
+        assert_eq!(read_reply(&mut r).unwrap(), Reply::Error("ERR no".into()));
+        assert_eq!(read_reply(&mut r).unwrap(), Reply::Int(7));
+        assert_eq!(
+            read_reply(&mut r).unwrap(),
+            Reply::Bulk(Some(b"abc".to_vec()))
+        );
+        assert_eq!(read_reply(&mut r).unwrap(), Reply::Bulk(None));
+        assert_eq!(
+            read_reply(&mut r).unwrap(),
+            Reply::Array(Some(vec![Reply::Int(1), Reply::Bulk(Some(Vec::new()))]))
+        );
+        assert!(read_reply(&mut r).is_err());
+    }
+
+    #[test]
+    fn quotas_add_up() {
+        for (req, clients) in [(1003u64, 10u64), (5, 50), (50, 50)] {
+            let q: Vec<u64> = (0..clients).map(|id| quota(req, clients, id)).collect();
+            assert_eq!(q.iter().sum::<u64>(), req);
+            assert!(q.iter().max().unwrap() - q.iter().min().unwrap() <= 1);
+        }
+    }
+}
