@@ -12,6 +12,7 @@ use lockstep_common::entry::{self, EntryHeader, Kind};
 use lockstep_common::region::Role;
 
 use crate::election::{Election, ElectionError, Session};
+use crate::membership;
 use crate::node::Node;
 use crate::viewchange::{self, Candidate, Promise};
 
@@ -226,6 +227,57 @@ impl Node {
             *d = Some((self.log_view.load(Ordering::Acquire), served));
             // Its server consumed everything up to there: never replay it.
             self.applied.fetch_max(served, Ordering::AcqRel);
+        }
+    }
+
+    /// The answer to a control request that node `peer` (as its
+    /// handshake proved) may not make, if it may not (see
+    /// [`crate::membership`]); the refusal is logged.
+    pub(crate) fn refuse_request(
+        &self,
+        peer: u64,
+        from: std::net::SocketAddr,
+        req: &Request,
+    ) -> Option<Response> {
+        let members: Vec<u64> = self.config.ids().collect();
+        let why = membership::admit(&members, self.me, peer, req).err()?;
+        log::warn!(
+            "node {}: refused {} from node {peer} at {from}: {why}",
+            self.me,
+            membership::describe(req)
+        );
+        Some(Response::Error(format!("refused: {why}")))
+    }
+
+    /// Whether node `peer` may write into this node's region (tcp
+    /// transport); a refusal is logged.
+    pub(crate) fn admit_region_writer(&self, peer: u64, from: std::net::SocketAddr) -> bool {
+        let members: Vec<u64> = self.config.ids().collect();
+        match membership::admit_peer(&members, self.me, peer) {
+            Ok(()) => true,
+            Err(why) => {
+                log::warn!(
+                    "node {}: refused region writes from node {peer} at {from}: {why}",
+                    self.me
+                );
+                false
+            }
+        }
+    }
+
+    /// Answers a `Prepare` (its sender was admitted).
+    pub(crate) fn answer_prepare(&self, view: u64, candidate: u64) -> Response {
+        match self.promise(view, candidate) {
+            Ok(p) => Response::Promise(p),
+            Err(e) => Response::Error(format!("{e:#}")),
+        }
+    }
+
+    /// Answers a `NewView` (its sender was admitted).
+    pub(crate) fn answer_new_view(&self, view: u64, leader: u64, last: u64) -> Response {
+        match self.follow(view, leader, Some(last)) {
+            Ok(last) => Response::Synced { last },
+            Err(e) => Response::Error(format!("{e:#}")),
         }
     }
 

@@ -4,6 +4,7 @@
 pub mod divergence;
 pub mod election;
 mod failover;
+pub mod membership;
 pub mod metrics;
 pub mod node;
 pub mod replay;

@@ -804,9 +804,13 @@ impl Node {
             }
         };
         match hello.channel {
-            Channel::Region => self.region_server.serve(stream, hello.node),
+            Channel::Region => {
+                if self.admit_region_writer(hello.node, from) {
+                    self.region_server.serve(stream, hello.node)
+                }
+            }
             Channel::Control => {
-                if let Err(e) = self.serve_control(&mut stream) {
+                if let Err(e) = self.serve_control(&mut stream, hello.node, from) {
                     if e.kind() != std::io::ErrorKind::UnexpectedEof {
                         log::debug!("control connection from {from}: {e}");
                     }
@@ -815,25 +819,28 @@ impl Node {
         }
     }
 
-    fn serve_control(&self, s: &mut TcpStream) -> std::io::Result<()> {
+    /// Serves the requests of a control connection from node `peer` (as
+    /// its handshake proved; 0: a CLI client).
+    fn serve_control(
+        &self,
+        s: &mut TcpStream,
+        peer: u64,
+        from: std::net::SocketAddr,
+    ) -> std::io::Result<()> {
         s.set_read_timeout(None)?;
         loop {
             let req: Request = control::recv_json(s)?;
+            if let Some(refusal) = self.refuse_request(peer, from, &req) {
+                control::send_json(s, &refusal)?;
+                continue;
+            }
             match req {
                 Request::Status => control::send_json(s, &Response::Status(self.status()))?,
                 Request::Prepare { view, candidate } => {
-                    let r = match self.promise(view, candidate) {
-                        Ok(p) => Response::Promise(p),
-                        Err(e) => Response::Error(format!("{e:#}")),
-                    };
-                    control::send_json(s, &r)?
+                    control::send_json(s, &self.answer_prepare(view, candidate))?
                 }
                 Request::NewView { view, leader, last } => {
-                    let r = match self.follow(view, leader, Some(last)) {
-                        Ok(last) => Response::Synced { last },
-                        Err(e) => Response::Error(format!("{e:#}")),
-                    };
-                    control::send_json(s, &r)?
+                    control::send_json(s, &self.answer_new_view(view, leader, last))?
                 }
                 Request::Fetch { from, to } => {
                     control::send_json(s, &Response::Entries)?;

@@ -1,0 +1,164 @@
+//! Hostile or stray control messages against a running cluster (real
+//! follower processes, real redis-server under the preload): a view change
+//! that names a node outside the config is refused, and one well-formed
+//! `Prepare` for a far newer view does not stop the cluster for good.
+//!
+//! No assertion depends on wall-clock time: durations only bound how long
+//! a test waits before it reports a hang (with the logs).
+
+mod cluster;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use cluster::{Options, Reply, Resp, TestCluster};
+use lockstep_common::control::{self, Request, Response};
+use lockstep_common::handshake::{self, Channel};
+
+/// Bound on every wait: reaching it means a hang, not slowness.
+const HANG: Duration = Duration::from_secs(180);
+
+/// Sends `req` to node `to`'s control port over a connection that proved
+/// node id `as_node` (0: the identity `lockstep status` uses) with the
+/// cluster key; returns the answer.
+fn send_as(c: &TestCluster, to: u64, as_node: u64, req: &Request) -> Response {
+    let config = c.config();
+    let addr = config.node(to).expect("node").control;
+    let mut s = handshake::connect(
+        addr,
+        &config.cluster,
+        config.key.as_deref(),
+        as_node,
+        Channel::Control,
+        Duration::from_secs(10),
+    )
+    .expect("handshake with the cluster key");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    control::send_json(&mut s, req).expect("send request");
+    control::recv_json(&mut s).expect("answer")
+}
+
+/// `INCR key` on a fresh connection to `addr`: the new value, or why not.
+fn incr(addr: SocketAddr, key: &str) -> Result<i64, String> {
+    let mut r = Resp::connect_with(addr, Duration::from_secs(2), Duration::from_secs(10))
+        .map_err(|e| format!("connect: {e}"))?;
+    match r.cmd(&[b"INCR", key.as_bytes()]) {
+        Ok(Reply::Int(v)) => Ok(v),
+        Ok(other) => Err(format!("answered {other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The value of `key` on the server at `addr` (0 when unset).
+fn get_int(addr: SocketAddr, key: &str) -> i64 {
+    let mut r = Resp::connect(addr).expect("connect");
+    match r.cmd(&[b"GET", key.as_bytes()]).expect("GET") {
+        Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b).parse().expect("integer"),
+        Reply::Bulk(None) => 0,
+        other => panic!("GET answered {other:?}"),
+    }
+}
+
+fn started(test: &str) -> TestCluster {
+    let mut c = TestCluster::new(test, Options::default());
+    c.start_all();
+    c
+}
+
+fn follower_log(c: &TestCluster, id: u64) -> String {
+    std::fs::read_to_string(c.dir.join(format!("follower-{id}.log"))).unwrap_or_default()
+}
+
+/// The cluster acknowledges `n` INCRs of `key` on the leader in a row
+/// (retrying refused or failed ones); returns the last value acknowledged.
+fn acknowledged_incrs(c: &TestCluster, key: &str, n: usize) -> i64 {
+    let start = Instant::now();
+    let mut last = 0;
+    let mut done = 0;
+    let mut last_error = String::new();
+    while done < n {
+        match incr(c.app(1), key) {
+            Ok(v) => {
+                assert!(v > last, "INCR answered {v} after {last}");
+                last = v;
+                done += 1;
+            }
+            Err(e) => {
+                last_error = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        assert!(
+            start.elapsed() < HANG,
+            "writes did not get through ({done} of {n}; last error: {last_error})\n{}",
+            c.logs()
+        );
+    }
+    last
+}
+
+#[test]
+fn a_view_change_naming_a_stranger_is_refused() {
+    let c = started("stray-member");
+    let before = acknowledged_incrs(&c, "stray:ctr", 20);
+    let view = c.status(2).unwrap().view;
+
+    // Issue 14's message: candidate 9 (not a member), sent with the
+    // identity `lockstep status` uses.
+    let stray = Request::Prepare {
+        view: view + 1000,
+        candidate: 9,
+    };
+    match send_as(&c, 2, 0, &stray) {
+        Response::Error(e) => assert!(
+            e.contains("candidate 9 is not a member of the cluster"),
+            "{e}"
+        ),
+        other => panic!("a Prepare for candidate 9 was answered {other:?}"),
+    }
+    // A connection that proved id 9 with the key is no member either.
+    assert!(matches!(send_as(&c, 2, 9, &stray), Response::Error(_)));
+    // A member's Prepare, sent by someone else.
+    let relayed = Request::Prepare {
+        view: view + 1000,
+        candidate: 3,
+    };
+    match send_as(&c, 2, 0, &relayed) {
+        Response::Error(e) => assert!(e.contains("must come from node 3"), "{e}"),
+        other => panic!("a relayed Prepare was answered {other:?}"),
+    }
+    // A stranger's NewView and log transfer.
+    let nv = Request::NewView {
+        view: view + 1000,
+        leader: 9,
+        last: 1,
+    };
+    assert!(matches!(send_as(&c, 2, 9, &nv), Response::Error(_)));
+    assert!(matches!(
+        send_as(&c, 2, 0, &Request::Fetch { from: 1, to: 0 }),
+        Response::Error(_)
+    ));
+    // Status stays open to the CLI.
+    assert!(matches!(
+        send_as(&c, 2, 0, &Request::Status),
+        Response::Status(_)
+    ));
+
+    // Nothing was promised: node 2 is still in the leader's view, and the
+    // refusal was logged naming the id.
+    assert_eq!(c.status(2).unwrap().view, view);
+    let log = follower_log(&c, 2);
+    assert!(
+        log.contains("refused Prepare of view") && log.contains("candidate 9 is not a member"),
+        "{log}"
+    );
+
+    // Writes go on, and every node ends with the same state.
+    let after = acknowledged_incrs(&c, "stray:ctr", 200);
+    assert_eq!(after, before + 200);
+    c.wait_converged(HANG);
+    c.assert_same_digest();
+    for id in 1..=3 {
+        assert_eq!(get_int(c.app(id), "stray:ctr"), after, "node {id}");
+    }
+}
