@@ -11,7 +11,7 @@ mod cluster;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use cluster::{Options, Reply, Resp, TestCluster};
+use cluster::{free_port, Options, Reply, Resp, TestCluster, ZookeeperServer};
 use lockstep_common::control::{self, Request, Response};
 use lockstep_common::handshake::{self, Channel};
 
@@ -69,6 +69,11 @@ fn follower_log(c: &TestCluster, id: u64) -> String {
     std::fs::read_to_string(c.dir.join(format!("follower-{id}.log"))).unwrap_or_default()
 }
 
+/// The node that leads now, if one does.
+fn leader(c: &TestCluster) -> Option<u64> {
+    (1..=c.nodes.len() as u64).find(|&id| c.status(id).map(|s| s.role == "leader").unwrap_or(false))
+}
+
 /// The cluster acknowledges `n` INCRs of `key` on the leader in a row
 /// (retrying refused or failed ones); returns the last value acknowledged.
 fn acknowledged_incrs(c: &TestCluster, key: &str, n: usize) -> i64 {
@@ -77,7 +82,13 @@ fn acknowledged_incrs(c: &TestCluster, key: &str, n: usize) -> i64 {
     let mut done = 0;
     let mut last_error = String::new();
     while done < n {
-        match incr(c.app(1), key) {
+        let Some(l) = leader(c) else {
+            last_error = "no leader".into();
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(start.elapsed() < HANG, "no leader\n{}", c.logs());
+            continue;
+        };
+        match incr(c.app(l), key) {
             Ok(v) => {
                 assert!(v > last, "INCR answered {v} after {last}");
                 last = v;
@@ -161,4 +172,98 @@ fn a_view_change_naming_a_stranger_is_refused() {
     for id in 1..=3 {
         assert_eq!(get_int(c.app(id), "stray:ctr"), after, "node {id}");
     }
+}
+
+/// A 3-node cluster electing through a private ZooKeeper, serving.
+fn zk_started(test: &str) -> (TestCluster, ZookeeperServer) {
+    let mut c = TestCluster::new(test, Options::default());
+    let taken: Vec<u16> = c
+        .nodes
+        .iter()
+        .flat_map(|n| [n.app.port(), n.control.port()])
+        .collect();
+    let port = std::iter::repeat_with(free_port)
+        .find(|p| !taken.contains(p))
+        .unwrap();
+    let zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("start ZooKeeper");
+    c.use_zookeeper(&zk.addr().to_string(), 2000);
+    for id in 1..=3 {
+        c.start_follower(id);
+    }
+    for id in 1..=3 {
+        c.start_server(id);
+    }
+    c.wait("a leader", HANG, |c| leader(c).is_some());
+    (c, zk)
+}
+
+/// Issue 14's stall: with the cluster key, a member that is not the leader
+/// sends one backup a `Prepare` for the leader's view + 1000, and that
+/// backup promises it. The view never starts; the cluster must move past
+/// it and acknowledge writes again, losing nothing acknowledged.
+fn promised_view_that_never_starts(c: &TestCluster) {
+    let before = acknowledged_incrs(c, "stray:ctr", 20);
+    let old = leader(c).expect("a leader");
+    let view = c.status(old).unwrap().view;
+    let (backup, rogue) = match old {
+        1 => (2, 3),
+        2 => (3, 1),
+        _ => (1, 2),
+    };
+    let stray = Request::Prepare {
+        view: view + 1000,
+        candidate: rogue,
+    };
+    match send_as(c, backup, rogue, &stray) {
+        Response::Promise(p) => assert_eq!(p.node, backup),
+        other => panic!("the stray Prepare was answered {other:?}"),
+    }
+    assert_eq!(c.status(backup).unwrap().view, view + 1000);
+
+    // Writes get through again (the first ones may fail while the leader
+    // finds its writes fenced and moves on).
+    let after = acknowledged_incrs(c, "stray:ctr", 100);
+    assert!(after >= before + 100, "{after} after {before}");
+    let now = leader(c).expect("a leader");
+    let new_view = c.status(now).unwrap().view;
+    assert!(
+        new_view > view + 1000,
+        "the cluster serves in view {new_view}, the stray view was {}",
+        view + 1000
+    );
+    let log = follower_log(c, now);
+    assert!(log.contains("trying a view above it") || log.contains("starting a view above it"));
+
+    // Nothing acknowledged is lost, and every node holds the same state.
+    c.wait_converged_on(
+        &[now]
+            .into_iter()
+            .chain((1..=3).filter(|&i| i != now))
+            .collect::<Vec<_>>(),
+        HANG,
+    );
+    let digest = cluster::redis_digest(c.app(now));
+    for id in 1..=3 {
+        assert_eq!(
+            cluster::redis_digest(c.app(id)),
+            digest,
+            "node {id} differs from the leader\n{}",
+            c.logs()
+        );
+        let v = get_int(c.app(id), "stray:ctr");
+        assert!(v >= after, "node {id}: counter {v}, acknowledged {after}");
+    }
+    c.assert_no_divergence();
+}
+
+#[test]
+fn a_promised_view_that_never_starts_does_not_stall_static_election() {
+    let c = started("stray-view");
+    promised_view_that_never_starts(&c);
+}
+
+#[test]
+fn a_promised_view_that_never_starts_does_not_stall_zookeeper_election() {
+    let (c, _zk) = zk_started("stray-view-zk");
+    promised_view_that_never_starts(&c);
 }

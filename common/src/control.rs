@@ -109,6 +109,14 @@ pub enum Response {
         /// Last stored seq.
         last: u64,
     },
+    /// Answer to `Prepare` or `NewView` of an older view: this node
+    /// promised view `promised` already. A candidate tries a view above
+    /// it next (a promised view that never starts must not stall the
+    /// cluster).
+    Outdated {
+        /// The view this node promised.
+        promised: u64,
+    },
 }
 
 /// An entry as shipped by `Fetch`.

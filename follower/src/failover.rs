@@ -10,6 +10,7 @@ use anyhow::{bail, Context};
 use lockstep_common::control::{self, Request, Response};
 use lockstep_common::entry::{self, EntryHeader, Kind};
 use lockstep_common::region::Role;
+use lockstep_common::transport::TransportError;
 
 use crate::election::{Election, ElectionError, Session};
 use crate::membership;
@@ -24,6 +25,14 @@ const ROUND_CONNECT: Duration = Duration::from_millis(500);
 const VIEW_CHANGE_PATIENCE: Duration = Duration::from_secs(3);
 /// Pause between failed attempts.
 const RETRY: Duration = Duration::from_millis(200);
+
+/// A view change request for a view older than one this node promised.
+#[derive(Debug, thiserror::Error)]
+#[error("node {node} promised view {promised} already")]
+pub(crate) struct Outdated {
+    node: u64,
+    promised: u64,
+}
 
 impl Node {
     /// The election thread: keeps the ZooKeeper membership, starts a view
@@ -110,6 +119,7 @@ impl Node {
 
     fn election_step(&self, election: &Election) -> anyhow::Result<()> {
         if election.is_candidate()? {
+            self.step_down_if_superseded();
             let leading = self.region.leader() == self.me
                 && self.region.view() == self.log_view.load(Ordering::Acquire);
             if !leading && !self.stale.load(Ordering::Relaxed) {
@@ -269,7 +279,7 @@ impl Node {
     pub(crate) fn answer_prepare(&self, view: u64, candidate: u64) -> Response {
         match self.promise(view, candidate) {
             Ok(p) => Response::Promise(p),
-            Err(e) => Response::Error(format!("{e:#}")),
+            Err(e) => refusal(e),
         }
     }
 
@@ -277,8 +287,77 @@ impl Node {
     pub(crate) fn answer_new_view(&self, view: u64, leader: u64, last: u64) -> Response {
         match self.follow(view, leader, Some(last)) {
             Ok(last) => Response::Synced { last },
-            Err(e) => Response::Error(format!("{e:#}")),
+            Err(e) => refusal(e),
         }
+    }
+
+    /// Checks a view change request for `view` against this node's own
+    /// views: not older than its promise, not implausibly far above it.
+    fn check_requested_view(&self, view: u64) -> anyhow::Result<()> {
+        let promised = self.region.view();
+        if !viewchange::admits(promised, view) {
+            return Err(Outdated {
+                node: self.me,
+                promised,
+            }
+            .into());
+        }
+        let own = promised.max(self.log_view.load(Ordering::Acquire));
+        if !viewchange::plausible(own, view) {
+            bail!(
+                "node {}: view {view} is more than {} above this node's view {own}",
+                self.me,
+                viewchange::MAX_VIEW_STEP
+            );
+        }
+        Ok(())
+    }
+
+    /// Notes that node `node` (0: some peer) is in `view`.
+    pub(crate) fn observe_view(&self, node: u64, view: u64) {
+        let own = self.region.view();
+        self.newer_views
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(node, view, own, Instant::now());
+    }
+
+    /// Notes the view a peer refused a write of this node's with.
+    pub(crate) fn note_refused_write(&self, peer: u64, e: &TransportError) {
+        if let TransportError::Fenced { theirs, .. } = e {
+            self.observe_view(peer, *theirs);
+        }
+    }
+
+    /// A leader whose peer has been in a newer view for a session timeout
+    /// (its preload fails every input meanwhile: a peer fences its writes)
+    /// stops leading, so that the election starts a view above that one.
+    /// Returns whether it stepped down.
+    fn step_down_if_superseded(&self) -> bool {
+        if self.region.role() != Role::Leader {
+            return false;
+        }
+        self.observe_view(0, self.transport.fenced_by());
+        let own = self.region.view();
+        let patience = Duration::from_millis(self.config.election.session_timeout_ms);
+        let stalled = self
+            .newer_views
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stalled(own, Instant::now(), patience);
+        let Some((node, view)) = stalled else {
+            return false;
+        };
+        let who = if node == 0 {
+            "a peer".to_string()
+        } else {
+            format!("node {node}")
+        };
+        self.demote_self(&format!(
+            "{who} has been in view {view} for {patience:?}, which did not replace view {own} led here: \
+             starting a view above it"
+        ));
+        true
     }
 
     /// Phase 1 on this node: fence every view below `view`, report the log.
@@ -287,10 +366,7 @@ impl Node {
         // The poll loop appends under the store lock and checks the fence
         // there: after this block it appends nothing of an older view.
         let store = self.store();
-        let promised = self.region.view();
-        if !viewchange::admits(promised, view) {
-            bail!("node {} promised view {promised} already", self.me);
-        }
+        self.check_requested_view(view)?;
         store.set_view(view)?;
         self.region.raise_view(view);
         self.step_down();
@@ -317,13 +393,7 @@ impl Node {
     /// `leader`'s, follow it in `view`, ack. Returns the last stored seq.
     pub(crate) fn follow(&self, view: u64, leader: u64, last: Option<u64>) -> anyhow::Result<u64> {
         let _sync = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
-        if !viewchange::admits(self.region.view(), view) {
-            bail!(
-                "node {} promised view {} already",
-                self.me,
-                self.region.view()
-            );
-        }
+        self.check_requested_view(view)?;
         self.store().set_view(view)?;
         self.region.raise_view(view);
         self.step_down();
@@ -415,11 +485,18 @@ impl Node {
         self.start_view(view)
     }
 
-    /// Views above this one are new to this node.
+    /// Views above this one are new to this node and to every peer it
+    /// saw: the next view it tries is above it.
     fn view_floor(&self) -> u64 {
-        self.region
+        let own = self
+            .region
             .view()
-            .max(self.log_view.load(Ordering::Acquire))
+            .max(self.log_view.load(Ordering::Acquire));
+        self.newer_views
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .next_view(own)
+            - 1
     }
 
     /// Static election: the configured leader opens every run with a view
@@ -432,6 +509,7 @@ impl Node {
         let leader = self.config.election.leader;
         while !self.stopping() {
             if leader == self.me {
+                self.step_down_if_superseded();
                 let leading = self.region.leader() == self.me
                     && self.region.view() == self.log_view.load(Ordering::Acquire);
                 if !leading && !self.stale.load(Ordering::Relaxed) {
@@ -472,15 +550,26 @@ impl Node {
         let members: Vec<u64> = self.config.ids().collect();
         let mut cand = Candidate::new(view, self.me, &members);
         cand.promise(self.promise(view, self.me)?);
+        let mut outdated = Vec::new();
         for (peer, r) in self.round(&Request::Prepare {
             view,
             candidate: self.me,
         }) {
             match r {
                 Ok(Response::Promise(p)) if p.node == peer => cand.promise(p),
+                Ok(Response::Outdated { promised }) => {
+                    log::info!("view {view}: node {peer} promised view {promised} already");
+                    self.observe_view(peer, promised);
+                    outdated.push(promised);
+                }
                 Ok(other) => log::info!("view {view}: node {peer} answered {other:?}"),
                 Err(e) => log::info!("view {view}: no promise from node {peer}: {e:#}"),
             }
+        }
+        // A peer fenced above this view would refuse its leader's writes
+        // (the preload fails every input then): try above it at once.
+        if let Some(p) = viewchange::superseded(view, outdated.iter().copied()) {
+            bail!("view {view}: a peer promised view {p} already; trying a view above it");
         }
         let Some(adopt) = cand.decide() else {
             bail!("view {view}: no majority promised");
@@ -500,9 +589,17 @@ impl Node {
         }) {
             match r {
                 Ok(Response::Synced { last }) if last >= view_seq => holders.push(peer),
+                Ok(Response::Outdated { promised }) => {
+                    log::info!("view {view}: node {peer} promised view {promised} meanwhile");
+                    self.observe_view(peer, promised);
+                    outdated.push(promised);
+                }
                 Ok(other) => log::info!("view {view}: node {peer} answered {other:?}"),
                 Err(e) => log::info!("view {view}: node {peer} did not sync: {e:#}"),
             }
+        }
+        if let Some(p) = viewchange::superseded(view, outdated.iter().copied()) {
+            bail!("view {view}: a peer promised view {p} meanwhile; trying a view above it");
         }
         if holders.len() < viewchange::majority(members.len()) {
             bail!("view {view}: only nodes {holders:?} hold its log, no majority");
@@ -604,5 +701,16 @@ impl Node {
                 })
                 .collect()
         })
+    }
+}
+
+/// The answer to a view change request this node refused: `Outdated`
+/// when it promised a newer view (the candidate then tries above it).
+fn refusal(e: anyhow::Error) -> Response {
+    match e.downcast_ref::<Outdated>() {
+        Some(o) => Response::Outdated {
+            promised: o.promised,
+        },
+        None => Response::Error(format!("{e:#}")),
     }
 }

@@ -59,6 +59,8 @@ pub struct Node {
     pub(crate) demoted: Mutex<Option<(u64, u64)>>,
     /// When this node last promised a view it has not seen start yet.
     pub(crate) view_change_at: Mutex<Option<Instant>>,
+    /// Views newer than this node's that peers were seen in.
+    pub(crate) newer_views: Mutex<crate::viewchange::NewerViews>,
     /// The server missed committed inputs while this node led: it must be
     /// restarted (fresh) before this node can serve again.
     pub(crate) stale: AtomicBool,
@@ -178,6 +180,7 @@ impl Node {
             sync_lock: Mutex::new(()),
             demoted: Mutex::new(None),
             view_change_at: Mutex::new(None),
+            newer_views: Mutex::new(Default::default()),
             stale: AtomicBool::new(false),
             stale_reason: Mutex::new(None),
             session_watch: Mutex::new(election.as_ref().map(|e| e.watch())),
@@ -614,6 +617,7 @@ impl Node {
                             region::commit_record_offset(),
                             &region::commit_record(view, c),
                         ) {
+                            self.note_refused_write(peer, &e);
                             log::debug!("commit heartbeat to node {peer}: {e}");
                         }
                     }

@@ -22,6 +22,7 @@
 //! that holds a newer leader's log (the Raft paper's figure 8).
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 pub use lockstep_common::control::Promise;
 
@@ -149,6 +150,81 @@ pub fn sync_point(last_seq: u64, committed: u64) -> u64 {
 /// entries of `view`.
 pub fn admits(promised: u64, view: u64) -> bool {
     view >= promised
+}
+
+/// How far above a node's own view a `Prepare` or `NewView` may reach.
+/// Views grow by one per attempt, so no real view change comes near; the
+/// bound keeps a stray message from pushing a node's view to the top of
+/// the range, from where no later view could pass it.
+pub const MAX_VIEW_STEP: u64 = 1 << 32;
+
+/// Whether `view` is a plausible next view for a node whose own views
+/// (promised, log) reach `own`.
+pub fn plausible(own: u64, view: u64) -> bool {
+    view <= own.saturating_add(MAX_VIEW_STEP)
+}
+
+/// Views newer than a node's own that its peers were seen in (a
+/// `Prepare` or `NewView` refused as outdated, a write refused by a
+/// peer's region), and since when. A view a peer promised may never start
+/// (its candidate died, was cut off, or was no real candidate): the
+/// candidate's next view must pass it ([`NewerViews::next_view`]), and a
+/// leader whose peer sits in such a view for a whole patience stops
+/// leading so that a view above it starts ([`NewerViews::stalled`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NewerViews {
+    /// The highest view seen.
+    highest: u64,
+    /// Who was seen in it (0: a peer the transport did not name).
+    node: u64,
+    /// When a view newer than the observer's own was first seen, since
+    /// the observer's view last passed every view seen.
+    since: Option<Instant>,
+}
+
+impl NewerViews {
+    /// Records that node `node` is in `view` while the observer's own
+    /// view is `own`, at `now`. Views not above `own` say nothing.
+    pub fn observe(&mut self, node: u64, view: u64, own: u64, now: Instant) {
+        if view <= own {
+            return;
+        }
+        if self.since.is_none() || self.highest <= own {
+            self.since = Some(now);
+        }
+        if view > self.highest {
+            self.highest = view;
+            self.node = node;
+        }
+    }
+
+    /// The highest view seen (0: none).
+    pub fn highest(&self) -> u64 {
+        self.highest
+    }
+
+    /// The view a candidate whose own views reach `floor` tries next:
+    /// above its own and above every view a peer was seen in.
+    pub fn next_view(&self, floor: u64) -> u64 {
+        floor.max(self.highest).saturating_add(1)
+    }
+
+    /// For a leader of `own`: `(node, view)` once a peer has been seen in
+    /// a newer view for at least `patience` (that view has not replaced
+    /// this leader's in that time: it never started, or started without
+    /// this node, which then learns it at the next view change).
+    pub fn stalled(&self, own: u64, now: Instant, patience: Duration) -> Option<(u64, u64)> {
+        let since = self.since?;
+        (self.highest > own && now.saturating_duration_since(since) >= patience)
+            .then_some((self.node, self.highest))
+    }
+}
+
+/// The highest view the peers that refused a view change as outdated
+/// promised, if any is at least `view` (the attempt cannot succeed: a
+/// leader of `view` would find those peers fenced against it).
+pub fn superseded(view: u64, promised: impl IntoIterator<Item = u64>) -> Option<u64> {
+    promised.into_iter().filter(|&p| p >= view).max()
 }
 
 /// What a demoted leader's server holds, measured against the new view's
@@ -289,6 +365,58 @@ mod tests {
         assert_eq!(trim_unserved(a, Some((2, 17))), a);
         assert_eq!(trim_unserved(a, None), a);
         assert_eq!(trim_unserved(a, Some((3, 25))), a);
+    }
+
+    #[test]
+    fn a_promised_view_that_never_started_is_passed() {
+        let t0 = Instant::now();
+        let s = |ms| t0 + Duration::from_millis(ms);
+        let patience = Duration::from_millis(2000);
+        let mut n = NewerViews::default();
+        assert_eq!(n.next_view(3), 4);
+        assert_eq!(n.stalled(3, s(10_000), patience), None);
+        // Views not above the observer's own say nothing.
+        n.observe(2, 3, 3, s(0));
+        assert_eq!((n.highest(), n.stalled(3, s(10_000), patience)), (0, None));
+        // Node 2 promised view 1003 (issue 14's stray Prepare) while this
+        // node leads view 3.
+        n.observe(2, 1003, 3, s(100));
+        assert_eq!(n.next_view(3), 1004);
+        assert_eq!(n.next_view(2000), 2001);
+        assert_eq!(n.stalled(3, s(2099), patience), None);
+        // Seeing it again does not restart the clock.
+        n.observe(2, 1003, 3, s(1500));
+        assert_eq!(n.stalled(3, s(2100), patience), Some((2, 1003)));
+        // A higher one is remembered with its node.
+        n.observe(3, 1500, 3, s(2200));
+        assert_eq!(n.stalled(3, s(2200), patience), Some((3, 1500)));
+        // Once this node's view passed it: nothing stalls.
+        assert_eq!(n.stalled(1501, s(9000), patience), None);
+        // A newer one after that starts a new clock.
+        n.observe(2, 1600, 1501, s(9000));
+        assert_eq!(n.stalled(1501, s(10_999), patience), None);
+        assert_eq!(n.stalled(1501, s(11_000), patience), Some((2, 1600)));
+        assert_eq!(n.next_view(1501), 1601);
+        // Never wraps.
+        n.observe(2, u64::MAX, 1501, s(12_000));
+        assert_eq!(n.next_view(7), u64::MAX);
+    }
+
+    #[test]
+    fn refusals_supersede_an_attempt() {
+        assert_eq!(superseded(4, []), None);
+        assert_eq!(superseded(4, [2, 3]), None);
+        assert_eq!(superseded(4, [1003, 5, 2]), Some(1003));
+        assert_eq!(superseded(4, [4]), Some(4));
+    }
+
+    #[test]
+    fn views_far_ahead_are_implausible() {
+        assert!(plausible(3, 1003));
+        assert!(plausible(3, 3 + MAX_VIEW_STEP));
+        assert!(!plausible(3, 4 + MAX_VIEW_STEP));
+        assert!(!plausible(3, u64::MAX));
+        assert!(plausible(u64::MAX - 1, u64::MAX));
     }
 
     #[test]
