@@ -304,25 +304,37 @@ fn passive_backup_refuses_clients_but_serves_and_counts_replay_connections() {
     }
     server.assert_running();
 
-    // The follower's replay connection: registered by source port.
-    let region = f.region(1).clone();
-    let stream = connect_from_own_port(f.app(), |port| assert!(region.replay_slot(7).claim(port)));
-    let mut r = Resp::on(stream);
-    assert_eq!(r.cmd(&[b"PING"]).unwrap(), Reply::Status("PONG".into()));
-    assert_eq!(
-        r.cmd(&[b"SET", b"k", b"v"]).unwrap(),
-        Reply::Status("OK".into())
-    );
+    // The committed log, applied by the preload itself through a
+    // connection of its own; every reply checked against the leader's.
+    let mut feed = ApplyFeed::start(&f, 1);
     let big = vec![b'x'; 100_000];
-    assert_eq!(
-        r.cmd(&[b"SET", b"big", &big]).unwrap(),
-        Reply::Status("OK".into())
+    let set_big = resp_encode(&[b"SET", b"big", &big]);
+    let diverged = feed.session(
+        &mut server,
+        &[
+            (&resp_encode(&[b"PING"]), b"+PONG\r\n"),
+            (&resp_encode(&[b"SET", b"k", b"v"]), b"+OK\r\n"),
+            (&set_big, b"+OK\r\n"),
+            (&resp_encode(&[b"GET", b"k"]), b"$1\r\nv\r\n"),
+        ],
     );
     assert_eq!(
-        r.cmd(&[b"GET", b"k"]).unwrap(),
-        Reply::Bulk(Some(b"v".to_vec()))
+        diverged,
+        0,
+        "a replayed reply differed\n{}",
+        f.preload_log()
     );
-    assert_eq!(region.replay_slot(7).consumed(), r.sent.len() as u64);
+    // A reply that differs is reported, once, naming its connection.
+    let diverged = feed.session(
+        &mut server,
+        &[(&resp_encode(&[b"GET", b"k"]), b"$1\r\nw\r\n")],
+    );
+    assert_eq!(diverged, 1);
+    assert!(
+        f.preload_log().contains("divergence on connection"),
+        "{}",
+        f.preload_log()
+    );
 
     // Still refusing others, and nothing was logged.
     let mut c = connect(f.app()).unwrap();
@@ -394,15 +406,6 @@ fn set_k1_then_send_unacked_k2(f: &Fixture, acker: &Acker) -> Resp {
     c
 }
 
-/// `GET k` on the server through a replay connection, as a follower would
-/// look (node 1 must be a backup: a leader refuses it).
-fn get_k_by_replay(f: &Fixture) -> Reply {
-    let stream = connect_from_own_port(f.app(), |port| {
-        assert!(f.region(1).replay_slot(0).claim(port))
-    });
-    Resp::on(stream).cmd(&[b"GET", b"k"]).unwrap()
-}
-
 #[test]
 fn losing_leadership_while_waiting_for_acks_fails_the_connection() {
     let f = Fixture::new("lose", Options::default());
@@ -425,7 +428,7 @@ fn losing_leadership_while_waiting_for_acks_fails_the_connection() {
         "connection survived the role change"
     );
     server.assert_running();
-    assert_eq!(get_k_by_replay(&f), what_the_server_ran_of_the_failed_set(),);
+    assert_k_is_what_the_server_ran_of_the_failed_set(&f, &mut server);
     acker.pause(false);
 }
 
@@ -433,9 +436,22 @@ fn losing_leadership_while_waiting_for_acks_fails_the_connection() {
 /// commit never gave the server that input; output commit gave it at once
 /// and held its reply (which the tests check never arrived) — such a node
 /// is rebuilt, never served from.
-fn what_the_server_ran_of_the_failed_set() -> Reply {
-    let k = if commit_mode() == "input" { b"1" } else { b"2" };
-    Reply::Bulk(Some(k.to_vec()))
+/// Node 1 must be a backup by now.
+fn assert_k_is_what_the_server_ran_of_the_failed_set(f: &Fixture, server: &mut Server) {
+    let k: &[u8] = if commit_mode() == "input" {
+        b"$1\r\n1\r\n"
+    } else {
+        b"$1\r\n2\r\n"
+    };
+    let mut feed = ApplyFeed::start(f, 1000);
+    let diverged = feed.session(server, &[(&resp_encode(&[b"GET", b"k"]), k)]);
+    assert_eq!(
+        diverged,
+        0,
+        "the server's k is not {:?}\n{}",
+        String::from_utf8_lossy(k),
+        f.preload_log()
+    );
 }
 
 #[test]
@@ -468,11 +484,8 @@ fn leader_whose_follower_died_fails_the_waiting_input_and_still_stops() {
         "a client was served after the follower died"
     );
     f.set_role(Role::Backup);
-    assert_eq!(
-        get_k_by_replay(&f),
-        what_the_server_ran_of_the_failed_set(),
-        "the server saw an input that failed after the fence"
-    );
+    // The server saw no input that failed after the fence.
+    assert_k_is_what_the_server_ran_of_the_failed_set(&f, &mut server);
     assert_eq!(
         acker.entries().len(),
         logged,

@@ -299,9 +299,12 @@ impl OutputHash {
     }
 }
 
-/// Running digest of the output a server sent on one connection: the
-/// 32-bit hash of all bytes and their count. Packed into an entry's
-/// `out_hash` so a backup can check the same prefix of its own output.
+/// Digest of the output a server sent on one connection since that
+/// connection's previous input: a 32-bit hash of the bytes and their
+/// count. The leader packs it into the connection's next input entry
+/// (`out_hash`), so a backup compares, entry by entry, what its server
+/// answered to the same input; one differing reply marks one entry, not
+/// every later one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OutputDigest {
     /// Hash of all output so far.
@@ -317,11 +320,9 @@ impl OutputDigest {
         self.len += bytes.len() as u64;
     }
 
-    /// `hash32 << 32 | len mod 2^32`; 0 when there was no output (no check).
+    /// `hash32 << 32 | len mod 2^32` (never 0: even no output is checked;
+    /// an `out_hash` of 0 means the entry carries no digest).
     pub fn pack(&self) -> u64 {
-        if self.len == 0 {
-            return 0;
-        }
         let h = (self.hash.0 ^ (self.hash.0 >> 32)) as u32;
         ((h as u64) << 32) | (self.len as u32 as u64)
     }
@@ -420,7 +421,7 @@ mod tests {
     #[test]
     fn output_digest_packs_hash_and_length() {
         let mut d = OutputDigest::default();
-        assert_eq!(d.pack(), 0);
+        assert_ne!(d.pack(), 0, "no output is a digest too");
         d.update(b"+OK\r\n");
         let (h, len) = OutputDigest::unpack(d.pack());
         assert_eq!(len, 5);

@@ -25,13 +25,11 @@ use crate::words::{self, WordsError};
 /// "LOCKSTEP" in ASCII, little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LOCKSTEP");
 /// Bumped whenever the control block layout changes.
-pub const LAYOUT_VERSION: u64 = 2;
+pub const LAYOUT_VERSION: u64 = 3;
 /// Bytes of control block before the ring.
 pub const CONTROL_SIZE: u64 = 32 * 1024;
 /// Highest node id (ids are 1..=MAX_NODES).
 pub const MAX_NODES: usize = 15;
-/// Replay connections the passive preload can track at once.
-pub const REPLAY_SLOTS: usize = 1024;
 
 const LINE: usize = 8; // words per cache line
 const W_MAGIC: usize = 0;
@@ -57,12 +55,26 @@ const W_PRELOAD: usize = 11 * LINE;
 // HANDOVER_FENCED set once the follower stopped the hand-overs.
 const W_HANDOVER: usize = 12 * LINE;
 const HANDOVER_FENCED: u64 = 1 << 63;
+// The apply stream (see `ApplyStream`): the follower's words, then the
+// passive preload's, then the doorbell the preload's applier parks on.
+const W_APPLY_TAIL: usize = 13 * LINE;
+const W_APPLY_EPOCH: usize = 13 * LINE + 1;
+const W_APPLY_START_SEQ: usize = 13 * LINE + 2;
+const W_APPLY_HEAD: usize = 14 * LINE;
+const W_APPLIED: usize = 14 * LINE + 1;
+const W_DIVERGED: usize = 14 * LINE + 2;
+const W_APPLY_BELL: usize = 15 * LINE;
+const W_APPLY_BELL_WAITERS: usize = 15 * LINE + 1;
 const W_ACK: usize = 16 * LINE; // ack[id] at W_ACK + id * LINE
-const W_REPLAY: usize = 512; // (port, consumed) pairs
 const CONTROL_WORDS: usize = (CONTROL_SIZE / 8) as usize;
 
-const _: () = assert!(W_ACK + (MAX_NODES + 1) * LINE <= W_REPLAY);
-const _: () = assert!(W_REPLAY + 2 * REPLAY_SLOTS <= CONTROL_WORDS);
+const _: () = assert!(W_ACK + (MAX_NODES + 1) * LINE <= CONTROL_WORDS);
+
+/// Bytes of a node's apply ring for a replication ring of `ring_size`: a
+/// quarter of it, between 1 and 16 MiB (a power of two, like the ring).
+pub fn apply_ring_size(ring_size: u64) -> u64 {
+    (ring_size / 4).clamp(1 << 20, 16 << 20)
+}
 
 /// Role of a node in its current view, as the preload sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,8 +156,14 @@ pub struct RegionSpec {
 }
 
 impl RegionSpec {
-    /// Total bytes of the region file.
+    /// Total bytes of the region file: control block, ring, apply ring.
     pub fn file_len(&self) -> u64 {
+        CONTROL_SIZE + self.ring_size + apply_ring_size(self.ring_size)
+    }
+
+    /// Bytes that remote nodes may write: the control block and the ring
+    /// (the apply ring is the local follower's, for its own server only).
+    pub fn remote_len(&self) -> u64 {
         CONTROL_SIZE + self.ring_size
     }
 
@@ -347,7 +365,7 @@ impl Region {
                 "{len} bytes is too short to be a lockstep region"
             )));
         }
-        let region = Self::map(Some(file), path, len, len - CONTROL_SIZE)?;
+        let region = Self::map(Some(file), path, len.min(spec.file_len()), spec.ring_size)?;
         let w = region.words();
         if w[W_MAGIC].load(Ordering::Acquire) != MAGIC {
             return Err(mismatch("not a lockstep region (bad magic)".into()));
@@ -491,7 +509,7 @@ impl Region {
     pub fn reset(&self) {
         for (i, w) in self.words().iter().enumerate().skip(LINE) {
             // Parked waiters keep their bookkeeping.
-            if i != W_BELL && i != W_BELL_WAITERS {
+            if i != W_BELL && i != W_BELL_WAITERS && i != W_APPLY_BELL_WAITERS {
                 w.store(0, Ordering::Relaxed);
             }
         }
@@ -509,7 +527,20 @@ impl Region {
 
     /// The ring part of the region.
     pub fn ring(&self) -> &[AtomicU64] {
-        &self.words()[CONTROL_WORDS..]
+        &self.words()[CONTROL_WORDS..CONTROL_WORDS + (self.ring_size / 8) as usize]
+    }
+
+    /// The apply ring: committed entries in log order, written by the local
+    /// follower, read by the server's passive preload.
+    pub fn apply_ring(&self) -> &[AtomicU64] {
+        &self.words()[CONTROL_WORDS + (self.ring_size / 8) as usize..]
+    }
+
+    /// The apply stream's words.
+    pub fn apply(&self) -> ApplyStream<'_> {
+        ApplyStream {
+            words: self.words(),
+        }
     }
 
     /// Ring size in bytes.
@@ -520,6 +551,11 @@ impl Region {
     /// Total bytes of the region.
     pub fn len(&self) -> u64 {
         self.words as u64 * 8
+    }
+
+    /// Bytes remote nodes may write (control block and ring).
+    pub fn remote_len(&self) -> u64 {
+        CONTROL_SIZE + self.ring_size
     }
 
     /// Always false: a region has at least a control block.
@@ -533,10 +569,12 @@ impl Region {
     }
 
     /// One-sided write of `bytes` at region offset `offset` (bounds- and
-    /// alignment-checked; the last 8 bytes land last, with release), then
-    /// rings the doorbell.
+    /// alignment-checked against the remotely writable part: control block
+    /// and ring; the last 8 bytes land last, with release), then rings the
+    /// doorbell.
     pub fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), RegionError> {
-        words::store(self.words(), offset, bytes)?;
+        let remote = CONTROL_WORDS + (self.ring_size / 8) as usize;
+        words::store(&self.words()[..remote], offset, bytes)?;
         self.bell().ring();
         Ok(())
     }
@@ -689,18 +727,6 @@ impl Region {
             waiters: self.word(W_BELL_WAITERS),
         }
     }
-    /// Replay slot `i`: (source port word, consumed-bytes word).
-    pub fn replay_slot(&self, i: usize) -> ReplaySlot<'_> {
-        assert!(i < REPLAY_SLOTS);
-        ReplaySlot {
-            port: self.word(W_REPLAY + 2 * i),
-            consumed: self.word(W_REPLAY + 2 * i + 1),
-        }
-    }
-    /// Finds the replay slot registered for source port `port`.
-    pub fn find_replay_slot(&self, port: u16) -> Option<usize> {
-        (0..REPLAY_SLOTS).find(|&i| self.replay_slot(i).port() == Some(port))
-    }
 }
 
 impl Drop for Region {
@@ -713,55 +739,82 @@ impl Drop for Region {
     }
 }
 
-/// A replay connection's registration: the follower claims a slot with the
-/// source port of its replay socket before connecting; the passive preload
-/// recognises the accepted connection by that port and adds every byte the
-/// server reads from it to `consumed`.
+/// The apply stream: how committed entries reach a backup's server.
+///
+/// The follower copies committed entries, in log order, into the region's
+/// apply ring (from the replication ring or from RocksDB: live, after a
+/// catch-up, on a restart alike) and publishes `tail`; the server's passive
+/// preload reads them, presents them to its server through the server's own
+/// event loop, and publishes how far the ring was read (`head`: the
+/// follower's flow control) and the last seq the server consumed
+/// (`applied`). `epoch` and `start_seq` tell the preload that the follower
+/// started a new stream (a fresh follower, a demoted leader resuming).
 #[derive(Clone, Copy, Debug)]
-pub struct ReplaySlot<'a> {
-    port: &'a AtomicU64,
-    consumed: &'a AtomicU64,
+pub struct ApplyStream<'a> {
+    words: &'a [AtomicU64],
 }
 
-const SLOT_USED: u64 = 1 << 32;
-
-impl<'a> ReplaySlot<'a> {
-    /// Registered port, if the slot is in use.
-    pub fn port(&self) -> Option<u16> {
-        let v = self.port.load(Ordering::Acquire);
-        (v & SLOT_USED != 0).then_some(v as u16)
+impl<'a> ApplyStream<'a> {
+    fn w(&self, i: usize) -> &'a AtomicU64 {
+        &self.words[i]
     }
-    /// Claims the slot for `port` if free; resets `consumed`. A slot in use
-    /// is left alone (its counter too: a claimer scanning for a free slot
-    /// must not zero the counters of live replay connections).
-    pub fn claim(&self, port: u16) -> bool {
-        let won = self
-            .port
-            .compare_exchange(
-                0,
-                SLOT_USED | port as u64,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok();
-        if won {
-            // Before the claimer connects, so before the preload can
-            // recognise the connection and count anything.
-            self.consumed.store(0, Ordering::Release);
+    /// Follower: starts a new stream whose first entry is `seq`, at apply
+    /// ring position 0 (nothing may be in the ring then).
+    pub fn restart(&self, seq: u64) {
+        self.w(W_APPLY_TAIL).store(0, Ordering::Release);
+        self.w(W_APPLY_HEAD).store(0, Ordering::Release);
+        self.w(W_APPLIED)
+            .store(seq.saturating_sub(1), Ordering::Release);
+        self.w(W_APPLY_START_SEQ).store(seq, Ordering::Release);
+        self.w(W_APPLY_EPOCH).fetch_add(1, Ordering::AcqRel);
+        self.bell().ring();
+    }
+    /// The current stream: (epoch, seq of its first entry).
+    pub fn epoch(&self) -> (u64, u64) {
+        let e = self.w(W_APPLY_EPOCH).load(Ordering::Acquire);
+        (e, self.w(W_APPLY_START_SEQ).load(Ordering::Acquire))
+    }
+    /// End position of what the follower wrote.
+    pub fn tail(&self) -> u64 {
+        self.w(W_APPLY_TAIL).load(Ordering::Acquire)
+    }
+    /// Follower: publishes the end position of what it wrote.
+    pub fn set_tail(&self, pos: u64) {
+        self.w(W_APPLY_TAIL).store(pos, Ordering::Release);
+        self.bell().ring();
+    }
+    /// Position up to which the preload read the ring (space before it
+    /// may be reused).
+    pub fn head(&self) -> u64 {
+        self.w(W_APPLY_HEAD).load(Ordering::Acquire)
+    }
+    /// Preload: publishes how far it read.
+    pub fn set_head(&self, pos: u64) {
+        self.w(W_APPLY_HEAD).store(pos, Ordering::Release);
+    }
+    /// Last seq the server consumed.
+    pub fn applied(&self) -> u64 {
+        self.w(W_APPLIED).load(Ordering::Acquire)
+    }
+    /// Preload: records that the server consumed up to `seq`.
+    pub fn set_applied(&self, seq: u64) {
+        self.w(W_APPLIED).store(seq, Ordering::Release);
+    }
+    /// Entries whose output on this node differed from the leader's.
+    pub fn diverged(&self) -> u64 {
+        self.w(W_DIVERGED).load(Ordering::Acquire)
+    }
+    /// Preload: counts one divergent entry.
+    pub fn add_diverged(&self) {
+        self.w(W_DIVERGED).fetch_add(1, Ordering::AcqRel);
+    }
+    /// The doorbell the preload's applier parks on (rung on every new tail
+    /// and restart).
+    pub fn bell(&self) -> Doorbell<'a> {
+        Doorbell {
+            seq: self.w(W_APPLY_BELL),
+            waiters: self.w(W_APPLY_BELL_WAITERS),
         }
-        won
-    }
-    /// Frees the slot.
-    pub fn release(&self) {
-        self.port.store(0, Ordering::Release)
-    }
-    /// Bytes the server consumed on this connection.
-    pub fn consumed(&self) -> u64 {
-        self.consumed.load(Ordering::Acquire)
-    }
-    /// Adds `n` bytes consumed (passive preload).
-    pub fn add_consumed(&self, n: u64) {
-        self.consumed.fetch_add(n, Ordering::AcqRel);
     }
 }
 
@@ -923,8 +976,9 @@ mod tests {
     #[test]
     fn writes_are_bounds_checked() {
         let r = Region::anonymous(&spec(1)).unwrap();
-        assert!(r.write(r.len() - 8, &[1; 8]).is_ok());
-        assert!(r.write(r.len(), &[1; 8]).is_err());
+        let remote = spec(1).remote_len();
+        assert!(r.write(remote - 8, &[1; 8]).is_ok());
+        assert!(r.write(remote, &[1; 8]).is_err());
         assert!(r.write(4, &[1; 8]).is_err());
         r.write(ack_offset(2), &7u64.to_le_bytes()).unwrap();
         assert_eq!(r.ack(2), 7);
@@ -957,24 +1011,24 @@ mod tests {
     }
 
     #[test]
-    fn replay_slots_claim_and_find() {
+    fn the_apply_ring_follows_the_ring_and_is_not_remotely_writable() {
         let r = Region::anonymous(&spec(1)).unwrap();
-        assert!(r.replay_slot(3).claim(40000));
-        r.replay_slot(3).add_consumed(5);
-        assert!(!r.replay_slot(3).claim(40001));
-        assert_eq!(
-            r.replay_slot(3).consumed(),
-            5,
-            "a failed claim keeps the live counter"
-        );
-        r.replay_slot(3).release();
-        assert!(r.replay_slot(3).claim(40000));
-        assert_eq!(r.replay_slot(3).consumed(), 0);
-        assert_eq!(r.find_replay_slot(40000), Some(3));
-        r.replay_slot(3).add_consumed(10);
-        assert_eq!(r.replay_slot(3).consumed(), 10);
-        r.replay_slot(3).release();
-        assert_eq!(r.find_replay_slot(40000), None);
+        assert_eq!(r.ring().len() * 8, 1 << 20);
+        assert_eq!(r.apply_ring().len() * 8, 1 << 20);
+        assert_eq!(r.len(), spec(1).file_len());
+        let end_of_ring = spec(1).remote_len();
+        assert!(r.write(end_of_ring - 8, &[1; 8]).is_ok());
+        assert!(r.write(end_of_ring, &[1; 8]).is_err());
+        let a = r.apply();
+        a.restart(40);
+        assert_eq!(a.epoch(), (1, 40));
+        assert_eq!(a.applied(), 39);
+        a.set_tail(128);
+        a.set_head(64);
+        a.restart(50);
+        assert_eq!((a.epoch(), a.tail(), a.head()), ((2, 50), 0, 0));
+        assert_eq!(apply_ring_size(64 << 20), 16 << 20);
+        assert_eq!(apply_ring_size(1 << 20), 1 << 20);
     }
 
     #[test]

@@ -1,12 +1,11 @@
 //! lockstep-follower as a library: the per-node runtime and its parts, so
 //! benches and tests can drive them directly.
 
-pub mod divergence;
 pub mod election;
 mod failover;
+pub mod feed;
 pub mod membership;
 pub mod metrics;
 pub mod node;
-pub mod replay;
 pub mod store;
 pub mod viewchange;

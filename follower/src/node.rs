@@ -17,8 +17,8 @@ use lockstep_common::region::{self, Region, Role};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use lockstep_common::transport::{self, tcp::RegionServer, Transport};
 
+use crate::feed::Feeder;
 use crate::metrics::{self, Metrics};
-use crate::replay::Replayer;
 use crate::store::LogStore;
 
 /// Catch up from a peer when the ring's tail is ahead of us but nothing
@@ -32,8 +32,6 @@ const FETCH_BATCH: usize = 1024;
 const HEARTBEAT: Duration = Duration::from_millis(10);
 /// How often the heartbeat thread checks that this node's server runs.
 const SERVER_CHECK: Duration = Duration::from_millis(100);
-/// Idle drains of the replay connections' replies at most this often.
-const DRAIN_EVERY: Duration = Duration::from_millis(1);
 /// Timeout of one control-channel exchange.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -672,35 +670,44 @@ impl Node {
         self.stale.store(true, Ordering::Relaxed);
     }
 
-    /// Applies committed entries to the local server (backups, and a
-    /// restarted leader before it serves again).
+    /// Hands committed entries to the local server's passive preload, in
+    /// log order, through the apply ring (backups, and a restarted leader
+    /// before it serves again); see `feed` for why the preload applies.
     fn apply_loop(&self) {
-        let app = match self.config.node(self.me) {
-            Ok(n) => n.app,
-            Err(_) => return,
-        };
-        let mut replayer = Replayer::new(app, self.region.clone(), self.stop.clone());
+        let mut feeder: Option<Feeder> = None;
         let mut last_saved = Instant::now();
-        let mut last_drain = Instant::now();
         while !self.stopping() {
-            // A demoted leader's view change sets it from outside.
-            let mut applied = self.applied.load(Ordering::Acquire);
             let role = self.region.role();
             if role == Role::Leader || self.stale.load(Ordering::Relaxed) {
-                // The leader's server consumed its inputs itself.
-                replayer.close_all();
+                // The leader's server consumed its inputs itself; a demoted
+                // one resumes after what it consumed (a new stream).
+                feeder = None;
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
             }
+            let f = feeder.get_or_insert_with(|| {
+                let next = self.applied.load(Ordering::Acquire) + 1;
+                log::info!("node {}: applying from seq {next}", self.me);
+                Feeder::start(self.region.clone(), next, self.config.max_entry)
+            });
+            let applied = f.applied();
+            let before = self.applied.swap(applied, Ordering::AcqRel);
+            self.metrics
+                .applied_entries
+                .fetch_add(applied.saturating_sub(before), Ordering::Relaxed);
+            self.metrics
+                .divergences
+                .store(self.region.apply().diverged(), Ordering::Relaxed);
             let persisted = self.persisted.load(Ordering::Acquire);
             let target = if role == Role::Joining && self.is_leader_node() {
                 persisted
             } else {
                 self.committed.load(Ordering::Acquire).min(persisted)
             };
-            if applied < target {
-                let want = ((target - applied) as usize).min(256);
-                let entries = match self.store().range(applied + 1, want) {
+            let mut full = false;
+            if f.next() <= target {
+                let want = ((target + 1 - f.next()) as usize).min(256);
+                let entries = match self.store().range(f.next(), want) {
                     Ok(e) => e,
                     Err(e) => {
                         log::error!("cannot read the log: {e}; stopping");
@@ -709,32 +716,34 @@ impl Node {
                     }
                 };
                 for (seq, e) in entries {
-                    if seq != applied + 1 {
-                        log::error!("log gap at seq {} while applying; stopping", applied + 1);
+                    if seq != f.next() {
+                        log::error!("log gap at seq {} while applying; stopping", f.next());
                         self.stop.store(true, Ordering::Relaxed);
                         return;
                     }
-                    let t = Instant::now();
-                    let h: EntryHeader = e.header();
-                    if let Err(err) = replayer.apply(&h, e.payload()) {
-                        if !self.stopping() {
-                            log::error!("applying seq {seq} failed: {err}");
+                    match f.feed(&e.header(), e.payload()) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            full = true;
+                            break;
                         }
-                        return;
+                        Err(err) => {
+                            log::error!("cannot hand seq {seq} to the server: {err}; stopping");
+                            self.stop.store(true, Ordering::Relaxed);
+                            return;
+                        }
                     }
-                    self.metrics.apply.observe(t.elapsed());
-                    self.metrics.applied_entries.fetch_add(1, Ordering::Relaxed);
-                    applied = seq;
-                    self.applied.store(seq, Ordering::Release);
                 }
-                self.metrics
-                    .divergences
-                    .store(replayer.checked.diverged, Ordering::Relaxed);
-                continue;
+                f.publish();
+                if !full && f.next() <= target {
+                    continue;
+                }
             }
             if role == Role::Joining
                 && self.is_leader_node()
                 && self.log_view.load(Ordering::Acquire) == self.region.view()
+                && applied >= target
+                && f.next() > target
             {
                 log::info!(
                     "node {}: server rebuilt up to seq {applied}; serving as leader",
@@ -743,16 +752,6 @@ impl Node {
                 self.region.set_role(Role::Leader);
                 continue;
             }
-            // Replies wait in the sockets meanwhile; draining every
-            // connection on every wake-up costs a syscall per connection
-            // per entry.
-            if last_drain.elapsed() >= DRAIN_EVERY {
-                replayer.drain_all();
-                last_drain = Instant::now();
-            }
-            self.metrics
-                .divergences
-                .store(replayer.checked.diverged, Ordering::Relaxed);
             if last_saved.elapsed() > Duration::from_secs(1) {
                 let _ = self.store().set_applied(applied);
                 let _ = self
@@ -760,18 +759,23 @@ impl Node {
                     .set_commit(self.committed.load(Ordering::Acquire));
                 last_saved = Instant::now();
             }
-            let bell = self.region.bell();
-            let seen = bell.value();
-            if self
-                .committed
-                .load(Ordering::Acquire)
-                .min(self.persisted.load(Ordering::Acquire))
-                <= applied
-            {
-                bell.wait(seen, Duration::from_millis(2));
+            if full || applied + 1 < f.next() {
+                // The server is working through what was fed: its progress
+                // rings no bell here.
+                std::thread::sleep(Duration::from_micros(500));
+            } else {
+                let bell = self.region.bell();
+                let seen = bell.value();
+                if self
+                    .committed
+                    .load(Ordering::Acquire)
+                    .min(self.persisted.load(Ordering::Acquire))
+                    < f.next()
+                {
+                    bell.wait(seen, Duration::from_millis(2));
+                }
             }
         }
-        replayer.close_all();
     }
 
     fn accept_loop(self: Arc<Self>, listener: TcpListener) {

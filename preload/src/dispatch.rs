@@ -6,18 +6,21 @@
 //! | Client   | Leader    | real call, then DATA/CLOSE entries (input mode: |
 //! |          |           | wait for the commit before returning)          |
 //! | Client   | otherwise | fail the connection (accepted as leader)       |
-//! | Replay   | any       | real call, add the bytes to the slot's consumed |
+//! | Replay   | any       | real call, tell the pump what was consumed     |
 //! | Guest    | Leader    | fail the connection (was never replicated)     |
 //! | Guest    | otherwise | pass through                                   |
 //! | other    | any       | pass through (one table lookup)                |
 //!
 //! Output (write/send/close/shutdown) on a Client fd first waits until
 //! every input appended so far is committed (output mode; see `engine`).
+//! Output on a Replay fd is dropped without a syscall; the pump compares
+//! its digest with the leader's (see `apply`).
 
 use lockstep_common::config::BackupClients;
 use lockstep_common::entry::Kind;
 use lockstep_common::region::Role;
 
+use crate::apply;
 use crate::engine::{Engine, Fail};
 use crate::fdtable::{self, Class, Slot, CLOSED, FAILED, TABLE_SIZE};
 use crate::hooks::sys;
@@ -76,6 +79,17 @@ pub fn tracked(fd: i32) -> bool {
 #[inline]
 pub fn known(fd: i32) -> bool {
     fdtable::is_known(fd) && !setup::inert()
+}
+
+/// Whether the event-loop waits need a look: attached, not a forked child.
+#[inline]
+pub fn passive_hooked() -> bool {
+    !setup::inert() && setup::engine().is_some()
+}
+
+/// Before the server waits in its event loop: a backup's pump may move on.
+pub fn before_wait() {
+    apply::on_loop();
 }
 
 /// Whether accept/listen need the slow path.
@@ -190,17 +204,16 @@ pub fn after_input(t: Ticket, n: isize, errno: i32, segments: &[&[u8]]) -> Ret {
     match t.class {
         Class::Replay => {
             if n > 0 {
-                let i = t.slot.conn() as usize;
-                if i < lockstep_common::region::REPLAY_SLOTS {
-                    engine.region.replay_slot(i).add_consumed(n as u64);
-                }
+                apply::on_read(t.slot.conn(), n as usize);
+            } else if n == 0 && t.want > 0 {
+                apply::on_read(t.slot.conn(), 0);
             }
             Ret::pass(n)
         }
         Class::Client => {
             let conn = t.slot.conn();
             if n > 0 {
-                let out = t.slot.digest().pack();
+                let out = t.slot.take_digest().pack();
                 match engine.replicate(Kind::Data, conn, out, segments, n as usize) {
                     Ok(_) => Ret::pass(n),
                     Err(f) => fail_with(t.fd, conn, &f),
@@ -233,7 +246,7 @@ fn log_close(engine: &Engine, slot: &Slot) -> Result<(), Fail> {
     if !leading(engine, slot) {
         return Ok(());
     }
-    let out = slot.digest().pack();
+    let out = slot.take_digest().pack();
     engine
         .replicate(Kind::Close, slot.conn(), out, &[], 0)
         .map(|_| ())
@@ -269,6 +282,22 @@ fn hold_end(engine: &Engine, fd: i32, slot: &Slot) {
     }
 }
 
+/// Output to a replay connection: the pump takes its digest and the bytes
+/// go nowhere. Some(bytes "written") when `fd` is one.
+pub fn replay_output(fd: i32, segments: &[&[u8]]) -> Option<usize> {
+    let slot = fdtable::slot(fd)?;
+    if slot.class() != Class::Replay {
+        return None;
+    }
+    apply::on_output(slot.conn(), segments);
+    Some(segments.iter().map(|s| s.len()).sum())
+}
+
+/// Whether `fd` is a replay connection (its output is dropped).
+pub fn is_replay(fd: i32) -> bool {
+    fdtable::slot(fd).is_some_and(|s| s.class() == Class::Replay)
+}
+
 /// Output written to a tracked fd.
 pub fn after_output(fd: i32, segments: &[&[u8]]) {
     if let Some(slot) = fdtable::slot(fd) {
@@ -283,6 +312,9 @@ pub fn before_close(fd: i32) {
     let Some(slot) = fdtable::slot(fd) else {
         return;
     };
+    if slot.class() == Class::Replay {
+        apply::on_close(slot.conn());
+    }
     if slot.class() == Class::Client {
         if let Some(engine) = setup::engine() {
             if let Err(f) = log_close(engine, slot) {
@@ -439,13 +471,11 @@ pub fn accept(lfd: i32, real: &mut dyn FnMut() -> (i32, i32)) -> Ret {
 }
 
 /// A backup or joining node accepted `fd`: keep it when it is one of the
-/// follower's replay connections (or, on a backup, when other clients
+/// pump's replay connections (or, on a backup, when other clients
 /// are allowed).
 fn passive_accept(engine: &Engine, role: Role, fd: i32, slot: &Slot) -> bool {
     let peer = sys::peer_addr(fd);
-    if let Some(i) = peer.and_then(|p| engine.region.find_replay_slot(p.port())) {
-        slot.set_replay(i);
-        log::debug!("fd {fd}: replay connection in slot {i}");
+    if peer.is_some_and(|p| apply::on_accept(fd, p)) {
         return true;
     }
     if role == Role::Backup && engine.config.backup_clients == BackupClients::Allow {

@@ -27,7 +27,7 @@ pub enum Class {
     ListenOther = 2,
     /// A client accepted while this node led (inputs are replicated).
     Client = 3,
-    /// A replay connection of the local follower (inputs are counted).
+    /// A replay connection the passive preload opened to apply the log.
     Replay = 4,
     /// A client a backup lets through (`backup_clients = "allow"`).
     Guest = 5,
@@ -56,7 +56,7 @@ const CLASS_MASK: u64 = 0xff;
 #[derive(Debug)]
 pub struct Slot {
     state: AtomicU64,
-    /// Conn id (client) or replay slot index (replay).
+    /// Conn id (client or replay connection).
     conn: AtomicU64,
     /// View the client was accepted in.
     view: AtomicU64,
@@ -106,7 +106,7 @@ impl Slot {
         Class::from_u8((self.state() & CLASS_MASK) as u8)
     }
 
-    /// Conn id of a client, replay slot index of a replay connection.
+    /// Conn id of a client or replay connection.
     pub fn conn(&self) -> u64 {
         self.conn.load(Ordering::Acquire)
     }
@@ -130,9 +130,9 @@ impl Slot {
         self.set(Class::Client, conn, view);
     }
 
-    /// A replay connection registered in replay slot `index`.
-    pub fn set_replay(&self, index: usize) {
-        self.set(Class::Replay, index as u64, 0);
+    /// A replay connection applying the log's connection `conn`.
+    pub fn set_replay(&self, conn: u64) {
+        self.set(Class::Replay, conn, 0);
     }
 
     /// A client let through by a backup.
@@ -166,7 +166,17 @@ impl Slot {
         self.state.store(0, Ordering::Release);
     }
 
-    /// The digest of everything written to the client so far.
+    /// The digest of the output since the last input, and a fresh start
+    /// for the next one (see [`OutputDigest`]).
+    pub fn take_digest(&self) -> OutputDigest {
+        let d = self.digest();
+        self.out_hash
+            .store(OutputHash::default().0, Ordering::Relaxed);
+        self.out_len.store(0, Ordering::Relaxed);
+        d
+    }
+
+    /// The digest of the output since the last input.
     pub fn digest(&self) -> OutputDigest {
         OutputDigest {
             hash: OutputHash(self.out_hash.load(Ordering::Relaxed)),
@@ -222,8 +232,11 @@ mod tests {
         let mut d = OutputDigest::default();
         d.update(b"+OK\r\n");
         assert_eq!(s.digest(), d);
+        assert_eq!(s.take_digest(), d);
+        assert_eq!(s.digest(), OutputDigest::default());
+        s.add_output(&[b"x"]);
         s.set_client(2, 1);
-        assert_eq!(s.digest().pack(), 0);
+        assert_eq!(s.digest(), OutputDigest::default());
         s.clear();
     }
 }

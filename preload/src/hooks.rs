@@ -110,7 +110,10 @@ macro_rules! real_fn {
             if addr == 0 {
                 // SAFETY: the caller upholds the libc function's contract,
                 // which is the system call's.
-                return unsafe { $fallback };
+                // (Some fallbacks are safe functions.)
+                #[allow(unused_unsafe)]
+                let r = unsafe { $fallback };
+                return r;
             }
             // SAFETY: `addr` is the address dlsym returned for this libc
             // symbol, whose C signature is exactly this one.
@@ -183,7 +186,33 @@ real_fn!(REAL_SENDTO, real_sendto, c"sendto",
 real_fn!(REAL_SENDMSG, real_sendmsg, c"sendmsg", (fd: c_int, m: *const msghdr, fl: c_int) -> ssize_t,
     sys_ret(libc::syscall(libc::SYS_sendmsg, fd, m, fl)));
 
-static ALL_REAL: [&RealFn; 20] = [
+// The event-loop waits: observed only (a backup's pump moves on when its
+// server comes back to wait), never changed. Without a resolved function
+// (inside dlsym, where no server waits) they fail with ENOSYS.
+real_fn!(REAL_EPOLL_WAIT, real_epoll_wait, c"epoll_wait",
+    (epfd: c_int, ev: *mut libc::epoll_event, max: c_int, t: c_int) -> c_int, unresolved());
+real_fn!(REAL_EPOLL_PWAIT, real_epoll_pwait, c"epoll_pwait",
+    (epfd: c_int, ev: *mut libc::epoll_event, max: c_int, t: c_int, m: *const libc::sigset_t) -> c_int,
+    unresolved());
+real_fn!(REAL_POLL, real_poll, c"poll", (fds: *mut libc::pollfd, n: libc::nfds_t, t: c_int) -> c_int,
+    unresolved());
+real_fn!(REAL_PPOLL, real_ppoll, c"ppoll",
+    (fds: *mut libc::pollfd, n: libc::nfds_t, t: *const libc::timespec, m: *const libc::sigset_t) -> c_int,
+    unresolved());
+real_fn!(REAL_SELECT, real_select, c"select",
+    (n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *mut libc::timeval) -> c_int,
+    unresolved());
+real_fn!(REAL_PSELECT, real_pselect, c"pselect",
+    (n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *const libc::timespec,
+     m: *const libc::sigset_t) -> c_int,
+    unresolved());
+
+fn unresolved() -> c_int {
+    set_errno(libc::ENOSYS);
+    -1
+}
+
+static ALL_REAL: [&RealFn; 26] = [
     &REAL_READ,
     &REAL_READV,
     &REAL_RECV,
@@ -204,6 +233,12 @@ static ALL_REAL: [&RealFn; 20] = [
     &REAL_SEND,
     &REAL_SENDTO,
     &REAL_SENDMSG,
+    &REAL_EPOLL_WAIT,
+    &REAL_EPOLL_PWAIT,
+    &REAL_POLL,
+    &REAL_PPOLL,
+    &REAL_SELECT,
+    &REAL_PSELECT,
 ];
 
 /// Load-time constructor: resolves every real function (dlsym only; no
@@ -424,6 +459,19 @@ unsafe fn output(fd: c_int, bufs: Bufs, real: impl FnOnce() -> ssize_t) -> ssize
     let Some((_reentry, bufs)) = (unsafe { enter_tracked(fd, bufs) }) else {
         return real();
     };
+    if dispatch::is_replay(fd) {
+        // A replay connection's output goes nowhere: only its digest is
+        // kept, and the server never blocks on it.
+        // SAFETY: per the contract, `bufs` holds the bytes to send.
+        let total = unsafe { bufs.total() };
+        let sent = caught(|| {
+            // SAFETY: the caller's buffers hold `total` bytes to send.
+            unsafe { with_segments(bufs, total, |segs| dispatch::replay_output(fd, segs)) }
+        });
+        if let Some(Some(n)) = sent {
+            return n as ssize_t;
+        }
+    }
     // Output commit: nothing leaves for a client before the inputs it may
     // depend on are committed. A panic deciding fails the connection
     // rather than release an output unchecked.
@@ -842,6 +890,112 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     unsafe { output(fd, Bufs::Msg(msg), || real_sendmsg(fd, msg, flags)) }
 }
 
+/// The server is about to wait in its event loop.
+fn event_loop_turn() {
+    if dispatch::passive_hooked() {
+        if let Some(_reentry) = Reentry::enter() {
+            let e = errno();
+            let _ = caught(dispatch::before_wait);
+            set_errno(e);
+        }
+    }
+}
+
+/// Interposed `epoll_wait(2)`: observed, not changed.
+///
+/// # Safety
+/// Same contract as libc's `epoll_wait`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    event_loop_turn();
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_epoll_wait(epfd, ev, max, timeout) }
+}
+
+/// Interposed `epoll_pwait(2)`: observed, not changed.
+///
+/// # Safety
+/// Same contract as libc's `epoll_pwait`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    event_loop_turn();
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_epoll_pwait(epfd, ev, max, timeout, mask) }
+}
+
+/// Interposed `poll(2)`: observed, not changed.
+///
+/// # Safety
+/// Same contract as libc's `poll`.
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    event_loop_turn();
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_poll(fds, n, timeout) }
+}
+
+/// Interposed `ppoll(2)`: observed, not changed.
+///
+/// # Safety
+/// Same contract as libc's `ppoll`.
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    event_loop_turn();
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_ppoll(fds, n, timeout, mask) }
+}
+
+/// Interposed `select(2)`: observed, not changed.
+///
+/// # Safety
+/// Same contract as libc's `select`.
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    timeout: *mut libc::timeval,
+) -> c_int {
+    event_loop_turn();
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_select(n, r, w, e, timeout) }
+}
+
+/// Interposed `pselect(2)`: observed, not changed.
+///
+/// # Safety
+/// Same contract as libc's `pselect`.
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    timeout: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    event_loop_turn();
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_pselect(n, r, w, e, timeout, mask) }
+}
+
 // ---------------------------------------------------------------------------
 // Raw calls for the rest of the crate, as safe functions.
 
@@ -949,6 +1103,12 @@ pub mod sys {
     pub fn exit_now(code: i32) -> ! {
         // SAFETY: _exit never returns and has no preconditions.
         unsafe { libc::_exit(code) }
+    }
+
+    /// Marks the calling thread as the preload's own (the applier): every
+    /// hooked call it makes passes straight through, as inside a hook.
+    pub fn own_thread() {
+        let _ = IN_HOOK.try_with(|c| c.set(true));
     }
 
     /// Registers `child` to run in the child after every fork.

@@ -27,12 +27,14 @@
 //! - `hooks`: the exported symbols and every `unsafe` of the crate.
 //! - [`dispatch`]: what each call does, per fd class and role.
 //! - [`engine`]: the leader's replication path (ring, transport, acks).
+//! - [`apply`]: the passive side: a backup's server re-executes the log.
 //! - [`setup`]: configuration, attaching to the region, fork handling.
 //! - [`fdtable`]: per-fd state.
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod apply;
 pub mod dispatch;
 pub mod engine;
 pub mod fdtable;

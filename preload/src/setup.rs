@@ -152,6 +152,7 @@ pub fn attach() -> Result<&'static Engine, String> {
         engine.region.role(),
         engine.region.view()
     );
+    crate::apply::start(engine.region.clone(), s.app, s.config.max_entry);
     let _ = ENGINE.set(engine);
     MODE.store(MODE_ATTACHED, Ordering::Relaxed);
     Ok(ENGINE.get().expect("just set"))

@@ -650,49 +650,84 @@ pub fn is_closed_by_peer(s: &mut TcpStream, limit: Duration) -> bool {
     }
 }
 
-/// A TCP stream connected from a chosen local port: binds 127.0.0.1:0
-/// first, lets `before_connect` see the port (to register it in a replay
-/// slot), then connects.
-pub fn connect_from_own_port(addr: SocketAddr, before_connect: impl FnOnce(u16)) -> TcpStream {
-    use std::os::unix::io::FromRawFd;
-    // SAFETY: plain socket(2); the fd is checked and owned below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    assert!(fd >= 0, "socket: {}", io::Error::last_os_error());
-    // SAFETY: `fd` is a fresh socket nobody else owns.
-    let stream = unsafe { TcpStream::from_raw_fd(fd) };
-    let sin = |port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    let local = sin(0);
-    // SAFETY: `local` is a valid sockaddr_in of `len` bytes.
-    let r = unsafe {
-        libc::bind(
-            fd,
-            &local as *const libc::sockaddr_in as *const libc::sockaddr,
-            len,
-        )
-    };
-    assert_eq!(r, 0, "bind: {}", io::Error::last_os_error());
-    let port = stream.local_addr().expect("local addr").port();
-    before_connect(port);
-    let remote = sin(addr.port());
-    // SAFETY: `remote` is a valid sockaddr_in of `len` bytes.
-    let r = unsafe {
-        libc::connect(
-            fd,
-            &remote as *const libc::sockaddr_in as *const libc::sockaddr,
-            len,
-        )
-    };
-    assert_eq!(r, 0, "connect: {}", io::Error::last_os_error());
-    stream.set_read_timeout(Some(LIMIT)).expect("timeout");
-    stream
+/// Plays the follower's part for a backup's server: writes committed
+/// entries into node 1's apply ring, as the follower's feeder does.
+pub struct ApplyFeed {
+    region: Arc<Region>,
+    writer: lockstep_common::ring::RingWriter,
+    scratch: Vec<u8>,
+    next: u64,
+}
+
+impl ApplyFeed {
+    /// Starts a new apply stream at `first` (the seq of its first entry).
+    pub fn start(f: &Fixture, first: u64) -> ApplyFeed {
+        let region = f.region(1).clone();
+        region.apply().restart(first);
+        let size = region::apply_ring_size(region.ring_size());
+        ApplyFeed {
+            region,
+            writer: lockstep_common::ring::RingWriter::new(size, 0),
+            scratch: vec![0; entry::footprint(1 << 20)],
+            next: first,
+        }
+    }
+
+    /// Appends one committed entry and publishes it; `after` is the output
+    /// the server is expected to have written since the connection's last
+    /// input (None: not checked). Returns its seq (an ACCEPT's conn id).
+    pub fn entry(&mut self, kind: Kind, conn: u64, after: Option<&[u8]>, payload: &[u8]) -> u64 {
+        let seq = self.next;
+        let conn = if kind == Kind::Accept { seq } else { conn };
+        let mut h = EntryHeader::new(kind, 1, seq, conn, payload.len() as u32);
+        if let Some(out) = after {
+            let mut d = entry::OutputDigest::default();
+            d.update(out);
+            h.out_hash = d.pack();
+        }
+        let head = self.region.apply().head();
+        self.writer
+            .append(
+                self.region.apply_ring(),
+                &h,
+                payload,
+                head,
+                &mut self.scratch,
+            )
+            .expect("apply ring full");
+        self.region.apply().set_tail(self.writer.pos());
+        self.next += 1;
+        seq
+    }
+
+    /// Waits until the server consumed everything fed.
+    pub fn wait_applied(&self, server: &mut Server) {
+        wait_for("the server to consume the fed entries", LIMIT, || {
+            server.assert_running();
+            self.region.apply().applied() + 1 >= self.next
+        });
+    }
+
+    /// Divergent entries the preload counted.
+    pub fn diverged(&self) -> u64 {
+        self.region.apply().diverged()
+    }
+
+    /// Replays one connection that sends each of `inputs` and expects the
+    /// matching reply, then closes; waits until the server consumed it and
+    /// returns how many replies differed.
+    pub fn session(&mut self, server: &mut Server, exchange: &[(&[u8], &[u8])]) -> u64 {
+        let before = self.diverged();
+        let conn = self.entry(Kind::Accept, 0, None, &[]);
+        let mut prev: Option<&[u8]> = None;
+        for (input, reply) in exchange {
+            self.entry(Kind::Data, conn, prev, input);
+            prev = Some(reply);
+        }
+        self.entry(Kind::Close, conn, prev, &[]);
+        self.wait_applied(server);
+        self.diverged() - before
+    }
 }
 
 /// Connects and pings until Redis answers (it may still be starting).

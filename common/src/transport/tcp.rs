@@ -254,7 +254,7 @@ impl RegionServer {
                 return Ok(stats);
             }
             let h = FrameHeader::decode(&hdr);
-            h.check(region.len()).map_err(ServeError::Garbage)?;
+            h.check(region.remote_len()).map_err(ServeError::Garbage)?;
             let len = h.len as usize;
             if body.len() < len {
                 body.resize(len, 0);
@@ -531,7 +531,7 @@ impl TcpTransport {
                 addr: n.control,
                 cluster: config.cluster.clone(),
                 key: config.key.clone(),
-                region_len: config.region_spec(n.id).file_len(),
+                region_len: config.region_spec(n.id).remote_len(),
                 state: Mutex::new(PeerState::default()),
                 cv: Condvar::new(),
                 fenced: AtomicU64::new(0),

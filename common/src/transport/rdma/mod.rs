@@ -271,7 +271,7 @@ mod imp {
                     me,
                     addr: n.control,
                     src,
-                    region_len: config.region_spec(n.id).file_len(),
+                    region_len: config.region_spec(n.id).remote_len(),
                     cluster: cluster_hash(&config.cluster),
                     key: config.key.clone(),
                 };

@@ -1042,7 +1042,8 @@ unsafe impl Send for RegisteredRegion {}
 unsafe impl Sync for RegisteredRegion {}
 
 impl RegisteredRegion {
-    /// Registers `region[skip..]` with local and remote write access.
+    /// Registers `region[skip..remote_len]` (control block and ring: never
+    /// the local apply ring) with local and remote write access.
     pub fn new(
         pd: &Arc<ProtectionDomain>,
         region: &Arc<Region>,
@@ -1050,7 +1051,7 @@ impl RegisteredRegion {
     ) -> Result<RegisteredRegion, RdmaError> {
         let words = region.words();
         let base = words.as_ptr() as u64;
-        let len = region.len();
+        let len = region.remote_len();
         let access = (sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
             .0;
