@@ -13,6 +13,15 @@ use crate::region::{RegionSpec, MAX_NODES};
 
 /// Smallest ring accepted.
 pub const MIN_RING: u64 = 1 << 20;
+/// Largest ring accepted (the region is one file in `/dev/shm`, mapped by
+/// the follower and the server).
+pub const MAX_RING: u64 = 64 << 30;
+/// Largest `max_entry` accepted: an entry travels whole in one control
+/// frame when a node catches up ([`crate::control::MAX_FRAME`]) and in one
+/// buffer the preload allocates inside the server.
+pub const MAX_ENTRY: u64 = 16 << 20;
+/// Range of `election.session_timeout_ms`.
+pub const SESSION_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=600_000;
 
 /// What a redis-server replica that lockstep starts itself (benchmarks,
 /// tests) gets besides its address: no persistence of its own (the log is
@@ -156,6 +165,8 @@ struct RawConfig {
     backup_clients: BackupClients,
     #[serde(default = "default_commit")]
     commit: CommitMode,
+    #[serde(default = "default_max_apply_lag")]
+    max_apply_lag: u64,
     #[serde(default)]
     key: Option<String>,
     #[serde(default)]
@@ -180,6 +191,12 @@ fn default_backup_clients() -> BackupClients {
 fn default_commit() -> CommitMode {
     CommitMode::Output
 }
+/// Backups apply ~100k entries/s here (`lockstep bench follower`): half a
+/// second of backlog at most for the new leader of a failover.
+pub const DEFAULT_MAX_APPLY_LAG: u64 = 50_000;
+fn default_max_apply_lag() -> u64 {
+    DEFAULT_MAX_APPLY_LAG
+}
 
 /// A byte size: an integer or a string like "64MiB".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,16 +204,25 @@ struct Size(u64);
 
 impl<'de> Deserialize<'de> for Size {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either {
-            Int(u64),
-            Text(String),
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a byte count or a string such as \"64MiB\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Size, E> {
+                Ok(Size(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Size, E> {
+                u64::try_from(n)
+                    .map(Size)
+                    .map_err(|_| E::custom(format!("{n} is negative: a size is a byte count")))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Size, E> {
+                parse_size(s).map(Size).map_err(E::custom)
+            }
         }
-        match Either::deserialize(d)? {
-            Either::Int(n) => Ok(Size(n)),
-            Either::Text(s) => parse_size(&s).map(Size).map_err(serde::de::Error::custom),
-        }
+        d.deserialize_any(V)
     }
 }
 
@@ -219,6 +245,102 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
+/// Checks `ring_size` (a power of two in `MIN_RING..=MAX_RING`) and
+/// `max_entry` (at least 1 byte, at most [`MAX_ENTRY`], an entry of that
+/// size at most a quarter of the ring); returns `max_entry` or one line
+/// naming the field.
+pub fn check_sizes(ring_size: u64, max_entry: u64) -> Result<u32, String> {
+    if !ring_size.is_power_of_two() {
+        return Err(format!(
+            "ring_size: {ring_size} bytes is not a power of two"
+        ));
+    }
+    if ring_size < MIN_RING {
+        return Err(format!(
+            "ring_size: {ring_size} bytes is below the minimum of {} (1 MiB)",
+            MIN_RING
+        ));
+    }
+    if ring_size > MAX_RING {
+        return Err(format!(
+            "ring_size: {ring_size} bytes is above the maximum of {MAX_RING} (64 GiB)"
+        ));
+    }
+    if max_entry == 0 {
+        return Err("max_entry: must be at least 1 byte".into());
+    }
+    // The footprint (header, payload, canary) of the largest entry must
+    // leave room for three more in the ring (the first test keeps the
+    // footprint's arithmetic far from overflowing).
+    if max_entry > ring_size / 4
+        || crate::entry::footprint(max_entry as usize) as u64 > ring_size / 4
+    {
+        return Err(format!(
+            "max_entry: {max_entry} bytes is above ring_size/4 ({} bytes, less an entry's header and canary)",
+            ring_size / 4
+        ));
+    }
+    if max_entry > MAX_ENTRY {
+        return Err(format!(
+            "max_entry: {max_entry} bytes is above the maximum of {MAX_ENTRY} (16 MiB: an entry must fit one control frame)"
+        ));
+    }
+    u32::try_from(max_entry).map_err(|_| format!("max_entry: {max_entry} bytes is above u32::MAX"))
+}
+
+/// The largest char boundary at or below `i`.
+fn floor_char_boundary(s: &str, i: usize) -> usize {
+    let mut i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// The dotted name of the field whose value starts at byte `at` of the
+/// TOML `text` (`nodes.app` for `app = 7911` under `[[nodes]]`), when `at`
+/// lies after a `key =` on its line; None otherwise (e.g. the span is a
+/// key itself, or a value continued from an earlier line).
+fn field_at(text: &str, at: usize) -> Option<String> {
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let before = &text[line_start..at];
+    let eq = before.rfind('=')?;
+    let key_part = &before[..eq];
+    let key = key_part
+        .rsplit(['{', ','])
+        .next()
+        .unwrap_or(key_part)
+        .trim()
+        .trim_matches('"');
+    let simple = |k: &str| {
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+    };
+    if !simple(key) {
+        return None;
+    }
+    // Inside an inline table: `election = { mode = 7 }`.
+    let inline = key_part.rfind('{').and_then(|b| {
+        let outer = &key_part[..b];
+        let oeq = outer.rfind('=')?;
+        let k = outer[..oeq].trim();
+        simple(k).then(|| k.to_string())
+    });
+    let table = text[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string())
+        .filter(|t| simple(t));
+    let mut path: Vec<String> = Vec::new();
+    path.extend(table);
+    path.extend(inline);
+    path.push(key.to_string());
+    Some(path.join("."))
+}
+
 /// A validated cluster config.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -238,6 +360,9 @@ pub struct Config {
     pub backup_clients: BackupClients,
     /// When the leader's server may act on an input.
     pub commit: CommitMode,
+    /// How many committed entries the best-applied majority of backups may
+    /// be behind before the leader waits (0: no bound).
+    pub max_apply_lag: u64,
     /// Cluster key authenticating tcp transport peers (None for shm).
     pub key: Option<String>,
     /// Server command template for `lockstep up` ({port}, {data}, {node}).
@@ -276,13 +401,15 @@ impl Config {
 
     fn parse_in(text: &str, base: Option<&Path>) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let line = e
-                .span()
-                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
             let msg = e.message().replace('\n', " ");
-            ConfigError(match line {
-                Some(l) => format!("line {l}: {msg}"),
-                None => msg,
+            let Some(span) = e.span() else {
+                return ConfigError(msg);
+            };
+            let at = floor_char_boundary(text, span.start);
+            let line = text[..at].matches('\n').count() + 1;
+            ConfigError(match field_at(text, at) {
+                Some(field) => format!("{field}: line {line}: {msg}"),
+                None => format!("line {line}: {msg}"),
             })
         })?;
         Self::validate(raw, base)
@@ -303,22 +430,8 @@ impl Config {
             ));
         }
         let ring_size = raw.ring_size.map(|s| s.0).unwrap_or(64 << 20);
-        if !ring_size.is_power_of_two() {
-            return err(format!(
-                "ring_size: {ring_size} bytes is not a power of two"
-            ));
-        }
-        if ring_size < MIN_RING {
-            return err(format!(
-                "ring_size: {ring_size} bytes is below the minimum of 1 MiB"
-            ));
-        }
         let max_entry = raw.max_entry.map(|s| s.0).unwrap_or(64 << 10);
-        if max_entry == 0 || crate::entry::footprint(max_entry as usize) as u64 > ring_size / 4 {
-            return err(format!(
-                "max_entry: {max_entry} bytes must be between 1 and a quarter of ring_size"
-            ));
-        }
+        let max_entry = check_sizes(ring_size, max_entry).map_err(ConfigError)?;
         if raw.data_dir.as_os_str().is_empty() {
             return err("data_dir: must not be empty");
         }
@@ -408,23 +521,28 @@ impl Config {
                 raw.election.leader
             ));
         }
-        if raw.election.mode == ElectionMode::Zookeeper {
-            if raw.election.zookeeper.trim().is_empty() {
-                return err("election.zookeeper: needs a connect string such as 127.0.0.1:2181");
-            }
-            if raw.election.session_timeout_ms < 100 {
-                return err("election.session_timeout_ms: must be at least 100");
-            }
+        if raw.election.mode == ElectionMode::Zookeeper && raw.election.zookeeper.trim().is_empty()
+        {
+            return err("election.zookeeper: needs a connect string such as 127.0.0.1:2181");
+        }
+        let ms = raw.election.session_timeout_ms;
+        if !SESSION_TIMEOUT_MS.contains(&ms) {
+            return err(format!(
+                "election.session_timeout_ms: {ms} is outside {}..={}",
+                SESSION_TIMEOUT_MS.start(),
+                SESSION_TIMEOUT_MS.end()
+            ));
         }
         Ok(Config {
             cluster: raw.cluster,
             transport: raw.transport,
             ring_size,
             data_dir: raw.data_dir,
-            max_entry: max_entry as u32,
+            max_entry,
             durability: raw.durability,
             backup_clients: raw.backup_clients,
             commit: raw.commit,
+            max_apply_lag: raw.max_apply_lag,
             key,
             server: raw.server,
             election: raw.election,
@@ -568,7 +686,10 @@ metrics = "127.0.0.1:7203"
         let e = bad(&GOOD.replace("\"64MiB\"", "3000000"));
         assert_eq!(e, "ring_size: 3000000 bytes is not a power of two");
         let e = bad(&GOOD.replace("\"64MiB\"", "\"512KiB\""));
-        assert_eq!(e, "ring_size: 524288 bytes is below the minimum of 1 MiB");
+        assert_eq!(
+            e,
+            "ring_size: 524288 bytes is below the minimum of 1048576 (1 MiB)"
+        );
         let e = bad(&GOOD.replace("\"64MiB\"", "\"64 parsecs\""));
         assert!(e.contains("unknown size unit"), "{e}");
     }
@@ -618,6 +739,129 @@ metrics = "127.0.0.1:7203"
         assert!(e.contains("invalid socket address"), "{e}");
         let e = bad("cluster = \"x\"");
         assert!(e.contains("missing field `data_dir`"), "{e}");
+    }
+
+    fn with(line: &str) -> String {
+        GOOD.replace("data_dir =", &format!("{line}\ndata_dir ="))
+    }
+
+    #[test]
+    fn max_entry_is_checked_not_truncated() {
+        // Issue 14: 4 GiB entries in a 32 GiB ring became max_entry 0.
+        let e = bad(&with("max_entry = \"4GiB\"").replace("\"64MiB\"", "\"32GiB\""));
+        assert!(
+            e.starts_with("max_entry: 4294967296 bytes is above the maximum of 16777216"),
+            "{e}"
+        );
+        let e = bad(&with("max_entry = \"4GiB\""));
+        assert!(
+            e.starts_with("max_entry: 4294967296 bytes is above ring_size/4 (16777216 bytes"),
+            "{e}"
+        );
+        assert_eq!(
+            bad(&with("max_entry = 0")),
+            "max_entry: must be at least 1 byte"
+        );
+        let e = bad(&with("max_entry = -1"));
+        assert!(
+            e.starts_with("max_entry: line 5:") && e.contains("negative"),
+            "{e}"
+        );
+        // 16 MiB of payload plus header and canary is more than a quarter
+        // of 64 MiB, but fits in a quarter of 128 MiB.
+        assert!(bad(&with("max_entry = \"16MiB\"")).contains("above ring_size/4"));
+        let c = Config::parse(&with("max_entry = \"16MiB\"").replace("\"64MiB\"", "\"128MiB\""))
+            .unwrap();
+        assert_eq!(c.max_entry, 16 << 20);
+        let e = bad(&with("max_entry = \"18446744073709551615\""));
+        assert!(
+            e.starts_with("max_entry:") && e.contains("ring_size/4"),
+            "{e}"
+        );
+        let e = bad(&with("max_entry = \"17179869184GiB\""));
+        assert!(
+            e.starts_with("max_entry:") && e.contains("too large"),
+            "{e}"
+        );
+        assert_eq!(Config::parse(&with("max_entry = 1")).unwrap().max_entry, 1);
+    }
+
+    #[test]
+    fn ring_size_has_a_range() {
+        let e = bad(&GOOD.replace("\"64MiB\"", "\"128GiB\""));
+        assert_eq!(
+            e,
+            "ring_size: 137438953472 bytes is above the maximum of 68719476736 (64 GiB)"
+        );
+        assert!(Config::parse(&GOOD.replace("\"64MiB\"", "\"64GiB\"")).is_ok());
+        let e = bad(&GOOD.replace("\"64MiB\"", "0"));
+        assert!(
+            e.starts_with("ring_size: 0 bytes is not a power of two"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn check_sizes_never_truncates() {
+        // A seeded sweep over the whole u64 range and the edges.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for i in 0..20_000 {
+            let ring = match i % 3 {
+                0 => 1u64 << (next() % 64),
+                1 => next(),
+                _ => 1 << (20 + next() % 17),
+            };
+            let max = match i % 4 {
+                0 => next(),
+                1 => next() % (1 << 26),
+                2 => [0, 1, u32::MAX as u64, u32::MAX as u64 + 1, u64::MAX][i % 5],
+                _ => ring / 4 - (next() % 256).min(ring / 4),
+            };
+            if let Ok(m) = check_sizes(ring, max) {
+                assert_eq!(m as u64, max);
+                assert!((1..=MAX_ENTRY).contains(&max));
+                assert!(ring.is_power_of_two() && (MIN_RING..=MAX_RING).contains(&ring));
+                assert!(crate::entry::footprint(m as usize) as u64 <= ring / 4);
+            }
+        }
+    }
+
+    #[test]
+    fn type_errors_name_the_field() {
+        let e = bad(&GOOD.replace("app = \"127.0.0.1:7002\"", "app = 7911"));
+        assert!(
+            e.starts_with("nodes.app: line 15: invalid type: integer `7911`"),
+            "{e}"
+        );
+        let e = bad(&GOOD.replace("\"64MiB\"", "true"));
+        assert!(
+            e.starts_with("ring_size: line 4: invalid type: boolean `true`"),
+            "{e}"
+        );
+        let e = bad(&GOOD.replace("leader = 1", "leader = \"one\""));
+        assert!(e.starts_with("election.leader: line 8:"), "{e}");
+        let e = bad(&GOOD.replace("id = 2", "id = -2"));
+        assert!(e.starts_with("nodes.id: line 14:"), "{e}");
+        let e = bad(&GOOD
+            .replace("[election]\nmode = \"static\"\nleader = 1\n", "")
+            .replace("data_dir =", "election = { mode = 7 }\ndata_dir ="));
+        assert!(e.starts_with("election.mode: line 5:"), "{e}");
+        let e = bad(&GOOD.replace("\"shm\"", "\"carrier-pigeon\""));
+        assert!(e.starts_with("transport: line 3:"), "{e}");
+    }
+
+    #[test]
+    fn session_timeout_has_a_range() {
+        let e = bad(&GOOD.replace("leader = 1", "leader = 1\nsession_timeout_ms = 0"));
+        assert_eq!(e, "election.session_timeout_ms: 0 is outside 100..=600000");
+        let e = bad(&GOOD.replace("leader = 1", "leader = 1\nsession_timeout_ms = 3600000"));
+        assert!(e.starts_with("election.session_timeout_ms: 3600000"), "{e}");
     }
 
     #[test]
