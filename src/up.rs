@@ -6,8 +6,15 @@
 //! Every child runs in its own process group (a terminal's Ctrl-C reaches
 //! only `lockstep up`, which then stops servers before followers) and gets
 //! SIGTERM from the kernel if `lockstep up` dies without cleaning up.
+//!
+//! While it runs, `lockstep up` heals the nodes by itself ([`Cluster::heal`]):
+//! a node whose server or follower exited, or whose follower reports it
+//! `stale`, is stopped (what is left of it) and started again — its follower
+//! with its data dir, which rebuilds a fresh server from the log and a peer —
+//! with a growing pause between failed attempts.
 
-use std::fs::File;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -18,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use lockstep_common::config::ElectionMode;
+use lockstep_common::control::NodeStatus;
 use lockstep_common::region;
 use lockstep_common::Config;
 use nix::sys::signal::{kill, killpg, Signal};
@@ -29,7 +37,28 @@ use crate::zookeeper_server::ZookeeperServer;
 /// How long a stopping process may take after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
+/// How long a node whose server exited waits for its (living) follower to
+/// report `stale` before it is restarted anyway: the follower steps down
+/// and leaves the election first, so the others do not wait for it.
+const STALE_GRACE: Duration = Duration::from_secs(10);
+
+/// How long a restarted follower may take to answer its control channel.
+const FOLLOWER_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long a restarting node may go without applying anything new before
+/// its restart counts as failed (a long log takes long to replay: only a
+/// node that stopped making progress fails).
+const REBUILD_STALL_LIMIT: Duration = Duration::from_secs(120);
+
+/// The longest pause between two attempts to restart a node.
+const BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+/// A restarted node that ran this long is healthy again: its next failure
+/// is restarted at once, not after a pause.
+const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+
 /// Where the built binaries are: next to the running `lockstep`.
+#[derive(Clone)]
 pub struct Binaries {
     /// lockstep-follower.
     pub follower: PathBuf,
@@ -64,14 +93,27 @@ enum Kind {
     Follower,
 }
 
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Server => "server",
+            Kind::Follower => "follower",
+        }
+    }
+}
+
 struct Proc {
     kind: Kind,
+    /// The node it belongs to.
+    node: u64,
     what: String,
     log: PathBuf,
     child: Child,
     exited: bool,
     /// " (exit status …)" once reaped by `reap`.
     how: String,
+    /// `lockstep up` stopped it on purpose: its exit is no news.
+    stopping: bool,
 }
 
 impl Proc {
@@ -88,6 +130,58 @@ pub struct Cluster {
     stopped: bool,
     /// The server command template the nodes run.
     cmd: Vec<String>,
+    /// The config file the children get (canonical path).
+    config_path: PathBuf,
+    /// The binaries the children run.
+    bins: Binaries,
+    /// What [`Cluster::heal`] is doing about each node (empty until started).
+    heal: BTreeMap<u64, NodeHeal>,
+}
+
+/// What `lockstep up` is doing about one node.
+#[derive(Clone, Debug)]
+enum Phase {
+    /// Running; watched for exits and staleness. `healed`: started by a
+    /// restart (not by `up` itself).
+    Running { since: Instant, healed: bool },
+    /// Its server exited while its follower runs: waiting (at most
+    /// `STALE_GRACE`) for the follower to report `stale`. `quick`: it failed
+    /// soon after a restart.
+    ServerGone {
+        since: Instant,
+        how: String,
+        quick: bool,
+    },
+    /// What was left of it got SIGTERM at `since` (SIGKILL after
+    /// `STOP_GRACE`); once gone, it is started at `start_at`.
+    Stopping {
+        since: Instant,
+        killed: bool,
+        start_at: Instant,
+    },
+    /// Stopped; started again at `until` (the pause after failures).
+    Waiting { until: Instant },
+    /// Its follower was started at `since`; waiting for it to answer.
+    StartingFollower { since: Instant },
+    /// Its server was started; waiting until the node serves its role.
+    /// `applied`/`progress_at`: the log replay's last progress.
+    StartingServer { applied: u64, progress_at: Instant },
+}
+
+/// One node's healing state.
+struct NodeHeal {
+    phase: Phase,
+    /// Failed restarts (and failures soon after a restart) in a row.
+    failures: u32,
+}
+
+/// The pause before restart attempt number `failures + 1`: none for a
+/// first failure, then 1 s, 2 s, 4 s, … at most `BACKOFF_CAP`.
+fn backoff(failures: u32) -> Duration {
+    if failures == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_secs(1u64 << (failures - 1).min(16)).min(BACKOFF_CAP)
 }
 
 fn port_free(addr: SocketAddr) -> bool {
@@ -177,9 +271,16 @@ fn ensure_zookeeper(
     Ok(Some(zk))
 }
 
-/// Spawns `cmd` in its own process group with SIGTERM on our death.
-fn spawn(mut cmd: Command, log: &Path) -> anyhow::Result<Child> {
-    let out = File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+/// Spawns `cmd` in its own process group with SIGTERM on our death; its
+/// output goes to `log` (appended to when `append`: a restarted process
+/// keeps its predecessor's last words).
+fn spawn(mut cmd: Command, log: &Path, append: bool) -> anyhow::Result<Child> {
+    let out = if append {
+        OpenOptions::new().create(true).append(true).open(log)
+    } else {
+        File::create(log)
+    }
+    .with_context(|| format!("cannot create {}", log.display()))?;
     cmd.stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
@@ -274,10 +375,13 @@ impl Cluster {
             zookeeper: None,
             stopped: false,
             cmd: cmd.to_vec(),
+            config_path: config_path.clone(),
+            bins: bins.clone(),
+            heal: BTreeMap::new(),
         };
         cluster.zookeeper = ensure_zookeeper(&config, say)?;
         for id in config.ids() {
-            cluster.spawn_follower(id, &config_path, bins, say)?;
+            cluster.spawn_follower(id, &config_path, bins, say, false)?;
         }
         cluster.wait_for(
             "followers",
@@ -290,10 +394,23 @@ impl Cluster {
             Duration::from_secs(60),
         )?;
         for id in config.ids() {
-            cluster.spawn_server(id, cmd, &config_path, bins, say)?;
+            cluster.spawn_server(id, cmd, &config_path, bins, say, false)?;
         }
         let ids: Vec<u64> = config.ids().collect();
         cluster.wait_servers(&ids, stop)?;
+        let now = Instant::now();
+        for id in ids {
+            cluster.heal.insert(
+                id,
+                NodeHeal {
+                    phase: Phase::Running {
+                        since: now,
+                        healed: false,
+                    },
+                    failures: 0,
+                },
+            );
+        }
         Ok(cluster)
     }
 
@@ -303,6 +420,7 @@ impl Cluster {
         config_path: &Path,
         bins: &Binaries,
         say: &dyn Fn(&str),
+        append: bool,
     ) -> anyhow::Result<()> {
         let n = self.config.node(id)?.clone();
         say(&format!(
@@ -319,15 +437,17 @@ impl Cluster {
             .arg(config_path)
             .arg("--node")
             .arg(n.id.to_string());
-        let child =
-            spawn(c, &log).with_context(|| format!("cannot start {}", bins.follower.display()))?;
+        let child = spawn(c, &log, append)
+            .with_context(|| format!("cannot start {}", bins.follower.display()))?;
         self.procs.push(Proc {
             kind: Kind::Follower,
+            node: id,
             what: format!("follower of node {}", n.id),
             log,
             child,
             exited: false,
             how: String::new(),
+            stopping: false,
         });
         Ok(())
     }
@@ -339,9 +459,17 @@ impl Cluster {
         config_path: &Path,
         bins: &Binaries,
         say: &dyn Fn(&str),
+        append: bool,
     ) -> anyhow::Result<()> {
         let args = server_command(cmd, &self.config, id)?;
+        // A fresh server: the follower rebuilds its state from the log, so
+        // whatever an earlier server left there (a dump.rdb after a SAVE)
+        // would be applied twice.
         let data = self.config.data_dir.join(format!("server-{id}"));
+        if data.exists() {
+            std::fs::remove_dir_all(&data)
+                .with_context(|| format!("cannot empty {}", data.display()))?;
+        }
         std::fs::create_dir_all(&data)
             .with_context(|| format!("cannot create {}", data.display()))?;
         say(&format!(
@@ -358,14 +486,17 @@ impl Cluster {
             .env("LD_PRELOAD", &bins.preload)
             .env("LOCKSTEP_CONFIG", config_path)
             .env("LOCKSTEP_NODE", id.to_string());
-        let child = spawn(c, &log).with_context(|| format!("cannot start server `{}`", args[0]))?;
+        let child =
+            spawn(c, &log, append).with_context(|| format!("cannot start server `{}`", args[0]))?;
         self.procs.push(Proc {
             kind: Kind::Server,
+            node: id,
             what: format!("server of node {id}"),
             log,
             child,
             exited: false,
             how: String::new(),
+            stopping: false,
         });
         Ok(())
     }
@@ -401,18 +532,11 @@ impl Cluster {
         stop: &AtomicBool,
         say: &dyn Fn(&str),
     ) -> anyhow::Result<()> {
-        let name = |k: &str| format!("{k} of node {id}");
-        for p in &mut self.procs {
-            if p.what == name("server") || p.what == name("follower") {
-                let _ = p.child.wait();
-            }
-        }
-        self.procs
-            .retain(|p| p.what != name("server") && p.what != name("follower"));
+        self.stop_node_now(id);
         let config_path = config_path
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", config_path.display()))?;
-        self.spawn_follower(id, &config_path, bins, say)?;
+        self.spawn_follower(id, &config_path, bins, say, true)?;
         self.wait_for(
             "follower",
             stop,
@@ -420,8 +544,337 @@ impl Cluster {
             Duration::from_secs(60),
         )?;
         let cmd = self.cmd.clone();
-        self.spawn_server(id, &cmd, &config_path, bins, say)?;
+        self.spawn_server(id, &cmd, &config_path, bins, say, true)?;
         self.wait_servers(&[id], stop)
+    }
+
+    /// Stops what is left of node `id` (SIGTERM to its process groups,
+    /// SIGKILL after a grace period) and forgets its processes; blocks.
+    fn stop_node_now(&mut self, id: u64) {
+        self.signal_node(id, Signal::SIGTERM);
+        let start = Instant::now();
+        let mut killed = false;
+        while self.procs.iter_mut().any(|p| p.node == id && !p.exited) {
+            if !killed && start.elapsed() > STOP_GRACE {
+                self.signal_node(id, Signal::SIGKILL);
+                killed = true;
+            }
+            self.reap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.forget_node(id);
+    }
+
+    /// Sends `sig` to the process group of each of node `id`'s processes
+    /// still running, and marks them as stopped on purpose.
+    fn signal_node(&mut self, id: u64, sig: Signal) -> Vec<String> {
+        let mut hit = Vec::new();
+        for p in self.procs.iter_mut().filter(|p| p.node == id && !p.exited) {
+            p.stopping = true;
+            let _ = killpg(p.pgid(), sig);
+            hit.push(format!("its {} (pid {})", p.kind.name(), p.child.id()));
+        }
+        hit
+    }
+
+    /// Once all of node `id`'s processes exited: SIGKILL whatever they
+    /// left in their groups (a Redis BGSAVE child holds the server's lock
+    /// on the region, and a new follower refuses to start beside it), then
+    /// forget them.
+    fn forget_node(&mut self, id: u64) {
+        for p in self.procs.iter().filter(|p| p.node == id) {
+            // ESRCH when the group is empty.
+            let _ = killpg(p.pgid(), Signal::SIGKILL);
+        }
+        self.procs.retain(|p| p.node != id);
+    }
+
+    /// The first process of node `id` (server, then follower) that exited.
+    fn exited_proc(&self, id: u64) -> Option<&Proc> {
+        [Kind::Server, Kind::Follower].into_iter().find_map(|k| {
+            self.procs
+                .iter()
+                .find(|p| p.node == id && p.kind == k && p.exited)
+        })
+    }
+
+    /// Node `id`'s process of kind `kind` if it exited.
+    fn exited_kind(&self, id: u64, kind: Kind) -> Option<&Proc> {
+        self.procs
+            .iter()
+            .find(|p| p.node == id && p.kind == kind && p.exited)
+    }
+
+    /// One heal step for every node: call it often (every 100 ms or so),
+    /// after [`Cluster::reap_lines`]. `fresh`: every node's status when
+    /// the caller just asked (staleness of running nodes is checked only
+    /// then). Never blocks for long and never fails: a failed restart is
+    /// retried after a pause (`backoff`), and `say` tells each step.
+    pub fn heal(&mut self, fresh: Option<&[status::NodeView]>, say: &dyn Fn(&str)) {
+        let ids: Vec<u64> = self.heal.keys().copied().collect();
+        for id in ids {
+            let Some(phase) = self.heal.get(&id).map(|h| h.phase.clone()) else {
+                continue;
+            };
+            let fresh = fresh
+                .and_then(|v| v.iter().find(|n| n.id == id))
+                .map(|n| &n.status);
+            let next = self.heal_step(id, phase, fresh, say);
+            if let Some(h) = self.heal.get_mut(&id) {
+                h.phase = next;
+            }
+        }
+    }
+
+    fn heal_step(
+        &mut self,
+        id: u64,
+        phase: Phase,
+        fresh: Option<&Result<NodeStatus, String>>,
+        say: &dyn Fn(&str),
+    ) -> Phase {
+        let now = Instant::now();
+        match phase {
+            Phase::Running { since, healed } => {
+                let quick = healed && since.elapsed() < HEALTHY_AFTER;
+                if let Some(f) = self.exited_kind(id, Kind::Follower) {
+                    let why = match self.exited_kind(id, Kind::Server) {
+                        Some(s) if s.how == f.how => {
+                            format!("its server and follower exited{}", f.how)
+                        }
+                        Some(s) => format!("its follower exited{}, its server{}", f.how, s.how),
+                        None => format!("its follower exited{}", f.how),
+                    };
+                    say(&format!("node {id} is down ({why}): restarting it"));
+                    return self.begin_restart(id, quick, say);
+                }
+                if let Some(s) = self.exited_kind(id, Kind::Server) {
+                    // Its follower notices within 100 ms, steps down and
+                    // says `stale`.
+                    return Phase::ServerGone {
+                        since: now,
+                        how: s.how.clone(),
+                        quick,
+                    };
+                }
+                if let Some(Ok(s)) = fresh {
+                    if let Some(why) = stale_reason(s) {
+                        say(&format!("node {id} is stale ({why}): restarting it"));
+                        return self.begin_restart(id, quick, say);
+                    }
+                }
+                Phase::Running { since, healed }
+            }
+            Phase::ServerGone { since, how, quick } => {
+                if let Some(f) = self.exited_kind(id, Kind::Follower) {
+                    say(&format!(
+                        "node {id} is down (its server exited{how}, its follower exited{}): restarting it",
+                        f.how
+                    ));
+                    return self.begin_restart(id, quick, say);
+                }
+                if let Ok(s) = status::query(&self.config, id, Duration::from_millis(500)) {
+                    if let Some(why) = stale_reason(&s) {
+                        say(&format!("node {id} is stale ({why}): restarting it"));
+                        return self.begin_restart(id, quick, say);
+                    }
+                }
+                if since.elapsed() > STALE_GRACE {
+                    say(&format!(
+                        "node {id} is down (its server exited{how}; its follower did not report stale within {STALE_GRACE:?}): restarting it"
+                    ));
+                    return self.begin_restart(id, quick, say);
+                }
+                Phase::ServerGone { since, how, quick }
+            }
+            Phase::Stopping {
+                since,
+                killed,
+                start_at,
+            } => {
+                if self.procs.iter().any(|p| p.node == id && !p.exited) {
+                    if !killed && since.elapsed() > STOP_GRACE {
+                        let hit = self.signal_node(id, Signal::SIGKILL);
+                        say(&format!(
+                            "node {id}: {} ignored SIGTERM for {STOP_GRACE:?}: SIGKILL",
+                            hit.join(", ")
+                        ));
+                        return Phase::Stopping {
+                            since,
+                            killed: true,
+                            start_at,
+                        };
+                    }
+                    return Phase::Stopping {
+                        since,
+                        killed,
+                        start_at,
+                    };
+                }
+                self.forget_node(id);
+                if now < start_at {
+                    Phase::Waiting { until: start_at }
+                } else {
+                    self.start_follower_phase(id, say)
+                }
+            }
+            Phase::Waiting { until } => {
+                if now < until {
+                    Phase::Waiting { until }
+                } else {
+                    self.start_follower_phase(id, say)
+                }
+            }
+            Phase::StartingFollower { since } => {
+                if let Some(why) = self.exit_why(id) {
+                    return self.restart_failed(id, why, say);
+                }
+                if status::query(&self.config, id, Duration::from_millis(500)).is_ok() {
+                    let (cmd, path, bins) = (
+                        self.cmd.clone(),
+                        self.config_path.clone(),
+                        self.bins.clone(),
+                    );
+                    return match self.spawn_server(id, &cmd, &path, &bins, say, true) {
+                        Ok(()) => Phase::StartingServer {
+                            applied: 0,
+                            progress_at: now,
+                        },
+                        Err(e) => self.restart_failed(id, format!("{e:#}"), say),
+                    };
+                }
+                if since.elapsed() > FOLLOWER_LIMIT {
+                    return self.restart_failed(
+                        id,
+                        format!("its follower did not answer within {FOLLOWER_LIMIT:?}"),
+                        say,
+                    );
+                }
+                Phase::StartingFollower { since }
+            }
+            Phase::StartingServer {
+                mut applied,
+                mut progress_at,
+            } => {
+                if let Some(why) = self.exit_why(id) {
+                    return self.restart_failed(id, why, say);
+                }
+                if let Ok(s) = status::query(&self.config, id, Duration::from_millis(500)) {
+                    if let Some(why) = stale_reason(&s) {
+                        return self.restart_failed(
+                            id,
+                            format!("it went stale while rebuilding ({why})"),
+                            say,
+                        );
+                    }
+                    if s.applied > applied {
+                        applied = s.applied;
+                        progress_at = now;
+                    }
+                    let serves = s.server_pid != 0
+                        && s.role != "joining"
+                        && self.config.node(id).is_ok_and(|n| {
+                            TcpStream::connect_timeout(&n.app, Duration::from_millis(300)).is_ok()
+                        });
+                    if serves {
+                        say(&format!("node {id} back as {}", s.role));
+                        return Phase::Running {
+                            since: now,
+                            healed: true,
+                        };
+                    }
+                }
+                if progress_at.elapsed() > REBUILD_STALL_LIMIT {
+                    return self.restart_failed(
+                        id,
+                        format!(
+                            "it applied nothing for {REBUILD_STALL_LIMIT:?} and does not serve yet"
+                        ),
+                        say,
+                    );
+                }
+                Phase::StartingServer {
+                    applied,
+                    progress_at,
+                }
+            }
+        }
+    }
+
+    /// Why a starting node failed, when one of its processes exited: which
+    /// one, how, and the last line of its log.
+    fn exit_why(&self, id: u64) -> Option<String> {
+        let p = self.exited_proc(id)?;
+        let last = last_line(&p.log);
+        Some(format!(
+            "its {} exited{}{}",
+            p.kind.name(),
+            p.how,
+            if last.is_empty() {
+                String::new()
+            } else {
+                format!(": {last}")
+            }
+        ))
+    }
+
+    /// A failure of a running node was found (and said): stop what is left
+    /// of it, then start it — at once, or after a pause when it failed
+    /// again soon after a restart (`quick`).
+    fn begin_restart(&mut self, id: u64, quick: bool, say: &dyn Fn(&str)) -> Phase {
+        let failures = match self.heal.get_mut(&id) {
+            Some(h) => {
+                h.failures = if quick { h.failures + 1 } else { 0 };
+                h.failures
+            }
+            None => 0,
+        };
+        let pause = backoff(failures);
+        if !pause.is_zero() {
+            say(&format!(
+                "node {id} failed again within {HEALTHY_AFTER:?} of its restart: restarting it in {pause:?}"
+            ));
+        }
+        self.enter_stopping(id, Instant::now() + pause, say)
+    }
+
+    /// A restart attempt failed: say why, stop what is left, and try again
+    /// after a pause that doubles with each failure in a row.
+    fn restart_failed(&mut self, id: u64, why: String, say: &dyn Fn(&str)) -> Phase {
+        let failures = match self.heal.get_mut(&id) {
+            Some(h) => {
+                h.failures += 1;
+                h.failures
+            }
+            None => 1,
+        };
+        let pause = backoff(failures);
+        say(&format!(
+            "restarting node {id} failed, trying again in {pause:?}: {why}"
+        ));
+        self.enter_stopping(id, Instant::now() + pause, say)
+    }
+
+    fn enter_stopping(&mut self, id: u64, start_at: Instant, say: &dyn Fn(&str)) -> Phase {
+        let hit = self.signal_node(id, Signal::SIGTERM);
+        if !hit.is_empty() {
+            say(&format!("node {id}: stopping {}", hit.join(", ")));
+        }
+        Phase::Stopping {
+            since: Instant::now(),
+            killed: false,
+            start_at,
+        }
+    }
+
+    fn start_follower_phase(&mut self, id: u64, say: &dyn Fn(&str)) -> Phase {
+        let (path, bins) = (self.config_path.clone(), self.bins.clone());
+        match self.spawn_follower(id, &path, &bins, say, true) {
+            Ok(()) => Phase::StartingFollower {
+                since: Instant::now(),
+            },
+            Err(e) => self.restart_failed(id, format!("{e:#}"), say),
+        }
     }
 
     fn wait_for(
@@ -484,6 +937,7 @@ impl Cluster {
         let dead = self.reap();
         let mut lines: Vec<String> = dead
             .into_iter()
+            .filter(|&i| !self.procs[i].stopping)
             .map(|i| format!("{} exited{}", self.procs[i].what, self.procs[i].how))
             .collect();
         if let Some(zk) = self.zookeeper.as_mut() {
@@ -545,6 +999,19 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Why node status `s` says its server must be rebuilt (None: it need not).
+fn stale_reason(s: &NodeStatus) -> Option<String> {
+    if s.role == "stale" || s.stale_reason.is_some() {
+        Some(
+            s.stale_reason
+                .clone()
+                .unwrap_or_else(|| "no reason given".to_string()),
+        )
+    } else {
+        None
     }
 }
 
@@ -631,20 +1098,30 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>) -> anyhow::Result<()> {
         config.data_dir.join("logs").display(),
         config_path.display()
     ));
+    say("a node whose server or follower exits, or that turns stale, is restarted by itself");
     let mut last_line = String::new();
-    let mut last = Instant::now() - Duration::from_secs(60);
+    let mut last_print = Instant::now() - Duration::from_secs(60);
+    let mut last_query = Instant::now() - Duration::from_secs(60);
     while !stop.load(Ordering::Relaxed) {
         for dead in cluster.reap_lines() {
             say(&dead);
         }
-        // A progress line when something changed, at most every 2 s.
-        if last.elapsed() > Duration::from_secs(2) {
-            let line = progress_line(&status::query_all(&config, Duration::from_millis(500)));
-            if line != last_line {
-                say(&line);
-                last_line = line;
+        // Every node's status once a second: staleness for `heal`, and a
+        // progress line when something changed, at most every 2 s.
+        let fresh = (last_query.elapsed() >= Duration::from_secs(1)).then(|| {
+            last_query = Instant::now();
+            status::query_all(&config, Duration::from_millis(500))
+        });
+        cluster.heal(fresh.as_deref(), &say);
+        if let Some(nodes) = &fresh {
+            if last_print.elapsed() >= Duration::from_secs(2) {
+                let line = progress_line(nodes);
+                if line != last_line {
+                    say(&line);
+                    last_line = line;
+                }
+                last_print = Instant::now();
             }
-            last = Instant::now();
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -679,4 +1156,33 @@ pub fn kill_node(config: &Config, id: u64) -> anyhow::Result<String> {
         bail!("node {id} has no running server or follower");
     }
     Ok(done.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_one_second_up_to_the_cap() {
+        let secs: Vec<u64> = (0..8).map(|f| backoff(f).as_secs()).collect();
+        assert_eq!(secs, [0, 1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(backoff(u32::MAX), BACKOFF_CAP);
+    }
+
+    #[test]
+    fn stale_reason_from_role_or_field() {
+        let mut s = NodeStatus {
+            node: 2,
+            role: "backup".into(),
+            ..NodeStatus::default()
+        };
+        assert_eq!(stale_reason(&s), None);
+        s.role = "stale".into();
+        assert_eq!(stale_reason(&s).as_deref(), Some("no reason given"));
+        s.stale_reason = Some("its server (pid 7) exited".into());
+        assert_eq!(
+            stale_reason(&s).as_deref(),
+            Some("its server (pid 7) exited")
+        );
+    }
 }

@@ -1,8 +1,8 @@
 //! `lockstep up` driven as a user would: spawn it, wait for its ready line,
-//! run workloads with real clients through the leader, kill a node, Ctrl-C
-//! it, and check convergence and a clean stop (exit 0, no process, region
-//! file or port left). Also its error lines, and the private ZooKeeper's
-//! lifecycle.
+//! run workloads with real clients through the leader, kill a node (or only
+//! its server) and watch `up` restart it by itself, Ctrl-C it, and check
+//! convergence and a clean stop (exit 0, no process, region file or port
+//! left). Also its error lines, and the private ZooKeeper's lifecycle.
 
 mod cluster;
 
@@ -68,9 +68,19 @@ impl Up {
     /// Waits for an output line containing `pat`; panics (with the output)
     /// if `lockstep up` exits first or after `limit`.
     fn wait_line(&mut self, pat: &str, limit: Duration) -> String {
+        self.wait_line_from(0, pat, limit)
+    }
+
+    /// How much output there is now (for `wait_line_from`).
+    fn mark(&self) -> usize {
+        self.out.lock().unwrap().len()
+    }
+
+    /// Like `wait_line`, for the output after `mark`.
+    fn wait_line_from(&mut self, mark: usize, pat: &str, limit: Duration) -> String {
         let start = Instant::now();
         loop {
-            if let Some(l) = self.output().lines().find(|l| l.contains(pat)) {
+            if let Some(l) = self.output()[mark..].lines().find(|l| l.contains(pat)) {
                 return l.to_string();
             }
             if let Ok(Some(st)) = self.child.as_mut().unwrap().try_wait() {
@@ -250,7 +260,8 @@ fn redis_up_workload_kill_backup_ctrl_c() {
         );
     }
 
-    // A backup dies: the leader keeps a majority and serves.
+    // A backup dies: the leader keeps a majority and serves, and `up`
+    // brings the node back by itself; it rebuilds its server from the log.
     let k = lockstep(&["kill", &cfg, "--node", "3"]);
     assert!(
         k.status.success(),
@@ -266,8 +277,27 @@ fn redis_up_workload_kill_backup_ctrl_c() {
     );
     redis_mixed_workload(tc.app(1), 4, 50);
     drop(c);
-    let ds = converged(&tc, &[1, 2], redis_digest);
-    assert_eq!(ds[0], ds[1], "leader and the surviving backup differ");
+    let down = up.wait_line("node 3 is down", READY_LIMIT);
+    assert!(down.contains("restarting it"), "{down}");
+    up.wait_line("node 3 back as backup", READY_LIMIT);
+    redis_mixed_workload(tc.app(1), 4, 50);
+    let ds = converged(&tc, &[1, 2, 3], redis_digest);
+    assert!(
+        ds.iter().all(|d| *d == ds[0]),
+        "the restarted node differs: {ds:?}\n{}",
+        up.output()
+    );
+    let mut c = Resp::connect(tc.app(3)).expect("connect to the restarted backup");
+    assert_eq!(
+        c.cmd(&[b"GET", b"after-kill"]).unwrap(),
+        Reply::Bulk(Some(b"1".to_vec())),
+        "a write made while node 3 was down is missing there"
+    );
+    drop(c);
+    for id in 1..=3 {
+        let s = tc.status(id).expect("status");
+        assert_eq!(s.divergences, 0, "node {id}: {s:?}");
+    }
 
     let st = up.interrupt();
     assert!(
@@ -278,6 +308,144 @@ fn redis_up_workload_kill_backup_ctrl_c() {
     assert!(
         up.output().contains("stopped"),
         "no stop line:\n{}",
+        up.output()
+    );
+    assert_nothing_left(&tc, &[]);
+}
+
+/// Only a backup's server dies (SIGKILL, as the OOM killer would): its
+/// follower reports the node stale, `up` restarts the node (follower and a
+/// fresh server) while clients keep writing through the leader, and it
+/// converges with every acknowledged write on every node.
+#[test]
+fn redis_up_heals_a_backup_whose_server_died() {
+    let tc = config("upheal", Server::Redis);
+    let mut up = Up::spawn(&tc.config_path, &[]);
+    up.wait_line("ready", READY_LIMIT);
+    let load = BackgroundLoad::start(tc.app(1), 4);
+    load.wait_more(&tc, 2000, READY_LIMIT);
+
+    let pid = tc.status(3).expect("status of node 3").server_pid;
+    assert_ne!(pid, 0, "node 3 has no server");
+    let mark = up.mark();
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("SIGKILL node 3's server");
+    up.wait_line_from(mark, "server of node 3 exited", READY_LIMIT);
+    let stale = up.wait_line_from(mark, "node 3 is stale", READY_LIMIT);
+    assert!(
+        stale.contains("server") && stale.contains("exited") && stale.contains("restarting it"),
+        "{stale}"
+    );
+    up.wait_line_from(mark, "starting follower of node 3", READY_LIMIT);
+    up.wait_line_from(mark, "starting server of node 3", READY_LIMIT);
+    up.wait_line_from(mark, "node 3 back as backup", READY_LIMIT);
+    let out = up.output()[mark..].to_string();
+    let at = |p: &str| out.find(p).unwrap_or_else(|| panic!("no {p:?} in:\n{out}"));
+    assert!(
+        at("node 3 is stale") < at("starting follower of node 3")
+            && at("starting follower of node 3") < at("starting server of node 3")
+            && at("starting server of node 3") < at("node 3 back as backup"),
+        "steps out of order:\n{out}"
+    );
+    assert!(!out.contains("failed"), "a restart attempt failed:\n{out}");
+
+    // The leader served all along; the rebuilt node keeps up.
+    load.wait_more(&tc, 2000, READY_LIMIT);
+    let acked = load.stop();
+    let ds = converged(&tc, &[1, 2, 3], redis_digest);
+    assert!(
+        ds.iter().all(|d| *d == ds[0]),
+        "replicas differ after the rebuild: {ds:?}\n{}",
+        up.output()
+    );
+    let counters = assert_acked_counters(&tc, &acked);
+    assert!(
+        counters.iter().all(|v| *v == acked),
+        "counters {counters:?}, acknowledged {acked:?}"
+    );
+    for id in 1..=3 {
+        let s = tc.status(id).expect("status");
+        assert_eq!(s.divergences, 0, "node {id}: {s:?}");
+        assert_eq!(s.role, if id == 1 { "leader" } else { "backup" }, "{s:?}");
+    }
+
+    let st = up.interrupt();
+    assert!(
+        st.success(),
+        "lockstep up exited with {st}:\n{}",
+        up.output()
+    );
+    assert_nothing_left(&tc, &[]);
+}
+
+/// A restart that fails (the node's port is taken, so its new server exits
+/// at once) is retried after a growing pause, with a line saying why, and
+/// `up` runs on; once the port is free the node comes back and catches up.
+#[test]
+fn redis_up_retries_a_failing_restart() {
+    let tc = config("upretry", Server::Redis);
+    let cfg = tc.config_path.to_str().unwrap().to_string();
+    let mut up = Up::spawn(&tc.config_path, &[]);
+    up.wait_line("ready", READY_LIMIT);
+    let mut c = Resp::connect(tc.app(1)).expect("connect to the leader");
+    assert_eq!(
+        c.cmd(&[b"SET", b"before", b"1"]).unwrap(),
+        Reply::Status("OK".into())
+    );
+
+    let mark = up.mark();
+    let k = lockstep(&["kill", &cfg, "--node", "3"]);
+    assert!(
+        k.status.success(),
+        "lockstep kill: {}",
+        String::from_utf8_lossy(&k.stderr)
+    );
+    // Take node 3's app port as soon as its dead server lets go of it
+    // (long before `up` has started the node's follower, then its server).
+    let start = Instant::now();
+    let holder = loop {
+        match TcpListener::bind(tc.app(3)) {
+            Ok(l) => break l,
+            Err(e) => {
+                assert!(
+                    start.elapsed() < EXIT_LIMIT,
+                    "cannot take node 3's port: {e}\n{}",
+                    up.output()
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    };
+    let first = up.wait_line_from(mark, "restarting node 3 failed", READY_LIMIT);
+    assert!(
+        first.contains("its server exited") && first.contains("trying again in 1s"),
+        "{first}"
+    );
+    up.wait_line_from(mark, "trying again in 2s", READY_LIMIT);
+    // The cluster serves on meanwhile.
+    assert_eq!(
+        c.cmd(&[b"SET", b"during", b"2"]).unwrap(),
+        Reply::Status("OK".into())
+    );
+    drop(holder);
+    up.wait_line_from(mark, "node 3 back as backup", READY_LIMIT);
+    drop(c);
+
+    let ds = converged(&tc, &[1, 3], redis_digest);
+    assert_eq!(ds[0], ds[1], "the restarted node differs\n{}", up.output());
+    let mut c = Resp::connect(tc.app(3)).expect("connect to node 3");
+    for (k, v) in [(&b"before"[..], &b"1"[..]), (b"during", b"2")] {
+        assert_eq!(
+            c.cmd(&[b"GET", k]).unwrap(),
+            Reply::Bulk(Some(v.to_vec())),
+            "key {}",
+            String::from_utf8_lossy(k)
+        );
+    }
+    drop(c);
+    let st = up.interrupt();
+    assert!(
+        st.success(),
+        "lockstep up exited with {st}:\n{}",
         up.output()
     );
     assert_nothing_left(&tc, &[]);
