@@ -66,9 +66,12 @@ const W_DIVERGED: usize = 14 * LINE + 2;
 const W_APPLY_BELL: usize = 15 * LINE;
 const W_APPLY_BELL_WAITERS: usize = 15 * LINE + 1;
 const W_ACK: usize = 16 * LINE; // ack[id] at W_ACK + id * LINE
+                                // applied[id] at W_APPLIED_BY + id * LINE: how far each backup's server
+                                // applied, written by the backups into the leader's region.
+const W_APPLIED_BY: usize = W_ACK + (MAX_NODES + 1) * LINE;
 const CONTROL_WORDS: usize = (CONTROL_SIZE / 8) as usize;
 
-const _: () = assert!(W_ACK + (MAX_NODES + 1) * LINE <= CONTROL_WORDS);
+const _: () = assert!(W_APPLIED_BY + (MAX_NODES + 1) * LINE <= CONTROL_WORDS);
 
 /// Bytes of a node's apply ring for a replication ring of `ring_size`: a
 /// quarter of it, between 1 and 16 MiB (a power of two, like the ring).
@@ -108,6 +111,11 @@ pub fn word_offset(word: usize) -> u64 {
 pub fn ack_offset(id: u64) -> u64 {
     word_offset(W_ACK + id as usize * LINE)
 }
+/// Region offset of node `id`'s applied slot.
+pub fn applied_by_offset(id: u64) -> u64 {
+    word_offset(W_APPLIED_BY + id as usize * LINE)
+}
+
 /// Region offset of the commit word.
 pub fn commit_offset() -> u64 {
     word_offset(W_COMMIT)
@@ -683,6 +691,12 @@ impl Region {
         self.word(W_ACK + id as usize * LINE)
             .store(seq, Ordering::Release);
         self.bell().ring();
+    }
+    /// How far node `id`'s server applied the log, as it last told this
+    /// (leading) node.
+    pub fn applied_by(&self, id: u64) -> u64 {
+        self.word(W_APPLIED_BY + id as usize * LINE)
+            .load(Ordering::Acquire)
     }
     /// Resets every ack slot (new view).
     pub fn clear_acks(&self) {

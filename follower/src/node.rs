@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use crossbeam_utils::Backoff;
 use lockstep_common::config::{Config, ElectionMode};
 use lockstep_common::control::{self, FetchedEntry, NodeStatus, Request, Response};
-use lockstep_common::entry::{self, EntryHeader};
+use lockstep_common::entry::EntryHeader;
 use lockstep_common::handshake::{self, Channel};
 use lockstep_common::region::{self, Region, Role};
 use lockstep_common::ring::{ReadOutcome, RingReader};
@@ -32,6 +32,9 @@ const FETCH_BATCH: usize = 1024;
 const HEARTBEAT: Duration = Duration::from_millis(10);
 /// How often the heartbeat thread checks that this node's server runs.
 const SERVER_CHECK: Duration = Duration::from_millis(100);
+/// A backup tells the leader how far it applied at least this often (and
+/// whenever it moved): a new leader learns it within this.
+const APPLIED_REPORT: Duration = Duration::from_millis(50);
 /// Timeout of one control-channel exchange.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -45,6 +48,8 @@ pub struct Node {
     pub(crate) persisted: AtomicU64,
     pub(crate) committed: AtomicU64,
     pub(crate) applied: AtomicU64,
+    /// Entries this node's server applied per second, lately.
+    pub(crate) apply_rate: AtomicU64,
     /// The view whose leader the stored log follows.
     pub(crate) log_view: AtomicU64,
     /// Bumped whenever another thread rewrites the log (view change sync):
@@ -173,6 +178,7 @@ impl Node {
             persisted: AtomicU64::new(last.seq),
             committed: AtomicU64::new(committed),
             applied: AtomicU64::new(0),
+            apply_rate: AtomicU64::new(0),
             log_view: AtomicU64::new(log_view),
             epoch: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
@@ -316,7 +322,8 @@ impl Node {
 
     fn render_metrics(&self) -> String {
         let s = self.status();
-        self.metrics.render(&[
+        let lag = s.committed.saturating_sub(s.applied);
+        let mut text = self.metrics.render(&[
             ("lockstep_view", "Current view", s.view),
             ("lockstep_leader", "Leader of the current view", s.leader),
             ("lockstep_persisted_seq", "Highest seq stored", s.persisted),
@@ -329,9 +336,28 @@ impl Node {
             (
                 "lockstep_apply_lag",
                 "Committed entries not yet applied",
-                s.committed.saturating_sub(s.applied),
+                lag,
             ),
-        ])
+            (
+                "lockstep_apply_lag_entries",
+                "Committed entries not yet applied",
+                lag,
+            ),
+        ]);
+        text.push_str(&format!(
+            "# HELP lockstep_apply_lag_seconds Time this node's server needs to apply its backlog at its recent rate\n\
+             # TYPE lockstep_apply_lag_seconds gauge\nlockstep_apply_lag_seconds {:.3}\n",
+            self.lag_seconds(lag)
+        ));
+        text
+    }
+
+    /// Seconds the server needs to apply `lag` entries at its recent rate
+    /// (with no rate measured yet, a rate of 50k entries/s is assumed).
+    pub(crate) fn lag_seconds(&self, lag: u64) -> f64 {
+        let rate = self.apply_rate.load(Ordering::Relaxed).max(1);
+        let rate = if rate <= 1 { 50_000 } else { rate };
+        lag as f64 / rate as f64
     }
 
     /// Posts `ack[me] = seq` into the leader's region.
@@ -348,6 +374,25 @@ impl Node {
         }
         self.transport.flush();
         self.metrics.acks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Tells the leader how far this node's server applied (the leader
+    /// bounds the backups' apply lag with it: `max_apply_lag`).
+    fn report_applied(&self, seq: u64) {
+        let leader = self.region.leader();
+        if leader == 0 || leader == self.me {
+            return;
+        }
+        let view = self.region.view();
+        if let Err(e) = self.transport.write(
+            leader,
+            view,
+            region::applied_by_offset(self.me),
+            &seq.to_le_bytes(),
+        ) {
+            log::debug!("applied {seq} to node {leader}: {e}");
+        }
+        self.transport.flush();
     }
 
     /// Takes `seq` as committed, unless a view change is under way: a
@@ -571,10 +616,8 @@ impl Node {
                 break;
             }
             for e in &batch {
-                let (h, _) = entry::decode(&e.bytes, self.config.max_entry)
-                    .with_context(|| format!("node {peer} sent a bad entry {}", e.seq))?;
-                if h.seq != e.seq {
-                    bail!("node {peer} sent entry {} labelled {}", h.seq, e.seq);
+                if let Err(why) = e.check(self.config.max_entry) {
+                    bail!("node {peer} sent a bad entry {}: {why}", e.seq);
                 }
             }
             let refs: Vec<(u64, &[u8])> =
@@ -676,6 +719,8 @@ impl Node {
     fn apply_loop(&self) {
         let mut feeder: Option<Feeder> = None;
         let mut last_saved = Instant::now();
+        let mut reported = (0u64, Instant::now());
+        let mut rate = ApplyRate::default();
         while !self.stopping() {
             let role = self.region.role();
             if role == Role::Leader || self.stale.load(Ordering::Relaxed) {
@@ -691,6 +736,12 @@ impl Node {
                 Feeder::start(self.region.clone(), next, self.config.max_entry)
             });
             let applied = f.applied();
+            if applied != reported.0 || reported.1.elapsed() >= APPLIED_REPORT {
+                self.report_applied(applied);
+                reported = (applied, Instant::now());
+            }
+            rate.observe(applied);
+            self.apply_rate.store(rate.per_second(), Ordering::Relaxed);
             let before = self.applied.swap(applied, Ordering::AcqRel);
             self.metrics
                 .applied_entries
@@ -885,4 +936,38 @@ impl Node {
 
 fn entry_seq(bytes: &[u8]) -> u64 {
     EntryHeader::parse(bytes).map(|h| h.seq).unwrap_or(0)
+}
+
+/// The apply rate over the last second or so (for lag in seconds).
+#[derive(Debug)]
+struct ApplyRate {
+    since: Instant,
+    from: u64,
+    per_second: u64,
+}
+
+impl Default for ApplyRate {
+    fn default() -> Self {
+        ApplyRate {
+            since: Instant::now(),
+            from: 0,
+            per_second: 0,
+        }
+    }
+}
+
+impl ApplyRate {
+    fn observe(&mut self, applied: u64) {
+        let dt = self.since.elapsed();
+        if dt >= Duration::from_secs(1) {
+            let n = applied.saturating_sub(self.from);
+            self.per_second = (n as f64 / dt.as_secs_f64()) as u64;
+            self.since = Instant::now();
+            self.from = applied;
+        }
+    }
+
+    fn per_second(&self) -> u64 {
+        self.per_second
+    }
 }

@@ -275,6 +275,7 @@ impl Pump {
         if epoch != self.epoch {
             self.restart(epoch, start);
         }
+
         loop {
             if let Some(cur) = self.current.take() {
                 match self.progress(cur) {
@@ -378,6 +379,9 @@ impl Pump {
                     }
                     c.closed
                         || (consumed
+                            // A reply sent over several turns is not
+                            // complete while the server waits to write.
+                            && !fdtable::slot(c.server_fd).is_some_and(|s| s.wants_write())
                             && (TURNS.load(Ordering::Acquire) > c.read_turn
                                 || cur
                                     .consumed_at
@@ -441,12 +445,17 @@ impl Pump {
     /// DATA/CLOSE carry the leader's digest of the connection's output
     /// since its last input: compare with this server's, then start over.
     fn check_output(&mut self, h: &EntryHeader) {
+        // Only an input's first entry carries a digest (the leader's
+        // server read the whole input at once).
+        if h.out_hash == 0 {
+            return;
+        }
         let Some(c) = self.conns.get_mut(&h.conn) else {
             return;
         };
         let mine = std::mem::take(&mut c.out);
         let prev = std::mem::replace(&mut c.last_input, h.seq);
-        if h.out_hash == 0 || mine.pack() == h.out_hash {
+        if mine.pack() == h.out_hash {
             return;
         }
         self.region.apply().add_diverged();

@@ -293,6 +293,14 @@ pub fn replay_output(fd: i32, segments: &[&[u8]]) -> Option<usize> {
     Some(segments.iter().map(|s| s.len()).sum())
 }
 
+/// The server does (or no longer does) wait to write more to `fd`, a
+/// replay connection.
+pub fn write_interest(fd: i32, wants: bool) {
+    if let Some(slot) = fdtable::slot(fd) {
+        slot.set_wants_write(wants);
+    }
+}
+
 /// Whether `fd` is a replay connection (its output is dropped).
 pub fn is_replay(fd: i32) -> bool {
     fdtable::slot(fd).is_some_and(|s| s.class() == Class::Replay)

@@ -290,9 +290,13 @@ impl Engine {
             gather,
             ..
         } = w;
+        // Only the input's first entry carries the output digest: a backup
+        // checks it where the input begins.
+        let mut digest = out_hash;
         let mut one = |payload: &[u8]| {
+            let out = std::mem::take(&mut digest);
             self.append_one(
-                ring, scratch, safe, next_seq, view, kind, conn, out_hash, payload,
+                ring, scratch, safe, next_seq, view, kind, conn, out, payload,
             )
         };
         if kind == Kind::Data {
@@ -320,6 +324,7 @@ impl Engine {
         payload: &[u8],
     ) -> Result<(), Fail> {
         let seq = *next_seq;
+        self.wait_applied(seq, view)?;
         let conn = if kind == Kind::Accept { seq } else { conn };
         let mut hdr = EntryHeader::new(kind, view, seq, conn, payload.len() as u32);
         hdr.out_hash = out_hash;
@@ -394,7 +399,49 @@ impl Engine {
     /// Waits until a majority acknowledged `seq`, failing when this node
     /// stops leading `view` meanwhile.
     pub fn wait_majority(&self, seq: u64, view: u64) -> Result<(), Fail> {
-        if self.acked(seq) {
+        self.wait_until(seq, view, Waiting::Acks, || self.acked(seq))
+    }
+
+    /// Bounded apply lag: before appending `seq`, waits until a majority of
+    /// the cluster (this node, whose server has everything, included) has
+    /// applied up to `seq - max_apply_lag`, so a failover never inherits a
+    /// longer backlog. Backups report how far they applied into this
+    /// region.
+    fn wait_applied(&self, seq: u64, view: u64) -> Result<(), Fail> {
+        let lag = self.config.max_apply_lag;
+        if lag == 0 || seq <= lag {
+            return Ok(());
+        }
+        let floor = seq - lag;
+        self.wait_until(floor, view, Waiting::Apply, || {
+            self.applied_majority(seq) >= floor
+        })
+    }
+
+    /// The highest seq a majority applied, this node counting as `seq`.
+    fn applied_majority(&self, seq: u64) -> u64 {
+        let mut applied = [0u64; region::MAX_NODES + 1];
+        let n = self.ids.len().min(applied.len());
+        for (slot, &id) in applied.iter_mut().zip(&self.ids) {
+            *slot = if id == self.me {
+                seq
+            } else {
+                self.region.applied_by(id)
+            };
+        }
+        quorum::acked_by(&applied[..n], self.majority)
+    }
+
+    /// Waits until `done()`, failing when this node stops leading `view`
+    /// or its follower is gone.
+    fn wait_until(
+        &self,
+        seq: u64,
+        view: u64,
+        what: Waiting,
+        done: impl Fn() -> bool,
+    ) -> Result<(), Fail> {
+        if done() {
             return Ok(());
         }
         let backoff = Backoff::new();
@@ -407,7 +454,7 @@ impl Engine {
             } else {
                 let bell = self.region.bell();
                 let seen = bell.value();
-                if self.acked(seq) {
+                if done() {
                     return Ok(());
                 }
                 bell.wait(seen, PARK);
@@ -428,18 +475,30 @@ impl Engine {
                 }
                 if waited >= warned_at + SLOW_WAIT {
                     warned_at = waited;
-                    log::warn!(
-                        "seq {seq} not acknowledged by a majority after {:.0?} (acks: {})",
-                        waited,
-                        AckList(self)
-                    );
+                    match what {
+                        Waiting::Acks => log::warn!(
+                            "seq {seq} not acknowledged by a majority after {waited:.0?} (acks: {})",
+                            AckList(self)
+                        ),
+                        Waiting::Apply => log::warn!(
+                            "waiting {waited:.0?} for a majority to apply up to seq {seq} (max_apply_lag {})",
+                            self.config.max_apply_lag
+                        ),
+                    }
                 }
             }
-            if self.acked(seq) {
+            if done() {
                 return Ok(());
             }
         }
     }
+}
+
+/// What a leader waits for.
+#[derive(Clone, Copy)]
+enum Waiting {
+    Acks,
+    Apply,
 }
 
 /// Formats the ack array for diagnostics.

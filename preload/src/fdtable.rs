@@ -50,6 +50,9 @@ impl Class {
 pub const CLOSED: u64 = 1 << 8;
 /// The connection was failed; every further input call returns ECONNRESET.
 pub const FAILED: u64 = 1 << 9;
+/// The server waits to write more to this replay connection (it asked
+/// its event loop for writability): its reply so far is not complete.
+pub const WANTS_WRITE: u64 = 1 << 10;
 const CLASS_MASK: u64 = 0xff;
 
 /// One fd's entry.
@@ -154,6 +157,20 @@ impl Slot {
     /// logs the connection's CLOSE entry).
     pub fn mark_closed(&self) -> bool {
         self.state.fetch_or(CLOSED, Ordering::AcqRel) & CLOSED == 0
+    }
+
+    /// Sets or clears [`WANTS_WRITE`].
+    pub fn set_wants_write(&self, wants: bool) {
+        if wants {
+            self.state.fetch_or(WANTS_WRITE, Ordering::AcqRel);
+        } else {
+            self.state.fetch_and(!WANTS_WRITE, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether [`WANTS_WRITE`] is set.
+    pub fn wants_write(&self) -> bool {
+        self.state() & WANTS_WRITE != 0
     }
 
     /// Sets [`FAILED`].

@@ -207,12 +207,15 @@ real_fn!(REAL_PSELECT, real_pselect, c"pselect",
      m: *const libc::sigset_t) -> c_int,
     unresolved());
 
+real_fn!(REAL_EPOLL_CTL, real_epoll_ctl, c"epoll_ctl",
+    (epfd: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int, unresolved());
+
 fn unresolved() -> c_int {
     set_errno(libc::ENOSYS);
     -1
 }
 
-static ALL_REAL: [&RealFn; 26] = [
+static ALL_REAL: [&RealFn; 27] = [
     &REAL_READ,
     &REAL_READV,
     &REAL_RECV,
@@ -239,6 +242,7 @@ static ALL_REAL: [&RealFn; 26] = [
     &REAL_PPOLL,
     &REAL_SELECT,
     &REAL_PSELECT,
+    &REAL_EPOLL_CTL,
 ];
 
 /// Load-time constructor: resolves every real function (dlsym only; no
@@ -934,12 +938,73 @@ pub unsafe extern "C" fn epoll_pwait(
     unsafe { real_epoll_pwait(epfd, ev, max, timeout, mask) }
 }
 
+/// Interposed `epoll_ctl(2)`: observed, not changed — whether the server
+/// wants to write more to a replay connection (a reply it sends in
+/// several turns) tells a backup's pump that the reply is not complete.
+///
+/// # Safety
+/// Same contract as libc's `epoll_ctl`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    if dispatch::tracked(fd) && dispatch::is_replay(fd) {
+        let wants = op != libc::EPOLL_CTL_DEL
+            && !ev.is_null()
+            // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the caller's
+            // valid epoll_event.
+            && unsafe { (*ev).events } & libc::EPOLLOUT as u32 != 0;
+        let _ = caught(|| dispatch::write_interest(fd, wants));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_epoll_ctl(epfd, op, fd, ev) }
+}
+
+/// Reports which replay connections a poll set waits to write to.
+///
+/// # Safety
+/// `fds` must point to `n` valid pollfds (or be null with `n` 0).
+unsafe fn poll_interest(fds: *const libc::pollfd, n: libc::nfds_t) {
+    if fds.is_null() || n == 0 || !dispatch::passive_hooked() {
+        return;
+    }
+    // SAFETY: per the contract.
+    let set = unsafe { std::slice::from_raw_parts(fds, n as usize) };
+    for p in set {
+        if dispatch::tracked(p.fd) && dispatch::is_replay(p.fd) {
+            let _ = caught(|| dispatch::write_interest(p.fd, p.events & libc::POLLOUT != 0));
+        }
+    }
+}
+
+/// Reports which replay connections a select write set waits on.
+///
+/// # Safety
+/// `w` must be null or a valid fd_set covering fds below `n`.
+unsafe fn select_interest(n: c_int, w: *const libc::fd_set) {
+    if !dispatch::passive_hooked() {
+        return;
+    }
+    for fd in 0..n.clamp(0, libc::FD_SETSIZE as c_int) {
+        if dispatch::tracked(fd) && dispatch::is_replay(fd) {
+            // SAFETY: per the contract; FD_ISSET only reads the set.
+            let wants = !w.is_null() && unsafe { libc::FD_ISSET(fd, w) };
+            let _ = caught(|| dispatch::write_interest(fd, wants));
+        }
+    }
+}
+
 /// Interposed `poll(2)`: observed, not changed.
 ///
 /// # Safety
 /// Same contract as libc's `poll`.
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    // SAFETY: the caller's poll set.
+    unsafe { poll_interest(fds, n) };
     event_loop_turn();
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_poll(fds, n, timeout) }
@@ -956,6 +1021,8 @@ pub unsafe extern "C" fn ppoll(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    // SAFETY: the caller's poll set.
+    unsafe { poll_interest(fds, n) };
     event_loop_turn();
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_ppoll(fds, n, timeout, mask) }
@@ -973,6 +1040,8 @@ pub unsafe extern "C" fn select(
     e: *mut libc::fd_set,
     timeout: *mut libc::timeval,
 ) -> c_int {
+    // SAFETY: the caller's write set.
+    unsafe { select_interest(n, w) };
     event_loop_turn();
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_select(n, r, w, e, timeout) }
@@ -991,6 +1060,8 @@ pub unsafe extern "C" fn pselect(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    // SAFETY: the caller's write set.
+    unsafe { select_interest(n, w) };
     event_loop_turn();
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_pselect(n, r, w, e, timeout, mask) }

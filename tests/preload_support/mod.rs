@@ -657,6 +657,7 @@ pub struct ApplyFeed {
     writer: lockstep_common::ring::RingWriter,
     scratch: Vec<u8>,
     next: u64,
+    max_entry: usize,
 }
 
 impl ApplyFeed {
@@ -665,18 +666,37 @@ impl ApplyFeed {
         let region = f.region(1).clone();
         region.apply().restart(first);
         let size = region::apply_ring_size(region.ring_size());
+        let max_entry = Config::load(&f.config_path).expect("config").max_entry as usize;
         ApplyFeed {
             region,
             writer: lockstep_common::ring::RingWriter::new(size, 0),
-            scratch: vec![0; entry::footprint(1 << 20)],
+            scratch: vec![0; entry::footprint(max_entry)],
             next: first,
+            max_entry,
         }
     }
 
-    /// Appends one committed entry and publishes it; `after` is the output
-    /// the server is expected to have written since the connection's last
-    /// input (None: not checked). Returns its seq (an ACCEPT's conn id).
+    /// Appends one committed input (DATA longer than `max_entry` as several
+    /// entries, as the leader splits it) and publishes it; `after` is the
+    /// output the server is expected to have written since the
+    /// connection's last input (None: not checked). Returns the seq of its
+    /// first entry (an ACCEPT's conn id).
     pub fn entry(&mut self, kind: Kind, conn: u64, after: Option<&[u8]>, payload: &[u8]) -> u64 {
+        let first = self.next;
+        let mut chunks = payload.chunks(self.max_entry.max(1)).peekable();
+        if chunks.peek().is_none() {
+            return self.one(kind, conn, after, &[]);
+        }
+        // Only the first chunk of a read carries the digest, as on the
+        // leader.
+        let mut after = after;
+        for c in chunks {
+            self.one(kind, conn, after.take(), c);
+        }
+        first
+    }
+
+    fn one(&mut self, kind: Kind, conn: u64, after: Option<&[u8]>, payload: &[u8]) -> u64 {
         let seq = self.next;
         let conn = if kind == Kind::Accept { seq } else { conn };
         let mut h = EntryHeader::new(kind, 1, seq, conn, payload.len() as u32);
