@@ -130,12 +130,49 @@ pub struct FetchedEntry {
     pub bytes: Vec<u8>,
 }
 
+impl FetchedEntry {
+    /// Checks an entry a peer sent: its bytes are exactly one valid entry
+    /// (at most `max_len` bytes of payload) with the seq it is labelled
+    /// with, at an entry-aligned ring position. Returns its header.
+    pub fn check(&self, max_len: u32) -> Result<crate::entry::EntryHeader, String> {
+        let (h, _) = crate::entry::decode(&self.bytes, max_len).map_err(|e| e.to_string())?;
+        if h.seq != self.seq {
+            return Err(format!("entry {} labelled {}", h.seq, self.seq));
+        }
+        if self.bytes.len() != h.footprint() {
+            return Err(format!(
+                "{} bytes for an entry of footprint {}",
+                self.bytes.len(),
+                h.footprint()
+            ));
+        }
+        let aligned = self.pos.is_multiple_of(crate::entry::ENTRY_ALIGN as u64);
+        if !aligned || self.pos.checked_add(self.bytes.len() as u64).is_none() {
+            return Err(format!(
+                "ring position {} is not a place for an entry",
+                self.pos
+            ));
+        }
+        Ok(h)
+    }
+}
+
 fn bad(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
-/// Writes one frame.
+/// Writes one frame; a body the peer would refuse (above
+/// [`MAX_FRAME`] with its tag) is an error, not a frame.
 pub fn write_frame(w: &mut impl Write, tag: u8, body: &[u8]) -> io::Result<()> {
+    if body.len() >= MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a control frame of {} bytes is above the {MAX_FRAME}-byte limit",
+                body.len() + 1
+            ),
+        ));
+    }
     let len = (body.len() + 1) as u32;
     let mut head = [0u8; 5];
     head[..4].copy_from_slice(&len.to_le_bytes());
@@ -144,7 +181,9 @@ pub fn write_frame(w: &mut impl Write, tag: u8, body: &[u8]) -> io::Result<()> {
     w.write_all(body)
 }
 
-/// Reads one frame: (tag, body).
+/// Reads one frame: (tag, body). The body grows as its bytes arrive, so a
+/// length field alone makes no allocation: memory follows what the peer
+/// actually sent, and never passes [`MAX_FRAME`].
 pub fn read_frame(r: &mut impl Read) -> io::Result<(u8, Vec<u8>)> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
@@ -152,10 +191,21 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<(u8, Vec<u8>)> {
     if len == 0 || len > MAX_FRAME {
         return Err(bad(format!("control frame of {len} bytes")));
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body)?;
-    let tag = body.remove(0);
-    Ok((tag, body))
+    let mut tag = [0u8; 1];
+    r.read_exact(&mut tag)?;
+    let want = len - 1;
+    let mut body = Vec::with_capacity(want.min(64 << 10));
+    r.take(want as u64).read_to_end(&mut body)?;
+    if body.len() < want {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "control frame ended after {} of {len} bytes",
+                body.len() + 1
+            ),
+        ));
+    }
+    Ok((tag[0], body))
 }
 
 /// Sends a JSON message.
@@ -173,9 +223,45 @@ pub fn recv_json<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> io::Result<
     serde_json::from_slice(&body).map_err(|e| bad(format!("bad control message: {e}")))
 }
 
-/// Sends a batch of entries (an empty batch ends a `Fetch` answer).
+/// Bytes an entry takes in a batch frame besides its own.
+const BATCHED_ENTRY_HEAD: usize = 20;
+
+/// Sends a batch of entries (an empty batch ends a `Fetch` answer), in as
+/// many frames as [`MAX_FRAME`] needs: the receiver reads batches until an
+/// empty one, so a split is invisible to it. An entry too long for any
+/// frame is an error.
 pub fn send_entries(w: &mut impl Write, entries: &[FetchedEntry]) -> io::Result<()> {
-    let mut body = Vec::with_capacity(entries.iter().map(|e| 20 + e.bytes.len()).sum());
+    let fits = MAX_FRAME - 1;
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, e) in entries.iter().enumerate() {
+        let n = BATCHED_ENTRY_HEAD + e.bytes.len();
+        if n > fits {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "entry {} of {} bytes does not fit a control frame",
+                    e.seq,
+                    e.bytes.len()
+                ),
+            ));
+        }
+        if bytes + n > fits {
+            send_batch(w, &entries[start..i], bytes)?;
+            start = i;
+            bytes = 0;
+        }
+        bytes += n;
+    }
+    if start < entries.len() || entries.is_empty() {
+        send_batch(w, &entries[start..], bytes)?;
+    }
+    Ok(())
+}
+
+/// One batch frame of `bytes` body bytes.
+fn send_batch(w: &mut impl Write, entries: &[FetchedEntry], bytes: usize) -> io::Result<()> {
+    let mut body = Vec::with_capacity(bytes);
     for e in entries {
         body.extend_from_slice(&e.seq.to_le_bytes());
         body.extend_from_slice(&e.pos.to_le_bytes());
@@ -245,6 +331,7 @@ pub fn query_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::entry;
 
     #[test]
     fn frames_round_trip() {
@@ -269,6 +356,98 @@ mod tests {
         assert_eq!(req, Request::Fetch { from: 3, to: 9 });
         assert_eq!(recv_entries(&mut r).unwrap(), es);
         assert!(recv_entries(&mut r).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_fetch_answer_longer_than_a_frame_is_split() {
+        // 1024 entries of 64 KiB (the default max_entry), one store batch,
+        // are more than one frame holds.
+        let big = FetchedEntry {
+            seq: 1,
+            pos: 0,
+            bytes: vec![7; entry::footprint(64 << 10)],
+        };
+        let es: Vec<FetchedEntry> = (1..=1024)
+            .map(|seq| FetchedEntry { seq, ..big.clone() })
+            .collect();
+        assert!(es.iter().map(|e| 20 + e.bytes.len()).sum::<usize>() > MAX_FRAME);
+        let mut buf = Vec::new();
+        send_entries(&mut buf, &es).unwrap();
+        send_entries(&mut buf, &[]).unwrap();
+        let mut r = &buf[..];
+        let mut got = Vec::new();
+        let mut frames = 0;
+        loop {
+            let b = recv_entries(&mut r).unwrap();
+            if b.is_empty() {
+                break;
+            }
+            frames += 1;
+            got.extend(b);
+        }
+        assert_eq!(frames, 2);
+        assert_eq!(got, es);
+        assert!(r.is_empty());
+        // An entry no frame holds is refused before anything is sent.
+        let huge = FetchedEntry {
+            seq: 9,
+            pos: 0,
+            bytes: vec![0; MAX_FRAME],
+        };
+        let mut buf = Vec::new();
+        assert!(send_entries(&mut buf, &[huge]).is_err());
+        assert!(buf.is_empty());
+        assert!(write_frame(&mut buf, b'J', &vec![0; MAX_FRAME]).is_err());
+    }
+
+    #[test]
+    fn fetched_entries_are_checked() {
+        let bytes = entry::encode(
+            &entry::EntryHeader::new(entry::Kind::Data, 2, 7, 1, 3),
+            b"abc",
+        );
+        let good = FetchedEntry {
+            seq: 7,
+            pos: 4096,
+            bytes: bytes.clone(),
+        };
+        assert_eq!(good.check(64).unwrap().seq, 7);
+        assert!(good.check(2).unwrap_err().contains("exceeds the maximum"));
+        let e = FetchedEntry {
+            seq: 8,
+            ..good.clone()
+        }
+        .check(64)
+        .unwrap_err();
+        assert_eq!(e, "entry 7 labelled 8");
+        let mut long = bytes.clone();
+        long.extend_from_slice(&[0; 64]);
+        let e = FetchedEntry {
+            bytes: long,
+            ..good.clone()
+        }
+        .check(64)
+        .unwrap_err();
+        assert!(e.contains("footprint"), "{e}");
+        for pos in [4100, u64::MAX - 63] {
+            let e = FetchedEntry {
+                pos,
+                ..good.clone()
+            }
+            .check(64)
+            .unwrap_err();
+            assert!(e.contains("not a place for an entry"), "{e}");
+        }
+    }
+
+    #[test]
+    fn outdated_round_trips() {
+        let mut buf = Vec::new();
+        send_json(&mut buf, &Response::Outdated { promised: 1003 }).unwrap();
+        assert_eq!(
+            recv_json::<Response>(&mut &buf[..]).unwrap(),
+            Response::Outdated { promised: 1003 }
+        );
     }
 
     #[test]

@@ -311,7 +311,11 @@ impl RingReader {
                 return ReadOutcome::Empty;
             }
             buf.resize(fp as usize, 0);
-            words::load(ring, off, &mut buf[..fp as usize]).expect("entry inside ring");
+            if words::load(ring, off, &mut buf[..fp as usize]).is_err() {
+                // Only a position off the entry grid gets here (a log
+                // whose end a peer misreported): nothing readable.
+                return ReadOutcome::Empty;
+            }
             // Seqlock-style re-check: the writer of a later lap may have
             // started overwriting while we copied.
             if ring[canary_idx].load(Ordering::Acquire) != canary || word(2) != seq {
@@ -330,6 +334,13 @@ impl RingReader {
             };
             debug_assert!(HEADER_LEN as u64 + header.len as u64 <= fp);
             if header.kind == Kind::Wrap {
+                if off == 0 {
+                    // No writer wraps at the start of a lap (every entry
+                    // fits a whole ring): following this marker would find
+                    // it again at the next lap, for ever. Garbage a peer
+                    // wrote; the caller fetches the entry elsewhere.
+                    return ReadOutcome::Empty;
+                }
                 self.pos = self.geo.next_lap(self.pos);
                 continue;
             }
@@ -433,6 +444,40 @@ mod tests {
             }
         }
         assert!(tail > 5 * SIZE, "wrote several laps: tail {tail}");
+    }
+
+    #[test]
+    fn a_wrap_marker_at_the_start_of_a_lap_does_not_spin_the_reader() {
+        // Found while writing the fuzz loop (tests/fuzz.rs hangs without
+        // this): a peer writing a valid WRAP entry with the expected seq at
+        // ring offset 0 sent the reader from lap to lap for ever.
+        let ring = words::zeroed(SIZE as usize);
+        let bytes = entry::encode(&EntryHeader::new(Kind::Wrap, 1, 1, 0, 0), &[]);
+        words::store(&ring, 0, &bytes).unwrap();
+        let mut r = RingReader::new(SIZE, 0, 1, 1 << 20);
+        let mut buf = Vec::new();
+        assert_eq!(r.poll(&ring, 0, &mut buf), ReadOutcome::Empty);
+        assert_eq!(r.poll(&ring, SIZE / 2, &mut buf), ReadOutcome::Empty);
+        // Anywhere else it still moves the reader to the next lap.
+        let mut r = RingReader::new(SIZE, SIZE - 256, 1, 1 << 20);
+        words::store(&ring, SIZE - 256, &bytes).unwrap();
+        assert_eq!(r.poll(&ring, 0, &mut buf), ReadOutcome::Empty);
+        assert_eq!(r.pos(), SIZE);
+    }
+
+    #[test]
+    fn a_position_off_the_entry_grid_reads_nothing() {
+        // Found by the fuzz loop (tests/fuzz.rs): the reader panicked on
+        // an unaligned position (a log end a peer misreported; the
+        // follower now refuses such fetched entries too).
+        let ring = words::zeroed(SIZE as usize);
+        let mut w = RingWriter::new(SIZE, 0);
+        let (h, p) = data(1, 30);
+        w.append(&ring, &h, &p, 0, &mut vec![0u8; 4096]).unwrap();
+        for pos in [6, 4102] {
+            let mut r = RingReader::new(SIZE, pos, 1, 1 << 20);
+            assert_eq!(r.poll(&ring, 0, &mut Vec::new()), ReadOutcome::Empty);
+        }
     }
 
     #[test]

@@ -242,15 +242,28 @@ impl RegionServer {
     /// Applies frames from `stream` until a clean end of stream (at a frame
     /// boundary) or an error. Does not close the stream.
     pub fn serve_frames(&self, stream: &TcpStream) -> Result<ServeStats, ServeError> {
-        let region = &*self.region;
         let _ = stream.set_nodelay(true);
         let mut rd = BufReader::with_capacity(READ_BUF, stream);
+        self.apply_frames(&mut rd, &mut &*stream)
+    }
+
+    /// The frame decoder of [`RegionServer::serve_frames`] over any byte
+    /// source: applies the frames read from `rd` (fence notices go to
+    /// `notices`) until a clean end at a frame boundary or an error. A
+    /// frame's buffer is allocated only once its header passed the checks
+    /// (at most [`MAX_WRITE`] bytes).
+    pub fn apply_frames(
+        &self,
+        rd: &mut impl Read,
+        notices: &mut impl Write,
+    ) -> Result<ServeStats, ServeError> {
+        let region = &*self.region;
         let mut hdr = [0u8; HEADER_LEN];
         let mut body: Vec<u8> = Vec::new();
         let mut told = 0u64;
         let mut stats = ServeStats::default();
         loop {
-            if !read_header(&mut rd, &mut hdr)? {
+            if !read_header(rd, &mut hdr)? {
                 return Ok(stats);
             }
             let h = FrameHeader::decode(&hdr);
@@ -278,7 +291,7 @@ impl RegionServer {
                         "refusing writes of view {} (region is in view {current})",
                         h.view
                     );
-                    (&*stream).write_all(&fenced_notice(current))?;
+                    notices.write_all(&fenced_notice(current))?;
                 }
                 continue;
             }
