@@ -29,14 +29,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Shows view, leader, and per-node persisted/committed/applied/lag/divergences.
+    /// Shows view, leader, and per-node persisted/committed/applied/lag/divergences;
+    /// exits 0 only when a leader with a live majority exists, 1 otherwise.
     Status {
         /// Cluster config (positional or --config).
         config_pos: Option<PathBuf>,
         /// Cluster config.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// One JSON object (keys `view`, `leader`, `nodes` are stable).
+        /// One JSON object (keys `view`, `leader`, `leader_app`, `healthy`, `nodes` are stable).
         #[arg(long)]
         json: bool,
     },
@@ -173,12 +174,18 @@ fn main() {
             config,
             json,
         } => (|| {
-            let c = load(config_pos, config)?;
+            let path = config.or(config_pos);
+            let c = load(path.clone(), None)?;
+            let path = path.unwrap_or_default();
             let nodes = status::query_all(&c, Duration::from_secs(2));
             if json {
-                println!("{}", status::to_json(&c, &nodes));
+                println!("{}", status::to_json(&c, &path, &nodes));
             } else {
-                print!("{}", status::to_table(&c, &nodes));
+                print!("{}", status::to_table(&c, &path, &nodes));
+            }
+            // Exit 1 unless a leader with a live majority takes writes.
+            if status::health(&c, &nodes).is_err() {
+                std::process::exit(1);
             }
             Ok(())
         })(),

@@ -1,5 +1,10 @@
-//! `lockstep status`: asks every node's follower over its control channel.
+//! `lockstep status`: asks every node's follower over its control channel,
+//! and says whether the cluster can take writes (a leader with a live
+//! majority).
 
+use std::io::ErrorKind;
+use std::net::TcpStream;
+use std::path::Path;
 use std::time::Duration;
 
 use lockstep_common::control::{self, NodeStatus};
@@ -10,7 +15,7 @@ use serde_json::json;
 pub struct NodeView {
     /// Node id.
     pub id: u64,
-    /// Status when reachable.
+    /// Status when reachable; otherwise why not, in words.
     pub status: Result<NodeStatus, String>,
 }
 
@@ -19,13 +24,29 @@ pub fn query(config: &Config, id: u64, timeout: Duration) -> Result<NodeStatus, 
     control::query_status(config, id, timeout)
 }
 
+/// Why node `id` did not answer (`error` is what the query said): a
+/// follower that is not running reads as such, not as a refused handshake.
+fn why_down(config: &Config, id: u64, error: String, timeout: Duration) -> String {
+    let Ok(node) = config.node(id) else {
+        return error;
+    };
+    match TcpStream::connect_timeout(&node.control, timeout) {
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => format!(
+            "the follower is not running (nothing listens on {})",
+            node.control
+        ),
+        Err(e) => format!("the follower at {} is unreachable: {e}", node.control),
+        Ok(_) => format!("the follower at {} answers, but: {error}", node.control),
+    }
+}
+
 /// Status of every node.
 pub fn query_all(config: &Config, timeout: Duration) -> Vec<NodeView> {
     config
         .ids()
         .map(|id| NodeView {
             id,
-            status: query(config, id, timeout),
+            status: query(config, id, timeout).map_err(|e| why_down(config, id, e, timeout)),
         })
         .collect()
 }
@@ -40,26 +61,97 @@ pub fn cluster_view(nodes: &[NodeView]) -> (u64, u64) {
         .unwrap_or((0, 0))
 }
 
-/// The stable JSON shape scripts rely on: `view`, `leader`, `nodes`.
-pub fn to_json(config: &Config, nodes: &[NodeView]) -> serde_json::Value {
+/// Whether the cluster can take writes: a leader that answers, leads the
+/// newest view any node is in, and sees a majority of the nodes (itself
+/// included) answering as members of that view. `Err` says what is missing.
+pub fn health(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
     let (view, leader) = cluster_view(nodes);
+    if nodes.iter().all(|n| n.status.is_err()) {
+        return Err("no node answers".into());
+    }
+    if leader == 0 {
+        return Err(format!(
+            "no leader in view {view} (a view change may be under way)"
+        ));
+    }
+    let Some(l) = nodes.iter().find(|n| n.id == leader) else {
+        return Err(format!("leader {leader} is not in the config"));
+    };
+    match &l.status {
+        Err(_) => {
+            return Err(format!(
+                "node {leader}, leader of view {view}, does not answer"
+            ))
+        }
+        Ok(s) if s.role != "leader" || s.view != view => {
+            return Err(format!(
+                "node {leader} is named leader of view {view} but is {} in view {}",
+                s.role, s.view
+            ))
+        }
+        Ok(_) => {}
+    }
+    let live = nodes
+        .iter()
+        .filter_map(|n| n.status.as_ref().ok())
+        .filter(|s| {
+            s.view == view && s.leader == leader && (s.role == "leader" || s.role == "backup")
+        })
+        .count();
+    let majority = config.majority();
+    if live < majority {
+        return Err(format!(
+            "only {live} of {} nodes are live members of view {view}; a majority is {majority}",
+            config.nodes.len()
+        ));
+    }
+    Ok(())
+}
+
+/// How to bring node `id` back by hand.
+fn start_hint(config_path: &Path, id: u64) -> String {
+    format!(
+        "start its follower (`lockstep-follower --config {} --node {id}`) and then its server under the preload, or let a running `lockstep up` restart it",
+        config_path.display()
+    )
+}
+
+/// The stable JSON shape scripts rely on: `view`, `leader`, `leader_app`,
+/// `healthy`, `nodes` (each with `app`).
+pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde_json::Value {
+    let (view, leader) = cluster_view(nodes);
+    let app = |id: u64| config.node(id).ok().map(|n| n.app.to_string());
+    let health = health(config, nodes);
     let list: Vec<serde_json::Value> = nodes
         .iter()
         .map(|n| match &n.status {
             Ok(s) => json!({
-                "node": n.id, "up": true, "role": s.role, "view": s.view, "leader": s.leader,
-                "persisted": s.persisted, "committed": s.committed, "applied": s.applied,
-                "lag": s.committed.saturating_sub(s.applied), "divergences": s.divergences,
-                "server_pid": s.server_pid, "stale_reason": s.stale_reason,
+                "node": n.id, "up": true, "app": app(n.id), "role": s.role, "view": s.view,
+                "leader": s.leader, "persisted": s.persisted, "committed": s.committed,
+                "applied": s.applied, "lag": s.committed.saturating_sub(s.applied),
+                "divergences": s.divergences, "server_pid": s.server_pid,
+                "stale_reason": s.stale_reason,
             }),
-            Err(e) => json!({ "node": n.id, "up": false, "role": "down", "error": e }),
+            Err(e) => json!({
+                "node": n.id, "up": false, "app": app(n.id), "role": "down", "error": e,
+                "hint": start_hint(config_path, n.id),
+            }),
         })
         .collect();
-    json!({ "cluster": config.cluster, "view": view, "leader": leader, "nodes": list })
+    json!({
+        "cluster": config.cluster,
+        "view": view,
+        "leader": leader,
+        "leader_app": if leader == 0 { None } else { app(leader) },
+        "healthy": health.is_ok(),
+        "problem": health.err(),
+        "nodes": list,
+    })
 }
 
-/// A compact table for people.
-pub fn to_table(config: &Config, nodes: &[NodeView]) -> String {
+/// A compact table for people, then a line per node that needs a hand,
+/// then whether the cluster takes writes.
+pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> String {
     let (view, leader) = cluster_view(nodes);
     let mut out = format!("cluster {}  view {view}  leader {leader}\n", config.cluster);
     out.push_str(&format!(
@@ -84,20 +176,147 @@ pub fn to_table(config: &Config, nodes: &[NodeView]) -> String {
                 s.divergences,
                 app
             )),
-            Err(e) => out.push_str(&format!("{:>4}  {:<8} ({e})  {app}\n", n.id, "down")),
+            Err(_) => out.push_str(&format!(
+                "{:>4}  {:<8} {:>5} {:>10} {:>10} {:>10} {:>6} {:>5}  {app}\n",
+                n.id, "down", "-", "-", "-", "-", "-", "-"
+            )),
         }
     }
     for n in nodes {
-        if let Ok(NodeStatus {
-            stale_reason: Some(why),
-            ..
-        }) = &n.status
-        {
-            out.push_str(&format!(
+        match &n.status {
+            Err(e) => out.push_str(&format!(
+                "node {} is down: {e}; {}\n",
+                n.id,
+                start_hint(config_path, n.id)
+            )),
+            Ok(NodeStatus {
+                stale_reason: Some(why),
+                ..
+            }) => out.push_str(&format!(
                 "node {} is stale: {why}; restart its server and follower\n",
                 n.id
-            ));
+            )),
+            Ok(s) if s.server_pid == 0 => out.push_str(&format!(
+                "node {}: no server is attached; start its server under the preload (LD_PRELOAD=liblockstep.so LOCKSTEP_CONFIG={} LOCKSTEP_NODE={})\n",
+                n.id,
+                config_path.display(),
+                n.id
+            )),
+            Ok(_) => {}
         }
     }
+    match health(config, nodes) {
+        Ok(()) => out.push_str(&format!(
+            "ok: node {leader} leads view {view} with a live majority; clients write to {}\n",
+            config
+                .node(leader)
+                .map(|n| n.app.to_string())
+                .unwrap_or_default()
+        )),
+        Err(why) => out.push_str(&format!("NOT OK: no leader with a live majority: {why}\n")),
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &str = r#"
+cluster = "t"
+data_dir = "/tmp/lockstep-status-test"
+[[nodes]]
+id = 1
+app = "127.0.0.1:7001"
+control = "127.0.0.1:7101"
+[[nodes]]
+id = 2
+app = "127.0.0.1:7002"
+control = "127.0.0.1:7102"
+[[nodes]]
+id = 3
+app = "127.0.0.1:7003"
+control = "127.0.0.1:7103"
+"#;
+
+    fn up(id: u64, role: &str, view: u64, leader: u64) -> NodeView {
+        NodeView {
+            id,
+            status: Ok(NodeStatus {
+                node: id,
+                view,
+                leader,
+                role: role.into(),
+                stale_reason: None,
+                persisted: 10,
+                committed: 10,
+                applied: 10,
+                divergences: 0,
+                server_pid: 100 + id,
+                follower_pid: 200 + id,
+            }),
+        }
+    }
+
+    fn down(id: u64) -> NodeView {
+        NodeView {
+            id,
+            status: Err("the follower is not running (nothing listens on 127.0.0.1:7103)".into()),
+        }
+    }
+
+    #[test]
+    fn a_leader_with_a_majority_is_healthy() {
+        let c = Config::parse(CONFIG).unwrap();
+        let nodes = [up(1, "leader", 2, 1), up(2, "backup", 2, 1), down(3)];
+        assert_eq!(health(&c, &nodes), Ok(()));
+        let j = to_json(&c, Path::new("c.toml"), &nodes);
+        assert_eq!(j["healthy"], true);
+        assert_eq!(j["leader_app"], "127.0.0.1:7001");
+        assert_eq!(j["nodes"][2]["app"], "127.0.0.1:7003");
+        assert_eq!(j["nodes"][2]["role"], "down");
+        let t = to_table(&c, Path::new("c.toml"), &nodes);
+        assert!(
+            t.contains("node 3 is down: the follower is not running"),
+            "{t}"
+        );
+        assert!(
+            t.contains("lockstep-follower --config c.toml --node 3"),
+            "{t}"
+        );
+        assert!(t.contains("ok: node 1 leads view 2"), "{t}");
+        assert!(!t.contains("handshake"), "{t}");
+    }
+
+    #[test]
+    fn no_majority_no_leader_or_all_down_is_not() {
+        let c = Config::parse(CONFIG).unwrap();
+        let alone = [up(1, "leader", 2, 1), down(2), down(3)];
+        assert!(health(&c, &alone).unwrap_err().contains("only 1 of 3"));
+        let stale = [up(1, "leader", 2, 1), up(2, "stale", 2, 1), down(3)];
+        assert!(health(&c, &stale).is_err());
+        let leaderless = [
+            up(1, "joining", 3, 0),
+            up(2, "backup", 2, 1),
+            up(3, "backup", 2, 1),
+        ];
+        assert!(health(&c, &leaderless)
+            .unwrap_err()
+            .contains("no leader in view 3"));
+        let leader_down = [down(1), up(2, "backup", 2, 1), up(3, "backup", 2, 1)];
+        assert!(health(&c, &leader_down)
+            .unwrap_err()
+            .contains("does not answer"));
+        let none = [down(1), down(2), down(3)];
+        assert_eq!(health(&c, &none).unwrap_err(), "no node answers");
+        let j = to_json(&c, Path::new("c.toml"), &none);
+        assert_eq!(j["healthy"], false);
+        assert_eq!(j["leader"], 0);
+        assert!(j["leader_app"].is_null());
+        let t = to_table(&c, Path::new("c.toml"), &none);
+        assert!(
+            t.contains("NOT OK: no leader with a live majority: no node answers"),
+            "{t}"
+        );
+    }
 }

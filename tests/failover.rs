@@ -753,6 +753,8 @@ fn leader_sigkill_loses_no_acknowledged_write() {
 
     let json = cli_status(&c.config_path);
     assert_eq!(json["leader"], new, "lockstep status --json: {json}");
+    assert_eq!(json["leader_app"], f.app(new).to_string(), "{json}");
+    assert_eq!(json["healthy"], true, "{json}");
     let nodes = json["nodes"].as_array().expect("nodes");
     for n in nodes {
         let id = n["node"].as_u64().expect("node id");
