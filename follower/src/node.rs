@@ -78,6 +78,9 @@ pub struct Node {
     pub metrics: Metrics,
     pub(crate) stop: Arc<AtomicBool>,
     region_server: RegionServer,
+    /// The control address, bound first thing (see [`Node::start`]);
+    /// [`Node::run`] serves it.
+    control_listener: Mutex<Option<TcpListener>>,
 }
 
 fn now_ms() -> u64 {
@@ -90,7 +93,11 @@ fn now_ms() -> u64 {
 impl Node {
     /// Opens the store and the region and takes this node's role.
     pub fn start(config: Config, me: u64, stop: Arc<AtomicBool>) -> anyhow::Result<Arc<Node>> {
-        config.node(me)?;
+        // Before anything is logged or touched (ZooKeeper, the store, the
+        // region): a taken control address is the first and only line.
+        let control = config.node(me)?.control;
+        let control_listener = TcpListener::bind(control)
+            .with_context(|| format!("cannot listen on control address {control}"))?;
         let zookeeper = config.election.mode == ElectionMode::Zookeeper;
         // Before touching anything: no ZooKeeper, no node.
         let election = if zookeeper {
@@ -197,6 +204,7 @@ impl Node {
             metrics: Metrics::default(),
             stop,
             region_server,
+            control_listener: Mutex::new(Some(control_listener)),
         }))
     }
 
@@ -248,8 +256,12 @@ impl Node {
     /// Runs every thread; returns when `stop` is set.
     pub fn run(self: &Arc<Self>) -> anyhow::Result<()> {
         let me = self.config.node(self.me)?.clone();
-        let listener = TcpListener::bind(me.control)
-            .with_context(|| format!("cannot listen on control address {}", me.control))?;
+        let listener = self
+            .control_listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .context("the node runs already")?;
         listener.set_nonblocking(true)?;
         let n = self.clone();
         std::thread::Builder::new()
