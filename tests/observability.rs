@@ -5,6 +5,8 @@
 
 mod cluster;
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -13,6 +15,69 @@ use cluster::*;
 
 /// Bound on every wait: reaching it means a hang, not slowness.
 const HANG: Duration = Duration::from_secs(120);
+
+/// Gives every node of `c` a metrics address (before it starts).
+fn with_metrics(c: &TestCluster) -> Vec<SocketAddr> {
+    let text = std::fs::read_to_string(&c.config_path).expect("config");
+    let mut addrs = Vec::new();
+    let mut out = String::new();
+    for line in text.lines() {
+        out.push_str(line);
+        out.push('\n');
+        if line.starts_with("control = ") {
+            let a = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            out.push_str(&format!("metrics = \"{a}\"\n"));
+            addrs.push(a);
+        }
+    }
+    std::fs::write(&c.config_path, out).expect("write config");
+    assert_eq!(addrs.len(), c.nodes.len());
+    addrs
+}
+
+/// `GET path` on `addr`: the status code and the body.
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    Ok((code, body.to_string()))
+}
+
+/// Polls `GET path` on `addr` until `cond` holds for (code, body).
+fn wait_http(
+    c: &TestCluster,
+    addr: SocketAddr,
+    path: &str,
+    what: &str,
+    cond: impl Fn(u16, &str) -> bool,
+) -> String {
+    let start = Instant::now();
+    loop {
+        let got = http_get(addr, path);
+        if let Ok((code, body)) = &got {
+            if cond(*code, body) {
+                return body.clone();
+            }
+        }
+        assert!(
+            start.elapsed() < HANG,
+            "timed out waiting for {what} (GET {path} on {addr}: {got:?})\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 /// `lockstep status --config F [--json]`: exit code and stdout.
 fn cli_status(config: &Path, json: bool) -> (i32, String) {
@@ -119,4 +184,55 @@ fn status_exit_code_json_and_down_nodes() {
     assert_eq!(code, 1, "{json}");
     assert_eq!(json["leader"], 0, "{json}");
     assert!(json["leader_app"].is_null(), "{json}");
+}
+
+#[test]
+fn metrics_name_role_build_server_and_lag() {
+    let mut c = TestCluster::new("obs-metrics", Options::default());
+    let metrics = with_metrics(&c);
+    c.start_all();
+    let m1 = wait_http(&c, metrics[0], "/metrics", "node 1 leading", |code, b| {
+        code == 200 && b.contains("lockstep_role{role=\"leader\"} 1\n")
+    });
+    let version = env!("CARGO_PKG_VERSION");
+    for want in [
+        "lockstep_role{role=\"backup\"} 0\n",
+        "lockstep_role{role=\"joining\"} 0\n",
+        "lockstep_role{role=\"stale\"} 0\n",
+        &format!("lockstep_build_info{{version=\"{version}\"}} 1\n"),
+        "# TYPE lockstep_build_info gauge\n",
+        "lockstep_server_up 1\n",
+        "lockstep_apply_lag_entries ",
+        "lockstep_apply_lag_seconds ",
+        "# TYPE lockstep_persisted_entries_total counter\n",
+    ] {
+        assert!(m1.contains(want), "no {want:?} in\n{m1}");
+    }
+    // No ZooKeeper in static election mode: no session gauge; no lag
+    // without a unit.
+    assert!(!m1.contains("lockstep_zookeeper_connected"), "{m1}");
+    assert!(!m1.contains("lockstep_apply_lag "), "{m1}");
+    wait_http(&c, metrics[1], "/metrics", "node 2 as backup", |code, b| {
+        code == 200
+            && b.contains("lockstep_role{role=\"backup\"} 1\n")
+            && b.contains("lockstep_server_up 1\n")
+    });
+
+    // Node 2's server dies: its follower reports it.
+    c.kill_server(2);
+    wait_http(
+        &c,
+        metrics[1],
+        "/metrics",
+        "node 2 stale, server down",
+        |code, b| {
+            code == 200
+                && b.contains("lockstep_role{role=\"stale\"} 1\n")
+                && b.contains("lockstep_role{role=\"backup\"} 0\n")
+                && b.contains("lockstep_server_up 0\n")
+        },
+    );
+    let (code, m3) = http_get(metrics[2], "/metrics").expect("scrape node 3");
+    assert_eq!(code, 200);
+    assert!(m3.contains("lockstep_role{role=\"backup\"} 1\n"), "{m3}");
 }

@@ -138,6 +138,69 @@ impl Metrics {
     }
 }
 
+/// The roles `lockstep_role` has a series for (one is 1, the others 0).
+pub const ROLES: [&str; 4] = ["leader", "backup", "joining", "stale"];
+
+/// The node's state as gauges, for [`Metrics::render`]'s caller.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeGauges<'a> {
+    /// "leader", "backup", "joining" or "stale".
+    pub role: &'a str,
+    /// The server holds its lock on the region file (it runs and is attached).
+    pub server_up: bool,
+    /// The ZooKeeper session is connected; None in static election mode
+    /// (no ZooKeeper: the gauge is left out).
+    pub zookeeper_connected: Option<bool>,
+    /// Committed entries this node's server has not applied yet.
+    pub apply_lag_entries: u64,
+    /// Time the server needs to apply them at its recent rate.
+    pub apply_lag_seconds: f64,
+}
+
+impl NodeGauges<'_> {
+    /// Prometheus text of these gauges, with `lockstep_build_info`.
+    pub fn render(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP lockstep_role The node's role: 1 for the role it has, 0 for the others\n# TYPE lockstep_role gauge"
+        );
+        for r in ROLES {
+            let _ = writeln!(
+                out,
+                "lockstep_role{{role=\"{r}\"}} {}",
+                u8::from(r == self.role)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP lockstep_build_info The follower's version (always 1)\n# TYPE lockstep_build_info gauge\nlockstep_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        let _ = writeln!(
+            out,
+            "# HELP lockstep_server_up 1 when the node's server runs attached to its region (holds its lock), 0 otherwise\n# TYPE lockstep_server_up gauge\nlockstep_server_up {}",
+            u8::from(self.server_up)
+        );
+        if let Some(c) = self.zookeeper_connected {
+            let _ = writeln!(
+                out,
+                "# HELP lockstep_zookeeper_connected 1 while the follower's ZooKeeper session is connected, 0 otherwise (exported only with election.mode = \"zookeeper\")\n# TYPE lockstep_zookeeper_connected gauge\nlockstep_zookeeper_connected {}",
+                u8::from(c)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP lockstep_apply_lag_entries Committed entries the node's server has not applied yet\n# TYPE lockstep_apply_lag_entries gauge\nlockstep_apply_lag_entries {}",
+            self.apply_lag_entries
+        );
+        let _ = writeln!(
+            out,
+            "# HELP lockstep_apply_lag_seconds Time the node's server needs to apply its backlog at its recent rate\n# TYPE lockstep_apply_lag_seconds gauge\nlockstep_apply_lag_seconds {:.3}",
+            self.apply_lag_seconds
+        );
+    }
+}
+
 /// Serves `GET /metrics` on `addr` from a background thread; `body` is
 /// called per request.
 pub fn serve(addr: SocketAddr, body: Arc<dyn Fn() -> String + Send + Sync>) -> std::io::Result<()> {
@@ -190,5 +253,51 @@ mod tests {
         assert!(text.contains("lockstep_persist_seconds_bucket{le=\"+Inf\"} 2"));
         assert!(text.contains("lockstep_persist_seconds_count 2"));
         assert!(text.contains("lockstep_view 2"));
+    }
+
+    #[test]
+    fn node_gauges_follow_prometheus_conventions() {
+        let mut g = NodeGauges {
+            role: "backup",
+            server_up: true,
+            zookeeper_connected: None,
+            apply_lag_entries: 7,
+            apply_lag_seconds: 0.25,
+        };
+        let mut text = String::new();
+        g.render(&mut text);
+        assert!(
+            text.contains("lockstep_role{role=\"backup\"} 1\n"),
+            "{text}"
+        );
+        for r in ["leader", "joining", "stale"] {
+            assert!(
+                text.contains(&format!("lockstep_role{{role=\"{r}\"}} 0\n")),
+                "{text}"
+            );
+        }
+        assert!(text.contains(&format!(
+            "lockstep_build_info{{version=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION")
+        )));
+        assert!(text.contains("lockstep_server_up 1\n"), "{text}");
+        assert!(!text.contains("lockstep_zookeeper_connected"), "{text}");
+        assert!(text.contains("lockstep_apply_lag_entries 7\n"), "{text}");
+        assert!(
+            text.contains("lockstep_apply_lag_seconds 0.250\n"),
+            "{text}"
+        );
+        g.zookeeper_connected = Some(false);
+        g.server_up = false;
+        let mut text = String::new();
+        g.render(&mut text);
+        assert!(text.contains("lockstep_zookeeper_connected 0\n"), "{text}");
+        assert!(text.contains("lockstep_server_up 0\n"), "{text}");
+        // Every sample has its HELP and TYPE.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(text.contains(&format!("# TYPE {name} gauge")), "{line}");
+            assert!(text.contains(&format!("# HELP {name} ")), "{line}");
+        }
     }
 }

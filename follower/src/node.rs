@@ -345,22 +345,21 @@ impl Node {
                 s.committed,
             ),
             ("lockstep_applied_seq", "Highest seq applied", s.applied),
-            (
-                "lockstep_apply_lag",
-                "Committed entries not yet applied",
-                lag,
-            ),
-            (
-                "lockstep_apply_lag_entries",
-                "Committed entries not yet applied",
-                lag,
-            ),
         ]);
-        text.push_str(&format!(
-            "# HELP lockstep_apply_lag_seconds Time this node's server needs to apply its backlog at its recent rate\n\
-             # TYPE lockstep_apply_lag_seconds gauge\nlockstep_apply_lag_seconds {:.3}\n",
-            self.lag_seconds(lag)
-        ));
+        let zookeeper_connected = self
+            .session_watch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|w| w.session() == crate::election::Session::Connected);
+        metrics::NodeGauges {
+            role: &s.role,
+            server_up: self.region.server_attached(),
+            zookeeper_connected,
+            apply_lag_entries: lag,
+            apply_lag_seconds: self.lag_seconds(lag),
+        }
+        .render(&mut text);
         text
     }
 
