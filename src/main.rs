@@ -3,6 +3,7 @@
 mod bench;
 mod bench_redis;
 mod chart;
+mod check;
 mod failover_bench;
 mod loadgen;
 mod status;
@@ -57,7 +58,9 @@ enum Cmd {
         #[arg(long)]
         node: u64,
     },
-    /// Checks a config file and prints what it describes.
+    /// Checks a config file (and what `up` would need: the server program,
+    /// {port} in its command, memcached's -t 1, a writable data_dir) and
+    /// prints what it describes; exits 1 with one line per problem.
     Check {
         /// Cluster config.
         config: PathBuf,
@@ -249,15 +252,15 @@ fn main() {
             keep,
         }),
         Cmd::Check { config } => (|| {
-            let c = load(Some(config), None)?;
-            println!(
-                "cluster {}: {} nodes, transport {:?}, ring {} bytes, election {:?}",
-                c.cluster,
-                c.nodes.len(),
-                c.transport,
-                c.ring_size,
-                c.election.mode
-            );
+            let c = load(Some(config.clone()), None)?;
+            let problems = check::problems(&c);
+            if !problems.is_empty() {
+                for p in &problems {
+                    eprintln!("lockstep: {}: {p}", config.display());
+                }
+                std::process::exit(1);
+            }
+            print!("{}", check::summary(&c, &config));
             Ok(())
         })(),
     };

@@ -188,21 +188,6 @@ fn port_free(addr: SocketAddr) -> bool {
     TcpListener::bind(addr).is_ok()
 }
 
-fn find_in_path(prog: &str) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let runnable = |p: &Path| {
-        p.metadata()
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    };
-    if prog.contains('/') {
-        return runnable(Path::new(prog));
-    }
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| runnable(&d.join(prog))))
-        .unwrap_or(false)
-}
-
 /// The last non-empty line of a log file (why a child stopped, usually).
 fn last_line(path: &Path) -> String {
     std::fs::read_to_string(path)
@@ -305,14 +290,18 @@ impl Cluster {
         if cmd.is_empty() {
             bail!("no server command: set `server = [...]` in the config or pass --server-cmd");
         }
-        if !find_in_path(&cmd[0]) {
-            bail!(
-                "server program `{}` not found (is it installed? scripts/setup installs redis-server and memcached)",
-                cmd[0]
-            );
+        // The same rules as `lockstep check`: the program exists, each
+        // node gets its own port, memcached runs one thread.
+        let field = if config.server.as_deref() == Some(cmd) {
+            "server"
+        } else {
+            "--server-cmd"
+        };
+        if let Some(problem) = crate::check::server_problems(cmd, field).into_iter().next() {
+            bail!("{problem}");
         }
-        if !cmd.iter().any(|a| a.contains("{port}")) {
-            eprintln!("warning: the server command has no {{port}}: every node's server may try the same port");
+        if let Some(problem) = crate::check::data_dir_problem(&config.data_dir) {
+            bail!("{problem}");
         }
         for n in &config.nodes {
             let mut addrs = vec![("app", n.app), ("control", n.control)];

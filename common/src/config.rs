@@ -327,13 +327,28 @@ fn field_at(text: &str, at: usize) -> Option<String> {
         let k = outer[..oeq].trim();
         simple(k).then(|| k.to_string())
     });
-    let table = text[..line_start]
+    // The table the line is in; for an array of tables (`[[nodes]]`) with
+    // the index of this one: `nodes[1]` is the second `[[nodes]]`.
+    let header = text[..line_start]
         .lines()
         .rev()
         .map(str::trim)
-        .find(|l| l.starts_with('['))
-        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string())
-        .filter(|t| simple(t));
+        .find(|l| l.starts_with('['));
+    let table = header.and_then(|h| {
+        let name = h.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+        if !simple(&name) {
+            return None;
+        }
+        if !h.starts_with("[[") {
+            return Some(name);
+        }
+        let index = text[..line_start]
+            .lines()
+            .filter(|l| l.trim() == h)
+            .count()
+            .saturating_sub(1);
+        Some(format!("{name}[{index}]"))
+    });
     let mut path: Vec<String> = Vec::new();
     path.extend(table);
     path.extend(inline);
@@ -459,8 +474,11 @@ impl Config {
             return err("key: the tcp transport needs a cluster key (key or key_file)");
         }
         if let Some(cmd) = &raw.server {
-            if cmd.is_empty() || cmd[0].is_empty() {
-                return err("server: the server command must name a program");
+            if cmd.is_empty() {
+                return err("server: the server command must name a program (e.g. [\"redis-server\", \"--port\", \"{port}\"])");
+            }
+            if cmd[0].is_empty() {
+                return err("server[0]: the server command must name a program, not \"\"");
             }
         }
         let mut nodes = raw.nodes;
@@ -475,15 +493,18 @@ impl Config {
         }
         let mut ids = HashSet::new();
         let mut addrs = HashSet::new();
-        for n in &nodes {
+        for (i, n) in nodes.iter().enumerate() {
             if n.id == 0 || n.id > MAX_NODES as u64 {
                 return err(format!(
-                    "nodes.id: {} is out of range (1..={MAX_NODES})",
+                    "nodes[{i}].id: {} is out of range (expected 1..={MAX_NODES})",
                     n.id
                 ));
             }
             if !ids.insert(n.id) {
-                return err(format!("nodes.id: duplicate id {}", n.id));
+                return err(format!(
+                    "nodes[{i}].id: duplicate id {} (each node needs its own id)",
+                    n.id
+                ));
             }
             let mut own = vec![("app", n.app), ("control", n.control)];
             if let Some(m) = n.metrics {
@@ -492,13 +513,13 @@ impl Config {
             for (field, a) in own {
                 if a.port() == 0 {
                     return err(format!(
-                        "nodes.{field}: node {} needs a fixed port, not 0",
+                        "nodes[{i}].{field}: node {} needs a fixed port, not 0",
                         n.id
                     ));
                 }
                 if !addrs.insert(a) {
                     return err(format!(
-                        "nodes.{field}: address {a} of node {} is used twice",
+                        "nodes[{i}].{field}: address {a} of node {} is used twice (each address belongs to one node and one role)",
                         n.id
                     ));
                 }
@@ -516,9 +537,13 @@ impl Config {
             warnings.push("nodes: a single node replicates nothing".into());
         }
         if raw.election.mode == ElectionMode::Static && !ids.contains(&raw.election.leader) {
+            let mut known: Vec<u64> = ids.iter().copied().collect();
+            known.sort_unstable();
+            let known: Vec<String> = known.iter().map(u64::to_string).collect();
             return err(format!(
-                "election.leader: node {} is not in the config",
-                raw.election.leader
+                "election.leader: node {} is not in the config (expected one of {})",
+                raw.election.leader,
+                known.join(", ")
             ));
         }
         if raw.election.mode == ElectionMode::Zookeeper && raw.election.zookeeper.trim().is_empty()
@@ -661,11 +686,14 @@ metrics = "127.0.0.1:7203"
     #[test]
     fn duplicates_are_named() {
         let e = bad(&GOOD.replace("id = 2", "id = 1"));
-        assert_eq!(e, "nodes.id: duplicate id 1");
+        assert_eq!(
+            e,
+            "nodes[1].id: duplicate id 1 (each node needs its own id)"
+        );
         let e = bad(&GOOD.replace("127.0.0.1:7002", "127.0.0.1:7001"));
-        assert!(e.starts_with("nodes.app: address 127.0.0.1:7001"), "{e}");
+        assert!(e.starts_with("nodes[1].app: address 127.0.0.1:7001"), "{e}");
         let e = bad(&GOOD.replace("127.0.0.1:7203", "127.0.0.1:7101"));
-        assert!(e.starts_with("nodes.metrics:"), "{e}");
+        assert!(e.starts_with("nodes[2].metrics:"), "{e}");
     }
 
     #[test]
@@ -702,9 +730,12 @@ metrics = "127.0.0.1:7203"
             "node 5 is not in the config (ids: 1, 2, 3)"
         );
         let e = bad(&GOOD.replace("leader = 1", "leader = 9"));
-        assert_eq!(e, "election.leader: node 9 is not in the config");
+        assert_eq!(
+            e,
+            "election.leader: node 9 is not in the config (expected one of 1, 2, 3)"
+        );
         let e = bad(&GOOD.replace("id = 3", "id = 0"));
-        assert!(e.starts_with("nodes.id: 0 is out of range"), "{e}");
+        assert!(e.starts_with("nodes[2].id: 0 is out of range"), "{e}");
     }
 
     #[test]
@@ -836,7 +867,7 @@ metrics = "127.0.0.1:7203"
     fn type_errors_name_the_field() {
         let e = bad(&GOOD.replace("app = \"127.0.0.1:7002\"", "app = 7911"));
         assert!(
-            e.starts_with("nodes.app: line 15: invalid type: integer `7911`"),
+            e.starts_with("nodes[1].app: line 15: invalid type: integer `7911`"),
             "{e}"
         );
         let e = bad(&GOOD.replace("\"64MiB\"", "true"));
@@ -847,7 +878,12 @@ metrics = "127.0.0.1:7203"
         let e = bad(&GOOD.replace("leader = 1", "leader = \"one\""));
         assert!(e.starts_with("election.leader: line 8:"), "{e}");
         let e = bad(&GOOD.replace("id = 2", "id = -2"));
-        assert!(e.starts_with("nodes.id: line 14:"), "{e}");
+        assert!(e.starts_with("nodes[1].id: line 14:"), "{e}");
+        let e = bad(&GOOD.replace("127.0.0.1:7103", "not-an-address"));
+        assert!(
+            e.starts_with("nodes[2].control: line 20:") && e.contains("socket address"),
+            "{e}"
+        );
         let e = bad(&GOOD
             .replace("[election]\nmode = \"static\"\nleader = 1\n", "")
             .replace("data_dir =", "election = { mode = 7 }\ndata_dir ="));

@@ -1,0 +1,194 @@
+//! `lockstep check` run as a user would: the shipped examples pass and are
+//! described in words; configs that `lockstep up` would fail on are caught
+//! first, each problem one line naming its field and what is expected.
+
+mod cluster;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cluster::bin_dir;
+
+/// `lockstep check F`: exit code, stdout, stderr.
+fn check(config: &Path) -> (i32, String, String) {
+    let out = Command::new(bin_dir().join("lockstep"))
+        .arg("check")
+        .arg(config)
+        .output()
+        .expect("run lockstep check");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const BASE: &str = r#"
+cluster = "chk"
+data_dir = "DATA"
+server = ["redis-server", "--port", "{port}", "--save", ""]
+[[nodes]]
+id = 1
+app = "127.0.0.1:7001"
+control = "127.0.0.1:7101"
+[[nodes]]
+id = 2
+app = "127.0.0.1:7002"
+control = "127.0.0.1:7102"
+metrics = "127.0.0.1:7202"
+[[nodes]]
+id = 3
+app = "127.0.0.1:7003"
+control = "127.0.0.1:7103"
+"#;
+
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dir() -> Dir {
+    let d = std::env::temp_dir().join(format!("lockstep-check-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    Dir(d)
+}
+
+/// Checks `BASE` with `from` replaced by `to`; returns (code, stdout, stderr).
+fn check_variant(d: &Dir, name: &str, from: &str, to: &str) -> (i32, String, String) {
+    let data = d.0.join("data");
+    let text = BASE
+        .replace(from, to)
+        .replace("DATA", &data.display().to_string());
+    assert!(from.is_empty() || BASE.contains(from), "{from}");
+    let path = d.0.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    check(&path)
+}
+
+#[test]
+fn examples_pass_and_read_as_words() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut seen = 0;
+    for e in std::fs::read_dir(&examples).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_none_or(|x| x != "toml") {
+            continue;
+        }
+        seen += 1;
+        let (code, out, err) = check(&p);
+        assert_eq!(code, 0, "{}: {out}{err}", p.display());
+        assert!(out.contains(" is valid: cluster "), "{out}");
+        assert!(out.contains("  node 1 "), "{out}");
+        assert!(out.contains("  node 3 "), "{out}");
+        for debug in [
+            "Shm",
+            "Tcp",
+            "Zookeeper",
+            "Static",
+            "Some(",
+            "None",
+            "MemoryAck",
+            "Allow",
+        ] {
+            assert!(!out.contains(debug), "{debug} in {}:\n{out}", p.display());
+        }
+    }
+    assert!(seen >= 3, "examples found: {seen}");
+}
+
+#[test]
+fn a_good_config_lists_its_nodes() {
+    let d = dir();
+    let (code, out, err) = check_variant(&d, "good", "", "");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(
+            "node 2     app 127.0.0.1:7002  control 127.0.0.1:7102  metrics 127.0.0.1:7202"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("metrics none"), "{out}");
+    assert!(
+        out.contains("redis-server --port {port} --save ''"),
+        "{out}"
+    );
+}
+
+#[test]
+fn mistakes_up_would_hit_are_caught_first() {
+    let d = dir();
+    let cases: [(&str, &str, &str, &[&str]); 6] = [
+        (
+            "nobin",
+            "\"redis-server\", \"--port\"",
+            "\"redis-servr\", \"--port\"",
+            &["server[0]: program \"redis-servr\" not found on PATH"],
+        ),
+        (
+            "noport",
+            "\"--port\", \"{port}\"",
+            "\"--port\", \"7000\"",
+            &[
+                "server: no argument holds {port}",
+                "expected e.g. \"--port\", \"{port}\"",
+            ],
+        ),
+        (
+            "memcached",
+            "[\"redis-server\", \"--port\", \"{port}\", \"--save\", \"\"]",
+            "[\"memcached\", \"-u\", \"root\", \"-p\", \"{port}\"]",
+            &[
+                "server: memcached runs 4 worker threads",
+                "(expected \"-t\", \"1\")",
+            ],
+        ),
+        (
+            "memcached4",
+            "[\"redis-server\", \"--port\", \"{port}\", \"--save\", \"\"]",
+            "[\"memcached\", \"-u\", \"root\", \"-t\", \"4\", \"-p\", \"{port}\"]",
+            &["server[4]: memcached with \"4\" worker threads"],
+        ),
+        (
+            "datadir",
+            "data_dir = \"DATA\"",
+            "data_dir = \"/proc/lockstep-check/data\"",
+            &[
+                "data_dir: cannot write in /proc:",
+                "expected a writable directory",
+            ],
+        ),
+        (
+            "apptype",
+            "app = \"127.0.0.1:7003\"",
+            "app = 7911",
+            &[
+                "nodes[2].app: line 16: invalid type: integer `7911`",
+                "socket address",
+            ],
+        ),
+    ];
+    for (name, from, to, want) in cases {
+        let (code, out, err) = check_variant(&d, name, from, to);
+        assert_eq!(code, 1, "{name}: {out}{err}");
+        assert!(out.is_empty(), "{name}: printed a summary: {out}");
+        for w in want {
+            assert!(err.contains(w), "{name}: no {w:?} in:\n{err}");
+        }
+        for line in err.lines() {
+            assert!(line.starts_with("lockstep: "), "{name}: {line}");
+        }
+    }
+    // Two problems, two lines.
+    let (code, _, err) = check_variant(
+        &d,
+        "two",
+        "\"redis-server\", \"--port\", \"{port}\"",
+        "\"redis-servr\", \"--port\", \"1\"",
+    );
+    assert_eq!(code, 1);
+    assert_eq!(err.lines().count(), 2, "{err}");
+}
