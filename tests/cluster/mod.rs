@@ -74,6 +74,8 @@ pub struct TestCluster {
     followers: Vec<Option<Child>>,
     servers: Vec<Option<Child>>,
     bins: PathBuf,
+    /// Set by `use_server_command`: replaces `server`.
+    command: Option<Vec<String>>,
 }
 
 /// Options for a test cluster.
@@ -142,6 +144,7 @@ impl TestCluster {
             followers: (0..n).map(|_| None).collect(),
             servers: (0..n).map(|_| None).collect(),
             bins: bin_dir(),
+            command: None,
         }
     }
 
@@ -202,6 +205,9 @@ impl TestCluster {
                 c
             }
         };
+        if let Some(argv) = &self.command {
+            cmd = templated_command(argv, n.app.port(), &data);
+        }
         cmd.env("LD_PRELOAD", self.bins.join("liblockstep.so"))
             .env("LOCKSTEP_CONFIG", &self.config_path)
             .env("LOCKSTEP_NODE", id.to_string());
@@ -950,4 +956,28 @@ pub fn assert_acked_counters(c: &TestCluster, acked: &[i64]) -> Vec<Vec<i64>> {
         all.push(vals);
     }
     all
+}
+
+// ---- Any server by command line (tests/apply_servers.rs).
+
+impl TestCluster {
+    /// Every node runs `argv` as its server (under the preload, like
+    /// redis/memcached) instead of `Options::server`; call before starting
+    /// servers. In each argument `{port}` becomes the node's app port and
+    /// `{data}` the node's own (fresh, empty) server directory.
+    pub fn use_server_command(&mut self, argv: &[&str]) {
+        assert!(!argv.is_empty(), "empty server command");
+        self.command = Some(argv.iter().map(|a| a.to_string()).collect());
+    }
+}
+
+/// `argv` with `{port}` and `{data}` filled in.
+fn templated_command(argv: &[String], port: u16, data: &Path) -> Command {
+    let fill = |a: &String| {
+        a.replace("{port}", &port.to_string())
+            .replace("{data}", &data.display().to_string())
+    };
+    let mut c = Command::new(fill(&argv[0]));
+    c.args(argv[1..].iter().map(fill));
+    c
 }
