@@ -236,3 +236,283 @@ fn metrics_name_role_build_server_and_lag() {
     assert_eq!(code, 200);
     assert!(m3.contains("lockstep_role{role=\"backup\"} 1\n"), "{m3}");
 }
+
+#[test]
+fn health_and_leader_endpoints() {
+    let mut c = TestCluster::new("obs-health", Options::default());
+    let metrics = with_metrics(&c);
+    c.start_all();
+    let body = wait_http(&c, metrics[0], "/leader", "node 1 leading", |code, _| {
+        code == 200
+    });
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["leader"], 1, "{v}");
+    assert_eq!(v["app"], c.app(1).to_string(), "{v}");
+    assert!(v["view"].as_u64().is_some_and(|x| x >= 1), "{v}");
+    for (i, m) in metrics.iter().enumerate().skip(1) {
+        let (code, body) = http_get(*m, "/leader").expect("GET /leader");
+        assert_eq!(code, 503, "node {}: {body}", i + 1);
+        // The 503 names the leader it knows of.
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(v["app"], c.app(1).to_string(), "{v}");
+    }
+    for m in &metrics {
+        wait_http(&c, *m, "/health", "every node healthy", |code, _| {
+            code == 200
+        });
+    }
+    let (code, _) = http_get(metrics[0], "/nothing-here").expect("GET");
+    assert_eq!(code, 404);
+
+    // A backup whose server died is no healthy member, nor the leader.
+    c.kill_server(3);
+    let body = wait_http(&c, metrics[2], "/health", "node 3 unhealthy", |code, _| {
+        code == 503
+    });
+    assert!(body.contains("\"server_up\":false"), "{body}");
+    assert_eq!(http_get(metrics[2], "/leader").expect("GET").0, 503);
+    assert_eq!(http_get(metrics[0], "/health").expect("GET").0, 200);
+    assert_eq!(http_get(metrics[0], "/leader").expect("GET").0, 200);
+}
+
+// ---------------------------------------------------------------------
+// HAProxy in front of a ZooKeeper-elected cluster (examples/haproxy.cfg)
+
+/// `haproxy -db -f cfg`, killed when dropped.
+struct Haproxy(std::process::Child);
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One client's history: ids whose RPUSH was acknowledged, and how often
+/// it had to reconnect.
+#[derive(Default)]
+struct ClientLog {
+    acked: Vec<String>,
+    reconnects: u64,
+}
+
+/// A client of `front` that RPUSHes unique ids to `list` until `stop`,
+/// reconnecting to the same address whenever its connection fails.
+fn client(
+    front: SocketAddr,
+    list: &'static str,
+    t: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    acked: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> ClientLog {
+    use std::sync::atomic::Ordering;
+    let mut log = ClientLog::default();
+    let mut conn: Option<Resp> = None;
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let c = match conn.as_mut() {
+            Some(c) => c,
+            None => {
+                match Resp::connect_with(front, Duration::from_secs(2), Duration::from_secs(10)) {
+                    Ok(c) => conn.insert(c),
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                }
+            }
+        };
+        i += 1;
+        let id = format!("c{t}-{i}");
+        match c.cmd(&[b"RPUSH", list.as_bytes(), id.as_bytes()]) {
+            Ok(Reply::Int(_)) => {
+                log.acked.push(id);
+                acked.fetch_add(1, Ordering::Relaxed);
+            }
+            // No reply, or not a write: not acknowledged (it may or may not
+            // be in the list); a fresh connection goes to the leader.
+            _ => {
+                conn = None;
+                log.reconnects += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    log
+}
+
+/// The node that leads, per the followers' status.
+fn leader_of(c: &TestCluster, among: &[u64]) -> Option<u64> {
+    among.iter().copied().find(|&id| {
+        c.status(id)
+            .is_ok_and(|s| s.role == "leader" && s.leader == id)
+    })
+}
+
+#[test]
+fn haproxy_clients_follow_a_leader_kill() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    const LIST: &str = "ha:list";
+    const CLIENTS: usize = 4;
+
+    let mut c = TestCluster::new("obs-haproxy", Options::default());
+    let metrics = with_metrics(&c);
+    let mut taken: Vec<u16> = c
+        .nodes
+        .iter()
+        .flat_map(|n| [n.app.port(), n.control.port()])
+        .chain(metrics.iter().map(|m| m.port()))
+        .collect();
+    let mut port = || {
+        let p = std::iter::repeat_with(free_port)
+            .find(|p| !taken.contains(p))
+            .unwrap();
+        taken.push(p);
+        p
+    };
+    let zk = ZookeeperServer::start(&c.dir.join("zk"), port()).expect("start ZooKeeper");
+    c.use_zookeeper(&zk.addr().to_string(), 2000);
+    c.set_backup_clients("deny");
+    let front = SocketAddr::from(([127, 0, 0, 1], port()));
+
+    // The shipped example, pointed at this cluster's addresses.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/haproxy.cfg");
+    let mut cfg = std::fs::read_to_string(&example).expect("examples/haproxy.cfg");
+    let mut swaps = vec![("127.0.0.1:7300".to_string(), front.to_string())];
+    for i in 1..=3u64 {
+        swaps.push((format!("127.0.0.1:730{i}"), c.app(i).to_string()));
+        let m = metrics[i as usize - 1].port();
+        swaps.push((format!("port 750{i}"), format!("port {m}")));
+    }
+    for (needle, with) in swaps {
+        assert!(
+            cfg.contains(&needle),
+            "examples/haproxy.cfg has no {needle}"
+        );
+        cfg = cfg.replace(&needle, &with);
+    }
+    let cfg_path = c.dir.join("haproxy.cfg");
+    std::fs::write(&cfg_path, cfg).expect("write haproxy.cfg");
+    let log = std::fs::File::create(c.dir.join("haproxy.log")).expect("haproxy log");
+    let _haproxy = Haproxy(
+        Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&cfg_path)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("run haproxy (scripts/setup installs it)"),
+    );
+
+    for id in 1..=3 {
+        c.start_follower(id);
+    }
+    for id in 1..=3 {
+        c.start_server(id);
+    }
+    let all = [1u64, 2, 3];
+    let start = Instant::now();
+    let old = loop {
+        if let Some(l) = leader_of(&c, &all) {
+            break l;
+        }
+        assert!(start.elapsed() < HANG, "no leader\n{}", c.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The session gauge, with ZooKeeper election.
+    wait_http(
+        &c,
+        metrics[0],
+        "/metrics",
+        "a ZooKeeper session",
+        |code, b| code == 200 && b.contains("lockstep_zookeeper_connected 1\n"),
+    );
+    // HAProxy routes to the leader once its check passed.
+    let start = Instant::now();
+    while !Resp::connect_with(front, Duration::from_secs(2), Duration::from_secs(5))
+        .and_then(|mut r| r.cmd(&[b"PING"]))
+        .is_ok_and(|r| r == Reply::Status("PONG".into()))
+    {
+        assert!(
+            start.elapsed() < HANG,
+            "no PONG through HAProxy\n{}",
+            c.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|t| {
+            let (stop, acked) = (stop.clone(), acked.clone());
+            std::thread::spawn(move || client(front, LIST, t, stop, acked))
+        })
+        .collect();
+    let wait_acks = |c: &TestCluster, n: u64, what: &str| {
+        let start = Instant::now();
+        let from = acked.load(Ordering::Relaxed);
+        while acked.load(Ordering::Relaxed) < from + n {
+            assert!(
+                start.elapsed() < HANG,
+                "{what}: {} acknowledged writes\n{}",
+                acked.load(Ordering::Relaxed) - from,
+                c.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_acks(&c, 200, "writes through HAProxy to the first leader");
+
+    c.kill_server(old);
+    c.kill_follower(old);
+    let alive: Vec<u64> = all.iter().copied().filter(|&i| i != old).collect();
+    let start = Instant::now();
+    let new = loop {
+        if let Some(l) = leader_of(&c, &alive) {
+            break l;
+        }
+        assert!(start.elapsed() < HANG, "no new leader\n{}", c.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    wait_acks(&c, 200, "writes through HAProxy to the new leader");
+    stop.store(true, Ordering::Relaxed);
+    let logs: Vec<ClientLog> = clients.into_iter().map(|h| h.join().unwrap()).collect();
+
+    // Every acknowledged id is on the new leader, once.
+    let mut r = Resp::connect(c.app(new)).expect("connect to the new leader");
+    let Reply::Array(Some(items)) = r
+        .cmd(&[b"LRANGE", LIST.as_bytes(), b"0", b"-1"])
+        .expect("LRANGE")
+    else {
+        panic!("LRANGE answered no array");
+    };
+    let mut count = std::collections::HashMap::new();
+    for it in items {
+        if let Reply::Bulk(Some(b)) = it {
+            *count
+                .entry(String::from_utf8_lossy(&b).into_owned())
+                .or_insert(0u32) += 1;
+        }
+    }
+    let mut total = 0;
+    for (t, l) in logs.iter().enumerate() {
+        assert!(l.reconnects >= 1, "client {t} never lost its leader");
+        for id in &l.acked {
+            assert_eq!(
+                count.get(id),
+                Some(&1),
+                "acknowledged {id} on the new leader"
+            );
+        }
+        total += l.acked.len();
+    }
+    assert!(count.values().all(|&n| n == 1), "an id twice in {LIST}");
+    eprintln!(
+        "leader {old} killed, {new} took over behind HAProxy: {total} acknowledged writes, reconnects {:?}",
+        logs.iter().map(|l| l.reconnects).collect::<Vec<_>>()
+    );
+}

@@ -4,6 +4,7 @@
 pub mod election;
 mod failover;
 pub mod feed;
+pub mod health;
 pub mod membership;
 pub mod metrics;
 pub mod node;

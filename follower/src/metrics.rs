@@ -201,36 +201,119 @@ impl NodeGauges<'_> {
     }
 }
 
-/// Serves `GET /metrics` on `addr` from a background thread; `body` is
-/// called per request.
-pub fn serve(addr: SocketAddr, body: Arc<dyn Fn() -> String + Send + Sync>) -> std::io::Result<()> {
+/// One HTTP answer of the metrics address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// Status code (200, 503, ...).
+    pub status: u16,
+    /// Content type of `body`.
+    pub content_type: &'static str,
+    /// The body.
+    pub body: String,
+}
+
+impl Reply {
+    /// Prometheus text exposition.
+    pub fn metrics(body: String) -> Reply {
+        Reply {
+            status: 200,
+            content_type: "text/plain; version=0.0.4",
+            body,
+        }
+    }
+
+    /// A JSON body with `status`.
+    pub fn json(status: u16, body: &serde_json::Value) -> Reply {
+        Reply {
+            status,
+            content_type: "application/json",
+            body: format!("{body}\n"),
+        }
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        503 => "Service Unavailable",
+        _ => "",
+    }
+}
+
+/// The path of an HTTP request line (`GET /leader?x HTTP/1.1` → `/leader`)
+/// and whether it is a `HEAD`; None for other methods.
+fn request_path(line: &str) -> Option<(&str, bool)> {
+    let mut words = line.split_whitespace();
+    let head = match words.next()? {
+        "GET" => false,
+        "HEAD" => true,
+        _ => return None,
+    };
+    let target = words.next()?;
+    Some((target.split('?').next().unwrap_or(target), head))
+}
+
+fn answer(stream: std::net::TcpStream, route: &(dyn Fn(&str) -> Option<Reply> + Send + Sync)) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+    let mut reader = BufReader::new(&stream);
+    let mut line = String::new();
+    if reader.read_line(&mut line).is_err() {
+        return;
+    }
+    // Skip the request headers.
+    let mut h = String::new();
+    while reader.read_line(&mut h).map(|n| n > 2).unwrap_or(false) {
+        h.clear();
+    }
+    let (reply, head) = match request_path(&line) {
+        Some((path, head)) => (
+            route(path).unwrap_or(Reply {
+                status: 404,
+                content_type: "text/plain",
+                body: "not found: try /metrics, /health or /leader\n".into(),
+            }),
+            head,
+        ),
+        None => (
+            Reply {
+                status: 405,
+                content_type: "text/plain",
+                body: "only GET and HEAD\n".into(),
+            },
+            false,
+        ),
+    };
+    let mut s = &stream;
+    let _ = write!(
+        s,
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+        reply.status,
+        reason(reply.status),
+        reply.content_type,
+        reply.body.len(),
+        if head { "" } else { &reply.body }
+    );
+}
+
+/// Serves HTTP `GET`s on `addr` from background threads (one per
+/// connection: a slow client delays no health check); `route(path)`
+/// answers a path, None is a 404.
+pub fn serve(
+    addr: SocketAddr,
+    route: Arc<dyn Fn(&str) -> Option<Reply> + Send + Sync>,
+) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr)?;
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut reader = BufReader::new(&stream);
-                let mut line = String::new();
-                if reader.read_line(&mut line).is_err() {
-                    continue;
-                }
-                // Skip the request headers.
-                let mut h = String::new();
-                while reader.read_line(&mut h).map(|n| n > 2).unwrap_or(false) {
-                    h.clear();
-                }
-                let (status, text) = if line.starts_with("GET /metrics") || line.starts_with("GET / ") {
-                    ("200 OK", body())
-                } else {
-                    ("404 Not Found", "not found\n".to_string())
-                };
-                let mut s = &stream;
-                let _ = write!(
-                    s,
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
-                    text.len()
-                );
+                let route = route.clone();
+                let _ = std::thread::Builder::new()
+                    .name("http".into())
+                    .spawn(move || answer(stream, &*route));
             }
         })?;
     Ok(())
@@ -299,5 +382,53 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {name} gauge")), "{line}");
             assert!(text.contains(&format!("# HELP {name} ")), "{line}");
         }
+    }
+
+    #[test]
+    fn http_routes_paths_with_status_codes() {
+        assert_eq!(
+            request_path("GET /leader HTTP/1.1\r\n"),
+            Some(("/leader", false))
+        );
+        assert_eq!(
+            request_path("HEAD /health?x=1 HTTP/1.0"),
+            Some(("/health", true))
+        );
+        assert_eq!(request_path("POST /leader HTTP/1.1"), None);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        serve(
+            addr,
+            Arc::new(|path| match path {
+                "/up" => Some(Reply::json(200, &serde_json::json!({"ok": true}))),
+                "/down" => Some(Reply::json(503, &serde_json::json!({"ok": false}))),
+                _ => None,
+            }),
+        )
+        .unwrap();
+        let get = |req: &str| {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(req.as_bytes()).unwrap();
+            let mut out = String::new();
+            std::io::Read::read_to_string(&mut s, &mut out).unwrap();
+            out
+        };
+        let up = get("GET /up HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(up.starts_with("HTTP/1.1 200 OK\r\n"), "{up}");
+        assert!(up.contains("Content-Type: application/json"), "{up}");
+        assert!(up.ends_with("\r\n\r\n{\"ok\":true}\n"), "{up}");
+        let down = get("GET /down HTTP/1.0\r\n\r\n");
+        assert!(
+            down.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{down}"
+        );
+        let head = get("HEAD /down HTTP/1.0\r\n\r\n");
+        assert!(
+            head.starts_with("HTTP/1.1 503") && head.ends_with("\r\n\r\n"),
+            "{head}"
+        );
+        assert!(get("GET /nope HTTP/1.0\r\n\r\n").starts_with("HTTP/1.1 404"));
+        assert!(get("DELETE /up HTTP/1.0\r\n\r\n").starts_with("HTTP/1.1 405"));
     }
 }

@@ -269,7 +269,7 @@ impl Node {
             .spawn(move || n.accept_loop(listener))?;
         if let Some(addr) = me.metrics {
             let n = self.clone();
-            metrics::serve(addr, Arc::new(move || n.render_metrics()))
+            metrics::serve(addr, Arc::new(move |path: &str| n.http(path)))
                 .with_context(|| format!("cannot listen on metrics address {addr}"))?;
         }
         let n = self.clone();
@@ -332,7 +332,7 @@ impl Node {
         r
     }
 
-    fn render_metrics(&self) -> String {
+    pub(crate) fn render_metrics(&self) -> String {
         let s = self.status();
         let lag = s.committed.saturating_sub(s.applied);
         let mut text = self.metrics.render(&[

@@ -1,0 +1,164 @@
+//! Health for proxies and orchestrators, on each node's metrics address:
+//! `GET /leader` answers 200 only on the node that leads and can commit
+//! (HAProxy's `option httpchk GET /leader` sends clients there), `GET
+//! /health` answers 200 when the node is a healthy member. Both answer
+//! JSON; the decisions are pure functions of the node's status.
+
+use lockstep_common::control::NodeStatus;
+use lockstep_common::Config;
+use serde_json::json;
+
+use crate::metrics::Reply;
+use crate::node::Node;
+
+/// Whether the node of `s` leads and can commit: leader role in its current
+/// view (its preload active, which also means not stale: a stale node has
+/// stepped down) and its server attached.
+pub fn leads(s: &NodeStatus, server_up: bool) -> bool {
+    s.role == "leader" && s.leader == s.node && s.stale_reason.is_none() && server_up
+}
+
+/// Whether the node of `s` is a healthy member: its follower answers (it
+/// does, if this runs), its server is attached, it is not stale, and it
+/// leads or follows a leader (not still joining a view).
+pub fn healthy(s: &NodeStatus, server_up: bool) -> bool {
+    server_up && s.stale_reason.is_none() && (s.role == "leader" || s.role == "backup")
+}
+
+/// `GET /leader`: 200 with `{"view","leader","app"}` on the leader; 503
+/// elsewhere, with the leader this node knows of (`app` null when none).
+pub fn leader_reply(config: &Config, s: &NodeStatus, server_up: bool) -> Reply {
+    let app = |id: u64| config.node(id).ok().map(|n| n.app.to_string());
+    if leads(s, server_up) {
+        Reply::json(
+            200,
+            &json!({ "view": s.view, "leader": s.node, "app": app(s.node) }),
+        )
+    } else {
+        Reply::json(
+            503,
+            &json!({
+                "view": s.view,
+                "leader": s.leader,
+                "app": if s.leader == 0 { None } else { app(s.leader) },
+                "node": s.node,
+                "role": s.role,
+            }),
+        )
+    }
+}
+
+/// `GET /health`: 200 on a healthy member, 503 otherwise; the body says
+/// what this node is.
+pub fn health_reply(s: &NodeStatus, server_up: bool) -> Reply {
+    Reply::json(
+        if healthy(s, server_up) { 200 } else { 503 },
+        &json!({
+            "node": s.node,
+            "role": s.role,
+            "view": s.view,
+            "leader": s.leader,
+            "server_up": server_up,
+            "stale_reason": s.stale_reason,
+        }),
+    )
+}
+
+impl Node {
+    /// Answers a request on the metrics address.
+    pub(crate) fn http(&self, path: &str) -> Option<Reply> {
+        match path {
+            "/metrics" | "/" => Some(Reply::metrics(self.render_metrics())),
+            "/leader" => Some(leader_reply(
+                &self.config,
+                &self.status(),
+                self.region.server_attached(),
+            )),
+            "/health" => Some(health_reply(&self.status(), self.region.server_attached())),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(node: u64, role: &str, leader: u64) -> NodeStatus {
+        NodeStatus {
+            node,
+            view: 4,
+            leader,
+            role: role.into(),
+            stale_reason: (role == "stale").then(|| "its server (pid 9) exited".to_string()),
+            persisted: 1,
+            committed: 1,
+            applied: 1,
+            divergences: 0,
+            server_pid: 9,
+            follower_pid: 8,
+        }
+    }
+
+    fn config() -> Config {
+        Config::parse(
+            r#"
+cluster = "h"
+data_dir = "/tmp/lockstep-health-test"
+[[nodes]]
+id = 1
+app = "127.0.0.1:7001"
+control = "127.0.0.1:7101"
+[[nodes]]
+id = 2
+app = "127.0.0.1:7002"
+control = "127.0.0.1:7102"
+[[nodes]]
+id = 3
+app = "127.0.0.1:7003"
+control = "127.0.0.1:7103"
+"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn only_the_leader_answers_200_on_leader() {
+        let c = config();
+        let r = leader_reply(&c, &status(2, "leader", 2), true);
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.body,
+            "{\"app\":\"127.0.0.1:7002\",\"leader\":2,\"view\":4}\n"
+        );
+        let backup = leader_reply(&c, &status(1, "backup", 2), true);
+        assert_eq!(backup.status, 503);
+        assert!(
+            backup.body.contains("\"app\":\"127.0.0.1:7002\""),
+            "{}",
+            backup.body
+        );
+        // Its server gone, a joining node, a stale one, none with a leader.
+        assert_eq!(leader_reply(&c, &status(2, "leader", 2), false).status, 503);
+        assert_eq!(leader_reply(&c, &status(2, "joining", 2), true).status, 503);
+        assert_eq!(leader_reply(&c, &status(2, "stale", 2), true).status, 503);
+        let none = leader_reply(&c, &status(3, "joining", 0), true);
+        assert_eq!(none.status, 503);
+        assert!(none.body.contains("\"app\":null"), "{}", none.body);
+    }
+
+    #[test]
+    fn healthy_members_answer_200_on_health() {
+        assert_eq!(health_reply(&status(1, "leader", 1), true).status, 200);
+        assert_eq!(health_reply(&status(2, "backup", 1), true).status, 200);
+        assert_eq!(health_reply(&status(2, "backup", 1), false).status, 503);
+        assert_eq!(health_reply(&status(2, "joining", 1), true).status, 503);
+        let stale = health_reply(&status(2, "stale", 1), true);
+        assert_eq!(stale.status, 503);
+        assert!(
+            stale.body.contains("its server (pid 9) exited"),
+            "{}",
+            stale.body
+        );
+    }
+}
