@@ -263,6 +263,21 @@ fn a_promised_view_that_never_starts_does_not_stall_static_election() {
 }
 
 #[test]
+fn a_promised_view_that_never_starts_does_not_stall_the_tcp_transport() {
+    // The leader learns the newer view from the region server's fence
+    // notices instead of reading the peer's region.
+    let mut c = TestCluster::new(
+        "stray-view-tcp",
+        Options {
+            transport: "tcp",
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    promised_view_that_never_starts(&c);
+}
+
+#[test]
 fn a_promised_view_that_never_starts_does_not_stall_zookeeper_election() {
     let (c, _zk) = zk_started("stray-view-zk");
     promised_view_that_never_starts(&c);
