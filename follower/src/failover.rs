@@ -397,14 +397,19 @@ impl Node {
         self.store().set_view(view)?;
         self.region.raise_view(view);
         self.step_down();
-        let cut = {
-            let mut store = self.store();
-            let cut =
-                viewchange::sync_point(store.last().seq, self.committed.load(Ordering::Acquire));
-            store.truncate_after(cut)?;
+        let floor = viewchange::sync_point(
+            self.store().last().seq,
+            self.committed.load(Ordering::Acquire),
+        );
+        // Keep what the leader's log holds too; fail before cutting
+        // anything when the leader does not answer.
+        let cut = self
+            .common_prefix(leader, floor)
+            .with_context(|| format!("comparing the log with node {leader}'s"))?;
+        {
+            self.store().truncate_after(cut)?;
             self.epoch.fetch_add(1, Ordering::AcqRel);
-            cut
-        };
+        }
         self.persisted.store(cut, Ordering::Release);
         self.fetch_from(leader, cut + 1, 0)
             .with_context(|| format!("fetching view {view}'s log from node {leader}"))?;
@@ -635,12 +640,12 @@ impl Node {
         let _sync = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
         let committed = self.committed.load(Ordering::Acquire);
         if adopt.source != self.me {
-            let cut = {
-                let mut store = self.store();
-                let cut = viewchange::sync_point(store.last().seq, committed);
-                store.truncate_after(cut)?;
-                cut
-            };
+            let floor = viewchange::sync_point(self.store().last().seq, committed);
+            let cut = self
+                .common_prefix(adopt.source, floor)
+                .with_context(|| format!("comparing the log with node {}'s", adopt.source))?
+                .min(adopt.last_seq.max(floor));
+            self.store().truncate_after(cut)?;
             self.epoch.fetch_add(1, Ordering::AcqRel);
             if adopt.last_seq > cut {
                 self.fetch_from(adopt.source, cut + 1, adopt.last_seq)

@@ -610,6 +610,69 @@ impl Node {
         Ok(s)
     }
 
+    /// The view of `peer`'s entry `seq` (None: it has no such entry),
+    /// without storing anything.
+    pub(crate) fn peek_view(&self, peer: u64, seq: u64) -> anyhow::Result<Option<u64>> {
+        let mut s = self.control_connect(peer, CONTROL_TIMEOUT)?;
+        control::send_json(&mut s, &Request::Fetch { from: seq, to: seq })?;
+        match control::recv_json::<Response>(&mut s)? {
+            Response::Entries => {}
+            Response::Error(e) => bail!("node {peer} refused: {e}"),
+            other => bail!("node {peer} answered {other:?}"),
+        }
+        let mut view = None;
+        loop {
+            let batch = control::recv_entries(&mut s)?;
+            if batch.is_empty() {
+                return Ok(view);
+            }
+            for e in batch.iter().filter(|e| e.seq == seq) {
+                view = EntryHeader::parse(&e.bytes).map(|h| h.view).ok();
+            }
+        }
+    }
+
+    /// How much of this node's log `peer`'s log holds too: the highest seq
+    /// up to which both logs are equal, at least `floor` (this node's
+    /// commit point, the same everywhere). Entries carry the view of the
+    /// leader that wrote them and a view's leader writes each seq once, so
+    /// equal (seq, view) means equal logs up to there: the last entry is
+    /// probed first (the usual case: this log is a prefix of the peer's),
+    /// then the boundary is bisected. Fails, touching nothing, when the
+    /// peer does not answer — a sync must never cut entries it cannot
+    /// fetch again (a restarted node may not know how much is committed).
+    pub(crate) fn common_prefix(&self, peer: u64, floor: u64) -> anyhow::Result<u64> {
+        let last = self.store().last().seq;
+        let matches = |seq: u64| -> anyhow::Result<bool> {
+            let mine = self
+                .store()
+                .range(seq, 1)?
+                .into_iter()
+                .find(|(s, _)| *s == seq)
+                .map(|(_, e)| e.header().view);
+            Ok(mine.is_some() && self.peek_view(peer, seq)? == mine)
+        };
+        if last <= floor {
+            // Nothing above the commit point; still make sure the peer
+            // answers before the caller changes anything.
+            self.peek_view(peer, last.max(1))?;
+            return Ok(last);
+        }
+        if matches(last)? {
+            return Ok(last);
+        }
+        let (mut lo, mut hi) = (floor, last);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if matches(mid)? {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+
     /// Fetches `from..=to` (to = 0: all) from `peer` into the store.
     /// Callers hold `sync_lock`.
     pub(crate) fn fetch_from(&self, peer: u64, from: u64, to: u64) -> anyhow::Result<u64> {
