@@ -129,6 +129,7 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
                 "node": n.id, "up": true, "app": app(n.id), "role": s.role, "view": s.view,
                 "leader": s.leader, "persisted": s.persisted, "committed": s.committed,
                 "applied": s.applied, "lag": s.committed.saturating_sub(s.applied),
+                "lag_seconds": s.lag_ms as f64 / 1000.0,
                 "divergences": s.divergences, "server_pid": s.server_pid,
                 "stale_reason": s.stale_reason,
             }),
@@ -155,8 +156,8 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
     let (view, leader) = cluster_view(nodes);
     let mut out = format!("cluster {}  view {view}  leader {leader}\n", config.cluster);
     out.push_str(&format!(
-        "{:>4}  {:<8} {:>5} {:>10} {:>10} {:>10} {:>6} {:>5}  {}\n",
-        "node", "role", "view", "persisted", "committed", "applied", "lag", "div", "app"
+        "{:>4}  {:<8} {:>5} {:>10} {:>10} {:>10} {:>6} {:>7} {:>5}  {}\n",
+        "node", "role", "view", "persisted", "committed", "applied", "lag", "lag s", "div", "app"
     ));
     for n in nodes {
         let app = config
@@ -165,7 +166,7 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
             .unwrap_or_default();
         match &n.status {
             Ok(s) => out.push_str(&format!(
-                "{:>4}  {:<8} {:>5} {:>10} {:>10} {:>10} {:>6} {:>5}  {}\n",
+                "{:>4}  {:<8} {:>5} {:>10} {:>10} {:>10} {:>6} {:>7.3} {:>5}  {}\n",
                 n.id,
                 s.role,
                 s.view,
@@ -173,6 +174,7 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
                 s.committed,
                 s.applied,
                 s.committed.saturating_sub(s.applied),
+                s.lag_ms as f64 / 1000.0,
                 s.divergences,
                 app
             )),
@@ -254,6 +256,7 @@ control = "127.0.0.1:7103"
                 divergences: 0,
                 server_pid: 100 + id,
                 follower_pid: 200 + id,
+                ..NodeStatus::default()
             }),
         }
     }

@@ -70,6 +70,10 @@ pub struct NodeStatus {
     pub applied: u64,
     /// Output divergences detected against the leader.
     pub divergences: u64,
+    /// Milliseconds the server needs to apply its backlog (committed but
+    /// not applied) at its recent apply rate.
+    #[serde(default)]
+    pub lag_ms: u64,
     /// Pid of the server attached to the region (0: none).
     pub server_pid: u64,
     /// Pid of the follower process answering.

@@ -97,6 +97,7 @@ mod tests {
             divergences: 0,
             server_pid: 9,
             follower_pid: 8,
+            ..NodeStatus::default()
         }
     }
 

@@ -234,6 +234,7 @@ impl Node {
         } else {
             self.applied.load(Ordering::Acquire)
         };
+        let committed = self.committed.load(Ordering::Acquire);
         NodeStatus {
             node: self.me,
             view: self.region.view(),
@@ -245,9 +246,10 @@ impl Node {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             persisted,
-            committed: self.committed.load(Ordering::Acquire),
+            committed,
             applied,
             divergences: self.metrics.divergences.load(Ordering::Relaxed),
+            lag_ms: (self.lag_seconds(committed.saturating_sub(applied)) * 1000.0) as u64,
             server_pid: self.region.preload_pid(),
             follower_pid: std::process::id() as u64,
         }

@@ -111,6 +111,15 @@ impl Resp {
                     Reply::Bulk(Some(b))
                 }
             }
+            // A RESP3 map (HELLO 3): its keys and values, in order.
+            "%" => {
+                let n: i64 = rest.parse().map_err(|_| bad())?;
+                let mut v = Vec::new();
+                for _ in 0..2 * n.max(0) {
+                    v.push(self.read()?);
+                }
+                Reply::Array(Some(v))
+            }
             "*" => {
                 let n: i64 = rest.parse().map_err(|_| bad())?;
                 if n < 0 {
