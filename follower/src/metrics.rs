@@ -201,6 +201,9 @@ impl NodeGauges<'_> {
     }
 }
 
+/// Answers a request path (None: 404).
+type Route = dyn Fn(&str) -> Option<Reply> + Send + Sync;
+
 /// One HTTP answer of the metrics address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reply {
@@ -301,10 +304,7 @@ fn answer(stream: std::net::TcpStream, route: &(dyn Fn(&str) -> Option<Reply> + 
 /// Serves HTTP `GET`s on `addr` from background threads (one per
 /// connection: a slow client delays no health check); `route(path)`
 /// answers a path, None is a 404.
-pub fn serve(
-    addr: SocketAddr,
-    route: Arc<dyn Fn(&str) -> Option<Reply> + Send + Sync>,
-) -> std::io::Result<()> {
+pub fn serve(addr: SocketAddr, route: Arc<Route>) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr)?;
     std::thread::Builder::new()
         .name("metrics".into())

@@ -278,12 +278,9 @@ impl Pump {
 
         loop {
             if let Some(cur) = self.current.take() {
-                match self.progress(cur) {
-                    Some(cur) => {
-                        self.current = Some(cur);
-                        return;
-                    }
-                    None => {}
+                if let Some(cur) = self.progress(cur) {
+                    self.current = Some(cur);
+                    return;
                 }
             }
             let tail = self.region.apply().tail();
