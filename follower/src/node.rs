@@ -29,7 +29,7 @@ const CATCHUP_SPACING: Duration = Duration::from_millis(500);
 /// Entries per catch-up batch.
 const FETCH_BATCH: usize = 1024;
 /// Period of the heartbeat (and of the leader's commit writes when idle).
-const HEARTBEAT: Duration = Duration::from_millis(10);
+const HEARTBEAT: Duration = Duration::from_millis(2);
 /// How often the heartbeat thread checks that this node's server runs.
 const SERVER_CHECK: Duration = Duration::from_millis(100);
 /// A backup tells the leader how far it applied at least this often (and
@@ -746,7 +746,9 @@ impl Node {
             // A timer, not the doorbell: under load the commit rides on
             // every entry's header, and waking on each entry would cost a
             // context switch here and, through the commit write, in every
-            // backup's threads.
+            // backup's threads. Short, because when no entry follows, this
+            // is how backups learn the commit and apply (bench follower's
+            // apply latency: ~10 ms at a 10 ms period).
             std::thread::sleep(HEARTBEAT);
         }
     }
