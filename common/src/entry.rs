@@ -8,7 +8,7 @@
 //! 32 last_committed u64
 //! 40 out_hash u64
 //! 48 crc32c u32 (header with this field zeroed, then payload) | pad u32
-//! 56 pad u64
+//! 56 time_us u64 (the leader's wall clock when its server read the input)
 //! 64 payload (len bytes), zero padding
 //! .. canary u64 = canary(seq, view), the last 8 bytes of the footprint
 //! ```
@@ -80,6 +80,10 @@ pub struct EntryHeader {
     pub last_committed: u64,
     /// Hash of the output the leader sent on `conn` so far (0: none).
     pub out_hash: u64,
+    /// The leader's wall clock (µs since the epoch) when its server read
+    /// the input: the time every replica's server sees while it handles
+    /// the input (0: not recorded).
+    pub time_us: u64,
 }
 
 /// Why bytes are not a valid entry.
@@ -152,6 +156,7 @@ impl EntryHeader {
             conn,
             last_committed: 0,
             out_hash: 0,
+            time_us: 0,
         }
     }
 
@@ -170,7 +175,8 @@ impl EntryHeader {
         out[24..32].copy_from_slice(&self.conn.to_le_bytes());
         out[32..40].copy_from_slice(&self.last_committed.to_le_bytes());
         out[40..48].copy_from_slice(&self.out_hash.to_le_bytes());
-        out[48..64].fill(0);
+        out[48..56].fill(0);
+        out[56..64].copy_from_slice(&self.time_us.to_le_bytes());
     }
 
     /// Parses the header fields without checking CRC or canary.
@@ -182,7 +188,7 @@ impl EntryHeader {
             });
         }
         let kind = Kind::from_u8(bytes[4]).ok_or(DecodeError::BadKind(bytes[4]))?;
-        if bytes[6] != 0 || bytes[7] != 0 || bytes[52..64].iter().any(|b| *b != 0) {
+        if bytes[6] != 0 || bytes[7] != 0 || bytes[52..56].iter().any(|b| *b != 0) {
             return Err(DecodeError::Padding);
         }
         Ok(EntryHeader {
@@ -194,6 +200,7 @@ impl EntryHeader {
             conn: u64_at(bytes, 24),
             last_committed: u64_at(bytes, 32),
             out_hash: u64_at(bytes, 40),
+            time_us: u64_at(bytes, 56),
         })
     }
 }
@@ -352,12 +359,13 @@ mod tests {
     prop_compose! {
         fn arb_entry()(kind in arb_kind(), view in any::<u64>(), seq in any::<u64>(),
                        conn in any::<u64>(), lc in any::<u64>(), oh in any::<u64>(),
-                       flags in any::<u8>(),
+                       flags in any::<u8>(), t in any::<u64>(),
                        payload in proptest::collection::vec(any::<u8>(), 0..300))
             -> (EntryHeader, Vec<u8>) {
             let mut h = EntryHeader::new(kind, view, seq, conn, payload.len() as u32);
             h.last_committed = lc;
             h.out_hash = oh;
+            h.time_us = t;
             h.flags = flags;
             (h, payload)
         }

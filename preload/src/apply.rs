@@ -321,8 +321,9 @@ impl Pump {
         self.by_addr.clear();
     }
 
-    /// Starts delivering `h`.
+    /// Starts delivering `h`: from now on the server reads its time.
     fn begin(&mut self, h: EntryHeader) -> Current {
+        crate::clock::enter_input(h.time_us);
         match h.kind {
             Kind::Accept => self.open(h.seq),
             Kind::Data | Kind::Close => self.check_output(&h),

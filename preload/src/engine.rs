@@ -38,6 +38,8 @@ use lockstep_common::ring::{RingError, RingWriter};
 use lockstep_common::transport::{self, Transport, TransportError};
 use lockstep_common::{quorum, Config};
 
+use crate::hooks::sys;
+
 /// How long one park on the doorbell lasts before the wait loop looks at
 /// role, view and fencing again (those changes do not all ring the bell).
 const PARK: Duration = Duration::from_millis(5);
@@ -282,6 +284,10 @@ impl Engine {
         let w = &mut *guard;
         let view = self.writer_view(w)?;
         let first = w.next_seq;
+        // The input's time: recorded with it, and what this server reads
+        // while it handles it (see `clock`).
+        let time_us = sys::realtime_us();
+        crate::clock::enter_input(time_us);
         let Writer {
             next_seq,
             ring,
@@ -296,7 +302,7 @@ impl Engine {
         let mut one = |payload: &[u8]| {
             let out = std::mem::take(&mut digest);
             self.append_one(
-                ring, scratch, safe, next_seq, view, kind, conn, out, payload,
+                ring, scratch, safe, next_seq, view, kind, conn, out, time_us, payload,
             )
         };
         if kind == Kind::Data {
@@ -321,6 +327,7 @@ impl Engine {
         kind: Kind,
         conn: u64,
         out_hash: u64,
+        time_us: u64,
         payload: &[u8],
     ) -> Result<(), Fail> {
         let seq = *next_seq;
@@ -328,6 +335,7 @@ impl Engine {
         let conn = if kind == Kind::Accept { seq } else { conn };
         let mut hdr = EntryHeader::new(kind, view, seq, conn, payload.len() as u32);
         hdr.out_hash = out_hash;
+        hdr.time_us = time_us;
         let mut waited = false;
         let a = loop {
             hdr.last_committed = self.region.commit();

@@ -207,6 +207,14 @@ real_fn!(REAL_PSELECT, real_pselect, c"pselect",
      m: *const libc::sigset_t) -> c_int,
     unresolved());
 
+real_fn!(REAL_CLOCK_GETTIME, real_clock_gettime, c"clock_gettime",
+    (clk: libc::clockid_t, ts: *mut libc::timespec) -> c_int,
+    libc::syscall(libc::SYS_clock_gettime, clk, ts) as c_int);
+real_fn!(REAL_GETTIMEOFDAY, real_gettimeofday, c"gettimeofday",
+    (tv: *mut libc::timeval, tz: *mut c_void) -> c_int,
+    libc::syscall(libc::SYS_gettimeofday, tv, tz) as c_int);
+real_fn!(REAL_TIME, real_time, c"time", (t: *mut libc::time_t) -> libc::time_t,
+    libc::syscall(libc::SYS_time, t) as libc::time_t);
 real_fn!(REAL_EPOLL_CTL, real_epoll_ctl, c"epoll_ctl",
     (epfd: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int, unresolved());
 
@@ -215,7 +223,7 @@ fn unresolved() -> c_int {
     -1
 }
 
-static ALL_REAL: [&RealFn; 27] = [
+static ALL_REAL: [&RealFn; 30] = [
     &REAL_READ,
     &REAL_READV,
     &REAL_RECV,
@@ -243,6 +251,9 @@ static ALL_REAL: [&RealFn; 27] = [
     &REAL_SELECT,
     &REAL_PSELECT,
     &REAL_EPOLL_CTL,
+    &REAL_CLOCK_GETTIME,
+    &REAL_GETTIMEOFDAY,
+    &REAL_TIME,
 ];
 
 /// Load-time constructor: resolves every real function (dlsym only; no
@@ -938,6 +949,76 @@ pub unsafe extern "C" fn epoll_pwait(
     unsafe { real_epoll_pwait(epfd, ev, max, timeout, mask) }
 }
 
+/// The log's time for a wall-clock read of the server (see `clock`):
+/// None for the preload's own calls, a forked child, a process that is not
+/// attached, or before the first input.
+fn log_time() -> Option<u64> {
+    if !dispatch::passive_hooked() || IN_HOOK.try_with(|c| c.get()).unwrap_or(true) {
+        return None;
+    }
+    crate::clock::log_time_us()
+}
+
+/// Interposed `clock_gettime(2)`: the wall clocks read the log's time.
+///
+/// # Safety
+/// Same contract as libc's `clock_gettime`.
+#[no_mangle]
+pub unsafe extern "C" fn clock_gettime(clk: libc::clockid_t, ts: *mut libc::timespec) -> c_int {
+    if (clk == libc::CLOCK_REALTIME || clk == libc::CLOCK_REALTIME_COARSE) && !ts.is_null() {
+        if let Some(us) = log_time() {
+            let (s, u) = crate::clock::split_us(us);
+            // SAFETY: `ts` is the caller's non-null timespec.
+            unsafe {
+                (*ts).tv_sec = s as libc::time_t;
+                (*ts).tv_nsec = (u * 1000) as libc::c_long;
+            }
+            return 0;
+        }
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_clock_gettime(clk, ts) }
+}
+
+/// Interposed `gettimeofday(2)`: reads the log's time.
+///
+/// # Safety
+/// Same contract as libc's `gettimeofday`.
+#[no_mangle]
+pub unsafe extern "C" fn gettimeofday(tv: *mut libc::timeval, tz: *mut c_void) -> c_int {
+    // SAFETY: forwarding the caller's arguments (the time zone, if asked).
+    let r = unsafe { real_gettimeofday(tv, tz) };
+    if r == 0 && !tv.is_null() {
+        if let Some(us) = log_time() {
+            let (s, u) = crate::clock::split_us(us);
+            // SAFETY: `tv` is the caller's non-null timeval.
+            unsafe {
+                (*tv).tv_sec = s as libc::time_t;
+                (*tv).tv_usec = u as libc::suseconds_t;
+            }
+        }
+    }
+    r
+}
+
+/// Interposed `time(2)`: reads the log's time.
+///
+/// # Safety
+/// Same contract as libc's `time`.
+#[no_mangle]
+pub unsafe extern "C" fn time(t: *mut libc::time_t) -> libc::time_t {
+    let Some(us) = log_time() else {
+        // SAFETY: forwarding the caller's argument.
+        return unsafe { real_time(t) };
+    };
+    let s = crate::clock::split_us(us).0 as libc::time_t;
+    if !t.is_null() {
+        // SAFETY: a non-null `t` is the caller's time_t.
+        unsafe { *t = s };
+    }
+    s
+}
+
 /// Interposed `epoll_ctl(2)`: observed, not changed — whether the server
 /// wants to write more to a replay connection (a reply it sends in
 /// several turns) tells a backup's pump that the reply is not complete.
@@ -1092,6 +1173,45 @@ pub mod sys {
         }
     }
 
+    /// One non-blocking send of `bytes` on socket `fd` with the real
+    /// `send` (MSG_DONTWAIT | MSG_NOSIGNAL): never waits and never raises
+    /// SIGPIPE; returns how many bytes went (0 on any error).
+    pub fn send_nonblocking(fd: i32, bytes: &[u8]) -> usize {
+        // SAFETY: `bytes` is a live slice of `len` bytes; the flags only
+        // keep the call from blocking or signalling.
+        let n = unsafe {
+            real_send(
+                fd,
+                bytes.as_ptr() as *const c_void,
+                bytes.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        n.max(0) as usize
+    }
+
+    /// Reads and drops whatever socket `fd` already received, without
+    /// waiting (real `recv`, MSG_DONTWAIT): a close with unread input
+    /// would send a reset that can cost the peer a reply sent just before.
+    pub fn discard_input(fd: i32) {
+        let mut buf = [0u8; 4096];
+        // A fresh socket holds little; a bound keeps this short anyway.
+        for _ in 0..16 {
+            // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+            let n = unsafe {
+                real_recv(
+                    fd,
+                    buf.as_mut_ptr() as *mut c_void,
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n <= 0 {
+                return;
+            }
+        }
+    }
+
     /// Closes `fd` with the real `close` (no CLOSE entry).
     pub fn close(fd: i32) {
         // SAFETY: closing an fd this process owns; errors are irrelevant.
@@ -1174,6 +1294,15 @@ pub mod sys {
     pub fn exit_now(code: i32) -> ! {
         // SAFETY: _exit never returns and has no preconditions.
         unsafe { libc::_exit(code) }
+    }
+
+    /// The real wall clock, µs since the epoch.
+    pub fn realtime_us() -> u64 {
+        // SAFETY: timespec is plain data; all-zero is a valid value.
+        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        // SAFETY: the real clock_gettime writing into a stack timespec.
+        unsafe { real_clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
     }
 
     /// Marks the calling thread as the preload's own (the applier): every

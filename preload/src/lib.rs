@@ -28,6 +28,7 @@
 //! - [`dispatch`]: what each call does, per fd class and role.
 //! - [`engine`]: the leader's replication path (ring, transport, acks).
 //! - [`apply`]: the passive side: a backup's server re-executes the log.
+//! - [`clock`]: the log's time, the wall clock every replica's server reads.
 //! - [`setup`]: configuration, attaching to the region, fork handling.
 //! - [`fdtable`]: per-fd state.
 #![deny(unsafe_code)]
@@ -35,6 +36,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod apply;
+pub mod clock;
 pub mod dispatch;
 pub mod engine;
 pub mod fdtable;
