@@ -74,3 +74,35 @@ fn writes_after_expiry_agree_everywhere() {
     c.assert_same_digest();
     c.assert_no_divergence();
 }
+
+/// What lockstep does not make deterministic is reported, not silent: each
+/// replica seeds its own random generators, so `SRANDMEMBER` answers
+/// differ, and every backup counts divergent entries and names the
+/// connection and seq in its server's log.
+#[test]
+fn random_replies_are_reported_as_divergences() {
+    let mut c = TestCluster::new("det-rand", Options::default());
+    c.start_all();
+    let mut r = Resp::connect(c.app(1)).unwrap();
+    for i in 0..200 {
+        r.cmd(&[b"SADD", b"s", i.to_string().as_bytes()]).unwrap();
+    }
+    for _ in 0..5 {
+        r.cmd(&[b"SRANDMEMBER", b"s", b"5"]).unwrap();
+    }
+    r.cmd(&[b"PING"]).unwrap();
+    c.wait_converged(LIMIT);
+    for id in 2..=3 {
+        let d = c.status(id).unwrap().divergences;
+        assert!(
+            (1..=5).contains(&d),
+            "node {id}: {d} divergent entries for 5 random replies\n{}",
+            c.logs()
+        );
+    }
+    let log = std::fs::read_to_string(c.dir.join("server-2.log")).unwrap_or_default();
+    assert!(
+        log.contains("divergence on connection") && log.contains("the output after seq"),
+        "node 2's server log names no divergent connection and seq:\n{log}"
+    );
+}
