@@ -224,7 +224,17 @@ pub fn summary(config: &Config, path: &Path) -> String {
         config.data_dir.display()
     ));
     let backups = match config.backup_clients {
-        BackupClients::Deny => "deny: backups close every client; clients talk to the leader",
+        BackupClients::Deny => match config.protocol {
+            lockstep_common::config::Protocol::Redis => {
+                "deny: backups answer every client with one -READONLY error naming the leader's address, then close"
+            }
+            lockstep_common::config::Protocol::Memcached => {
+                "deny: backups answer every client with one SERVER_ERROR naming the leader's address, then close"
+            }
+            lockstep_common::config::Protocol::Other => {
+                "deny: backups close every client without a reply (set protocol = \"redis\" or \"memcached\" for one naming the leader); clients talk to the leader"
+            }
+        },
         BackupClients::Allow => {
             "allow: backups accept clients, and writes sent there are NOT replicated (the replicas then differ)"
         }

@@ -233,3 +233,36 @@ fn memcached_backup_refuses_clients_and_counts_replay_bytes() {
     server.assert_running();
     assert!(acker.entries().is_empty());
 }
+
+#[test]
+fn a_refused_client_of_a_memcached_backup_reads_server_error_naming_the_leader() {
+    let f = Fixture::new(
+        "mcreadonly",
+        Options {
+            role: lockstep_common::region::Role::Backup,
+            protocol: "memcached",
+            ..Options::default()
+        },
+    );
+    f.region(1).set_leader(3);
+    let leader = f.config.node(3).unwrap().app;
+    let acker = Acker::start(&f);
+    let mut cmd = memcached_command(f.port());
+    f.preload_env(&mut cmd);
+    let mut server = Server::spawn(cmd, f.port(), &f.dir, "memcached");
+    wait_for("the preload to attach", LIMIT, || {
+        server.assert_running();
+        f.region(1).preload_pid() == server.pid() as u64
+    });
+    let want = format!("SERVER_ERROR lockstep backup; the leader is at {leader}\r\n");
+    let (got, eof) = refusal(f.app(), b"");
+    assert_eq!(String::from_utf8_lossy(&got), want);
+    assert!(eof, "no clean EOF after the SERVER_ERROR line");
+    for _ in 0..3 {
+        let (got, _) = refusal(f.app(), b"set k 0 0 1\r\nx\r\n");
+        assert_eq!(String::from_utf8_lossy(&got), want);
+    }
+    server.assert_running();
+    assert!(acker.entries().is_empty(), "a backup logged entries");
+    assert_eq!(f.region(1).tail(), 0);
+}

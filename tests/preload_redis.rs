@@ -346,6 +346,67 @@ fn passive_backup_refuses_clients_but_serves_and_counts_replay_connections() {
 }
 
 #[test]
+fn a_refused_client_of_a_redis_backup_reads_readonly_naming_the_leader() {
+    let f = Fixture::new(
+        "readonly",
+        Options {
+            role: Role::Backup,
+            protocol: "redis",
+            ..Options::default()
+        },
+    );
+    // Node 2 leads: its app address is what a refused client reads.
+    f.region(1).set_leader(2);
+    let leader = f.config.node(2).unwrap().app;
+    let acker = Acker::start(&f);
+    let mut cmd = redis_command(f.port(), &f.dir);
+    f.preload_env(&mut cmd);
+    let mut server = Server::spawn(cmd, f.port(), &f.dir, "redis");
+    wait_for("the preload to attach", LIMIT, || {
+        server.assert_running();
+        f.region(1).preload_pid() == server.pid() as u64
+    });
+    let want = format!("-READONLY lockstep backup; the leader is at {leader}\r\n");
+    // A client that only listens reads the error, then EOF.
+    let (got, eof) = refusal(f.app(), b"");
+    assert_eq!(String::from_utf8_lossy(&got), want);
+    assert!(eof, "no clean EOF after the -READONLY line");
+    // A client that sends a write first reads the same line.
+    for _ in 0..3 {
+        let (got, _) = refusal(f.app(), &resp_encode(&[b"SET", b"k", b"v"]));
+        assert_eq!(String::from_utf8_lossy(&got), want);
+    }
+    // redis-cli shows it as the command's error.
+    let out = run_client(
+        Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &f.port().to_string()])
+            .args(["SET", "k", "v"]),
+        LIMIT,
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("READONLY") && text.contains(&leader.to_string()),
+        "{text}"
+    );
+    server.assert_running();
+    assert!(acker.entries().is_empty(), "a backup logged entries");
+    assert_eq!(f.region(1).tail(), 0);
+    // No leader known: the line says so.
+    f.region(1).set_leader(0);
+    let (got, eof) = refusal(f.app(), b"");
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "-READONLY lockstep backup; no leader is known now\r\n"
+    );
+    assert!(eof);
+    assert!(acker.entries().is_empty(), "a backup logged entries");
+}
+
+#[test]
 fn backup_clients_allow_serves_others_until_the_node_leads() {
     let f = Fixture::new(
         "allow",

@@ -81,6 +81,37 @@ pub enum BackupClients {
     Allow,
 }
 
+/// The wire protocol of the replicated server, for the one reply a backup
+/// gives a client it refuses (`backup_clients = "deny"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// RESP: `-READONLY …` naming the leader's address.
+    Redis,
+    /// Memcached text protocol: `SERVER_ERROR …` naming the leader's address.
+    Memcached,
+    /// Unknown (default): the connection is closed without a reply.
+    Other,
+}
+
+impl Protocol {
+    /// The line a refused client of a backup reads before the connection
+    /// closes (None: close without a reply).
+    pub fn refusal(self, leader: Option<SocketAddr>) -> Option<Vec<u8>> {
+        let at = match leader {
+            Some(a) => format!("the leader is at {a}"),
+            None => "no leader is known now".to_string(),
+        };
+        match self {
+            Protocol::Redis => Some(format!("-READONLY lockstep backup; {at}\r\n").into_bytes()),
+            Protocol::Memcached => {
+                Some(format!("SERVER_ERROR lockstep backup; {at}\r\n").into_bytes())
+            }
+            Protocol::Other => None,
+        }
+    }
+}
+
 /// How the leader is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -163,6 +194,8 @@ struct RawConfig {
     durability: Durability,
     #[serde(default = "default_backup_clients")]
     backup_clients: BackupClients,
+    #[serde(default = "default_protocol")]
+    protocol: Protocol,
     #[serde(default = "default_commit")]
     commit: CommitMode,
     #[serde(default = "default_max_apply_lag")]
@@ -187,6 +220,9 @@ fn default_durability() -> Durability {
 }
 fn default_backup_clients() -> BackupClients {
     BackupClients::Deny
+}
+fn default_protocol() -> Protocol {
+    Protocol::Other
 }
 fn default_commit() -> CommitMode {
     CommitMode::Output
@@ -373,6 +409,8 @@ pub struct Config {
     pub durability: Durability,
     /// Whether backups serve other clients.
     pub backup_clients: BackupClients,
+    /// The server's wire protocol (what a refused client of a backup reads).
+    pub protocol: Protocol,
     /// When the leader's server may act on an input.
     pub commit: CommitMode,
     /// How many committed entries the best-applied majority of backups may
@@ -566,6 +604,7 @@ impl Config {
             max_entry,
             durability: raw.durability,
             backup_clients: raw.backup_clients,
+            protocol: raw.protocol,
             commit: raw.commit,
             max_apply_lag: raw.max_apply_lag,
             key,

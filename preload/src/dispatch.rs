@@ -496,5 +496,16 @@ fn passive_accept(engine: &Engine, role: Role, fd: i32, slot: &Slot) -> bool {
         "refusing client {} on a {role:?} node (backup_clients = \"deny\")",
         peer.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
     );
+    // One reply in the server's own protocol naming the leader, when the
+    // config says which protocol that is: a single non-blocking send on
+    // the fresh socket (its buffer is empty), never a wait.
+    let leader = engine.region.leader();
+    let leader_app = (leader != 0)
+        .then(|| engine.config.node(leader).ok().map(|n| n.app))
+        .flatten();
+    if let Some(line) = engine.config.protocol.refusal(leader_app) {
+        sys::send_nonblocking(fd, &line);
+        sys::discard_input(fd);
+    }
     false
 }

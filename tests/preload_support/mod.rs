@@ -87,6 +87,8 @@ pub struct Options {
     pub max_entry: &'static str,
     /// `backup_clients` in the config.
     pub backup_clients: &'static str,
+    /// `protocol` in the config.
+    pub protocol: &'static str,
     /// Whether to create the region files (the follower's job).
     pub regions: bool,
     /// Role of node 1.
@@ -99,6 +101,7 @@ impl Default for Options {
             ring_size: "1MiB",
             max_entry: "4KiB",
             backup_clients: "deny",
+            protocol: "other",
             regions: true,
             role: Role::Leader,
         }
@@ -133,11 +136,12 @@ impl Fixture {
         std::fs::create_dir_all(&dir).expect("scratch dir");
         let mut text = format!(
             "cluster = \"{name}\"\ntransport = \"shm\"\nring_size = \"{}\"\nmax_entry = \"{}\"\n\
-             data_dir = \"{}\"\nbackup_clients = \"{}\"\n{}[election]\nmode = \"static\"\nleader = 1\n",
+             data_dir = \"{}\"\nbackup_clients = \"{}\"\nprotocol = \"{}\"\n{}[election]\nmode = \"static\"\nleader = 1\n",
             opts.ring_size,
             opts.max_entry,
             dir.join("data").display(),
             opts.backup_clients,
+            opts.protocol,
             commit_mode::commit_line()
         );
         for id in 1..=3 {
@@ -633,6 +637,26 @@ pub fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
     s.set_write_timeout(Some(LIMIT))?;
     s.set_nodelay(true)?;
     Ok(s)
+}
+
+/// What a client of a refusing backup reads: connects, sends `request`
+/// (when not empty), reads until the connection ends. Returns the bytes
+/// read and whether it ended with a clean EOF (false: an error or a
+/// timeout after them).
+pub fn refusal(addr: SocketAddr, request: &[u8]) -> (Vec<u8>, bool) {
+    let mut s = connect(addr).expect("connect to the backup");
+    if !request.is_empty() {
+        let _ = std::io::Write::write_all(&mut s, request);
+    }
+    let mut got = Vec::new();
+    let mut b = [0u8; 256];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return (got, true),
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(_) => return (got, false),
+        }
+    }
 }
 
 /// Whether the peer ended the connection: a read returns EOF or an error
