@@ -42,13 +42,18 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Starts a whole local cluster (followers, servers under the preload) until Ctrl-C.
+    /// Starts a whole local cluster (followers, servers under the preload) until Ctrl-C;
+    /// with --node N only node N (one node per host).
     Up {
         /// Cluster config.
         config: PathBuf,
         /// Server command (overrides `server` in the config); {port}, {host}, {data}, {node} are expanded.
         #[arg(long, num_args = 1.., allow_hyphen_values = true)]
         server_cmd: Vec<String>,
+        /// Runs only this node (its follower and its server, restarted when
+        /// they fail): one node per host. Starts no ZooKeeper.
+        #[arg(long)]
+        node: Option<u64>,
     },
     /// SIGKILLs a node's server and follower (fault demos and tests).
     Kill {
@@ -192,7 +197,11 @@ fn main() {
             }
             Ok(())
         })(),
-        Cmd::Up { config, server_cmd } => up::run(&config, server_cmd),
+        Cmd::Up {
+            config,
+            server_cmd,
+            node,
+        } => up::run(&config, server_cmd, node),
         Cmd::Kill { config, node } => (|| {
             let c = load(Some(config), None)?;
             let killed = up::kill_node(&c, node)?;

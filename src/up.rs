@@ -136,6 +136,8 @@ pub struct Cluster {
     bins: Binaries,
     /// What [`Cluster::heal`] is doing about each node (empty until started).
     heal: BTreeMap<u64, NodeHeal>,
+    /// The nodes this `up` runs (all, or the one of `--node`).
+    ids: Vec<u64>,
 }
 
 /// What `lockstep up` is doing about one node.
@@ -256,6 +258,22 @@ fn ensure_zookeeper(
     Ok(Some(zk))
 }
 
+/// `lockstep up --node N` starts no ZooKeeper: the configured one must
+/// answer.
+fn require_zookeeper(config: &Config, say: &dyn Fn(&str)) -> anyhow::Result<()> {
+    if config.election.mode != ElectionMode::Zookeeper {
+        return Ok(());
+    }
+    let addr = zookeeper_addr(&config.election.zookeeper)?;
+    if TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_err() {
+        bail!(
+            "election.zookeeper: nothing answers at {addr}; `lockstep up --node` does not start ZooKeeper: run it (an ensemble for production) and try again"
+        );
+    }
+    say(&format!("using the ZooKeeper at {addr}"));
+    Ok(())
+}
+
 /// Spawns `cmd` in its own process group with SIGTERM on our death; its
 /// output goes to `log` (appended to when `append`: a restarted process
 /// keeps its predecessor's last words).
@@ -286,7 +304,12 @@ fn spawn(mut cmd: Command, log: &Path, append: bool) -> anyhow::Result<Child> {
 impl Cluster {
     /// Checks everything that can be checked before starting anything;
     /// removes region files no running node uses.
-    fn preflight(config: &Config, cmd: &[String], say: &dyn Fn(&str)) -> anyhow::Result<()> {
+    fn preflight(
+        config: &Config,
+        cmd: &[String],
+        ids: &[u64],
+        say: &dyn Fn(&str),
+    ) -> anyhow::Result<()> {
         if cmd.is_empty() {
             bail!("no server command: set `server = [...]` in the config or pass --server-cmd");
         }
@@ -303,7 +326,7 @@ impl Cluster {
         if let Some(problem) = crate::check::data_dir_problem(&config.data_dir) {
             bail!("{problem}");
         }
-        for n in &config.nodes {
+        for n in config.nodes.iter().filter(|n| ids.contains(&n.id)) {
             let mut addrs = vec![("app", n.app), ("control", n.control)];
             if let Some(m) = n.metrics {
                 addrs.push(("metrics", m));
@@ -317,15 +340,15 @@ impl Cluster {
                 }
             }
         }
-        if config.ids().any(|id| config.node_data_dir(id).exists()) {
+        if ids.iter().any(|&id| config.node_data_dir(id).exists()) {
             say(&format!(
                 "{} holds an earlier run's log: each server's state is rebuilt from it (remove the directory for an empty cluster)",
                 config.data_dir.display()
             ));
         }
         // Every app and control port is free, so no server or follower of
-        // this cluster runs: a region file left now is stale.
-        for id in config.ids() {
+        // these nodes runs: a region file left now is stale.
+        for &id in ids {
             let path = region::region_path(&config.cluster, id);
             if path.exists() {
                 say(&format!(
@@ -351,7 +374,29 @@ impl Cluster {
         stop: &AtomicBool,
         say: &dyn Fn(&str),
     ) -> anyhow::Result<Cluster> {
-        Self::preflight(&config, cmd, say)?;
+        let ids: Vec<u64> = config.ids().collect();
+        Self::start_nodes(config, config_path, cmd, bins, stop, say, &ids, true)
+    }
+
+    /// Starts the nodes `ids` of the config (`lockstep up --node N`: one);
+    /// returns once they are ready. A private ZooKeeper is started when
+    /// the election needs one, none answers and `own_zookeeper` allows it;
+    /// otherwise an unreachable ZooKeeper is an error.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_nodes(
+        config: Config,
+        config_path: &Path,
+        cmd: &[String],
+        bins: &Binaries,
+        stop: &AtomicBool,
+        say: &dyn Fn(&str),
+        ids: &[u64],
+        own_zookeeper: bool,
+    ) -> anyhow::Result<Cluster> {
+        for &id in ids {
+            config.node(id)?;
+        }
+        Self::preflight(&config, cmd, ids, say)?;
         let config_path = config_path
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", config_path.display()))?;
@@ -367,28 +412,33 @@ impl Cluster {
             config_path: config_path.clone(),
             bins: bins.clone(),
             heal: BTreeMap::new(),
+            ids: ids.to_vec(),
         };
-        cluster.zookeeper = ensure_zookeeper(&config, say)?;
-        for id in config.ids() {
+        cluster.zookeeper = if own_zookeeper {
+            ensure_zookeeper(&config, say)?
+        } else {
+            require_zookeeper(&config, say)?;
+            None
+        };
+        for &id in ids {
             cluster.spawn_follower(id, &config_path, bins, say, false)?;
         }
         cluster.wait_for(
             "followers",
             stop,
             |c| {
-                c.config
-                    .ids()
-                    .all(|id| status::query(&c.config, id, Duration::from_millis(500)).is_ok())
+                c.ids
+                    .iter()
+                    .all(|&id| status::query(&c.config, id, Duration::from_millis(500)).is_ok())
             },
             Duration::from_secs(60),
         )?;
-        for id in config.ids() {
+        for &id in ids {
             cluster.spawn_server(id, cmd, &config_path, bins, say, false)?;
         }
-        let ids: Vec<u64> = config.ids().collect();
-        cluster.wait_servers(&ids, stop)?;
+        cluster.wait_servers(ids, stop)?;
         let now = Instant::now();
-        for id in ids {
+        for &id in ids {
             cluster.heal.insert(
                 id,
                 NodeHeal {
@@ -979,7 +1029,7 @@ impl Cluster {
         if let Some(mut zk) = self.zookeeper.take() {
             zk.stop();
         }
-        for id in self.config.ids() {
+        for &id in &self.ids {
             let _ = std::fs::remove_file(region::region_path(&self.config.cluster, id));
         }
     }
@@ -1038,9 +1088,15 @@ fn progress_line(nodes: &[status::NodeView]) -> String {
     format!("view {view} leader {leader} | {}", per.join(" | "))
 }
 
-/// Runs `lockstep up` until SIGINT/SIGTERM.
-pub fn run(config_path: &Path, server_cmd: Vec<String>) -> anyhow::Result<()> {
+/// Runs `lockstep up` until SIGINT/SIGTERM: every node of the config, or
+/// with `node` only that one (one node per host; no ZooKeeper started).
+pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> anyhow::Result<()> {
     let config = Config::load(config_path)?;
+    if let Some(id) = node {
+        config
+            .node(id)
+            .map_err(|e| anyhow::anyhow!("--node: {e}"))?;
+    }
     for w in &config.warnings {
         eprintln!("warning: {w}");
     }
@@ -1059,7 +1115,22 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>) -> anyhow::Result<()> {
     }
     let bins = Binaries::locate()?;
     let say = |m: &str| println!("lockstep up: {m}");
-    let mut cluster = Cluster::start(config.clone(), config_path, &cmd, &bins, &stop, &say)?;
+    let mut cluster = match node {
+        None => Cluster::start(config.clone(), config_path, &cmd, &bins, &stop, &say)?,
+        Some(id) => Cluster::start_nodes(
+            config.clone(),
+            config_path,
+            &cmd,
+            &bins,
+            &stop,
+            &say,
+            &[id],
+            false,
+        )?,
+    };
+    if let Some(id) = node {
+        return run_one(&config, config_path, id, &mut cluster, &stop, &say);
+    }
     let nodes = status::query_all(&config, Duration::from_secs(1));
     let (view, leader) = status::cluster_view(&nodes);
     let app = config
@@ -1117,6 +1188,58 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>) -> anyhow::Result<()> {
     say("stopping (servers, then followers)");
     cluster.stop();
     say("stopped; no process or region file left");
+    Ok(())
+}
+
+/// `lockstep up --node N` once node `id` runs: heals it until SIGINT/SIGTERM.
+fn run_one(
+    config: &Config,
+    config_path: &Path,
+    id: u64,
+    cluster: &mut Cluster,
+    stop: &AtomicBool,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<()> {
+    let role = status::query(config, id, Duration::from_secs(1))
+        .map(|s| s.role)
+        .unwrap_or_else(|_| "unknown".into());
+    let app = config
+        .node(id)
+        .map(|n| n.app.to_string())
+        .unwrap_or_default();
+    say(&format!(
+        "ready — node {id} runs as {role}, its server at {app}; logs in {}; `lockstep status {}` for the cluster; SIGINT/SIGTERM stops this node",
+        config.data_dir.join("logs").display(),
+        config_path.display()
+    ));
+    say(&format!(
+        "node {id} is restarted by itself when its server or follower exits or it turns stale"
+    ));
+    let mut last_role = role;
+    let mut last_query = Instant::now() - Duration::from_secs(60);
+    while !stop.load(Ordering::Relaxed) {
+        for dead in cluster.reap_lines() {
+            say(&dead);
+        }
+        let fresh = (last_query.elapsed() >= Duration::from_secs(1)).then(|| {
+            last_query = Instant::now();
+            vec![status::NodeView {
+                id,
+                status: status::query(config, id, Duration::from_millis(500)),
+            }]
+        });
+        cluster.heal(fresh.as_deref(), say);
+        if let Some(Ok(s)) = fresh.as_ref().map(|v| &v[0].status) {
+            if s.role != last_role {
+                say(&format!("node {id} is now {} (view {})", s.role, s.view));
+                last_role = s.role.clone();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    say(&format!("stopping node {id} (server, then follower)"));
+    cluster.stop();
+    say("stopped; no process or region file of this node left");
     Ok(())
 }
 

@@ -377,6 +377,115 @@ fn redis_up_heals_a_backup_whose_server_died() {
     assert_nothing_left(&tc, &[]);
 }
 
+/// One node per host: three `lockstep up --node i` processes (one per
+/// node, static election) form a working cluster; writes go through the
+/// leader and every replica agrees; a node whose server is SIGKILLed is
+/// brought back by its own `up --node`, and SIGINT stops only that node.
+#[test]
+fn redis_up_node_per_host_forms_a_cluster_and_heals() {
+    let tc = config("upnode", Server::Redis);
+    let mut ups: Vec<Up> = (1..=3)
+        .map(|id| Up::spawn(&tc.config_path, &["--node", &id.to_string()]))
+        .collect();
+    for (i, up) in ups.iter_mut().enumerate() {
+        let ready = up.wait_line("ready", READY_LIMIT);
+        let id = i as u64 + 1;
+        assert!(
+            ready.contains(&format!("node {id}")) && ready.contains(&tc.app(id).to_string()),
+            "{ready}"
+        );
+    }
+    // Each runs its own node only.
+    for (i, up) in ups.iter().enumerate() {
+        let out = up.output();
+        for other in (1..=3u64).filter(|&o| o != i as u64 + 1) {
+            assert!(
+                !out.contains(&format!("starting server of node {other}")),
+                "up --node {} started node {other}:
+{out}",
+                i + 1
+            );
+        }
+    }
+
+    let load = BackgroundLoad::start(tc.app(1), 4);
+    load.wait_more(&tc, 1000, READY_LIMIT);
+    // Node 3's server dies: its own `up --node 3` rebuilds it.
+    let pid = tc.status(3).expect("status of node 3").server_pid;
+    assert_ne!(pid, 0, "node 3 has no server");
+    let mark = ups[2].mark();
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("SIGKILL node 3's server");
+    ups[2].wait_line_from(mark, "server of node 3 exited", READY_LIMIT);
+    ups[2].wait_line_from(mark, "restarting it", READY_LIMIT);
+    ups[2].wait_line_from(mark, "node 3 back as backup", READY_LIMIT);
+    load.wait_more(&tc, 1000, READY_LIMIT);
+    let acked = load.stop();
+    let ds = converged(&tc, &[1, 2, 3], redis_digest);
+    assert!(
+        ds.iter().all(|d| *d == ds[0]),
+        "replicas differ: {ds:?}\n{}",
+        ups[2].output()
+    );
+    let counters = assert_acked_counters(&tc, &acked);
+    assert!(
+        counters.iter().all(|v| *v == acked),
+        "counters {counters:?}, acknowledged {acked:?}"
+    );
+    for id in 1..=3 {
+        let s = tc.status(id).expect("status");
+        assert_eq!(s.divergences, 0, "node {id}: {s:?}");
+        assert_eq!(s.role, if id == 1 { "leader" } else { "backup" }, "{s:?}");
+    }
+
+    // SIGINT to node 3's `up` stops node 3 only.
+    let st = ups[2].interrupt();
+    assert!(
+        st.success(),
+        "up --node 3 exited with {st}:\n{}",
+        ups[2].output()
+    );
+    assert!(
+        tc.status(3).is_err(),
+        "node 3 still answers after its up stopped"
+    );
+    assert!(tc.status(1).is_ok() && tc.status(2).is_ok());
+    let mut c = Resp::connect(tc.app(1)).expect("connect to the leader");
+    assert_eq!(
+        c.cmd(&[b"SET", b"two-left", b"1"]).unwrap(),
+        Reply::Status("OK".into())
+    );
+    drop(c);
+    for up in ups.iter_mut().take(2) {
+        let st = up.interrupt();
+        assert!(st.success(), "{st}:\n{}", up.output());
+    }
+    assert_nothing_left(&tc, &[]);
+}
+
+/// `lockstep up --node N` starts no ZooKeeper: an unreachable one is one
+/// error line, and nothing is started.
+#[test]
+fn up_node_needs_a_reachable_zookeeper() {
+    let mut tc = config("upnodezk", Server::Redis);
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    tc.use_zookeeper(&format!("127.0.0.1:{port}"), 2000);
+    let cfg = tc.config_path.to_str().unwrap().to_string();
+    let out = lockstep(&["up", &cfg, "--node", "2"]);
+    let line = one_error_line(&out);
+    assert!(
+        line.contains("election.zookeeper") && line.contains("--node"),
+        "{line}"
+    );
+    let out = lockstep(&["up", &cfg, "--node", "9"]);
+    let line = one_error_line(&out);
+    assert!(line.contains("--node") && line.contains('9'), "{line}");
+    assert_nothing_left(&tc, &[]);
+}
+
 /// A restart that fails (the node's port is taken, so its new server exits
 /// at once) is retried after a growing pause, with a line saying why, and
 /// `up` runs on; once the port is free the node comes back and catches up.
