@@ -376,7 +376,7 @@ enum Running {
     Redis(Vec<RedisServer>),
     Lockstep {
         cluster: Box<Cluster>,
-        config: Config,
+        config: Box<Config>,
     },
 }
 
@@ -499,7 +499,7 @@ fn start_lockstep(sys: System, dir: &Path, ctx: &Ctx) -> anyhow::Result<(SocketA
         addr,
         Running::Lockstep {
             cluster: Box::new(cluster),
-            config,
+            config: Box::new(config),
         },
     ))
 }
