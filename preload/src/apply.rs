@@ -94,6 +94,8 @@ pub struct Pump {
     buf: Vec<u8>,
     current: Option<Current>,
     conns: HashMap<u64, Conn>,
+    /// The stream is unreadable (said once; a new stream starts over).
+    broken: bool,
     /// Replay connections the server has not accepted yet, by their
     /// address as the server sees it.
     by_addr: HashMap<SocketAddr, u64>,
@@ -263,6 +265,7 @@ impl Pump {
             current: None,
             conns: HashMap::new(),
             by_addr: HashMap::new(),
+            broken: false,
         }
     }
 
@@ -295,8 +298,11 @@ impl Pump {
                 ReadOutcome::Empty => return,
                 other => {
                     // The follower never overwrites what is not read: a
-                    // bug or a broken region.
-                    log::error!("apply ring: {other:?}; waiting for a new stream");
+                    // bug or a broken region. Said once per stream: this
+                    // runs in the server's hooks.
+                    if !std::mem::replace(&mut self.broken, true) {
+                        log::error!("apply ring: {other:?}; waiting for a new stream");
+                    }
                     return;
                 }
             }
@@ -307,6 +313,7 @@ impl Pump {
     fn restart(&mut self, epoch: u64, start: u64) {
         log::info!("applying from seq {start} (stream {epoch})");
         self.epoch = epoch;
+        self.broken = false;
         self.end_all();
         self.current = None;
         let size = apply_ring_size(self.region.ring_size());
