@@ -118,14 +118,7 @@ impl Finder {
             .iter()
             .filter_map(|&id| self.status(id).ok())
             .collect();
-        let top = sts.iter().map(|s| s.view).max()?;
-        let leader = sts
-            .iter()
-            .filter(|s| s.view == top)
-            .map(|s| s.leader)
-            .find(|&l| l != 0)?;
-        let ls = sts.iter().find(|s| s.node == leader)?;
-        (ls.role == "leader" && ls.view == top).then_some((top, leader))
+        cluster::leading(&sts)
     }
 
     /// One line per node, for failure messages.

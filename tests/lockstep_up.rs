@@ -6,7 +6,6 @@
 
 mod cluster;
 
-use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -44,17 +43,7 @@ impl Up {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn lockstep up");
-        let out = Arc::new(Mutex::new(String::new()));
-        let collect = |r: Box<dyn Read + Send>, tag: &'static str| {
-            let out = out.clone();
-            std::thread::spawn(move || {
-                for l in BufReader::new(r).lines().map_while(Result::ok) {
-                    out.lock().unwrap().push_str(&format!("{tag}{l}\n"));
-                }
-            });
-        };
-        collect(Box::new(child.stdout.take().unwrap()), "");
-        collect(Box::new(child.stderr.take().unwrap()), "stderr: ");
+        let out = collect_output(&mut child);
         Up {
             child: Some(child),
             out,

@@ -32,7 +32,7 @@
 
 mod cluster;
 
-use std::io::{BufRead, BufReader, ErrorKind, Read};
+use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -88,17 +88,7 @@ impl Up {
             .process_group(0)
             .spawn()
             .expect("spawn lockstep up");
-        let out = Arc::new(Mutex::new(String::new()));
-        let collect = |r: Box<dyn Read + Send>, tag: &'static str| {
-            let out = out.clone();
-            std::thread::spawn(move || {
-                for l in BufReader::new(r).lines().map_while(Result::ok) {
-                    out.lock().unwrap().push_str(&format!("{tag}{l}\n"));
-                }
-            });
-        };
-        collect(Box::new(child.stdout.take().unwrap()), "");
-        collect(Box::new(child.stderr.take().unwrap()), "stderr: ");
+        let out = collect_output(&mut child);
         Up {
             child: Some(child),
             out,
@@ -299,14 +289,7 @@ impl Nodes {
             .iter()
             .filter_map(|&id| self.status(id).ok())
             .collect();
-        let top = sts.iter().map(|s| s.view).max()?;
-        let leader = sts
-            .iter()
-            .filter(|s| s.view == top)
-            .map(|s| s.leader)
-            .find(|&l| l != 0)?;
-        let ls = sts.iter().find(|s| s.node == leader)?;
-        (ls.role == "leader" && ls.view == top).then_some((top, leader))
+        leading(&sts)
     }
 
     /// One line per node and the tail of every log under data_dir/logs

@@ -334,6 +334,40 @@ impl Drop for TestCluster {
     }
 }
 
+/// The (view, leader) of the highest view among `statuses`, when that
+/// view's leader is among them and itself says it leads that view.
+pub fn leading(statuses: &[NodeStatus]) -> Option<(u64, u64)> {
+    let top = statuses.iter().map(|s| s.view).max()?;
+    let leader = statuses
+        .iter()
+        .filter(|s| s.view == top)
+        .map(|s| s.leader)
+        .find(|&l| l != 0)?;
+    let ls = statuses.iter().find(|s| s.node == leader)?;
+    (ls.role == "leader" && ls.view == top).then_some((top, leader))
+}
+
+/// Collects a child's stdout and stderr (stderr lines tagged) into one
+/// shared string, line by line, on two threads.
+pub fn collect_output(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<String>> {
+    let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let collect = |r: Box<dyn Read + Send>, tag: &'static str| {
+        let out = out.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(r).lines().map_while(Result::ok) {
+                out.lock().unwrap().push_str(&format!("{tag}{l}\n"));
+            }
+        });
+    };
+    if let Some(o) = child.stdout.take() {
+        collect(Box::new(o), "");
+    }
+    if let Some(e) = child.stderr.take() {
+        collect(Box::new(e), "stderr: ");
+    }
+    out
+}
+
 /// Status of node `id` over its control channel.
 pub fn query_status(config: &lockstep_common::Config, id: u64) -> Result<NodeStatus, String> {
     lockstep_common::control::query_status(config, id, Duration::from_secs(5))
