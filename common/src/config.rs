@@ -177,6 +177,10 @@ pub struct Node {
     /// Prometheus metrics (HTTP), if wanted.
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
+    /// Redis Sentinel protocol (the cluster name is the master name), if
+    /// wanted: Sentinel clients find the leader here.
+    #[serde(default)]
+    pub sentinel: Option<SocketAddr>,
 }
 
 #[derive(Deserialize)]
@@ -548,6 +552,9 @@ impl Config {
             if let Some(m) = n.metrics {
                 own.push(("metrics", m));
             }
+            if let Some(s) = n.sentinel {
+                own.push(("sentinel", s));
+            }
             for (field, a) in own {
                 if a.port() == 0 {
                     return err(format!(
@@ -733,6 +740,18 @@ metrics = "127.0.0.1:7203"
         assert!(e.starts_with("nodes[1].app: address 127.0.0.1:7001"), "{e}");
         let e = bad(&GOOD.replace("127.0.0.1:7203", "127.0.0.1:7101"));
         assert!(e.starts_with("nodes[2].metrics:"), "{e}");
+        let with_sentinel = GOOD.replace(
+            "metrics = \"127.0.0.1:7203\"",
+            "metrics = \"127.0.0.1:7203\"\nsentinel = \"127.0.0.1:7303\"",
+        );
+        let c = Config::parse(&with_sentinel).unwrap();
+        assert_eq!(c.node(3).unwrap().sentinel.unwrap().port(), 7303);
+        assert_eq!(c.node(1).unwrap().sentinel, None);
+        let e = bad(&with_sentinel.replace("127.0.0.1:7303", "127.0.0.1:7203"));
+        assert!(
+            e.starts_with("nodes[2].sentinel: address 127.0.0.1:7203"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -274,6 +274,17 @@ impl Node {
             metrics::serve(addr, Arc::new(move |path: &str| n.http(path)))
                 .with_context(|| format!("cannot listen on metrics address {addr}"))?;
         }
+        if let Some(addr) = me.sentinel {
+            let n = self.clone();
+            let last = Arc::new(Mutex::new(None));
+            let known = last.clone();
+            let source = move || {
+                let known = *known.lock().unwrap_or_else(|p| p.into_inner());
+                crate::sentinel::Snapshot::of(&n.config, n.me, &n.status(), known)
+            };
+            crate::sentinel::serve(addr, Arc::new(source), last)
+                .with_context(|| format!("cannot listen on sentinel address {addr}"))?;
+        }
         let n = self.clone();
         std::thread::Builder::new()
             .name("heartbeat".into())
