@@ -251,10 +251,13 @@ impl Value {
     }
 }
 
+/// A parsed command's arguments and the bytes of `buf` it used.
+pub type Parsed = (Vec<Vec<u8>>, usize);
+
 /// Parses one command from the front of `buf`: `Ok(Some((args, used)))`,
 /// `Ok(None)` when more bytes are needed, `Err` on a protocol error. Takes
 /// multibulk (`*2\r\n$4\r\nPING\r\n...`) and inline (`PING\r\n`) commands.
-pub fn parse_command(buf: &[u8]) -> Result<Option<(Vec<Vec<u8>>, usize)>, String> {
+pub fn parse_command(buf: &[u8]) -> Result<Option<Parsed>, String> {
     const MAX: usize = 1 << 20;
     fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
         let end = buf[at..].windows(2).position(|w| w == b"\r\n")?;
