@@ -29,7 +29,7 @@ use serde::Serialize;
 use crate::chart;
 use crate::loadgen::{self, LoadSpec, Reply};
 use crate::status;
-use crate::up::{Binaries, Cluster};
+use crate::up::{last_line, Binaries, Cluster};
 
 /// How long a started server may take to answer PING / a replica to sync.
 const READY_LIMIT: Duration = Duration::from_secs(60);
@@ -353,18 +353,6 @@ impl Drop for RedisServer {
             }
         }
     }
-}
-
-/// The last non-empty line of a log file.
-fn last_line(path: &Path) -> String {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
-        .to_string()
 }
 
 // ------------------------------------------------------------ the systems

@@ -191,7 +191,7 @@ fn port_free(addr: SocketAddr) -> bool {
 }
 
 /// The last non-empty line of a log file (why a child stopped, usually).
-fn last_line(path: &Path) -> String {
+pub fn last_line(path: &Path) -> String {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
