@@ -215,6 +215,17 @@ real_fn!(REAL_GETTIMEOFDAY, real_gettimeofday, c"gettimeofday",
     libc::syscall(libc::SYS_gettimeofday, tv, tz) as c_int);
 real_fn!(REAL_TIME, real_time, c"time", (t: *mut libc::time_t) -> libc::time_t,
     libc::syscall(libc::SYS_time, t) as libc::time_t);
+real_fn!(REAL_GETRANDOM, real_getrandom, c"getrandom",
+    (buf: *mut c_void, len: size_t, flags: libc::c_uint) -> ssize_t,
+    sys_ret(libc::syscall(libc::SYS_getrandom, buf, len, flags)));
+real_fn!(REAL_GETENTROPY, real_getentropy, c"getentropy", (buf: *mut c_void, len: size_t) -> c_int,
+    if libc::syscall(libc::SYS_getrandom, buf, len, 0) == len as c_long { 0 } else { -1 });
+real_fn!(REAL_SRAND, real_srand, c"srand", (seed: libc::c_uint) -> (), ());
+real_fn!(REAL_SRANDOM, real_srandom, c"srandom", (seed: libc::c_uint) -> (), ());
+real_fn!(REAL_FOPEN, real_fopen, c"fopen",
+    (path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE, std::ptr::null_mut());
+real_fn!(REAL_FOPEN64, real_fopen64, c"fopen64",
+    (path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE, std::ptr::null_mut());
 real_fn!(REAL_EPOLL_CTL, real_epoll_ctl, c"epoll_ctl",
     (epfd: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int, unresolved());
 
@@ -223,7 +234,7 @@ fn unresolved() -> c_int {
     -1
 }
 
-static ALL_REAL: [&RealFn; 30] = [
+static ALL_REAL: [&RealFn; 36] = [
     &REAL_READ,
     &REAL_READV,
     &REAL_RECV,
@@ -254,6 +265,12 @@ static ALL_REAL: [&RealFn; 30] = [
     &REAL_CLOCK_GETTIME,
     &REAL_GETTIMEOFDAY,
     &REAL_TIME,
+    &REAL_GETRANDOM,
+    &REAL_GETENTROPY,
+    &REAL_SRAND,
+    &REAL_SRANDOM,
+    &REAL_FOPEN,
+    &REAL_FOPEN64,
 ];
 
 /// Load-time constructor: resolves every real function (dlsym only; no
@@ -1017,6 +1034,131 @@ pub unsafe extern "C" fn time(t: *mut libc::time_t) -> libc::time_t {
         unsafe { *t = s };
     }
     s
+}
+
+/// The cluster's entropy seed for a call of the server (see `entropy`):
+/// None for the preload's own calls, a forked child, or a process that is
+/// not a lockstep server. The guard it returns keeps the preload's own
+/// work inside (reading the config) from coming back here.
+fn entropy_seed() -> Option<(Reentry, [u8; 32])> {
+    if crate::setup::inert() {
+        return None;
+    }
+    let guard = Reentry::enter()?;
+    let seed = caught(crate::entropy::seed).flatten()?;
+    Some((guard, seed))
+}
+
+/// Interposed `getrandom(2)`: the cluster's stream.
+///
+/// # Safety
+/// Same contract as libc's `getrandom`.
+#[no_mangle]
+pub unsafe extern "C" fn getrandom(buf: *mut c_void, len: size_t, flags: libc::c_uint) -> ssize_t {
+    if let (Some((_guard, seed)), false) = (entropy_seed(), buf.is_null()) {
+        // SAFETY: the caller's buffer of `len` bytes.
+        let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
+        crate::entropy::draw(&seed, out);
+        return len as ssize_t;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_getrandom(buf, len, flags) }
+}
+
+/// Interposed `getentropy(3)`: the cluster's stream.
+///
+/// # Safety
+/// Same contract as libc's `getentropy`.
+#[no_mangle]
+pub unsafe extern "C" fn getentropy(buf: *mut c_void, len: size_t) -> c_int {
+    if len <= 256 && !buf.is_null() {
+        if let Some((_guard, seed)) = entropy_seed() {
+            // SAFETY: the caller's buffer of `len` bytes.
+            let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
+            crate::entropy::draw(&seed, out);
+            return 0;
+        }
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_getentropy(buf, len) }
+}
+
+/// Interposed `srand(3)`: seeded from the cluster, whatever the server asks.
+///
+/// # Safety
+/// Same contract as libc's `srand`.
+#[no_mangle]
+pub unsafe extern "C" fn srand(seed: libc::c_uint) {
+    let seed = entropy_seed().map_or(seed, |(_g, s)| crate::entropy::small_seed(&s));
+    // SAFETY: forwarding a seed.
+    unsafe { real_srand(seed) }
+}
+
+/// Interposed `srandom(3)`: seeded from the cluster, whatever the server asks.
+///
+/// # Safety
+/// Same contract as libc's `srandom`.
+#[no_mangle]
+pub unsafe extern "C" fn srandom(seed: libc::c_uint) {
+    let seed = entropy_seed().map_or(seed, |(_g, s)| crate::entropy::small_seed(&s));
+    // SAFETY: forwarding a seed.
+    unsafe { real_srandom(seed) }
+}
+
+/// For `fopen` of the kernel's random devices: a read-only stream over the
+/// cluster's block instead.
+///
+/// # Safety
+/// `path` must be null or a NUL-terminated string.
+unsafe fn random_device_stream(path: *const libc::c_char) -> Option<*mut libc::FILE> {
+    if path.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract.
+    let name = unsafe { CStr::from_ptr(path) }.to_bytes();
+    if !crate::entropy::is_random_device(name) {
+        return None;
+    }
+    let (_guard, seed) = entropy_seed()?;
+    let block = crate::entropy::block(&seed);
+    // SAFETY: fmemopen over a 'static block that is never written (mode
+    // "r"); the FILE is the caller's to fclose.
+    let f = unsafe { libc::fmemopen(block.as_ptr() as *mut c_void, block.len(), c"r".as_ptr()) };
+    (!f.is_null()).then_some(f)
+}
+
+/// Interposed `fopen(3)`: the random devices read the cluster's entropy.
+///
+/// # Safety
+/// Same contract as libc's `fopen`.
+#[no_mangle]
+pub unsafe extern "C" fn fopen(
+    path: *const libc::c_char,
+    mode: *const libc::c_char,
+) -> *mut libc::FILE {
+    // SAFETY: the caller's path.
+    if let Some(f) = unsafe { random_device_stream(path) } {
+        return f;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_fopen(path, mode) }
+}
+
+/// Interposed `fopen64(3)`: as `fopen`.
+///
+/// # Safety
+/// Same contract as libc's `fopen64`.
+#[no_mangle]
+pub unsafe extern "C" fn fopen64(
+    path: *const libc::c_char,
+    mode: *const libc::c_char,
+) -> *mut libc::FILE {
+    // SAFETY: the caller's path.
+    if let Some(f) = unsafe { random_device_stream(path) } {
+        return f;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_fopen64(path, mode) }
 }
 
 /// Interposed `epoll_ctl(2)`: observed, not changed — whether the server

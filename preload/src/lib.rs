@@ -29,6 +29,7 @@
 //! - [`engine`]: the leader's replication path (ring, transport, acks).
 //! - [`apply`]: the passive side: a backup's server re-executes the log.
 //! - [`clock`]: the log's time, the wall clock every replica's server reads.
+//! - [`entropy`]: the cluster's random stream, the same on every replica.
 //! - [`setup`]: configuration, attaching to the region, fork handling.
 //! - [`fdtable`]: per-fd state.
 #![deny(unsafe_code)]
@@ -39,6 +40,7 @@ pub mod apply;
 pub mod clock;
 pub mod dispatch;
 pub mod engine;
+pub mod entropy;
 pub mod fdtable;
 #[allow(unsafe_code)]
 pub mod hooks;
