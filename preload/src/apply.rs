@@ -32,10 +32,11 @@
 //! names the connection, the seq whose output differed and the first bytes
 //! this server wrote.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{ErrorKind, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -61,7 +62,8 @@ struct Conn {
     /// Payload bytes written / read by the server.
     written: u64,
     consumed: u64,
-    /// `TURNS` when the server last read from it.
+    /// The thread that last read from it, and its `TURNS` count then.
+    read_slot: usize,
     read_turn: u64,
     /// The server read EOF, or closed its end.
     eof: bool,
@@ -102,12 +104,34 @@ pub struct Pump {
 }
 
 static PUMP: OnceCell<Mutex<Pump>> = OnceCell::new();
-/// Event-loop waits the server entered so far. Outside the mutex: the wait
-/// hook never blocks on the pump (whoever holds it moves the pump on, and
-/// sees this). A read and the next wait happen on the server's thread in
-/// that order, so a count past the one taken at a read proves the server
-/// finished handling what it read.
-static TURNS: AtomicU64 = AtomicU64::new(0);
+
+/// Event-loop waits each thread of the server entered so far, one counter
+/// per thread (a server may run several loops: memcached's listener and
+/// its worker). Outside the mutex: the wait hook never blocks on the pump
+/// (whoever holds it moves the pump on, and sees this). A read and that
+/// thread's next wait happen in that order, so its count past the one
+/// taken at a read proves the server finished handling what it read.
+static TURNS: [AtomicU64; TURN_THREADS] = [const { AtomicU64::new(0) }; TURN_THREADS];
+/// Threads with a counter of their own (more share the last one).
+const TURN_THREADS: usize = 32;
+static NEXT_TURN_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static TURN_SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// This thread's turn counter.
+fn turn_slot() -> usize {
+    TURN_SLOT
+        .try_with(|c| {
+            if c.get() == usize::MAX {
+                let n = NEXT_TURN_SLOT.fetch_add(1, Ordering::Relaxed);
+                c.set(n.min(TURN_THREADS - 1));
+            }
+            c.get()
+        })
+        .unwrap_or(TURN_THREADS - 1)
+}
 
 /// Sets up the pump for `region` and starts its applier thread (once).
 pub fn start(region: Arc<Region>, app: SocketAddr, max_entry: u32) {
@@ -154,7 +178,7 @@ pub fn on_loop() {
     let Some(m) = PUMP.get() else {
         return;
     };
-    TURNS.fetch_add(1, Ordering::AcqRel);
+    TURNS[turn_slot()].fetch_add(1, Ordering::AcqRel);
     if let Ok(mut p) = m.try_lock() {
         p.run();
     }
@@ -186,7 +210,8 @@ pub fn on_read(conn: u64, n: usize) {
         return;
     };
     if let Some(c) = p.conns.get_mut(&conn) {
-        c.read_turn = TURNS.load(Ordering::Acquire);
+        c.read_slot = turn_slot();
+        c.read_turn = TURNS[c.read_slot].load(Ordering::Acquire);
         if n == 0 {
             c.eof = true;
         } else {
@@ -387,7 +412,7 @@ impl Pump {
                             // A reply sent over several turns is not
                             // complete while the server waits to write.
                             && !fdtable::slot(c.server_fd).is_some_and(|s| s.wants_write())
-                            && (TURNS.load(Ordering::Acquire) > c.read_turn
+                            && (TURNS[c.read_slot].load(Ordering::Acquire) > c.read_turn
                                 || cur
                                     .consumed_at
                                     .is_some_and(|t| t.elapsed() >= TURN_PATIENCE)))
@@ -437,6 +462,7 @@ impl Pump {
                 server_fd: -1,
                 written: 0,
                 consumed: 0,
+                read_slot: 0,
                 read_turn: 0,
                 eof: false,
                 closed: false,
