@@ -304,9 +304,7 @@ impl Leader {
 
     /// Highest seq a majority acknowledged.
     fn majority_acked(&self) -> u64 {
-        let mut a = self.acks();
-        a.sort_unstable_by(|x, y| y.cmp(x));
-        a[self.majority - 1]
+        lockstep_common::quorum::acked_by(&self.acks(), self.majority)
     }
 
     /// Appends one entry to every ring; returns its seq.

@@ -26,7 +26,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cluster::{
-    bin_dir, free_port, zookeeper_serving, Options, Reply, Resp, TestCluster, ZookeeperServer,
+    bin_dir, free_port, zookeeper_serving, Options, Reply, Resp, SparePorts, TestCluster,
+    ZookeeperServer,
 };
 use lockstep_common::control::NodeStatus;
 use netns::{enter_netns_at, in_netns, spawn_in, Net};
@@ -666,14 +667,7 @@ fn zk_cluster(test: &str, nodes: usize, backup_clients: &str) -> (TestCluster, Z
     );
     // Not one of the ports the cluster's config took (they are free until
     // the nodes start).
-    let taken: Vec<u16> = c
-        .nodes
-        .iter()
-        .flat_map(|n| [n.app.port(), n.control.port()])
-        .collect();
-    let port = std::iter::repeat_with(free_port)
-        .find(|p| !taken.contains(p))
-        .unwrap();
+    let port = SparePorts::of(&c).next_port();
     let zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), SESSION_MS);
     if backup_clients != "allow" {

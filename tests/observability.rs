@@ -358,19 +358,8 @@ fn haproxy_clients_follow_a_leader_kill() {
 
     let mut c = TestCluster::new("obs-haproxy", Options::default());
     let metrics = with_metrics(&c);
-    let mut taken: Vec<u16> = c
-        .nodes
-        .iter()
-        .flat_map(|n| [n.app.port(), n.control.port()])
-        .chain(metrics.iter().map(|m| m.port()))
-        .collect();
-    let mut port = || {
-        let p = std::iter::repeat_with(free_port)
-            .find(|p| !taken.contains(p))
-            .unwrap();
-        taken.push(p);
-        p
-    };
+    let mut spare = SparePorts::of(&c).besides(metrics.iter().map(|m| m.port()));
+    let mut port = || spare.next_port();
     let zk = ZookeeperServer::start(&c.dir.join("zk"), port()).expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), 2000);
     c.set_backup_clients("deny");

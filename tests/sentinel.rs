@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cluster::{free_port, leading, Options, Reply, Resp, TestCluster, ZookeeperServer};
+use cluster::{leading, Options, Reply, Resp, SparePorts, TestCluster, ZookeeperServer};
 
 const HANG: Duration = Duration::from_secs(180);
 const SESSION_MS: u64 = 2000;
@@ -76,18 +76,8 @@ fn sentinel_cluster(test: &str, nodes: usize) -> (TestCluster, ZookeeperServer, 
             ..Options::default()
         },
     );
-    let mut taken: Vec<u16> = c
-        .nodes
-        .iter()
-        .flat_map(|n| [n.app.port(), n.control.port()])
-        .collect();
-    let mut fresh = || {
-        let p = std::iter::repeat_with(free_port)
-            .find(|p| !taken.contains(p))
-            .unwrap();
-        taken.push(p);
-        p
-    };
+    let mut spare = SparePorts::of(&c);
+    let mut fresh = || spare.next_port();
     let mut text = std::fs::read_to_string(&c.config_path).expect("read config");
     let mut sentinels = Vec::new();
     for n in &c.nodes {

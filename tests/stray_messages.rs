@@ -11,7 +11,7 @@ mod cluster;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use cluster::{free_port, Options, Reply, Resp, TestCluster, ZookeeperServer};
+use cluster::{Options, Reply, Resp, SparePorts, TestCluster, ZookeeperServer};
 use lockstep_common::control::{self, Request, Response};
 use lockstep_common::handshake::{self, Channel};
 
@@ -177,14 +177,7 @@ fn a_view_change_naming_a_stranger_is_refused() {
 /// A 3-node cluster electing through a private ZooKeeper, serving.
 fn zk_started(test: &str) -> (TestCluster, ZookeeperServer) {
     let mut c = TestCluster::new(test, Options::default());
-    let taken: Vec<u16> = c
-        .nodes
-        .iter()
-        .flat_map(|n| [n.app.port(), n.control.port()])
-        .collect();
-    let port = std::iter::repeat_with(free_port)
-        .find(|p| !taken.contains(p))
-        .unwrap();
+    let port = SparePorts::of(&c).next_port();
     let zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), 2000);
     for id in 1..=3 {

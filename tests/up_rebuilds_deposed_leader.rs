@@ -441,14 +441,7 @@ fn up_rebuilds_a_deposed_leader_whose_server_ran_a_dropped_input() {
     );
     // A port none of the nodes took; nothing answers there, so `up`
     // starts a private ZooKeeper on it (and stops it on Ctrl-C).
-    let taken: Vec<u16> = tc
-        .nodes
-        .iter()
-        .flat_map(|n| [n.app.port(), n.control.port()])
-        .collect();
-    let zk_port = std::iter::repeat_with(free_port)
-        .find(|p| !taken.contains(p))
-        .unwrap();
+    let zk_port = SparePorts::of(&tc).next_port();
     tc.use_zookeeper(&format!("127.0.0.1:{zk_port}"), SESSION_MS);
     let config = tc.config();
     let nodes = Nodes {

@@ -28,6 +28,23 @@ pub fn acked_by(acks: &[u64], need: usize) -> u64 {
     top[need - 1]
 }
 
+/// The highest value at least `need` of `ids` reach, reading each id's
+/// value with `value` (an ack slot, an applied mark): `acked_by` over them,
+/// without allocating (ids beyond the region's 15 nodes are ignored).
+pub fn reached_by(
+    ids: impl IntoIterator<Item = u64>,
+    need: usize,
+    value: impl Fn(u64) -> u64,
+) -> u64 {
+    let mut vals = [0u64; 16];
+    let mut n = 0;
+    for id in ids.into_iter().take(vals.len()) {
+        vals[n] = value(id);
+        n += 1;
+    }
+    acked_by(&vals[..n], need)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,6 +67,7 @@ mod tests {
         assert_eq!(acked_by(&[5], 1), 5);
         assert_eq!(acked_by(&[5, 6], 3), 0);
         assert_eq!(acked_by(&[], 0), 0);
+        assert_eq!(reached_by([1, 2, 3], 2, |id| [0, 10, 7, 3][id as usize]), 7);
     }
 
     proptest! {

@@ -769,8 +769,10 @@ impl Node {
     /// raises it when an output waits; this keeps it moving when none does
     /// (a client that only pipelines `noreply` commands), so backups apply.
     fn raise_leader_commit(&self) -> u64 {
-        let acks: Vec<u64> = self.config.ids().map(|id| self.region.ack(id)).collect();
-        let proven = lockstep_common::quorum::acked_by(&acks, self.config.majority());
+        let proven =
+            lockstep_common::quorum::reached_by(self.config.ids(), self.config.majority(), |id| {
+                self.region.ack(id)
+            });
         self.region.raise_commit(proven.min(self.region.served()));
         self.region.commit()
     }

@@ -258,28 +258,26 @@ fn log_close(engine: &Engine, slot: &Slot) -> Result<(), Fail> {
 /// reset).
 pub fn before_output(fd: i32) -> Option<Ret> {
     let slot = fdtable::slot(fd)?;
-    if slot.class() != Class::Client || slot.state() & FAILED != 0 {
-        // A failed client's socket is shut down already: the call fails.
+    if slot.class() != Class::Client {
         return None;
     }
-    let engine = setup::engine()?;
-    match engine.wait_output() {
-        Ok(()) => None,
-        Err(f) => Some(fail_with(fd, slot.conn(), &f)),
-    }
+    hold_for_commit(setup::engine()?, fd, slot)
 }
 
-/// Holds a client's close or shutdown until its inputs (and every earlier
-/// one) are committed: the client must not see the connection end on an
-/// input the cluster may still lose. When that can no longer happen, the
-/// connection is reset instead.
-fn hold_end(engine: &Engine, fd: i32, slot: &Slot) {
+/// Holds a client's output, close or shutdown until its inputs (and every
+/// earlier one) are committed: the client must not see a reply, or the
+/// connection end, on an input the cluster may still lose. When that can no
+/// longer happen, the connection is reset instead (Some: what the call
+/// returns). A failed client's socket is shut down already: its call
+/// fails by itself.
+fn hold_for_commit(engine: &Engine, fd: i32, slot: &Slot) -> Option<Ret> {
     if slot.state() & FAILED != 0 {
-        return;
+        return None;
     }
-    if let Err(f) = engine.wait_output() {
-        fail_with(fd, slot.conn(), &f);
-    }
+    engine
+        .wait_output()
+        .err()
+        .map(|f| fail_with(fd, slot.conn(), &f))
 }
 
 /// Output to a replay connection: the pump takes its digest and the bytes
@@ -331,7 +329,7 @@ pub fn before_close(fd: i32) {
                     slot.conn()
                 );
             }
-            hold_end(engine, fd, slot);
+            hold_for_commit(engine, fd, slot);
         }
     }
     slot.clear();
@@ -363,7 +361,7 @@ pub fn before_shutdown(fd: i32, how: i32) {
             );
         }
     }
-    hold_end(engine, fd, slot);
+    hold_for_commit(engine, fd, slot);
 }
 
 /// Whether listener `fd` is this node's app listener (cached per fd).

@@ -208,11 +208,6 @@ impl Engine {
         Ok(view)
     }
 
-    /// The cluster's commit discipline.
-    pub fn mode(&self) -> CommitMode {
-        self.mode
-    }
-
     /// Replicates one input: `segments` (`total` bytes, split into entries
     /// of at most `max_entry`) for DATA, nothing for ACCEPT/CLOSE. Returns
     /// once the server may have the input: in input mode once a majority
@@ -396,12 +391,9 @@ impl Engine {
 
     /// Whether a majority (this node included) acknowledged `seq`.
     pub fn acked(&self, seq: u64) -> bool {
-        let mut acks = [0u64; region::MAX_NODES + 1];
-        let n = self.ids.len().min(acks.len());
-        for (slot, &id) in acks.iter_mut().zip(&self.ids) {
-            *slot = self.region.ack(id);
-        }
-        quorum::acked_by(&acks[..n], self.majority) >= seq
+        quorum::reached_by(self.ids.iter().copied(), self.majority, |id| {
+            self.region.ack(id)
+        }) >= seq
     }
 
     /// Waits until a majority acknowledged `seq`, failing when this node
@@ -428,16 +420,13 @@ impl Engine {
 
     /// The highest seq a majority applied, this node counting as `seq`.
     fn applied_majority(&self, seq: u64) -> u64 {
-        let mut applied = [0u64; region::MAX_NODES + 1];
-        let n = self.ids.len().min(applied.len());
-        for (slot, &id) in applied.iter_mut().zip(&self.ids) {
-            *slot = if id == self.me {
+        quorum::reached_by(self.ids.iter().copied(), self.majority, |id| {
+            if id == self.me {
                 seq
             } else {
                 self.region.applied_by(id)
-            };
-        }
-        quorum::acked_by(&applied[..n], self.majority)
+            }
+        })
     }
 
     /// Waits until `done()`, failing when this node stops leading `view`

@@ -334,6 +334,37 @@ impl Drop for TestCluster {
     }
 }
 
+/// Free loopback ports that none of a cluster's nodes took (they are free
+/// until the nodes start) and that this picker has not handed out yet.
+pub struct SparePorts(Vec<u16>);
+
+impl SparePorts {
+    /// Ports beside the nodes of `c`.
+    pub fn of(c: &TestCluster) -> SparePorts {
+        SparePorts(
+            c.nodes
+                .iter()
+                .flat_map(|n| [n.app.port(), n.control.port()])
+                .collect(),
+        )
+    }
+
+    /// Keeps `ports` out too.
+    pub fn besides(mut self, ports: impl IntoIterator<Item = u16>) -> SparePorts {
+        self.0.extend(ports);
+        self
+    }
+
+    /// The next free port.
+    pub fn next_port(&mut self) -> u16 {
+        let p = std::iter::repeat_with(free_port)
+            .find(|p| !self.0.contains(p))
+            .expect("a free port");
+        self.0.push(p);
+        p
+    }
+}
+
 /// The (view, leader) of the highest view among `statuses`, when that
 /// view's leader is among them and itself says it leads that view.
 pub fn leading(statuses: &[NodeStatus]) -> Option<(u64, u64)> {
