@@ -11,14 +11,28 @@
 //! restarted or rebuilt node starts from the same state again and replays
 //! the same inputs, so it draws the same numbers.
 //!
-//! What it cannot reach: generators a server seeds from the clock and pid
-//! itself (Redis's 64-bit Mersenne Twister, used for random keys of large
-//! hash tables), entropy read with plain `open`/`read`, or CPU instructions
-//! such as `rdrand`.
+//! Generators a server seeds from its own clock and pid before it serves
+//! are seeded again, once, when the server first waits in its event loop
+//! (before any input): those whose seeding function the server exports
+//! (see [`GENERATORS`]; Redis's 64-bit Mersenne Twister, `init_genrand64`,
+//! which picks random keys and members of large hash tables).
+//!
+//! What it cannot reach: other generators a server seeds from the clock and
+//! pid itself and does not export, entropy read with plain `open`/`read`,
+//! or CPU instructions such as `rdrand`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use once_cell::sync::OnceCell;
+
+/// Seeding functions of server-internal generators, `fn(u64)`, looked up
+/// among the server's exported symbols and called with
+/// [`generator_seed`] at its first event-loop wait. Redis links with
+/// `-rdynamic`, so its `init_genrand64` is visible.
+pub const GENERATORS: &[&std::ffi::CStr] = &[c"init_genrand64"];
+
+/// Where the generators' seed lies in the stream.
+const GENERATOR_AT: u64 = BLOCK_AT + BLOCK as u64;
 
 /// Bytes of the block a `/dev/urandom` stream reads.
 pub const BLOCK: usize = 4096;
@@ -62,6 +76,13 @@ pub fn small_seed(seed: &[u8; 32]) -> u32 {
     u32::from_le_bytes([seed[0], seed[1], seed[2], seed[3]])
 }
 
+/// The seed every exported generator of [`GENERATORS`] gets.
+pub fn generator_seed(seed: &[u8; 32]) -> u64 {
+    let mut b = [0u8; 8];
+    stream(seed, GENERATOR_AT, &mut b);
+    u64::from_le_bytes(b)
+}
+
 /// What a `/dev/urandom` stream of the server reads (the same block for
 /// every open).
 pub fn block(seed: &[u8; 32]) -> &'static [u8] {
@@ -96,5 +117,7 @@ mod tests {
         stream(&a, 16, &mut y[16..]);
         assert_eq!(x, y, "the stream does not depend on how it is drawn");
         assert!(is_random_device(b"/dev/urandom") && !is_random_device(b"/etc/passwd"));
+        assert_eq!(generator_seed(&a), generator_seed(&derive("demo")));
+        assert_ne!(generator_seed(&a), generator_seed(&derive("other")));
     }
 }

@@ -927,9 +927,45 @@ fn event_loop_turn() {
     if dispatch::passive_hooked() {
         if let Some(_reentry) = Reentry::enter() {
             let e = errno();
+            if !GENERATORS_SEEDED.load(Ordering::Relaxed) {
+                seed_server_generators();
+            }
             let _ = caught(dispatch::before_wait);
             set_errno(e);
         }
+    }
+}
+
+/// Set once the server's own generators got the cluster's seed.
+static GENERATORS_SEEDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Seeds the generators the server exports (`entropy::GENERATORS`) from the
+/// cluster's stream, once, at its first event-loop wait: after `main`
+/// seeded them from its clock and pid, before any input.
+#[cold]
+fn seed_server_generators() {
+    if GENERATORS_SEEDED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let Some(seed) = caught(crate::entropy::seed).flatten() else {
+        return;
+    };
+    let value = crate::entropy::generator_seed(&seed);
+    for name in crate::entropy::GENERATORS {
+        // SAFETY: dlsym with the RTLD_DEFAULT pseudo-handle and a
+        // NUL-terminated name; it only looks the symbol up.
+        let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: the names in GENERATORS are seeding functions taking one
+        // 64-bit integer (Redis's `void init_genrand64(unsigned long long)`),
+        // called on the server's own thread before it handles any input.
+        unsafe {
+            let f: extern "C" fn(u64) = std::mem::transmute(p);
+            f(value);
+        }
+        log::info!("seeded the server's {} from the cluster's entropy", name.to_string_lossy());
     }
 }
 
