@@ -193,16 +193,7 @@ fn status(config: &Config, id: u64) -> Result<NodeStatus, String> {
 
 #[test]
 fn tcp_transport_across_network_namespaces_leaves_identical_replicas() {
-    let net = match Net::create(NS_PREFIX, 77, NODES, &[]) {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!(
-                "SKIPPED tcp_transport_across_network_namespaces_leaves_identical_replicas: \
-                 cannot create network namespaces (needs `ip` and CAP_NET_ADMIN): {e}"
-            );
-            return;
-        }
-    };
+    let net = Net::required(NS_PREFIX, 77, NODES, &[]);
     let procs = Procs::new(&net);
     let client_ns = net.client_ns.clone();
     // Everything that talks to the cluster runs in the client namespace;

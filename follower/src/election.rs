@@ -188,7 +188,13 @@ impl Election {
             })?;
         let s = shared.clone();
         zk.add_listener(move |st: ZkState| {
-            *s.state.lock().unwrap_or_else(|p| p.into_inner()) = (st, Instant::now());
+            let now = Instant::now();
+            if matches!(st, ZkState::Connected | ZkState::ConnectedReadOnly) {
+                // A session (re-)established is an answer: a probe blocked
+                // over the outage must not make it look quiet.
+                *s.last_answer.lock().unwrap_or_else(|p| p.into_inner()) = now;
+            }
+            *s.state.lock().unwrap_or_else(|p| p.into_inner()) = (st, now);
             s.bump();
         });
         let deadline = Instant::now() + timeout.max(Duration::from_millis(500));

@@ -197,10 +197,20 @@ impl Node {
             Some(w) => w.session(),
             None => return,
         };
+        // A blip shorter than the session timeout changes nothing: the
+        // session (and the leader's znode) outlives it, and while the
+        // link is down the leader cannot commit anyway (the backups' acks
+        // do not reach it). Safety never rests on this demotion: a backup
+        // that promised a newer view stores no entry of an older one
+        // (`admits`, under the store lock), so a deposed leader reaches no
+        // majority. Demoting only makes its clients fail over instead of
+        // waiting; it happens once ZooKeeper has surely expired the
+        // session (it expires it a timeout after it last heard from us,
+        // which is before we noticed the silence).
         match session {
             Session::Connected => {}
-            Session::Disconnected(d) if d < timeout / 2 => {}
-            Session::Disconnected(_) => self.demote_self("lost ZooKeeper"),
+            Session::Disconnected(d) if d < timeout => {}
+            Session::Disconnected(_) => self.demote_self("lost ZooKeeper for a session timeout"),
             Session::Expired => self.demote_self("the ZooKeeper session expired"),
         }
     }

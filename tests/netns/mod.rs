@@ -46,6 +46,14 @@ pub struct Net {
 }
 
 impl Net {
+    /// [`Net::create`] for a test that cannot run without it: fails the test
+    /// naming what is missing (a test never passes by skipping).
+    pub fn required(prefix: &str, subnet: u8, nodes: usize, extra: &[(&str, u8)]) -> Net {
+        Net::create(prefix, subnet, nodes, extra).unwrap_or_else(|e| {
+            panic!("this test needs network namespaces (the `ip` tool and CAP_NET_ADMIN, e.g. root): {e}")
+        })
+    }
+
     /// Creates the network. `prefix` starts every namespace name
     /// (`<prefix><pid>-<what>`): namespaces of earlier runs with that
     /// prefix whose process is gone are removed first. `extra` names further
