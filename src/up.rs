@@ -326,6 +326,11 @@ impl Cluster {
         if let Some(problem) = crate::check::data_dir_problem(&config.data_dir) {
             bail!("{problem}");
         }
+        // Every control and region handshake proves the cluster key, shm
+        // included. A keyless config keeps it in data_dir: create it (or
+        // check the one there) before any node starts, so a bad key file
+        // is one line here rather than in every follower's log.
+        config.cluster_key()?;
         for n in config.nodes.iter().filter(|n| ids.contains(&n.id)) {
             let mut addrs = vec![("app", n.app), ("control", n.control)];
             if let Some(m) = n.metrics {

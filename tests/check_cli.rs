@@ -192,3 +192,41 @@ fn mistakes_up_would_hit_are_caught_first() {
     assert_eq!(code, 1);
     assert_eq!(err.lines().count(), 2, "{err}");
 }
+
+/// A keyless config's key lives in data_dir: check names it in the summary,
+/// creates nothing, and catches a key file others can read.
+#[test]
+fn the_generated_key_file_is_named_and_must_be_private() {
+    use std::os::unix::fs::PermissionsExt;
+    // A directory of its own: the other tests remove theirs when done.
+    let d = Dir(std::env::temp_dir().join(format!("lockstep-check-key-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&d.0);
+    std::fs::create_dir_all(&d.0).unwrap();
+    let data = d.0.join("data");
+    let key = data.join("cluster.key");
+    let (code, out, err) = check_variant(&d, "key", "", "");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!("  key        {} (generated", key.display())),
+        "{out}"
+    );
+    assert!(!key.exists(), "check created {}", key.display());
+
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let (code, out, err) = check_variant(&d, "key", "", "");
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("lockstep: ")
+            && err.contains(&format!(
+                ": key: cluster key {}: readable by group or others (mode 0640)",
+                key.display()
+            )),
+        "{err}"
+    );
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, out, err) = check_variant(&d, "key", "", "");
+    assert_eq!(code, 0, "{out}{err}");
+}

@@ -1,7 +1,10 @@
 //! Hostile or stray control messages against a running cluster (real
-//! follower processes, real redis-server under the preload): a view change
-//! that names a node outside the config is refused, and one well-formed
-//! `Prepare` for a far newer view does not stop the cluster for good.
+//! follower processes, real redis-server under the preload): a control
+//! connection that cannot prove the cluster key is refused, also on shm
+//! clusters without a configured key (the key is then the one generated in
+//! `<data_dir>/cluster.key`); a view change that names a node outside the
+//! config is refused; and one well-formed `Prepare` for a far newer view
+//! does not stop the cluster for good.
 //!
 //! No assertion depends on wall-clock time: durations only bound how long
 //! a test waits before it reports a hang (with the logs).
@@ -9,25 +12,28 @@
 mod cluster;
 
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cluster::{Options, Reply, Resp, SparePorts, TestCluster, ZookeeperServer};
+use cluster::{bin_dir, Options, Reply, Resp, SparePorts, TestCluster, ZookeeperServer};
 use lockstep_common::control::{self, Request, Response};
-use lockstep_common::handshake::{self, Channel};
+use lockstep_common::handshake::{self, Channel, HandshakeError};
 
 /// Bound on every wait: reaching it means a hang, not slowness.
 const HANG: Duration = Duration::from_secs(180);
 
 /// Sends `req` to node `to`'s control port over a connection that proved
 /// node id `as_node` (0: the identity `lockstep status` uses) with the
-/// cluster key; returns the answer.
+/// cluster key — read as `lockstep status` reads it, from `data_dir` on a
+/// keyless shm cluster; returns the answer.
 fn send_as(c: &TestCluster, to: u64, as_node: u64, req: &Request) -> Response {
     let config = c.config();
     let addr = config.node(to).expect("node").control;
     let mut s = handshake::connect(
         addr,
         &config.cluster,
-        config.key.as_deref(),
+        config.cluster_key().expect("the cluster key"),
         as_node,
         Channel::Control,
         Duration::from_secs(10),
@@ -59,10 +65,41 @@ fn get_int(addr: SocketAddr, key: &str) -> i64 {
     }
 }
 
+/// Removes the configured key from the (not yet used) config: an shm
+/// cluster then uses the key its first node generates in `data_dir`.
+fn keyless(c: &TestCluster) {
+    let text = std::fs::read_to_string(&c.config_path).expect("read config");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("key = "))
+        .expect("the harness configures a key")
+        .to_string();
+    std::fs::write(&c.config_path, text.replacen(&format!("{line}\n"), "", 1))
+        .expect("write config");
+    assert!(c.config().key.is_none());
+}
+
+/// A 3-node shm cluster without a configured key, serving.
 fn started(test: &str) -> TestCluster {
     let mut c = TestCluster::new(test, Options::default());
+    keyless(&c);
     c.start_all();
     c
+}
+
+/// `lockstep status --config …`: exit code, stdout, stderr.
+fn lockstep_status(c: &TestCluster) -> (i32, String, String) {
+    let out = Command::new(bin_dir().join("lockstep"))
+        .arg("status")
+        .arg("--config")
+        .arg(&c.config_path)
+        .output()
+        .expect("run lockstep status");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn follower_log(c: &TestCluster, id: u64) -> String {
@@ -108,6 +145,75 @@ fn acknowledged_incrs(c: &TestCluster, key: &str, n: usize) -> i64 {
     last
 }
 
+/// Issue 14 on shm: the control port used to let any local process in
+/// (no key configured, so the handshake proved nothing). Now the followers
+/// share a generated key, private to the user they run as: a connection
+/// that proves no key or a wrong one is refused and logged, while
+/// `lockstep status`, which reads the key file, works.
+#[test]
+fn a_control_connection_without_the_key_is_refused_on_shm() {
+    let c = started("stray-nokey");
+    let config = c.config();
+    let path = config.cluster_key_path().expect("a keyless config");
+    assert_eq!(path, config.data_dir.join("cluster.key"));
+    let meta = std::fs::metadata(&path).expect("the followers generated the key");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let before = acknowledged_incrs(&c, "stray:ctr", 20);
+    let view = c.status(2).unwrap().view;
+
+    // "": what a keyless cluster's handshake proved before; then a wrong
+    // key. Neither as the CLI identity nor as a member.
+    for key in ["", "a-wrong-key-0123456789abcdef"] {
+        for as_node in [0, 3] {
+            let addr = config.node(2).unwrap().control;
+            match handshake::connect(
+                addr,
+                &config.cluster,
+                key,
+                as_node,
+                Channel::Control,
+                Duration::from_secs(10),
+            ) {
+                Err(HandshakeError::Refused { reason, .. }) => assert!(
+                    reason.contains(&format!(
+                        "authentication failed for node {as_node}: wrong cluster key"
+                    )),
+                    "{reason}"
+                ),
+                Err(e) => panic!("key {key:?} as node {as_node}: {e}"),
+                Ok(_) => panic!("a control connection with key {key:?} as node {as_node} got in"),
+            }
+        }
+    }
+    // The follower says so in its log (written right after the refusal).
+    c.wait("the refusals logged", HANG, |c| {
+        let log = follower_log(c, 2);
+        log.contains("authentication failed for node 0: wrong cluster key")
+            && log.contains("authentication failed for node 3: wrong cluster key")
+    });
+
+    // `lockstep status` reads the key file and sees the whole cluster.
+    let (code, out, err) = lockstep_status(&c);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("view {view}  leader 1")), "{out}");
+    assert!(!out.contains("down"), "{out}");
+    // A key file others can read is refused, naming the file, before
+    // anything is sent; the running followers keep the key they read.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, out, err) = lockstep_status(&c);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains(&path.display().to_string()) && err.contains("chmod 600"),
+        "{err}"
+    );
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    // Nothing changed the view, and writes go on.
+    assert_eq!(c.status(2).unwrap().view, view);
+    let after = acknowledged_incrs(&c, "stray:ctr", 50);
+    assert_eq!(after, before + 50);
+}
+
 #[test]
 fn a_view_change_naming_a_stranger_is_refused() {
     let c = started("stray-member");
@@ -115,7 +221,7 @@ fn a_view_change_naming_a_stranger_is_refused() {
     let view = c.status(2).unwrap().view;
 
     // Issue 14's message: candidate 9 (not a member), sent with the
-    // identity `lockstep status` uses.
+    // identity `lockstep status` uses (and the key it reads from data_dir).
     let stray = Request::Prepare {
         view: view + 1000,
         candidate: 9,
@@ -177,6 +283,7 @@ fn a_view_change_naming_a_stranger_is_refused() {
 /// A 3-node cluster electing through a private ZooKeeper, serving.
 fn zk_started(test: &str) -> (TestCluster, ZookeeperServer) {
     let mut c = TestCluster::new(test, Options::default());
+    keyless(&c);
     let port = SparePorts::of(&c).next_port();
     let zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), 2000);
@@ -190,7 +297,8 @@ fn zk_started(test: &str) -> (TestCluster, ZookeeperServer) {
     (c, zk)
 }
 
-/// Issue 14's stall: with the cluster key, a member that is not the leader
+/// Issue 14's stall: with the cluster key (on shm the one in `data_dir`,
+/// which a local attacker must be able to read), a member that is not the leader
 /// sends one backup a `Prepare` for the leader's view + 1000, and that
 /// backup promises it. The view never starts; the cluster must move past
 /// it and acknowledge writes again, losing nothing acknowledged.

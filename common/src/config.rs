@@ -4,8 +4,11 @@
 //! Every error is one line that names the field at fault.
 
 use std::collections::HashSet;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use serde::Deserialize;
 
@@ -420,7 +423,10 @@ pub struct Config {
     /// How many committed entries the best-applied majority of backups may
     /// be behind before the leader waits (0: no bound).
     pub max_apply_lag: u64,
-    /// Cluster key authenticating tcp transport peers (None for shm).
+    /// The configured cluster key (`key` or `key_file`), required by the
+    /// tcp and rdma transports. None: the key lives in
+    /// [`KEY_FILE`] under `data_dir` (one host). Handshakes take the key
+    /// from [`Config::cluster_key`], which covers both.
     pub key: Option<String>,
     /// Server command template for `lockstep up` ({port}, {data}, {node}).
     pub server: Option<Vec<String>>,
@@ -430,6 +436,9 @@ pub struct Config {
     pub nodes: Vec<Node>,
     /// Non-fatal remarks (e.g. an even cluster size).
     pub warnings: Vec<String>,
+    /// The key [`Config::cluster_key`] resolved, kept so that a process
+    /// proves the same key for its whole life.
+    resolved_key: KeyCell,
 }
 
 /// A config that cannot be used, with one line saying why.
@@ -439,6 +448,176 @@ pub struct ConfigError(pub String);
 
 fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
+}
+
+/// Name of the generated cluster key file inside `data_dir`.
+pub const KEY_FILE: &str = "cluster.key";
+/// Random bytes in a generated key (written as hex).
+const KEY_BYTES: usize = 32;
+/// Shortest cluster key accepted, configured or read from a file.
+pub const MIN_KEY_LEN: usize = 16;
+
+/// Why the cluster key could not be had; one line naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// A file operation failed.
+    #[error("cluster key {}: cannot {op}: {source}", path.display())]
+    Io {
+        /// The file (or directory) concerned.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The key file can be read by other users: like ssh with a private
+    /// key, it is refused rather than used.
+    #[error(
+        "cluster key {}: readable by group or others (mode {mode:04o}): run `chmod 600 {}`",
+        path.display(),
+        path.display()
+    )]
+    Exposed {
+        /// The key file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The file holds no usable key.
+    #[error(
+        "cluster key {}: holds no key (expected at least {MIN_KEY_LEN} characters); restore it, or remove it while no node runs to generate a new one",
+        path.display()
+    )]
+    Malformed {
+        /// The key file.
+        path: PathBuf,
+    },
+}
+
+/// The cache behind [`Config::cluster_key`]. Not part of a config's value:
+/// every two caches compare equal, and Debug never shows the key.
+#[derive(Clone, Default)]
+struct KeyCell(OnceLock<String>);
+
+impl PartialEq for KeyCell {
+    fn eq(&self, _: &KeyCell) -> bool {
+        true
+    }
+}
+impl Eq for KeyCell {}
+
+impl std::fmt::Debug for KeyCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "KeyCell(resolved)"
+        } else {
+            "KeyCell(unresolved)"
+        })
+    }
+}
+
+/// Reads the cluster key at `path`, or creates it there: [`KEY_BYTES`]
+/// random bytes from `/dev/urandom` as hex, mode 0600. Creation is atomic
+/// and never replaces a file, so processes starting at once (three
+/// followers, `lockstep status`) end with one key: each writes a private
+/// temp file and hard-links it into place; whoever loses the race reads
+/// the winner's key. The parent directory is created if missing. A file
+/// readable by group or others is refused ([`KeyError::Exposed`]).
+pub fn generate_or_read_key(path: &Path) -> Result<String, KeyError> {
+    let io = |path: &Path, op: &'static str| {
+        let path = path.to_path_buf();
+        move |source| KeyError::Io { path, op, source }
+    };
+    match read_key(path) {
+        Err(KeyError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
+        other => return other,
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(io(path, "create its directory"))?;
+    // The key, then a tag that makes the temp file's name unique among
+    // concurrent creators (the pid tells processes apart, the tag threads).
+    let mut random = [0u8; KEY_BYTES + 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut random))
+        .map_err(io(path, "generate it: reading /dev/urandom"))?;
+    let key: String = random[..KEY_BYTES]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let tag = u64::from_le_bytes(random[KEY_BYTES..].try_into().unwrap_or_default());
+    let tmp = dir.join(format!(".{KEY_FILE}.{}.{tag:016x}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        // 0600 from the start (umask can only narrow it): the key is never
+        // readable by others, not even for a moment.
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(format!("{key}\n").as_bytes())?;
+            f.sync_all()
+        });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(&tmp, "write")(e));
+    }
+    // link(2) fails with EEXIST instead of replacing: the first creator
+    // wins, and the file appears complete.
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {
+            // Best effort: make the new name durable.
+            if let Ok(d) = std::fs::File::open(dir) {
+                let _ = d.sync_all();
+            }
+            log::info!("generated the cluster key {}", path.display());
+            Ok(key)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_key(path),
+        Err(e) => Err(io(path, "create")(e)),
+    }
+}
+
+/// Reads an existing key file, refusing one others can read.
+fn read_key(path: &Path) -> Result<String, KeyError> {
+    let mut f = std::fs::File::open(path).map_err(|source| KeyError::Io {
+        path: path.to_path_buf(),
+        op: "open",
+        source,
+    })?;
+    let meta = f.metadata().map_err(|source| KeyError::Io {
+        path: path.to_path_buf(),
+        op: "stat",
+        source,
+    })?;
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(KeyError::Exposed {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    // A key file is one short line; anything much longer is not one.
+    let mut text = String::new();
+    (&mut f)
+        .take(4096)
+        .read_to_string(&mut text)
+        .map_err(|source| KeyError::Io {
+            path: path.to_path_buf(),
+            op: "read",
+            source,
+        })?;
+    let key = text.trim();
+    if key.len() < MIN_KEY_LEN {
+        return Err(KeyError::Malformed {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(key.to_string())
 }
 
 impl Config {
@@ -508,12 +687,17 @@ impl Config {
             (None, None) => None,
         };
         if let Some(k) = &key {
-            if k.len() < 16 {
+            if k.len() < MIN_KEY_LEN {
                 return err("key: the cluster key must be at least 16 characters");
             }
         }
         if raw.transport == TransportKind::Tcp && key.is_none() {
             return err("key: the tcp transport needs a cluster key (key or key_file)");
+        }
+        // An rdma cluster spans hosts: a key generated in each host's
+        // data_dir would differ, so it must be configured, as for tcp.
+        if raw.transport == TransportKind::Rdma && key.is_none() {
+            return err("key: the rdma transport needs a cluster key (key or key_file)");
         }
         if let Some(cmd) = &raw.server {
             if cmd.is_empty() {
@@ -619,7 +803,33 @@ impl Config {
             election: raw.election,
             nodes,
             warnings,
+            resolved_key: KeyCell::default(),
         })
+    }
+
+    /// Where the cluster key is kept when the config names none:
+    /// `<data_dir>/cluster.key` (None: the config names a key).
+    pub fn cluster_key_path(&self) -> Option<PathBuf> {
+        self.key.is_none().then(|| self.data_dir.join(KEY_FILE))
+    }
+
+    /// The cluster key every control and region handshake proves: the
+    /// configured `key`/`key_file`, else the one in
+    /// [`Config::cluster_key_path`], generated there on first use (see
+    /// [`generate_or_read_key`]). Resolved once per `Config` value (clones
+    /// made afterwards share it), so a process keeps the key it started
+    /// with; a configured key costs no I/O.
+    pub fn cluster_key(&self) -> Result<&str, KeyError> {
+        if let Some(k) = &self.key {
+            return Ok(k);
+        }
+        if let Some(k) = self.resolved_key.0.get() {
+            return Ok(k);
+        }
+        let path = self.data_dir.join(KEY_FILE);
+        let k = generate_or_read_key(&path)?;
+        // Two threads may both have read the file; they read the same key.
+        Ok(self.resolved_key.0.get_or_init(|| k))
     }
 
     /// The node with id `id`.
@@ -816,6 +1026,121 @@ metrics = "127.0.0.1:7203"
             e.starts_with("key_file: cannot read /nonexistent/key"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn rdma_needs_a_key() {
+        let rdma = GOOD.replace("\"shm\"", "\"rdma\"");
+        assert!(
+            bad(&rdma).starts_with("key: the rdma transport"),
+            "{}",
+            bad(&rdma)
+        );
+    }
+
+    /// A fresh directory under the temp dir, removed when dropped.
+    struct TempDir(PathBuf);
+    impl TempDir {
+        fn new(name: &str) -> TempDir {
+            let d =
+                std::env::temp_dir().join(format!("lockstep-config-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            TempDir(d)
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_configured_key_is_the_cluster_key_and_touches_no_file() {
+        let d = TempDir::new("configured");
+        let c = Config::parse(
+            &GOOD
+                .replace("/tmp/lockstep-demo", &d.0.display().to_string())
+                .replace(
+                    "cluster = \"demo\"",
+                    "cluster = \"demo\"\nkey = \"0123456789abcdef\"",
+                ),
+        )
+        .unwrap();
+        assert_eq!(c.cluster_key_path(), None);
+        assert_eq!(c.cluster_key().unwrap(), "0123456789abcdef");
+        assert!(!d.0.exists(), "a configured key created {}", d.0.display());
+    }
+
+    #[test]
+    fn concurrent_creators_end_with_one_private_key() {
+        use std::sync::{Arc, Barrier};
+        let d = TempDir::new("race");
+        // data_dir does not exist yet: the creators make it too.
+        let c = Config::parse(&GOOD.replace(
+            "/tmp/lockstep-demo",
+            &d.0.join("data").display().to_string(),
+        ))
+        .unwrap();
+        let path = c.cluster_key_path().expect("keyless config");
+        assert_eq!(path, d.0.join("data").join(KEY_FILE));
+        let n = 16;
+        let barrier = Arc::new(Barrier::new(n));
+        let keys: Vec<String> = (0..n)
+            .map(|_| {
+                // Each thread its own Config, as separate processes have.
+                let (c, b) = (c.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    b.wait();
+                    c.cluster_key().map(str::to_string)
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap().unwrap())
+            .collect();
+        assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
+        assert_eq!(keys[0].len(), 2 * KEY_BYTES);
+        assert!(keys[0].chars().all(|ch| ch.is_ascii_hexdigit()));
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), keys[0]);
+        // No creator's temp file is left behind.
+        let names: Vec<String> = std::fs::read_dir(d.0.join("data"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec![KEY_FILE.to_string()]);
+        // A later process reads the same key; one Config keeps its key.
+        let again = Config::parse(&GOOD.replace(
+            "/tmp/lockstep-demo",
+            &d.0.join("data").display().to_string(),
+        ))
+        .unwrap();
+        assert_eq!(again.cluster_key().unwrap(), keys[0]);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(again.cluster_key().unwrap(), keys[0]);
+    }
+
+    #[test]
+    fn an_exposed_or_empty_key_file_is_refused_naming_it() {
+        let d = TempDir::new("exposed");
+        std::fs::create_dir_all(&d.0).unwrap();
+        let path = d.0.join(KEY_FILE);
+        std::fs::write(&path, "0123456789abcdef0123\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = generate_or_read_key(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(&path.display().to_string())
+                && e.contains("readable by group or others (mode 0644)")
+                && e.contains("chmod 600"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(generate_or_read_key(&path).unwrap(), "0123456789abcdef0123");
+        std::fs::write(&path, "\n").unwrap();
+        let e = generate_or_read_key(&path).unwrap_err().to_string();
+        assert!(e.contains("holds no key"), "{e}");
     }
 
     #[test]

@@ -18,8 +18,10 @@
 //! `channel` is 1 for region writes and 2 for control; `node` is the
 //! connecting node's id (0 for a CLI client, which may only use the control
 //! channel). The cluster hash is [`crate::region::cluster_hash`] of the
-//! cluster name. A cluster without a key (shm clusters) derives the MAC key
-//! from the empty string: the exchange is the same, it just proves nothing.
+//! cluster name. `key` is [`crate::Config::cluster_key`]: the configured
+//! key, or on a one-host cluster without one the key generated in
+//! `<data_dir>/cluster.key` — every transport, shm included, proves a real
+//! key, so a local process that cannot read that file is refused too.
 //!
 //! The server refuses a wrong magic, cluster, channel or node id before it
 //! sends a nonce, and a wrong MAC after; every refusal carries a short
@@ -150,8 +152,8 @@ fn peer_name(stream: &TcpStream) -> String {
 }
 
 /// The MAC a client sends for `nonce`.
-fn mac(key: Option<&str>, nonce: &[u8; NONCE_LEN], node: u64, channel: Channel) -> blake3::Hash {
-    let k = blake3::derive_key(KEY_CONTEXT, key.unwrap_or("").as_bytes());
+fn mac(key: &str, nonce: &[u8; NONCE_LEN], node: u64, channel: Channel) -> blake3::Hash {
+    let k = blake3::derive_key(KEY_CONTEXT, key.as_bytes());
     let mut msg = [0u8; NONCE_LEN + 8 + 1];
     msg[..NONCE_LEN].copy_from_slice(nonce);
     msg[NONCE_LEN..NONCE_LEN + 8].copy_from_slice(&node.to_le_bytes());
@@ -171,7 +173,7 @@ fn set_timeouts(s: &TcpStream, t: Option<Duration>) -> io::Result<()> {
 pub fn connect(
     addr: SocketAddr,
     cluster: &str,
-    key: Option<&str>,
+    key: &str,
     me: u64,
     channel: Channel,
     timeout: Duration,
@@ -232,11 +234,7 @@ fn read_status(s: &mut TcpStream, name: &str) -> Result<(), HandshakeError> {
 /// channel. On success the stream has no timeouts and the caller serves
 /// [`Hello::channel`]; on failure the peer was told why (when it got that
 /// far), the refusal was logged and the stream is shut down.
-pub fn accept(
-    stream: &mut TcpStream,
-    cluster: &str,
-    key: Option<&str>,
-) -> Result<Hello, HandshakeError> {
+pub fn accept(stream: &mut TcpStream, cluster: &str, key: &str) -> Result<Hello, HandshakeError> {
     accept_channels(stream, cluster, key, &[Channel::Region, Channel::Control])
 }
 
@@ -245,7 +243,7 @@ pub fn accept(
 pub fn accept_channels(
     stream: &mut TcpStream,
     cluster: &str,
-    key: Option<&str>,
+    key: &str,
     allowed: &[Channel],
 ) -> Result<Hello, HandshakeError> {
     let name = peer_name(stream);
@@ -272,7 +270,7 @@ fn accept_inner(
     s: &mut TcpStream,
     name: &str,
     cluster: &str,
-    key: Option<&str>,
+    key: &str,
     allowed: &[Channel],
 ) -> Result<Hello, HandshakeError> {
     let _ = s.set_nodelay(true);
@@ -383,7 +381,7 @@ mod tests {
     /// the server's verdict.
     fn server(
         cluster: &'static str,
-        key: Option<&'static str>,
+        key: &'static str,
     ) -> (SocketAddr, std::thread::JoinHandle<Result<Hello, String>>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
@@ -398,8 +396,8 @@ mod tests {
 
     #[test]
     fn good_handshake() {
-        let (addr, t) = server("c1", Some(KEY));
-        let s = connect(addr, "c1", Some(KEY), 3, Channel::Region, T).unwrap();
+        let (addr, t) = server("c1", KEY);
+        let s = connect(addr, "c1", KEY, 3, Channel::Region, T).unwrap();
         assert_eq!(s.read_timeout().unwrap(), None);
         assert_eq!(
             t.join().unwrap().unwrap(),
@@ -411,16 +409,28 @@ mod tests {
     }
 
     #[test]
-    fn keyless_cluster_and_cli_client() {
-        let (addr, t) = server("c1", None);
-        connect(addr, "c1", None, 0, Channel::Control, T).unwrap();
+    fn cli_client_with_the_key() {
+        let (addr, t) = server("c1", KEY);
+        connect(addr, "c1", KEY, 0, Channel::Control, T).unwrap();
         assert_eq!(t.join().unwrap().unwrap().node, 0);
+    }
+
+    /// What a client without the key can prove (the MAC over the empty
+    /// key, which keyless shm clusters once accepted) is refused.
+    #[test]
+    fn a_client_without_the_key_is_refused() {
+        let (addr, t) = server("c1", KEY);
+        let e = connect(addr, "c1", "", 0, Channel::Control, T)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("wrong cluster key"), "{e}");
+        assert!(t.join().unwrap().unwrap_err().contains("wrong cluster key"));
     }
 
     #[test]
     fn wrong_key_cluster_channel_node() {
-        let (addr, t) = server("c1", Some(KEY));
-        let e = connect(addr, "c1", Some("fedcba9876543210"), 2, Channel::Region, T)
+        let (addr, t) = server("c1", KEY);
+        let e = connect(addr, "c1", "fedcba9876543210", 2, Channel::Region, T)
             .unwrap_err()
             .to_string();
         assert!(
@@ -429,8 +439,8 @@ mod tests {
         );
         assert!(t.join().unwrap().unwrap_err().contains("wrong cluster key"));
 
-        let (addr, t) = server("c1", Some(KEY));
-        let e = connect(addr, "c2", Some(KEY), 2, Channel::Region, T)
+        let (addr, t) = server("c1", KEY);
+        let e = connect(addr, "c2", KEY, 2, Channel::Region, T)
             .unwrap_err()
             .to_string();
         assert!(
@@ -439,14 +449,14 @@ mod tests {
         );
         assert!(t.join().unwrap().is_err());
 
-        let (addr, t) = server("c1", Some(KEY));
-        let e = connect(addr, "c1", Some(KEY), 0, Channel::Region, T)
+        let (addr, t) = server("c1", KEY);
+        let e = connect(addr, "c1", KEY, 0, Channel::Region, T)
             .unwrap_err()
             .to_string();
         assert!(e.contains("node id 0"), "{e}");
         assert!(t.join().unwrap().is_err());
 
-        let (addr, t) = server("c1", Some(KEY));
+        let (addr, t) = server("c1", KEY);
         let mut s = TcpStream::connect(addr).unwrap();
         let mut hello = [0u8; HELLO_LEN];
         hello[..8].copy_from_slice(&MAGIC);
@@ -461,7 +471,7 @@ mod tests {
 
     #[test]
     fn bad_magic_is_refused_and_closed() {
-        let (addr, t) = server("c1", Some(KEY));
+        let (addr, t) = server("c1", KEY);
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(T)).unwrap();
         s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
@@ -484,7 +494,7 @@ mod tests {
             let mut b = [0u8; HELLO_LEN];
             let _ = s.read_exact(&mut b);
         });
-        let e = connect(addr, "c1", Some(KEY), 1, Channel::Control, T)
+        let e = connect(addr, "c1", KEY, 1, Channel::Control, T)
             .unwrap_err()
             .to_string();
         assert!(e.contains("does not speak the lockstep protocol"), "{e}");
@@ -503,7 +513,7 @@ mod tests {
         let e = connect(
             addr,
             "c1",
-            Some(KEY),
+            KEY,
             1,
             Channel::Control,
             Duration::from_millis(200),

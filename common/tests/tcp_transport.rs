@@ -57,7 +57,7 @@ control = "{control2}"
 /// Node 2's region behind a listener, and node 1's transport to it.
 fn pair(ring: u64) -> (Arc<Region>, ListenerHandle, TcpTransport) {
     let r2 = region(2, ring);
-    let l = tcp::spawn_listener("127.0.0.1:0", r2.clone(), CLUSTER, Some(KEY)).unwrap();
+    let l = tcp::spawn_listener("127.0.0.1:0", r2.clone(), CLUSTER, KEY).unwrap();
     let t = TcpTransport::new(&config(l.local_addr(), KEY, ring), 1, region(1, ring)).unwrap();
     (r2, l, t)
 }
@@ -205,7 +205,7 @@ fn old_view_writes_are_refused() {
 #[test]
 fn wrong_key_is_refused() {
     let r2 = region(2, RING);
-    let l = tcp::spawn_listener("127.0.0.1:0", r2.clone(), CLUSTER, Some(KEY)).unwrap();
+    let l = tcp::spawn_listener("127.0.0.1:0", r2.clone(), CLUSTER, KEY).unwrap();
     let addr = l.local_addr();
     let before = snapshot(&r2);
 
@@ -215,7 +215,7 @@ fn wrong_key_is_refused() {
         t.write(2, 1, region::ring_offset(i * 64), &[0x55; 64])
             .unwrap();
     }
-    let e = handshake::connect(addr, CLUSTER, Some(bad_key), 1, Channel::Region, WAIT)
+    let e = handshake::connect(addr, CLUSTER, bad_key, 1, Channel::Region, WAIT)
         .unwrap_err()
         .to_string();
     assert!(
@@ -241,22 +241,15 @@ fn wrong_key_is_refused() {
 #[test]
 fn control_channel_and_wrong_cluster_are_refused_by_the_region_listener() {
     let r2 = region(2, RING);
-    let l = tcp::spawn_listener("127.0.0.1:0", r2, CLUSTER, Some(KEY)).unwrap();
-    let e = handshake::connect(
-        l.local_addr(),
-        CLUSTER,
-        Some(KEY),
-        1,
-        Channel::Control,
-        WAIT,
-    )
-    .unwrap_err()
-    .to_string();
+    let l = tcp::spawn_listener("127.0.0.1:0", r2, CLUSTER, KEY).unwrap();
+    let e = handshake::connect(l.local_addr(), CLUSTER, KEY, 1, Channel::Control, WAIT)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("refused") && e.contains("control channel"),
         "{e}"
     );
-    let e = handshake::connect(l.local_addr(), "other", Some(KEY), 1, Channel::Region, WAIT)
+    let e = handshake::connect(l.local_addr(), "other", KEY, 1, Channel::Region, WAIT)
         .unwrap_err()
         .to_string();
     assert!(e.contains("refused") && e.contains("wrong cluster"), "{e}");
@@ -265,7 +258,7 @@ fn control_channel_and_wrong_cluster_are_refused_by_the_region_listener() {
 /// Sends `bytes` on an authenticated region connection (then closes our
 /// sending side if `eof`), and checks that the server closes it.
 fn send_garbage(addr: SocketAddr, bytes: &[u8], eof: bool) {
-    let mut s = handshake::connect(addr, CLUSTER, Some(KEY), 1, Channel::Region, WAIT).unwrap();
+    let mut s = handshake::connect(addr, CLUSTER, KEY, 1, Channel::Region, WAIT).unwrap();
     s.set_read_timeout(Some(WAIT)).unwrap();
     // The server may close (and reset) before it read everything.
     let _ = s.write_all(bytes);
@@ -427,7 +420,7 @@ fn peer_down_at_start_gets_later_writes() {
     t.flush();
     std::thread::sleep(Duration::from_millis(100));
 
-    let mut l = tcp::spawn_listener(addr, r2.clone(), CLUSTER, Some(KEY)).unwrap();
+    let mut l = tcp::spawn_listener(addr, r2.clone(), CLUSTER, KEY).unwrap();
     let off = region::ring_offset(65536);
     t.write(2, 1, off, &[0x5A; 128]).unwrap();
     wait_until("a write posted once the peer is up", || {
@@ -439,7 +432,7 @@ fn peer_down_at_start_gets_later_writes() {
     drop(l);
     t.write(2, 1, off, &[0x01; 128]).unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    let _l = tcp::spawn_listener(addr, r2.clone(), CLUSTER, Some(KEY)).unwrap();
+    let _l = tcp::spawn_listener(addr, r2.clone(), CLUSTER, KEY).unwrap();
     wait_until("a write after the peer came back", || {
         t.write(2, 1, off + 128, &[0x6B; 64]).unwrap();
         std::thread::sleep(Duration::from_millis(20));

@@ -98,6 +98,11 @@ impl Node {
         let control = config.node(me)?.control;
         let control_listener = TcpListener::bind(control)
             .with_context(|| format!("cannot listen on control address {control}"))?;
+        // Every control and region handshake proves this key, on shm too:
+        // read (or, on a keyless config, generate) it once now, so that a
+        // missing or exposed key file stops the node here with one line
+        // and every later handshake uses the key the node started with.
+        config.cluster_key()?;
         let zookeeper = config.election.mode == ElectionMode::Zookeeper;
         // Before touching anything: no ZooKeeper, no node.
         let election = if zookeeper {
@@ -613,7 +618,7 @@ impl Node {
         let s = handshake::connect(
             addr,
             &self.config.cluster,
-            self.config.key.as_deref(),
+            self.config.cluster_key()?,
             self.me,
             Channel::Control,
             connect_timeout,
@@ -942,11 +947,15 @@ impl Node {
 
     fn serve_peer(&self, mut stream: TcpStream, from: std::net::SocketAddr) {
         let _ = stream.set_nonblocking(false);
-        let hello = match handshake::accept(
-            &mut stream,
-            &self.config.cluster,
-            self.config.key.as_deref(),
-        ) {
+        // Resolved at start (see `Node::start`): no I/O here.
+        let key = match self.config.cluster_key() {
+            Ok(k) => k,
+            Err(e) => {
+                log::error!("refused a connection from {from}: {e}");
+                return;
+            }
+        };
+        let hello = match handshake::accept(&mut stream, &self.config.cluster, key) {
             Ok(h) => h,
             Err(e) => {
                 log::warn!("refused a connection from {from}: {e}");

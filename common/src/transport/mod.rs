@@ -48,6 +48,9 @@ pub enum TransportError {
     /// The transport cannot run here (e.g. no RDMA device).
     #[error("transport unavailable: {0}")]
     Unavailable(String),
+    /// The cluster key its handshakes prove could not be had.
+    #[error(transparent)]
+    Key(#[from] crate::config::KeyError),
 }
 
 /// A one-sided write transport. Writes to the local node go straight into

@@ -388,7 +388,7 @@ pub fn spawn_listener<A: ToSocketAddrs>(
     addr: A,
     region: Arc<Region>,
     cluster: &str,
-    key: Option<&str>,
+    key: &str,
 ) -> io::Result<ListenerHandle> {
     let listener = TcpListener::bind(addr)?;
     let local = listener.local_addr()?;
@@ -398,7 +398,7 @@ pub fn spawn_listener<A: ToSocketAddrs>(
     });
     let server = RegionServer::new(region);
     let cluster = cluster.to_string();
-    let key = key.map(str::to_string);
+    let key = key.to_string();
     let sh = shared.clone();
     let thread = std::thread::Builder::new()
         .name("lockstep-region-listen".into())
@@ -415,7 +415,7 @@ fn accept_loop(
     shared: Arc<ListenerShared>,
     server: RegionServer,
     cluster: String,
-    key: Option<String>,
+    key: String,
 ) {
     let mut workers: Vec<JoinHandle<()>> = Vec::new();
     let mut next_id = 0u64;
@@ -453,12 +453,9 @@ fn accept_loop(
             .name("lockstep-region-serve".into())
             .spawn(move || {
                 let mut stream = stream;
-                if let Ok(hello) = handshake::accept_channels(
-                    &mut stream,
-                    &cluster,
-                    (*key).as_deref(),
-                    &[Channel::Region],
-                ) {
+                if let Ok(hello) =
+                    handshake::accept_channels(&mut stream, &cluster, &key, &[Channel::Region])
+                {
                     server.serve(stream, hello.node);
                 }
                 lock(&sh.conns).remove(&id);
@@ -492,7 +489,7 @@ struct Peer {
     me: u64,
     addr: SocketAddr,
     cluster: String,
-    key: Option<String>,
+    key: String,
     region_len: u64,
     state: Mutex<PeerState>,
     cv: Condvar,
@@ -536,6 +533,9 @@ impl TcpTransport {
         config
             .node(me)
             .map_err(|_| TransportError::UnknownNode(me))?;
+        // Configured (the tcp transport needs one), so no I/O: this runs
+        // inside the preloaded server too.
+        let key = config.cluster_key()?.to_string();
         let fenced_by = Arc::new(AtomicU64::new(0));
         let peers = PeerTable::new(config, me, |n| {
             Ok(Peer {
@@ -543,7 +543,7 @@ impl TcpTransport {
                 me,
                 addr: n.control,
                 cluster: config.cluster.clone(),
-                key: config.key.clone(),
+                key: key.clone(),
                 region_len: config.region_spec(n.id).remote_len(),
                 state: Mutex::new(PeerState::default()),
                 cv: Condvar::new(),
@@ -763,7 +763,7 @@ impl Peer {
         let stream = handshake::connect(
             self.addr,
             &self.cluster,
-            self.key.as_deref(),
+            &self.key,
             self.me,
             Channel::Region,
             HANDSHAKE_TIMEOUT,

@@ -20,7 +20,7 @@ const TICK: Duration = Duration::from_millis(20);
 pub(super) struct Owner {
     pub me: u64,
     pub cluster: u64,
-    pub key: Option<String>,
+    pub key: String,
     pub known: Vec<u64>,
     pub local: Arc<Region>,
     pub device: Arc<Device>,
@@ -159,14 +159,9 @@ impl Owner {
                 log::warn!("rdma: {e}");
             }
         };
-        let req = match wire::answer(
-            data,
-            self.cluster,
-            self.key.as_deref(),
-            self.me,
-            view,
-            |n| self.known.contains(&n),
-        ) {
+        let req = match wire::answer(data, self.cluster, &self.key, self.me, view, |n| {
+            self.known.contains(&n)
+        }) {
             Ok(r) => r,
             Err(r) => {
                 let who = match wire::ConnRequest::decode(data) {

@@ -217,6 +217,9 @@ mod imp {
             let node = config
                 .node(me)
                 .map_err(|_| TransportError::UnknownNode(me))?;
+            // Configured (the rdma transport needs one), so no I/O: this
+            // runs inside the preloaded server too.
+            let key = config.cluster_key()?.to_string();
             // Before any other verbs call: a server that forks (Redis
             // BGSAVE) must not take registered pages with it.
             if verbs::fork_unsafe() {
@@ -251,7 +254,7 @@ mod imp {
                 let owner = Owner {
                     me,
                     cluster: cluster_hash(&config.cluster),
-                    key: config.key.clone(),
+                    key: key.clone(),
                     known: config.ids().collect(),
                     local: local.clone(),
                     device: device.clone(),
@@ -273,7 +276,7 @@ mod imp {
                     src,
                     region_len: config.region_spec(n.id).remote_len(),
                     cluster: cluster_hash(&config.cluster),
-                    key: config.key.clone(),
+                    key: key.clone(),
                 };
                 Peer::new(spec, &pd, fenced_by.clone()).map_err(unavailable)
             })?;

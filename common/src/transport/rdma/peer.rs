@@ -80,7 +80,7 @@ pub(super) struct Peer {
     src: Option<SocketAddr>,
     region_len: u64,
     cluster: u64,
-    key: Option<String>,
+    key: String,
     state: Mutex<PeerState>,
     channel: Arc<EventChannel>,
     pd: Arc<ProtectionDomain>,
@@ -102,7 +102,7 @@ pub(super) struct PeerSpec {
     pub src: Option<SocketAddr>,
     pub region_len: u64,
     pub cluster: u64,
-    pub key: Option<String>,
+    pub key: String,
 }
 
 impl RemotePeer for Peer {
@@ -532,7 +532,7 @@ impl Peer {
             view: self.view.load(Ordering::Acquire),
             cluster: self.cluster,
         };
-        id.connect(&req.encode(self.key.as_deref()))?;
+        id.connect(&req.encode(&self.key))?;
         let data = self.wait_for(&id, event::RDMA_CM_EVENT_ESTABLISHED, CONNECT_TIMEOUT)?;
         let remote = ConnAccept::decode(&data).map_err(|e| ConnectError::Other(e.to_string()))?;
         if remote.node != self.node || remote.len != self.region_len {

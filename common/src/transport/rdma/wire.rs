@@ -140,8 +140,8 @@ pub struct ConnRequest {
 
 impl ConnRequest {
     /// The request's wire bytes, authenticated with the cluster `key`
-    /// (`None`: a keyless cluster, whose MAC proves nothing).
-    pub fn encode(&self, key: Option<&str>) -> [u8; REQUEST_LEN] {
+    /// ([`crate::Config::cluster_key`]).
+    pub fn encode(&self, key: &str) -> [u8; REQUEST_LEN] {
         let mut b = [0u8; REQUEST_LEN];
         b[..4].copy_from_slice(&REQUEST_MAGIC);
         b[4] = VERSION;
@@ -175,7 +175,7 @@ impl ConnRequest {
 
     /// Whether `mac` (from [`Self::decode`]) proves knowledge of `key`.
     /// Constant-time comparison.
-    pub fn verify(&self, mac: &[u8; 32], key: Option<&str>) -> bool {
+    pub fn verify(&self, mac: &[u8; 32], key: &str) -> bool {
         let expected = self.encode(key);
         let mut got = [0u8; 32];
         got.copy_from_slice(&expected[MAC_AT..]);
@@ -183,8 +183,8 @@ impl ConnRequest {
     }
 }
 
-fn mac(key: Option<&str>, msg: &[u8]) -> blake3::Hash {
-    let k = blake3::derive_key(KEY_CONTEXT, key.unwrap_or("").as_bytes());
+fn mac(key: &str, msg: &[u8]) -> blake3::Hash {
+    let k = blake3::derive_key(KEY_CONTEXT, key.as_bytes());
     blake3::keyed_hash(&k, msg)
 }
 
@@ -327,7 +327,7 @@ impl Refusal {
 pub fn answer(
     data: &[u8],
     cluster: u64,
-    key: Option<&str>,
+    key: &str,
     me: u64,
     view: u64,
     known: impl Fn(u64) -> bool,
@@ -353,7 +353,7 @@ pub fn answer(
 mod tests {
     use super::*;
 
-    const KEY: Option<&str> = Some("0123456789abcdef");
+    const KEY: &str = "0123456789abcdef";
 
     fn req() -> ConnRequest {
         ConnRequest {
@@ -370,8 +370,8 @@ mod tests {
         let (r, mac) = ConnRequest::decode(&b).unwrap();
         assert_eq!(r, req());
         assert!(r.verify(&mac, KEY));
-        assert!(!r.verify(&mac, Some("fedcba9876543210")));
-        assert!(!r.verify(&mac, None));
+        assert!(!r.verify(&mac, "fedcba9876543210"));
+        assert!(!r.verify(&mac, ""));
         // IB pads private data with zeros: still the same request.
         let mut padded = b.to_vec();
         padded.extend_from_slice(&[0; 36]);
@@ -495,7 +495,7 @@ mod tests {
         assert_eq!(code(ask(req(), KEY, 8)), RefusalCode::Fenced);
         assert_eq!(ask(req(), KEY, 8).unwrap_err().view, 8);
         assert_eq!(
-            code(ask(req(), Some("another key 12345"), 7)),
+            code(ask(req(), "another key 12345", 7)),
             RefusalCode::WrongKey
         );
         assert_eq!(
