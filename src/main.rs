@@ -186,8 +186,9 @@ fn main() {
             let c = load(path.clone(), None)?;
             let path = path.unwrap_or_default();
             // One line for a missing or exposed key instead of the same
-            // error for every node; the queries then reuse it.
-            c.cluster_key()?;
+            // error for every node; the queries then reuse it. Read only:
+            // asking never creates the key.
+            c.existing_cluster_key()?;
             let nodes = status::query_all(&c, Duration::from_secs(2));
             if json {
                 println!("{}", status::to_json(&c, &path, &nodes));

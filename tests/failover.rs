@@ -1342,29 +1342,61 @@ struct IsolatedClient {
     end: String,
 }
 
+/// A 3-node tcp cluster, each node in a network namespace of its own, and
+/// ZooKeeper in another; followers and servers started. Fields drop in
+/// order: processes first, the network last.
+struct NetnsRun {
+    f: Finder,
+    c: NetnsCluster,
+    _zk: NetnsZk,
+    net: Net,
+    all: Vec<u64>,
+}
+
+impl NetnsRun {
+    /// Starts it on `10.213.<subnet>.0/24`. The calling thread (and
+    /// the client threads it starts) lives in the client namespace from
+    /// then on: it reaches every node and ZooKeeper through the bridge,
+    /// like any outside client.
+    fn start(test: &str, subnet: u8) -> NetnsRun {
+        let net = Net::required(NET_PREFIX, subnet, 3, &[("zk", 200)]);
+        enter_netns_at(&Net::path(&net.client_ns));
+        let dir = std::env::temp_dir().join(format!("lockstep-t{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (zk_ns, zk_ip) = net.host("zk");
+        let zk_addr = SocketAddr::from((zk_ip, 2181));
+        let zk = NetnsZk::start(&dir.join("zk"), &Net::path(zk_ns), zk_addr);
+        let mut c = NetnsCluster::new(test, dir, &net, zk_addr);
+        let f = Finder::new(&c.config_path, &c.dir);
+        let all = f.ids();
+        for &id in &all {
+            c.start_follower(id, &f);
+        }
+        for &id in &all {
+            c.start_server(id, &f);
+        }
+        NetnsRun {
+            f,
+            c,
+            _zk: zk,
+            net,
+            all,
+        }
+    }
+}
+
 #[test]
 fn isolated_leader_cannot_ack_and_rejoins() {
     let _serial = serial();
-    let net = Net::required(NET_PREFIX, 78, 3, &[("zk", 200)]);
-    // This thread (and the client threads it starts) lives in the client
-    // namespace from here on: it reaches every node and ZooKeeper through
-    // the bridge, like any outside client.
-    enter_netns_at(&Net::path(&net.client_ns));
-    let dir = std::env::temp_dir().join(format!("lockstep-t{}-fo-netns", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (zk_ns, zk_ip) = net.host("zk");
-    let zk_addr = SocketAddr::from((zk_ip, 2181));
-    let _zk = NetnsZk::start(&dir.join("zk"), &Net::path(zk_ns), zk_addr);
-    let mut c = NetnsCluster::new("fo-netns", dir.clone(), &net, zk_addr);
-    let f = Finder::new(&c.config_path, &c.dir);
-    let all = f.ids();
-    for &id in &all {
-        c.start_follower(id, &f);
-    }
-    for &id in &all {
-        c.start_server(id, &f);
-    }
+    // Bound in this order so that they drop in the struct's order.
+    let NetnsRun {
+        net,
+        _zk,
+        mut c,
+        f,
+        all,
+    } = NetnsRun::start("fo-netns", 78);
     let old = f.wait_leader(&all, &[], "a first leader");
     // Load on the first leader, stopped before the isolation: then nothing
     // is in flight when the link goes down, and the only input the isolated
@@ -1544,23 +1576,14 @@ fn get(addr: SocketAddr, key: &str) -> Option<String> {
 #[test]
 fn a_blip_shorter_than_the_session_timeout_changes_no_view() {
     let _serial = serial();
-    let net = Net::required(NET_PREFIX, 79, 3, &[("zk", 200)]);
-    enter_netns_at(&Net::path(&net.client_ns));
-    let dir = std::env::temp_dir().join(format!("lockstep-t{}-fo-blip", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (zk_ns, zk_ip) = net.host("zk");
-    let zk_addr = SocketAddr::from((zk_ip, 2181));
-    let _zk = NetnsZk::start(&dir.join("zk"), &Net::path(zk_ns), zk_addr);
-    let mut c = NetnsCluster::new("fo-blip", dir.clone(), &net, zk_addr);
-    let f = Finder::new(&c.config_path, &c.dir);
-    let all = f.ids();
-    for &id in &all {
-        c.start_follower(id, &f);
-    }
-    for &id in &all {
-        c.start_server(id, &f);
-    }
+    // Bound in this order so that they drop in the struct's order.
+    let NetnsRun {
+        net,
+        _zk,
+        c: _c,
+        f,
+        all,
+    } = NetnsRun::start("fo-blip", 79);
     let leader = f.wait_leader(&all, &[], "a first leader");
     let view = f.status(leader).expect("leader status").view;
     let load = Load::start(&f, &all, 0..4, OnError::Reconnect, Duration::from_secs(10));

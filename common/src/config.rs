@@ -820,14 +820,25 @@ impl Config {
     /// made afterwards share it), so a process keeps the key it started
     /// with; a configured key costs no I/O.
     pub fn cluster_key(&self) -> Result<&str, KeyError> {
+        self.resolve_key(generate_or_read_key)
+    }
+
+    /// [`Config::cluster_key`] for a client that only asks (`lockstep
+    /// status`): reads the key, never creates it (a key file made by
+    /// whoever asks first, e.g. root before the followers ever ran, could
+    /// lock the followers out).
+    pub fn existing_cluster_key(&self) -> Result<&str, KeyError> {
+        self.resolve_key(read_key)
+    }
+
+    fn resolve_key(&self, get: fn(&Path) -> Result<String, KeyError>) -> Result<&str, KeyError> {
         if let Some(k) = &self.key {
             return Ok(k);
         }
         if let Some(k) = self.resolved_key.0.get() {
             return Ok(k);
         }
-        let path = self.data_dir.join(KEY_FILE);
-        let k = generate_or_read_key(&path)?;
+        let k = get(&self.data_dir.join(KEY_FILE))?;
         // Two threads may both have read the file; they read the same key.
         Ok(self.resolved_key.0.get_or_init(|| k))
     }

@@ -305,8 +305,8 @@ pub fn recv_entries(r: &mut impl Read) -> io::Result<Vec<FetchedEntry>> {
 }
 
 /// Asks node `id`'s follower for its status over the control channel
-/// (as a CLI client, node 0, proving [`crate::Config::cluster_key`]: whoever
-/// can read the key may ask); `timeout` bounds the connect and the answer.
+/// (as a CLI client, node 0, proving [`crate::Config::existing_cluster_key`]:
+/// whoever can read the key may ask); `timeout` bounds the connect and the answer.
 pub fn query_status(
     config: &crate::Config,
     id: u64,
@@ -314,7 +314,7 @@ pub fn query_status(
 ) -> Result<NodeStatus, String> {
     use crate::handshake::{self, Channel};
     let addr = config.node(id).map_err(|e| e.0)?.control;
-    let key = config.cluster_key().map_err(|e| e.to_string())?;
+    let key = config.existing_cluster_key().map_err(|e| e.to_string())?;
     let mut s = handshake::connect(addr, &config.cluster, key, 0, Channel::Control, timeout)
         .map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(timeout))
