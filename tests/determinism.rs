@@ -275,22 +275,15 @@ fn replicas_agree_after_a_failover() {
     }
 }
 
-/// The node among `ids` that leads once it takes a write.
+/// The node among `ids` that leads, once it takes a write.
 fn wait_any_leader(c: &TestCluster, ids: &[u64]) -> u64 {
-    let found = std::cell::Cell::new(0);
-    c.wait("a leader that takes writes", LIMIT, |c| {
-        let statuses: Vec<_> = ids.iter().filter_map(|&id| c.status(id).ok()).collect();
-        let Some((_, l)) = leading(&statuses) else {
-            return false;
-        };
-        let ok = Resp::connect(c.app(l))
+    let l = c.wait_leader_among(ids, LIMIT);
+    c.wait("the leader to take a write", LIMIT, |c| {
+        Resp::connect(c.app(l))
             .and_then(|mut r| r.cmd(&[b"SET", b"probe", b"1"]))
-            .map(|rep| rep == Reply::Status("OK".into()))
-            .unwrap_or(false);
-        found.set(l);
-        ok
+            .is_ok_and(|rep| rep == Reply::Status("OK".into()))
     });
-    found.get()
+    l
 }
 
 /// Reads every key the workloads of `tags` wrote on the node at `app`

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cluster::{leading, Options, Reply, Resp, SparePorts, TestCluster, ZookeeperServer};
+use cluster::{Options, Reply, Resp, SparePorts, TestCluster, ZookeeperServer};
 
 const HANG: Duration = Duration::from_secs(180);
 const SESSION_MS: u64 = 2000;
@@ -100,22 +100,6 @@ fn sentinel_cluster(test: &str, nodes: usize) -> (TestCluster, ZookeeperServer, 
     (c, zk, sentinels)
 }
 
-/// The node that leads among `ids`, once one does.
-fn wait_leader(c: &TestCluster, ids: &[u64]) -> u64 {
-    let found = std::cell::Cell::new(0);
-    c.wait("a leader", HANG, |c| {
-        let statuses: Vec<_> = ids.iter().filter_map(|&i| c.status(i).ok()).collect();
-        match leading(&statuses) {
-            Some((_, l)) if ids.contains(&l) => {
-                found.set(l);
-                true
-            }
-            _ => false,
-        }
-    });
-    found.get()
-}
-
 fn lines(p: &Path) -> Vec<String> {
     std::fs::read_to_string(p)
         .unwrap_or_default()
@@ -161,7 +145,7 @@ fn redis_py_sentinel_client_follows_a_leader_sigkill() {
     );
     let (mut c, _zk, sentinels) = sentinel_cluster("sentinel", 3);
     let all = [1, 2, 3];
-    let old = wait_leader(&c, &all);
+    let old = c.wait_leader_among(&all, HANG);
     let name = c.name.clone();
     for s in &sentinels {
         c.wait("every sentinel to name the leader", HANG, |c| {
@@ -221,7 +205,7 @@ fn redis_py_sentinel_client_follows_a_leader_sigkill() {
     c.kill_follower(old);
     std::fs::write(&killed, "").expect("mark killed");
     let alive: Vec<u64> = all.iter().copied().filter(|&i| i != old).collect();
-    let new = wait_leader(&c, &alive);
+    let new = c.wait_leader_among(&alive, HANG);
 
     let message = sub.read().expect("+switch-master message");
     let want = format!(

@@ -29,7 +29,7 @@
 use std::cell::Cell;
 use std::ffi::{c_int, c_long, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use libc::{iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
@@ -937,7 +937,7 @@ fn event_loop_turn() {
 }
 
 /// Set once the server's own generators got the cluster's seed.
-static GENERATORS_SEEDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static GENERATORS_SEEDED: AtomicBool = AtomicBool::new(false);
 
 /// Seeds the generators the server exports (`entropy::GENERATORS`) from the
 /// cluster's stream, once, at its first event-loop wait: after `main`

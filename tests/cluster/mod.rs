@@ -243,6 +243,23 @@ impl TestCluster {
         });
     }
 
+    /// The node among `ids` that leads (see [`leading`]), once one does;
+    /// panics with the logs after `limit`.
+    pub fn wait_leader_among(&self, ids: &[u64], limit: Duration) -> u64 {
+        let found = std::cell::Cell::new(0);
+        self.wait("a leader", limit, |c| {
+            let statuses: Vec<_> = ids.iter().filter_map(|&i| c.status(i).ok()).collect();
+            match leading(&statuses) {
+                Some((_, l)) if ids.contains(&l) => {
+                    found.set(l);
+                    true
+                }
+                _ => false,
+            }
+        });
+        found.get()
+    }
+
     /// SIGKILLs node `id`'s follower.
     pub fn kill_follower(&mut self, id: u64) {
         let i = self.idx(id);
