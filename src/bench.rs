@@ -309,7 +309,7 @@ impl Leader {
 
     /// Appends one entry to every ring; returns its seq.
     fn append(&mut self, kind: Kind, conn: u64, payload: &[u8]) -> anyhow::Result<u64> {
-        self.append_timed(kind, conn, payload).map(|(seq, _)| seq)
+        self.append_timed(kind, conn, 0, payload).map(|(seq, _)| seq)
     }
 
     /// Appends one entry to every ring; returns its seq and, per node, the
@@ -320,11 +320,13 @@ impl Leader {
         &mut self,
         kind: Kind,
         conn: u64,
+        flags: u8,
         payload: &[u8],
     ) -> anyhow::Result<(u64, [Instant; NODES as usize])> {
         let seq = self.next_seq;
         let conn = if kind == Kind::Accept { seq } else { conn };
         let mut hdr = EntryHeader::new(kind, self.view, seq, conn, payload.len() as u32);
+        hdr.flags = flags;
         let mut waited = false;
         let mut at = [Instant::now(); NODES as usize];
         let a = loop {
@@ -500,7 +502,7 @@ fn latency(
         if let Some(gap) = idle {
             std::thread::sleep(gap);
         }
-        let (seq, written) = l.append_timed(Kind::Data, conn, &payload)?;
+        let (seq, written) = l.append_timed(Kind::Data, conn, 0, &payload)?;
         let mut at: [Option<Duration>; NODES as usize] = [None; NODES as usize];
         let mut majority_at = None;
         let m = l.majority;
@@ -565,7 +567,11 @@ fn stream(b: &mut Bench, l: &mut Leader, n: u64, conns: u64) -> anyhow::Result<S
             resp(&[b"INCR", format!("ctr:{c}").as_bytes()])
         };
         bytes += cmd.len() as u64;
-        let seq = l.append(Kind::Data, ids[c], &cmd)?;
+        // One round over the connections is one turn of a busy server's
+        // event loop (every client ready): its entries carry SAME_TURN as
+        // the preload's would, so backups may hand them over together.
+        let flags = if c == 0 { 0 } else { entry::SAME_TURN };
+        let (seq, _) = l.append_timed(Kind::Data, ids[c], flags, &cmd)?;
         if seq % 64 == 0 {
             let m = l.majority_acked();
             l.region.raise_commit(m);

@@ -88,14 +88,19 @@ fn random_commands_on_large_collections_agree_everywhere() {
     let mut c = TestCluster::new("det-rand", Options::default());
     c.start_all();
     let mut r = Resp::connect(c.app(1)).unwrap();
+    // Redis's cron moves rehash steps at each replica's own moments, and a
+    // key added while its bucket waits to move lands in another place of
+    // its chain: RANDOMKEY's pick then differs (timer-driven work, which
+    // lockstep does not replicate yet; see the README). Through the log,
+    // so every replica turns it off at the same point.
+    r.cmd(&[b"CONFIG", b"SET", b"activerehashing", b"no"]).unwrap();
     for i in 0..200 {
         // Not integers: a hash table, not an intset.
         r.cmd(&[b"SADD", b"s", format!("m{i}").as_bytes()]).unwrap();
         r.cmd(&[b"SET", format!("k{i}").as_bytes(), b"v"]).unwrap();
     }
     // Reads step the keyspace's incremental rehash to its end on every
-    // replica alike, so no cron-driven rehash step is left to pick a
-    // different bucket layout for RANDOMKEY.
+    // replica alike.
     for i in 0..400 {
         r.cmd(&[b"GET", format!("k{}", i % 200).as_bytes()]).unwrap();
     }

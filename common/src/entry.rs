@@ -28,6 +28,12 @@ pub const ENTRY_ALIGN: usize = 64;
 
 const CRC_OFFSET: usize = 48;
 
+/// Flag: the leader's server read this entry's input in the same
+/// event-loop turn, on the same thread, as the previous entry's. A backup
+/// may hand a run of such entries to its server in one turn; without the
+/// flag it never joins an entry to the one before.
+pub const SAME_TURN: u8 = 1;
+
 /// What an entry records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -68,7 +74,7 @@ pub struct EntryHeader {
     pub len: u32,
     /// What the entry records.
     pub kind: Kind,
-    /// Reserved flag bits.
+    /// Flag bits: [`SAME_TURN`]; the others are reserved (zero).
     pub flags: u8,
     /// View in which the entry was proposed.
     pub view: u64,

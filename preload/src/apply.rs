@@ -13,17 +13,28 @@
 //! - `VIEW`: every replay connection ends (the new view's clients connect
 //!   to its leader).
 //!
-//! Only one entry is in flight: the next one is written once the server
-//! consumed the last (the read hook counts the bytes, in this process) and
-//! went back to its event loop (the `epoll_wait`/`poll`/`select` hooks tell:
-//! by then it wrote whatever it answers to that input). That keeps the
-//! leader's exact cross-connection order, and each reply lands in the same
-//! per-input interval as on the leader, without any round trip to another
-//! process. The pump advances from the hooks themselves (the server thread
-//! that re-enters its event loop writes the next entry, which its wait then
+//! Only one *turn* is in flight: the entries the leader's server read in
+//! one event-loop turn (the leader flags them, `entry::SAME_TURN`), for at
+//! most [`turns::batch_width`] connections, each once (see [`joins`]). The
+//! next turn is written once the server consumed the last (the read hook
+//! counts the bytes, in this process) and went back to its event loop (the
+//! `epoll_wait`/`poll`/`select` hooks tell: by then it wrote whatever it
+//! answers). That keeps the leader's exact cross-connection order, and
+//! each reply lands in the same per-input interval as on the leader,
+//! without any round trip to another process. Within a turn the server
+//! must take the connections in log order: the epoll hook sorts the wait's
+//! events so ([`order_events`]; the kernel lists a connection that was
+//! ready in the last turn first), and a server that scans its own fd order
+//! (`poll`, `select`) is handed one connection per turn. Entries of
+//! different leader turns never share one: a server that changes a
+//! connection's interest between turns (beanstalkd sends a reply in the
+//! turn after the request) sees them as its leader did.
+//!
+//! The pump advances from the hooks themselves (the server thread that
+//! re-enters its event loop writes the next turn, which its wait then
 //! finds ready at once) and, when the server is idle, from a small applier
 //! thread parked on the apply doorbell. A server that never waits in one of
-//! those calls is still served: a consumed entry is taken as handled after
+//! those calls is still served: a consumed turn is taken as handled after
 //! [`TURN_PATIENCE`].
 //!
 //! The server's replies on replay connections are dropped in the write hook
@@ -32,24 +43,24 @@
 //! names the connection, the seq whose output differed and the first bytes
 //! this server wrote.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{ErrorKind, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, HEADER_LEN};
+use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, HEADER_LEN, SAME_TURN};
 use lockstep_common::region::{apply_ring_size, Region, Role};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use once_cell::sync::OnceCell;
 
 use crate::fdtable;
+use crate::turns::{self, MAX_WIDTH};
 
 /// Bytes of a replay connection's output kept to show in a divergence.
 const SHOWN: usize = 48;
-/// A consumed entry counts as handled after this long even when the server
+/// A consumed turn counts as handled after this long even when the server
 /// did not re-enter an event-loop wait the hooks see.
 const TURN_PATIENCE: Duration = Duration::from_millis(500);
 
@@ -62,7 +73,7 @@ struct Conn {
     /// Payload bytes written / read by the server.
     written: u64,
     consumed: u64,
-    /// The thread that last read from it, and its `TURNS` count then.
+    /// The thread that last read from it, and its turn count then.
     read_slot: usize,
     read_turn: u64,
     /// The server read EOF, or closed its end.
@@ -75,14 +86,20 @@ struct Conn {
     last_input: u64,
 }
 
-/// The entry being delivered.
-struct Current {
+/// One entry of the turn being handed over.
+struct Item {
     header: EntryHeader,
+    /// Where its payload starts in `Pump::payloads`.
+    at: usize,
     /// Payload bytes written so far.
     sent: usize,
-    /// When the server had consumed all of it.
-    consumed_at: Option<Instant>,
 }
+
+/// The server fds of the replay connections handed over in the current
+/// turn, in log order (`ORDER_LEN` of them): what `order_events` sorts
+/// by. Outside the mutex: the wait hook reads it.
+static ORDER: [AtomicI32; MAX_WIDTH] = [const { AtomicI32::new(-1) }; MAX_WIDTH];
+static ORDER_LEN: AtomicUsize = AtomicUsize::new(0);
 
 /// The passive preload's applier state (one per process, behind a mutex).
 pub struct Pump {
@@ -91,10 +108,20 @@ pub struct Pump {
     max_entry: u32,
     epoch: u64,
     reader: RingReader,
-    /// Position just past the entry in `buf`.
-    end_pos: u64,
+    /// The entry read last (header and payload).
     buf: Vec<u8>,
-    current: Option<Current>,
+    /// An entry read but left for the next turn, and the ring position
+    /// just past it; its bytes are in `buf`.
+    held: Option<(EntryHeader, u64)>,
+    /// The turn being handed over (empty: none), its payloads, the ring
+    /// position just past its last entry, and when the server had
+    /// consumed all of it.
+    turn: Vec<Item>,
+    /// The turn's headers (kept to reuse the allocation).
+    headers: Vec<EntryHeader>,
+    payloads: Vec<u8>,
+    turn_end: u64,
+    consumed_at: Option<Instant>,
     conns: HashMap<u64, Conn>,
     /// The stream is unreadable (said once; a new stream starts over).
     broken: bool,
@@ -104,34 +131,6 @@ pub struct Pump {
 }
 
 static PUMP: OnceCell<Mutex<Pump>> = OnceCell::new();
-
-/// Event-loop waits each thread of the server entered so far, one counter
-/// per thread (a server may run several loops: memcached's listener and
-/// its worker). Outside the mutex: the wait hook never blocks on the pump
-/// (whoever holds it moves the pump on, and sees this). A read and that
-/// thread's next wait happen in that order, so its count past the one
-/// taken at a read proves the server finished handling what it read.
-static TURNS: [AtomicU64; TURN_THREADS] = [const { AtomicU64::new(0) }; TURN_THREADS];
-/// Threads with a counter of their own (more share the last one).
-const TURN_THREADS: usize = 32;
-static NEXT_TURN_SLOT: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static TURN_SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-
-/// This thread's turn counter.
-fn turn_slot() -> usize {
-    TURN_SLOT
-        .try_with(|c| {
-            if c.get() == usize::MAX {
-                let n = NEXT_TURN_SLOT.fetch_add(1, Ordering::Relaxed);
-                c.set(n.min(TURN_THREADS - 1));
-            }
-            c.get()
-        })
-        .unwrap_or(TURN_THREADS - 1)
-}
 
 /// Sets up the pump for `region` and starts its applier thread (once).
 pub fn start(region: Arc<Region>, app: SocketAddr, max_entry: u32) {
@@ -161,7 +160,7 @@ fn applier(region: Arc<Region>) {
         let seen = bell.value();
         let busy = pump().is_some_and(|mut p| {
             p.run();
-            p.current.is_some()
+            !p.turn.is_empty()
         });
         let nap = if busy {
             Duration::from_millis(20)
@@ -178,7 +177,6 @@ pub fn on_loop() {
     let Some(m) = PUMP.get() else {
         return;
     };
-    TURNS[turn_slot()].fetch_add(1, Ordering::AcqRel);
     if let Ok(mut p) = m.try_lock() {
         p.run();
     }
@@ -209,9 +207,13 @@ pub fn on_read(conn: u64, n: usize) {
     let Some(mut p) = pump() else {
         return;
     };
+    // The server handles this connection's input now: it reads its time.
+    if let Some(i) = p.turn.iter().find(|i| i.header.conn == conn) {
+        crate::clock::enter_input(i.header.time_us);
+    }
     if let Some(c) = p.conns.get_mut(&conn) {
-        c.read_slot = turn_slot();
-        c.read_turn = TURNS[c.read_slot].load(Ordering::Acquire);
+        c.read_slot = turns::slot();
+        c.read_turn = turns::count(c.read_slot);
         if n == 0 {
             c.eof = true;
         } else {
@@ -276,6 +278,74 @@ fn connect_addr(app: SocketAddr) -> SocketAddr {
     }
 }
 
+/// Puts the replay connections of the current turn among `events` (what
+/// an epoll wait returned) in log order, in the places they hold: the
+/// kernel lists a connection that was ready in the last turn first, the
+/// leader's server handled them in the order its log holds.
+pub fn order_events(events: &mut [libc::epoll_event]) {
+    let n = ORDER_LEN.load(Ordering::Acquire).min(MAX_WIDTH);
+    if n < 2 {
+        return;
+    }
+    let mut keys = [0u64; MAX_WIDTH];
+    for (k, fd) in keys.iter_mut().zip(&ORDER[..n]) {
+        *k = fdtable::slot(fd.load(Ordering::Relaxed)).map_or(0, |s| s.wait_key());
+    }
+    let mut places = [0usize; MAX_WIDTH];
+    let mut ranked = [(0usize, 0usize, 0u32, 0u64); MAX_WIDTH];
+    let mut m = 0;
+    for (i, e) in events.iter().enumerate() {
+        let key = e.u64;
+        if let Some(rank) = keys[..n].iter().position(|k| *k == key) {
+            if m < MAX_WIDTH {
+                places[m] = i;
+                ranked[m] = (rank, i, e.events, key);
+                m += 1;
+            }
+        }
+    }
+    // Unstable sort: no allocation in the hook; (rank, place) is unique.
+    ranked[..m].sort_unstable_by_key(|r| (r.0, r.1));
+    for (place, (_, _, ev, key)) in places[..m].iter().zip(&ranked[..m]) {
+        events[*place] = libc::epoll_event { events: *ev, u64: *key };
+    }
+}
+
+/// Whether `next` may join `turn` (entries the leader's server read in one
+/// turn; `width`: how many connections one turn may hand over).
+///
+/// Only DATA and CLOSE join, only when the leader flagged the entry as read
+/// in the same turn as the one before. A connection appears once, except
+/// for the later chunks of one read (an input's first entry carries the
+/// digest of the output since the last one, checked when the turn starts:
+/// a second input of the connection in the same turn would be checked
+/// before the server answered the first).
+fn joins(turn: &[EntryHeader], next: &EntryHeader, width: usize) -> bool {
+    let Some(last) = turn.last() else {
+        return true;
+    };
+    if next.flags & SAME_TURN == 0
+        || !matches!(next.kind, Kind::Data | Kind::Close)
+        || !matches!(last.kind, Kind::Data | Kind::Close)
+        || next.seq != last.seq + 1
+    {
+        return false;
+    }
+    if next.conn == last.conn {
+        return next.kind == Kind::Data && last.kind == Kind::Data && next.out_hash == 0;
+    }
+    let mut conns = 1;
+    for (i, h) in turn.iter().enumerate() {
+        if h.conn == next.conn {
+            return false;
+        }
+        if i > 0 && turn[i - 1].conn != h.conn {
+            conns += 1;
+        }
+    }
+    conns < width
+}
+
 impl Pump {
     fn new(region: Arc<Region>, app: SocketAddr, max_entry: u32) -> Pump {
         let size = apply_ring_size(region.ring_size());
@@ -285,16 +355,20 @@ impl Pump {
             max_entry,
             epoch: 0,
             reader: RingReader::new(size, 0, 1, max_entry),
-            end_pos: 0,
             buf: Vec::new(),
-            current: None,
+            held: None,
+            turn: Vec::new(),
+            headers: Vec::new(),
+            payloads: Vec::new(),
+            turn_end: 0,
+            consumed_at: None,
             conns: HashMap::new(),
             by_addr: HashMap::new(),
             broken: false,
         }
     }
 
-    /// Delivers entries until one is in flight or none is left.
+    /// Hands over turns until one is in flight or none is left.
     fn run(&mut self) {
         if self.region.role() == Role::Leader {
             return;
@@ -303,35 +377,77 @@ impl Pump {
         if epoch != self.epoch {
             self.restart(epoch, start);
         }
-
         loop {
-            if let Some(cur) = self.current.take() {
-                if let Some(cur) = self.progress(cur) {
-                    self.current = Some(cur);
+            if !self.turn.is_empty() {
+                if !self.progress() {
                     return;
                 }
+                self.finish();
             }
-            let tail = self.region.apply().tail();
-            match self
-                .reader
-                .poll(self.region.apply_ring(), tail, &mut self.buf)
-            {
-                ReadOutcome::Entry { header, pos, len } => {
-                    self.end_pos = pos + len as u64;
-                    self.current = Some(self.begin(header));
-                }
-                ReadOutcome::Empty => return,
-                other => {
-                    // The follower never overwrites what is not read: a
-                    // bug or a broken region. Said once per stream: this
-                    // runs in the server's hooks.
-                    if !std::mem::replace(&mut self.broken, true) {
-                        log::error!("apply ring: {other:?}; waiting for a new stream");
-                    }
-                    return;
-                }
+            if !self.take_turn() {
+                return;
             }
         }
+    }
+
+    /// The next entry (a held one first) and the ring position past it;
+    /// its bytes are in `buf`.
+    fn next_entry(&mut self) -> Option<(EntryHeader, u64)> {
+        if let Some(h) = self.held.take() {
+            return Some(h);
+        }
+        let tail = self.region.apply().tail();
+        match self
+            .reader
+            .poll(self.region.apply_ring(), tail, &mut self.buf)
+        {
+            ReadOutcome::Entry { header, pos, len } => Some((header, pos + len as u64)),
+            ReadOutcome::Empty => None,
+            other => {
+                // The follower never overwrites what is not read: a bug or
+                // a broken region. Said once per stream: this runs in the
+                // server's hooks.
+                if !std::mem::replace(&mut self.broken, true) {
+                    log::error!("apply ring: {other:?}; waiting for a new stream");
+                }
+                None
+            }
+        }
+    }
+
+    /// Takes the next turn from the log and starts handing it over: false
+    /// when there is none.
+    fn take_turn(&mut self) -> bool {
+        let width = turns::batch_width();
+        let mut headers = std::mem::take(&mut self.headers);
+        headers.clear();
+        while let Some((h, end)) = self.next_entry() {
+            if !joins(&headers, &h, width) {
+                self.held = Some((h, end));
+                break;
+            }
+            let at = self.payloads.len();
+            if h.kind == Kind::Data {
+                self.payloads
+                    .extend_from_slice(&self.buf[HEADER_LEN..HEADER_LEN + h.len as usize]);
+            }
+            self.turn.push(Item {
+                header: h,
+                at,
+                sent: 0,
+            });
+            self.turn_end = end;
+            headers.push(h);
+        }
+        for h in &headers {
+            self.begin(*h);
+        }
+        self.headers = headers;
+        if self.turn.is_empty() {
+            return false;
+        }
+        self.publish_order();
+        true
     }
 
     /// A new stream starts at `start`: whatever was in flight is gone.
@@ -340,7 +456,8 @@ impl Pump {
         self.epoch = epoch;
         self.broken = false;
         self.end_all();
-        self.current = None;
+        self.clear_turn();
+        self.held = None;
         let size = apply_ring_size(self.region.ring_size());
         self.reader = RingReader::new(size, 0, start, self.max_entry);
     }
@@ -353,8 +470,8 @@ impl Pump {
         self.by_addr.clear();
     }
 
-    /// Starts delivering `h`: from now on the server reads its time.
-    fn begin(&mut self, h: EntryHeader) -> Current {
+    /// Starts handing over `h`: from now on the server reads its time.
+    fn begin(&mut self, h: EntryHeader) {
         crate::clock::enter_input(h.time_us);
         match h.kind {
             Kind::Accept => self.open(h.seq),
@@ -367,73 +484,105 @@ impl Pump {
                 let _ = c.stream.shutdown(Shutdown::Write);
             }
         }
-        Current {
-            header: h,
-            sent: 0,
-            consumed_at: None,
-        }
     }
 
-    /// Moves `cur` on; None once the server consumed it.
-    fn progress(&mut self, mut cur: Current) -> Option<Current> {
-        let h = cur.header;
-        let done = match h.kind {
-            Kind::Accept => self
-                .conns
-                .get(&h.seq)
-                .is_none_or(|c| c.server_fd >= 0 || c.closed),
-            Kind::Data => match self.conns.get_mut(&h.conn) {
-                None => true,
-                Some(c) if c.closed => true,
-                Some(c) => {
-                    let payload = &self.buf[HEADER_LEN..HEADER_LEN + h.len as usize];
-                    while cur.sent < payload.len() {
-                        match c.stream.write(&payload[cur.sent..]) {
-                            Ok(n) => {
-                                cur.sent += n;
-                                c.written += n as u64;
-                            }
-                            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                            // The server reads on: the read hook resumes.
-                            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                            Err(e) => {
-                                log::warn!("replay connection {}: write: {e}", h.conn);
-                                c.closed = true;
-                                break;
+    /// Tells the wait hook the log order of this turn's connections.
+    fn publish_order(&self) {
+        let mut n = 0;
+        for item in &self.turn {
+            let Some(c) = self.conns.get(&item.header.conn) else {
+                continue;
+            };
+            if n > 0 && ORDER[n - 1].load(Ordering::Relaxed) == c.server_fd {
+                continue;
+            }
+            if n == MAX_WIDTH {
+                break;
+            }
+            ORDER[n].store(c.server_fd, Ordering::Relaxed);
+            n += 1;
+        }
+        ORDER_LEN.store(n, Ordering::Release);
+    }
+
+    /// The turn is over (or gone).
+    fn clear_turn(&mut self) {
+        ORDER_LEN.store(0, Ordering::Release);
+        self.turn.clear();
+        self.payloads.clear();
+        self.consumed_at = None;
+    }
+
+    /// The server handled the whole turn: the follower may reuse its space.
+    fn finish(&mut self) {
+        if let Some(last) = self.turn.last() {
+            let a = self.region.apply();
+            a.set_applied(last.header.seq);
+            a.set_head(self.turn_end);
+        }
+        self.clear_turn();
+    }
+
+    /// Moves the turn on: true once the server handled all of it.
+    fn progress(&mut self) -> bool {
+        let mut all_consumed = true;
+        let mut done = true;
+        for item in self.turn.iter_mut() {
+            let h = item.header;
+            let item_done = match h.kind {
+                Kind::Accept => self
+                    .conns
+                    .get(&h.seq)
+                    .is_none_or(|c| c.server_fd >= 0 || c.closed),
+                Kind::Data => match self.conns.get_mut(&h.conn) {
+                    None => true,
+                    Some(c) if c.closed => true,
+                    Some(c) => {
+                        let payload = &self.payloads[item.at..item.at + h.len as usize];
+                        while item.sent < payload.len() {
+                            match c.stream.write(&payload[item.sent..]) {
+                                Ok(n) => {
+                                    item.sent += n;
+                                    c.written += n as u64;
+                                }
+                                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                                // The server reads on: the read hook resumes.
+                                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                                Err(e) => {
+                                    log::warn!("replay connection {}: write: {e}", h.conn);
+                                    c.closed = true;
+                                    break;
+                                }
                             }
                         }
+                        let consumed = item.sent == payload.len() && c.consumed >= c.written;
+                        all_consumed &= consumed || c.closed;
+                        c.closed
+                            || (consumed
+                                // A reply sent over several turns is not
+                                // complete while the server waits to write.
+                                && !fdtable::slot(c.server_fd).is_some_and(|s| s.wants_write())
+                                && (turns::count(c.read_slot) > c.read_turn
+                                    || self
+                                        .consumed_at
+                                        .is_some_and(|t| t.elapsed() >= TURN_PATIENCE)))
                     }
-                    let consumed = cur.sent == payload.len() && c.consumed >= c.written;
-                    if consumed && cur.consumed_at.is_none() {
-                        cur.consumed_at = Some(Instant::now());
+                },
+                Kind::Close => {
+                    let done = self.conns.get(&h.conn).is_none_or(|c| c.eof || c.closed);
+                    if done {
+                        self.conns.remove(&h.conn);
                     }
-                    c.closed
-                        || (consumed
-                            // A reply sent over several turns is not
-                            // complete while the server waits to write.
-                            && !fdtable::slot(c.server_fd).is_some_and(|s| s.wants_write())
-                            && (TURNS[c.read_slot].load(Ordering::Acquire) > c.read_turn
-                                || cur
-                                    .consumed_at
-                                    .is_some_and(|t| t.elapsed() >= TURN_PATIENCE)))
+                    done
                 }
-            },
-            Kind::Close => {
-                let done = self.conns.get(&h.conn).is_none_or(|c| c.eof || c.closed);
-                if done {
-                    self.conns.remove(&h.conn);
-                }
-                done
-            }
-            Kind::View | Kind::Noop | Kind::Wrap => true,
-        };
-        if !done {
-            return Some(cur);
+                Kind::View | Kind::Noop | Kind::Wrap => true,
+            };
+            done &= item_done;
         }
-        let a = self.region.apply();
-        a.set_applied(h.seq);
-        a.set_head(self.end_pos);
-        None
+        if all_consumed && self.consumed_at.is_none() {
+            self.consumed_at = Some(Instant::now());
+        }
+        done
     }
 
     /// ACCEPT: connects to the server (it accepts in its event loop).
@@ -499,5 +648,80 @@ impl Pump {
             mine.len,
             String::from_utf8_lossy(shown)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(seq: u64, conn: u64, same: bool, out_hash: u64) -> EntryHeader {
+        let mut h = EntryHeader::new(Kind::Data, 1, seq, conn, 3);
+        h.out_hash = out_hash;
+        if same {
+            h.flags = SAME_TURN;
+        }
+        h
+    }
+
+    #[test]
+    fn entries_of_one_leader_turn_join_up_to_the_width() {
+        let t = [data(10, 1, false, 7), data(11, 2, true, 7)];
+        assert!(joins(&[], &data(10, 1, false, 7), 4), "a turn starts anywhere");
+        assert!(joins(&t[..1], &t[1], 4));
+        assert!(joins(&t, &data(12, 3, true, 7), 4));
+        assert!(!joins(&t, &data(12, 3, true, 7), 2), "two connections at most");
+        assert!(!joins(&t, &data(12, 3, false, 7), 4), "the leader's next turn");
+        assert!(!joins(&t, &data(13, 3, true, 7), 4), "not the next seq");
+    }
+
+    #[test]
+    fn a_connection_comes_back_only_with_a_later_chunk_of_its_read() {
+        let t = [data(10, 1, false, 7), data(11, 2, true, 7)];
+        assert!(joins(&t, &data(12, 2, true, 0), 4), "a later chunk of one read");
+        assert!(!joins(&t, &data(12, 2, true, 9), 4), "a second input of conn 2");
+        assert!(!joins(&t, &data(12, 1, true, 0), 4), "conn 1 after another");
+        let mut close = data(12, 2, true, 5);
+        close.kind = Kind::Close;
+        assert!(!joins(&t, &close, 4), "EOF after an input of the same turn");
+        close.conn = 3;
+        assert!(joins(&t, &close, 4), "another connection's EOF");
+    }
+
+    #[test]
+    fn only_inputs_join() {
+        let mut accept = data(11, 0, true, 0);
+        accept.kind = Kind::Accept;
+        assert!(!joins(&[data(10, 1, false, 7)], &accept, 4));
+        assert!(!joins(&[accept], &data(12, 1, true, 7), 4));
+        let mut view = data(11, 0, true, 0);
+        view.kind = Kind::View;
+        assert!(!joins(&[data(10, 1, false, 7)], &view, 4));
+    }
+
+    #[test]
+    fn events_of_the_turn_come_back_in_log_order_in_their_places() {
+        // Replay connections on fds 900, 901, 902 registered under keys
+        // 70, 71, 72; the turn hands over 902, 900, 901 in that order.
+        for (fd, key) in [(900, 70), (901, 71), (902, 72)] {
+            let s = fdtable::slot(fd).unwrap();
+            s.set_replay(fd as u64);
+            s.set_wait_key(key);
+        }
+        for (i, fd) in [902, 900, 901].into_iter().enumerate() {
+            ORDER[i].store(fd, Ordering::Relaxed);
+        }
+        ORDER_LEN.store(3, Ordering::Release);
+        let ev = |key: u64, events: u32| libc::epoll_event { events, u64: key };
+        // The kernel listed 900 and 901 first (ready last turn), another
+        // fd (key 5) sits between them.
+        let mut got = [ev(70, 1), ev(5, 4), ev(71, 1), ev(72, 1)];
+        order_events(&mut got);
+        let keys: Vec<u64> = got.iter().map(|e| e.u64).collect();
+        assert_eq!(keys, [72, 5, 70, 71]);
+        ORDER_LEN.store(0, Ordering::Release);
+        for fd in [900, 901, 902] {
+            fdtable::slot(fd).unwrap().clear();
+        }
     }
 }

@@ -87,8 +87,10 @@ pub fn passive_hooked() -> bool {
     !setup::inert() && setup::engine().is_some()
 }
 
-/// Before the server waits in its event loop: a backup's pump may move on.
-pub fn before_wait() {
+/// Before the server waits in its event loop: its turn ends (both roles
+/// count), and a backup's pump may move on.
+pub fn before_wait(wait: crate::turns::Wait, max: i32) {
+    crate::turns::enter_wait(wait, max);
     apply::on_loop();
 }
 
@@ -296,6 +298,13 @@ pub fn replay_output(fd: i32, segments: &[&[u8]]) -> Option<usize> {
 pub fn write_interest(fd: i32, wants: bool) {
     if let Some(slot) = fdtable::slot(fd) {
         slot.set_wants_write(wants);
+    }
+}
+
+/// The server registered `fd`, a replay connection, with epoll under `key`.
+pub fn wait_key(fd: i32, key: u64) {
+    if let Some(slot) = fdtable::slot(fd) {
+        slot.set_wait_key(key);
     }
 }
 

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use lockstep_common::config::CommitMode;
-use lockstep_common::entry::{self, EntryHeader, Kind};
+use lockstep_common::entry::{self, EntryHeader, Kind, SAME_TURN};
 use lockstep_common::region::{self, Region, Role};
 use lockstep_common::ring::{RingError, RingWriter};
 use lockstep_common::transport::{self, Transport, TransportError};
@@ -93,6 +93,9 @@ struct Writer {
     scratch: Vec<u8>,
     /// Payload gathered from several buffers (`max_entry`).
     gather: Vec<u8>,
+    /// The server thread's event-loop turn at the last append (see
+    /// `entry::SAME_TURN`).
+    turn: Option<(usize, u64)>,
 }
 
 /// A node's attached preload: config, region, transport and the writer.
@@ -140,6 +143,7 @@ impl Engine {
             safe: 0,
             scratch: vec![0; entry::footprint(max_entry)],
             gather: vec![0; max_entry],
+            turn: None,
         };
         Ok(Engine {
             me,
@@ -199,6 +203,7 @@ impl Engine {
             w.next_seq = seq.max(1);
             w.ring = RingWriter::new(self.config.ring_size, pos);
             w.safe = pos;
+            w.turn = None;
             self.released.store(0, Ordering::Release);
             log::info!(
                 "leading view {view}: next seq {} at ring position {pos}",
@@ -283,6 +288,15 @@ impl Engine {
         // while it handles it (see `clock`).
         let time_us = sys::realtime_us();
         crate::clock::enter_input(time_us);
+        // Whether a backup may hand this input to its server in the same
+        // turn as the entry before (a later chunk of one read always may).
+        let here = crate::turns::current();
+        let mut flags = if here.is_some() && w.turn == here {
+            SAME_TURN
+        } else {
+            0
+        };
+        w.turn = here;
         let Writer {
             next_seq,
             ring,
@@ -296,8 +310,9 @@ impl Engine {
         let mut digest = out_hash;
         let mut one = |payload: &[u8]| {
             let out = std::mem::take(&mut digest);
+            let f = std::mem::replace(&mut flags, SAME_TURN);
             self.append_one(
-                ring, scratch, safe, next_seq, view, kind, conn, out, time_us, payload,
+                ring, scratch, safe, next_seq, view, kind, conn, out, f, time_us, payload,
             )
         };
         if kind == Kind::Data {
@@ -322,6 +337,7 @@ impl Engine {
         kind: Kind,
         conn: u64,
         out_hash: u64,
+        flags: u8,
         time_us: u64,
         payload: &[u8],
     ) -> Result<(), Fail> {
@@ -330,6 +346,7 @@ impl Engine {
         let conn = if kind == Kind::Accept { seq } else { conn };
         let mut hdr = EntryHeader::new(kind, view, seq, conn, payload.len() as u32);
         hdr.out_hash = out_hash;
+        hdr.flags = flags;
         hdr.time_us = time_us;
         let mut waited = false;
         let a = loop {

@@ -65,6 +65,9 @@ pub struct Slot {
     view: AtomicU64,
     out_hash: AtomicU64,
     out_len: AtomicU64,
+    /// The `epoll_event` data the server registered a replay connection
+    /// with: how a backup finds it among the events a wait returns.
+    wait_key: AtomicU64,
 }
 
 static TABLE: [Slot; TABLE_SIZE] = [const { Slot::new() }; TABLE_SIZE];
@@ -96,6 +99,7 @@ impl Slot {
             view: AtomicU64::new(0),
             out_hash: AtomicU64::new(0),
             out_len: AtomicU64::new(0),
+            wait_key: AtomicU64::new(0),
         }
     }
 
@@ -125,6 +129,7 @@ impl Slot {
         self.out_hash
             .store(OutputHash::default().0, Ordering::Relaxed);
         self.out_len.store(0, Ordering::Relaxed);
+        self.wait_key.store(0, Ordering::Relaxed);
         self.state.store(class as u64, Ordering::Release);
     }
 
@@ -171,6 +176,16 @@ impl Slot {
     /// Whether [`WANTS_WRITE`] is set.
     pub fn wants_write(&self) -> bool {
         self.state() & WANTS_WRITE != 0
+    }
+
+    /// Records the `epoll_event` data the server registered the fd with.
+    pub fn set_wait_key(&self, key: u64) {
+        self.wait_key.store(key, Ordering::Release);
+    }
+
+    /// The `epoll_event` data the server registered the fd with.
+    pub fn wait_key(&self) -> u64 {
+        self.wait_key.load(Ordering::Acquire)
     }
 
     /// Sets [`FAILED`].

@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use libc::{iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
 use crate::dispatch::{self, Before, Ret};
+use crate::turns::Wait;
 
 // ---------------------------------------------------------------------------
 // Real functions.
@@ -922,18 +923,34 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     unsafe { output(fd, Bufs::Msg(msg), || real_sendmsg(fd, msg, flags)) }
 }
 
-/// The server is about to wait in its event loop.
-fn event_loop_turn() {
+/// The server is about to wait in its event loop (`max`: epoll's
+/// maxevents).
+fn event_loop_turn(wait: Wait, max: c_int) {
     if dispatch::passive_hooked() {
         if let Some(_reentry) = Reentry::enter() {
             let e = errno();
             if !GENERATORS_SEEDED.load(Ordering::Relaxed) {
                 seed_server_generators();
             }
-            let _ = caught(dispatch::before_wait);
+            let _ = caught(|| dispatch::before_wait(wait, max));
             set_errno(e);
         }
     }
+}
+
+/// An epoll wait returned `n` events into `ev`: a backup puts the replay
+/// connections it hands over in one turn in log order.
+///
+/// # Safety
+/// `ev` must hold `n` events the kernel filled (when `n` > 0).
+unsafe fn after_epoll(ev: *mut libc::epoll_event, n: c_int) -> c_int {
+    if n > 1 && !ev.is_null() && dispatch::passive_hooked() {
+        // SAFETY: per the contract, the first `n` events are initialised
+        // and the caller's buffer is ours until we return.
+        let events = unsafe { std::slice::from_raw_parts_mut(ev, n as usize) };
+        let _ = caught(|| crate::apply::order_events(events));
+    }
+    n
 }
 
 /// Set once the server's own generators got the cluster's seed.
@@ -969,7 +986,8 @@ fn seed_server_generators() {
     }
 }
 
-/// Interposed `epoll_wait(2)`: observed, not changed.
+/// Interposed `epoll_wait(2)`: a backup orders the replay connections'
+/// events (see `apply::order_events`).
 ///
 /// # Safety
 /// Same contract as libc's `epoll_wait`.
@@ -980,12 +998,13 @@ pub unsafe extern "C" fn epoll_wait(
     max: c_int,
     timeout: c_int,
 ) -> c_int {
-    event_loop_turn();
-    // SAFETY: forwarding the caller's arguments.
-    unsafe { real_epoll_wait(epfd, ev, max, timeout) }
+    event_loop_turn(Wait::Epoll, max);
+    // SAFETY: forwarding the caller's arguments; the kernel filled what
+    // it returned.
+    unsafe { after_epoll(ev, real_epoll_wait(epfd, ev, max, timeout)) }
 }
 
-/// Interposed `epoll_pwait(2)`: observed, not changed.
+/// Interposed `epoll_pwait(2)`: as `epoll_wait`.
 ///
 /// # Safety
 /// Same contract as libc's `epoll_pwait`.
@@ -997,9 +1016,10 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    event_loop_turn();
-    // SAFETY: forwarding the caller's arguments.
-    unsafe { real_epoll_pwait(epfd, ev, max, timeout, mask) }
+    event_loop_turn(Wait::Epoll, max);
+    // SAFETY: forwarding the caller's arguments; the kernel filled what
+    // it returned.
+    unsafe { after_epoll(ev, real_epoll_pwait(epfd, ev, max, timeout, mask)) }
 }
 
 /// The log's time for a wall-clock read of the server (see `clock`):
@@ -1211,6 +1231,12 @@ pub unsafe extern "C" fn epoll_ctl(
     ev: *mut libc::epoll_event,
 ) -> c_int {
     if dispatch::tracked(fd) && dispatch::is_replay(fd) {
+        if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
+            // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the caller's
+            // valid epoll_event; a packed field is read by copy.
+            let key = unsafe { (*ev).u64 };
+            let _ = caught(|| dispatch::wait_key(fd, key));
+        }
         let wants = op != libc::EPOLL_CTL_DEL
             && !ev.is_null()
             // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the caller's
@@ -1264,7 +1290,7 @@ unsafe fn select_interest(n: c_int, w: *const libc::fd_set) {
 pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
     // SAFETY: the caller's poll set.
     unsafe { poll_interest(fds, n) };
-    event_loop_turn();
+    event_loop_turn(Wait::Scan, 0);
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_poll(fds, n, timeout) }
 }
@@ -1282,7 +1308,7 @@ pub unsafe extern "C" fn ppoll(
 ) -> c_int {
     // SAFETY: the caller's poll set.
     unsafe { poll_interest(fds, n) };
-    event_loop_turn();
+    event_loop_turn(Wait::Scan, 0);
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_ppoll(fds, n, timeout, mask) }
 }
@@ -1301,7 +1327,7 @@ pub unsafe extern "C" fn select(
 ) -> c_int {
     // SAFETY: the caller's write set.
     unsafe { select_interest(n, w) };
-    event_loop_turn();
+    event_loop_turn(Wait::Scan, 0);
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_select(n, r, w, e, timeout) }
 }
@@ -1321,7 +1347,7 @@ pub unsafe extern "C" fn pselect(
 ) -> c_int {
     // SAFETY: the caller's write set.
     unsafe { select_interest(n, w) };
-    event_loop_turn();
+    event_loop_turn(Wait::Scan, 0);
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_pselect(n, r, w, e, timeout, mask) }
 }

@@ -32,6 +32,7 @@
 //! - [`entropy`]: the cluster's random stream, the same on every replica.
 //! - [`setup`]: configuration, attaching to the region, fork handling.
 //! - [`fdtable`]: per-fd state.
+//! - [`turns`]: the server threads' event-loop turns.
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -46,3 +47,4 @@ pub mod fdtable;
 pub mod hooks;
 pub mod logger;
 pub mod setup;
+pub mod turns;
