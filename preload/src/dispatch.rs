@@ -59,6 +59,14 @@ pub enum Before {
     Return(Ret),
     /// Call the real function, then `after_input`.
     Go(Ticket),
+    /// A replay connection: serve the read from the log (`apply::serve`)
+    /// instead of the socket.
+    Serve {
+        /// Its conn id.
+        conn: u64,
+        /// MSG_PEEK: the bytes stay.
+        peek: bool,
+    },
 }
 
 /// What `before_input` learnt, for `after_input`.
@@ -140,14 +148,11 @@ pub fn before_input(fd: i32, want: usize, flags: i32) -> Before {
     };
     let state = slot.state();
     match slot.class() {
-        // A peek consumes nothing: only the read that takes the bytes counts.
-        Class::Replay if flags & libc::MSG_PEEK != 0 => Before::Pass,
-        Class::Replay => Before::Go(Ticket {
-            fd,
-            slot,
-            class: Class::Replay,
-            want,
-        }),
+        // The log's bytes, not the socket's (see `apply`).
+        Class::Replay => Before::Serve {
+            conn: slot.conn(),
+            peek: flags & libc::MSG_PEEK != 0,
+        },
         Class::Guest => {
             if engine.region.role() == Role::Leader {
                 log::info!(
@@ -204,14 +209,6 @@ pub fn after_input(t: Ticket, n: isize, errno: i32, segments: &[&[u8]]) -> Ret {
         return Ret::pass(n);
     };
     match t.class {
-        Class::Replay => {
-            if n > 0 {
-                apply::on_read(t.slot.conn(), n as usize);
-            } else if n == 0 && t.want > 0 {
-                apply::on_read(t.slot.conn(), 0);
-            }
-            Ret::pass(n)
-        }
         Class::Client => {
             let conn = t.slot.conn();
             if n > 0 {
@@ -301,10 +298,11 @@ pub fn write_interest(fd: i32, wants: bool) {
     }
 }
 
-/// The server registered `fd`, a replay connection, with epoll under `key`.
-pub fn wait_key(fd: i32, key: u64) {
+/// The server registered `fd`, a replay connection, in `epfd` under `key`
+/// (`reads`: for reading; `epfd` -1: it removed it).
+pub fn wait_key(fd: i32, epfd: i32, key: u64, reads: bool) {
     if let Some(slot) = fdtable::slot(fd) {
-        slot.set_wait_key(key);
+        slot.set_wait(key, if reads { epfd } else { -1 });
     }
 }
 

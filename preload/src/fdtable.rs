@@ -8,7 +8,7 @@
 //! are never tracked: `accept` refuses such client connections rather than
 //! serving them unreplicated.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use lockstep_common::entry::{OutputDigest, OutputHash};
 
@@ -68,6 +68,8 @@ pub struct Slot {
     /// The `epoll_event` data the server registered a replay connection
     /// with: how a backup finds it among the events a wait returns.
     wait_key: AtomicU64,
+    /// The epoll fd it is registered in for reading (-1: none).
+    wait_epfd: AtomicI32,
 }
 
 static TABLE: [Slot; TABLE_SIZE] = [const { Slot::new() }; TABLE_SIZE];
@@ -100,6 +102,7 @@ impl Slot {
             out_hash: AtomicU64::new(0),
             out_len: AtomicU64::new(0),
             wait_key: AtomicU64::new(0),
+            wait_epfd: AtomicI32::new(-1),
         }
     }
 
@@ -130,6 +133,7 @@ impl Slot {
             .store(OutputHash::default().0, Ordering::Relaxed);
         self.out_len.store(0, Ordering::Relaxed);
         self.wait_key.store(0, Ordering::Relaxed);
+        self.wait_epfd.store(-1, Ordering::Relaxed);
         self.state.store(class as u64, Ordering::Release);
     }
 
@@ -178,9 +182,16 @@ impl Slot {
         self.state() & WANTS_WRITE != 0
     }
 
-    /// Records the `epoll_event` data the server registered the fd with.
-    pub fn set_wait_key(&self, key: u64) {
+    /// Records the `epoll_event` data the server registered the fd with,
+    /// and the epoll fd that waits to read it (-1: none does).
+    pub fn set_wait(&self, key: u64, epfd: i32) {
         self.wait_key.store(key, Ordering::Release);
+        self.wait_epfd.store(epfd, Ordering::Release);
+    }
+
+    /// The epoll fd that waits to read the fd (-1: none).
+    pub fn wait_epfd(&self) -> i32 {
+        self.wait_epfd.load(Ordering::Acquire)
     }
 
     /// The `epoll_event` data the server registered the fd with.

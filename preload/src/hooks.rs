@@ -34,7 +34,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use libc::{iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
 use crate::dispatch::{self, Before, Ret};
-use crate::turns::Wait;
+use crate::apply::Served;
+use crate::turns::{Wait, MAX_WIDTH};
 
 // ---------------------------------------------------------------------------
 // Real functions.
@@ -433,6 +434,46 @@ unsafe fn with_segments<T>(bufs: Bufs, n: usize, f: impl FnOnce(&[&[u8]]) -> T) 
     }
 }
 
+/// Copies `src` into `bufs` (as a read would fill them); returns the bytes
+/// copied.
+///
+/// # Safety
+/// `bufs` (resolved) must describe writable memory of the sizes it names.
+unsafe fn fill(bufs: Bufs, src: &[u8]) -> usize {
+    /// Copies what fits of `src[done..]` into `room` bytes at `dst`.
+    ///
+    /// # Safety
+    /// `dst` must hold `room` writable bytes, apart from `src`.
+    unsafe fn put(dst: *mut u8, room: usize, src: &[u8], done: &mut usize) {
+        let n = room.min(src.len() - *done);
+        if n > 0 && !dst.is_null() {
+            // SAFETY: per the contract; `src` has `n` bytes from `done`.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(*done), dst, n) };
+            *done += n;
+        }
+    }
+    let mut done = 0;
+    // SAFETY: per the contract (the log's copy is the pump's own buffer,
+    // never the caller's).
+    match unsafe { bufs.resolved() } {
+        // SAFETY: a flat buffer names `room` writable caller bytes.
+        Bufs::Flat(p, room) => unsafe { put(p as *mut u8, room, src, &mut done) },
+        Bufs::Iov(iov, cnt) if !iov.is_null() && cnt != 0 => {
+            // SAFETY: per the contract, `iov` points to `cnt` iovecs.
+            let iovs = unsafe { std::slice::from_raw_parts(iov, cnt) };
+            for v in iovs {
+                if done == src.len() {
+                    break;
+                }
+                // SAFETY: each iovec names writable caller memory.
+                unsafe { put(v.iov_base as *mut u8, v.iov_len, src, &mut done) };
+            }
+        }
+        _ => {}
+    }
+    done
+}
+
 /// The filter every data hook starts with: `None` (call the real function
 /// at once) for an fd the table does not track, or inside another hook on
 /// this thread; else the re-entry guard and the buffers, a msghdr's
@@ -468,6 +509,21 @@ unsafe fn input(fd: c_int, flags: c_int, bufs: Bufs, real: impl FnOnce() -> ssiz
     let ticket = match before {
         Before::Pass => return real(),
         Before::Return(r) => return finish(r, errno()),
+        Before::Serve { conn, peek } => {
+            let served = caught(|| {
+                // SAFETY: per the contract, `bufs` are the caller's buffers
+                // for the bytes a read returns.
+                crate::apply::serve(conn, peek, &mut |src| unsafe { fill(bufs, src) })
+            });
+            return match served {
+                Some(Served::Bytes(n)) => n as ssize_t,
+                Some(Served::Eof) => 0,
+                Some(Served::Empty) | None => {
+                    set_errno(libc::EAGAIN);
+                    -1
+                }
+            };
+        }
         Before::Go(t) => t,
     };
     let n = real();
@@ -938,19 +994,174 @@ fn event_loop_turn(wait: Wait, max: c_int) {
     }
 }
 
-/// An epoll wait returned `n` events into `ev`: a backup puts the replay
-/// connections it hands over in one turn in log order.
+/// An epoll wait on a backup: the replay connections the log has bytes
+/// for are readable (first, in log order) and the wait does not block;
+/// the kernel's other events follow. `real(max, timeout)` waits.
 ///
 /// # Safety
-/// `ev` must hold `n` events the kernel filled (when `n` > 0).
-unsafe fn after_epoll(ev: *mut libc::epoll_event, n: c_int) -> c_int {
-    if n > 1 && !ev.is_null() && dispatch::passive_hooked() {
-        // SAFETY: per the contract, the first `n` events are initialised
-        // and the caller's buffer is ours until we return.
-        let events = unsafe { std::slice::from_raw_parts_mut(ev, n as usize) };
-        let _ = caught(|| crate::apply::order_events(events));
+/// `ev` must be the caller's buffer of `max` events.
+unsafe fn epoll_turn(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    real: impl FnOnce(c_int, c_int) -> c_int,
+) -> c_int {
+    event_loop_turn(Wait::Epoll, max);
+    if !dispatch::passive_hooked() || ev.is_null() || max <= 0 {
+        return real(max, timeout);
     }
-    n
+    let (keys, k) = caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
+    let k = k.min(max as usize);
+    let n = match k {
+        0 => real(max, timeout),
+        // No room left for the kernel's events: they wait for the next
+        // call (a level-triggered fd is reported again).
+        k if k == max as usize => 0,
+        k => real(max - k as c_int, 0),
+    };
+    let bell = caught(crate::apply::after_wait).flatten();
+    if n < 0 && k == 0 {
+        return n;
+    }
+    let real_n = n.max(0) as usize;
+    let bell_key = bell.and_then(crate::fdtable::slot).map(|s| s.wait_key());
+    if k == 0 && bell_key.is_none() {
+        return n;
+    }
+    for i in real_n..real_n + k {
+        // SAFETY: `i` < real_n + k <= max: inside the caller's buffer.
+        unsafe { ev.add(i).write(libc::epoll_event { events: 0, u64: 0 }) };
+    }
+    // SAFETY: the first `real_n` events were filled by the kernel and the
+    // next `k` just now, all inside the caller's buffer of `max`.
+    let events = unsafe { std::slice::from_raw_parts_mut(ev, real_n + k) };
+    caught(|| crate::apply::merge_events(events, real_n, &keys[..k], bell_key))
+        .map_or(n, |m| m as c_int)
+}
+
+/// The log's readiness over a poll set (see `epoll_turn`): whether any
+/// entry waits to read a replay connection the log has bytes for.
+///
+/// # Safety
+/// `fds` must point to `n` valid pollfds (or be null with `n` 0).
+unsafe fn poll_unread(fds: *const libc::pollfd, n: libc::nfds_t, unread: &[i32]) -> bool {
+    if fds.is_null() || n == 0 || unread.is_empty() {
+        return false;
+    }
+    // SAFETY: per the contract.
+    let set = unsafe { std::slice::from_raw_parts(fds, n as usize) };
+    set.iter()
+        .any(|p| p.events & libc::POLLIN != 0 && unread.contains(&p.fd))
+}
+
+/// After a poll on a backup: replay connections are readable exactly when
+/// the log has bytes for them (the bell's readiness is dropped). Returns
+/// the new count.
+///
+/// # Safety
+/// As `poll_unread`, writable.
+unsafe fn poll_merge(fds: *mut libc::pollfd, n: libc::nfds_t, r: c_int, unread: &[i32], bell: Option<i32>) -> c_int {
+    if fds.is_null() || n == 0 || (unread.is_empty() && bell.is_none()) {
+        return r;
+    }
+    // SAFETY: per the contract.
+    let set = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+    if r < 0 {
+        for p in set.iter_mut() {
+            p.revents = 0;
+        }
+    }
+    for p in set.iter_mut() {
+        if Some(p.fd) == bell {
+            p.revents &= !(libc::POLLIN | libc::POLLRDNORM);
+        }
+        if p.events & libc::POLLIN != 0 && unread.contains(&p.fd) {
+            p.revents |= libc::POLLIN;
+        }
+    }
+    let ready = set.iter().filter(|p| p.revents != 0).count() as c_int;
+    if r < 0 && ready == 0 {
+        r
+    } else {
+        ready
+    }
+}
+
+/// This turn's unread replay connections (server fds), log order.
+fn unread_fds() -> ([i32; MAX_WIDTH], usize) {
+    if !dispatch::passive_hooked() {
+        return ([-1; MAX_WIDTH], 0);
+    }
+    let fds = caught(crate::apply::unread).unwrap_or([-1; MAX_WIDTH]);
+    let n = fds.iter().take_while(|fd| **fd >= 0).count();
+    (fds, n)
+}
+
+#[allow(clippy::too_many_arguments)]
+/// After a select on a backup: as `poll_merge`, over the read set the
+/// caller passed (`asked`). Returns the new count.
+///
+/// # Safety
+/// The sets must be null or valid fd_sets covering fds below `n`.
+unsafe fn select_merge(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    ret: c_int,
+    asked: &libc::fd_set,
+    unread: &[i32],
+    bell: Option<i32>,
+) -> c_int {
+    if r.is_null() || (unread.is_empty() && bell.is_none()) {
+        return ret;
+    }
+    let n = n.clamp(0, libc::FD_SETSIZE as c_int);
+    // SAFETY: per the contract; FD_* only touch bits below FD_SETSIZE.
+    unsafe {
+        if ret < 0 {
+            libc::FD_ZERO(r);
+            for s in [w, e] {
+                if !s.is_null() {
+                    libc::FD_ZERO(s);
+                }
+            }
+        }
+        if let Some(b) = bell.filter(|b| *b < n) {
+            libc::FD_CLR(b, r);
+        }
+        for fd in unread.iter().copied().filter(|fd| *fd < n) {
+            if libc::FD_ISSET(fd, asked) {
+                libc::FD_SET(fd, r);
+            }
+        }
+        let mut ready = 0;
+        for s in [r, w, e] {
+            if s.is_null() {
+                continue;
+            }
+            for fd in 0..n {
+                if libc::FD_ISSET(fd, s) {
+                    ready += 1;
+                }
+            }
+        }
+        if ret < 0 && ready == 0 {
+            ret
+        } else {
+            ready
+        }
+    }
+}
+
+/// Whether a select read set asks for one of `unread`.
+///
+/// # Safety
+/// `r` must be null or a valid fd_set covering fds below `n`.
+unsafe fn select_unread(n: c_int, r: *const libc::fd_set, unread: &[i32]) -> bool {
+    // SAFETY: per the contract; FD_ISSET only reads.
+    !r.is_null() && unread.iter().any(|fd| *fd < n && unsafe { libc::FD_ISSET(*fd, r) })
 }
 
 /// Set once the server's own generators got the cluster's seed.
@@ -998,10 +1209,11 @@ pub unsafe extern "C" fn epoll_wait(
     max: c_int,
     timeout: c_int,
 ) -> c_int {
-    event_loop_turn(Wait::Epoll, max);
-    // SAFETY: forwarding the caller's arguments; the kernel filled what
-    // it returned.
-    unsafe { after_epoll(ev, real_epoll_wait(epfd, ev, max, timeout)) }
+    // SAFETY: the caller's buffer of `max` events; the real call gets a
+    // part of it.
+    unsafe {
+        epoll_turn(epfd, ev, max, timeout, |m, t| real_epoll_wait(epfd, ev, m, t))
+    }
 }
 
 /// Interposed `epoll_pwait(2)`: as `epoll_wait`.
@@ -1016,10 +1228,12 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    event_loop_turn(Wait::Epoll, max);
-    // SAFETY: forwarding the caller's arguments; the kernel filled what
-    // it returned.
-    unsafe { after_epoll(ev, real_epoll_pwait(epfd, ev, max, timeout, mask)) }
+    // SAFETY: as epoll_wait; `mask` is the caller's.
+    unsafe {
+        epoll_turn(epfd, ev, max, timeout, |m, t| {
+            real_epoll_pwait(epfd, ev, m, t, mask)
+        })
+    }
 }
 
 /// The log's time for a wall-clock read of the server (see `clock`):
@@ -1233,9 +1447,12 @@ pub unsafe extern "C" fn epoll_ctl(
     if dispatch::tracked(fd) && dispatch::is_replay(fd) {
         if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
             // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the caller's
-            // valid epoll_event; a packed field is read by copy.
-            let key = unsafe { (*ev).u64 };
-            let _ = caught(|| dispatch::wait_key(fd, key));
+            // valid epoll_event; packed fields are read by copy.
+            let (key, events) = unsafe { ((*ev).u64, (*ev).events) };
+            let reads = events & libc::EPOLLIN as u32 != 0;
+            let _ = caught(|| dispatch::wait_key(fd, epfd, key, reads));
+        } else if op == libc::EPOLL_CTL_DEL {
+            let _ = caught(|| dispatch::wait_key(fd, -1, 0, false));
         }
         let wants = op != libc::EPOLL_CTL_DEL
             && !ev.is_null()
@@ -1291,8 +1508,14 @@ pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: 
     // SAFETY: the caller's poll set.
     unsafe { poll_interest(fds, n) };
     event_loop_turn(Wait::Scan, 0);
+    let (unread, k) = unread_fds();
+    // SAFETY: the caller's poll set.
+    let now = unsafe { poll_unread(fds, n, &unread[..k]) };
     // SAFETY: forwarding the caller's arguments.
-    unsafe { real_poll(fds, n, timeout) }
+    let r = unsafe { real_poll(fds, n, if now { 0 } else { timeout }) };
+    let bell = caught(crate::apply::after_wait).flatten();
+    // SAFETY: the caller's poll set.
+    unsafe { poll_merge(fds, n, r, &unread[..k], bell) }
 }
 
 /// Interposed `ppoll(2)`: observed, not changed.
@@ -1309,8 +1532,16 @@ pub unsafe extern "C" fn ppoll(
     // SAFETY: the caller's poll set.
     unsafe { poll_interest(fds, n) };
     event_loop_turn(Wait::Scan, 0);
-    // SAFETY: forwarding the caller's arguments.
-    unsafe { real_ppoll(fds, n, timeout, mask) }
+    let (unread, k) = unread_fds();
+    // SAFETY: the caller's poll set.
+    let now = unsafe { poll_unread(fds, n, &unread[..k]) };
+    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let t = if now { &zero as *const libc::timespec } else { timeout };
+    // SAFETY: forwarding the caller's arguments (or a zero timeout).
+    let r = unsafe { real_ppoll(fds, n, t, mask) };
+    let bell = caught(crate::apply::after_wait).flatten();
+    // SAFETY: the caller's poll set.
+    unsafe { poll_merge(fds, n, r, &unread[..k], bell) }
 }
 
 /// Interposed `select(2)`: observed, not changed.
@@ -1328,8 +1559,21 @@ pub unsafe extern "C" fn select(
     // SAFETY: the caller's write set.
     unsafe { select_interest(n, w) };
     event_loop_turn(Wait::Scan, 0);
-    // SAFETY: forwarding the caller's arguments.
-    unsafe { real_select(n, r, w, e, timeout) }
+    let (unread, k) = unread_fds();
+    // SAFETY: the caller's read set (or null).
+    let asked = if r.is_null() { None } else { Some(unsafe { *r }) };
+    // SAFETY: the caller's read set.
+    let now = unsafe { select_unread(n, r, &unread[..k]) };
+    let mut zero = libc::timeval { tv_sec: 0, tv_usec: 0 };
+    let t = if now { &mut zero as *mut libc::timeval } else { timeout };
+    // SAFETY: forwarding the caller's arguments (or a zero timeout).
+    let ret = unsafe { real_select(n, r, w, e, t) };
+    let bell = caught(crate::apply::after_wait).flatten();
+    match asked {
+        // SAFETY: the caller's sets.
+        Some(asked) => unsafe { select_merge(n, r, w, e, ret, &asked, &unread[..k], bell) },
+        None => ret,
+    }
 }
 
 /// Interposed `pselect(2)`: observed, not changed.
@@ -1348,8 +1592,21 @@ pub unsafe extern "C" fn pselect(
     // SAFETY: the caller's write set.
     unsafe { select_interest(n, w) };
     event_loop_turn(Wait::Scan, 0);
-    // SAFETY: forwarding the caller's arguments.
-    unsafe { real_pselect(n, r, w, e, timeout, mask) }
+    let (unread, k) = unread_fds();
+    // SAFETY: the caller's read set (or null).
+    let asked = if r.is_null() { None } else { Some(unsafe { *r }) };
+    // SAFETY: the caller's read set.
+    let now = unsafe { select_unread(n, r, &unread[..k]) };
+    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let t = if now { &zero as *const libc::timespec } else { timeout };
+    // SAFETY: forwarding the caller's arguments (or a zero timeout).
+    let ret = unsafe { real_pselect(n, r, w, e, t, mask) };
+    let bell = caught(crate::apply::after_wait).flatten();
+    match asked {
+        // SAFETY: the caller's sets.
+        Some(asked) => unsafe { select_merge(n, r, w, e, ret, &asked, &unread[..k], bell) },
+        None => ret,
+    }
 }
 
 // ---------------------------------------------------------------------------
