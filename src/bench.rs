@@ -785,6 +785,11 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         .map(|s| s.divergences)
         .sum();
 
+    // 4. The reference: a plain redis-server under redis-benchmark SET,
+    // on the same machine in the same run (the cluster is idle by now).
+    eprintln!("  plain redis-server under redis-benchmark SET -c 50 (the reference)");
+    let plain_set = crate::bench_redis::plain_set_rate(&b.dir.join("plain-redis"), 100_000)?;
+
     let rate = |n: u64, d: Duration| n as f64 / d.as_secs_f64();
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -812,6 +817,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                 "ingest_entries_per_s": rate(st.entries, st.ingest),
                 "live_apply_s": st.applied_live.as_secs_f64(),
                 "live_apply_entries_per_s": rate(st.entries, st.applied_live),
+                "plain_redis_set_per_s": plain_set,
+                "live_apply_to_plain_set": rate(st.entries, st.applied_live) / plain_set,
             },
             "apply_latency": Latency::summary(&apply_us),
             "restart_replay": {
@@ -875,6 +882,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             "  live apply (both backups) {:>8.2} s  {:>10.0} entries/s",
             st.applied_live.as_secs_f64(),
             rate(st.entries, st.applied_live)
+        );
+        println!(
+            "  plain redis-server SET    {:>8} {:>12.0} req/s    (redis-benchmark -c 50; live apply is {:.2}x that)",
+            "",
+            plain_set,
+            rate(st.entries, st.applied_live) / plain_set
         );
         println!(
             "  apply latency             p50 {:>8.1} µs  p99 {:>8.1} µs  (commit -> every backup's server consumed it)",

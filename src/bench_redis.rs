@@ -559,6 +559,24 @@ fn redis_benchmark(
     Ok(rows)
 }
 
+/// A plain redis-server's `redis-benchmark -t set -c 50` rate on this
+/// machine (requests/s): the reference `lockstep bench follower` compares
+/// the backups' apply rate with. The server lives in `dir` and is stopped
+/// before this returns.
+pub fn plain_set_rate(dir: &Path, requests: u64) -> anyhow::Result<f64> {
+    let stop = AtomicBool::new(false);
+    let server = RedisServer::start("plain redis-server", dir, &[], &stop)?;
+    let args: Vec<String> = ["-t", "set", "-c", "50", "-n", &requests.to_string()]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let rows = redis_benchmark(server.addr, &args, dir, &stop)?;
+    rows.iter()
+        .find(|r| r.0 == "SET")
+        .map(|r| r.1)
+        .context("redis-benchmark reported no SET row")
+}
+
 /// Parses `redis-benchmark --csv`: a header line naming the columns
 /// (redis 7: "test","rps","avg_latency_ms",…,"p50_latency_ms",…), then one
 /// line per test. Older versions print only test and rps, without header.

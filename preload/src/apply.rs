@@ -135,6 +135,8 @@ pub struct Pump {
     /// position just past its last entry, and when the server had
     /// consumed all of it.
     turn: Vec<Item>,
+    /// The turns slot of the thread that read a replay connection last.
+    read_by: Option<usize>,
     /// The turn's headers (kept to reuse the allocation).
     headers: Vec<EntryHeader>,
     payloads: Vec<u8>,
@@ -239,6 +241,7 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
             c.served += n;
             c.read_slot = turns::slot();
             c.read_turn = turns::count(c.read_slot);
+            p.read_by = Some(c.read_slot);
             // The server handles this connection's input now: its time.
             if let Some(i) = p.turn.iter().find(|i| i.header.conn == conn) {
                 crate::clock::enter_input(i.header.time_us);
@@ -295,12 +298,18 @@ pub fn unread() -> [i32; MAX_WIDTH] {
 /// After the server's wait: a byte rung to wake it is taken out again.
 /// Returns the fd it was rung on: the kernel's read readiness of that fd
 /// is the bell's, not the log's.
-pub fn after_wait() -> Option<i32> {
-    let fd = BELL_FD.swap(-1, Ordering::AcqRel);
-    (fd >= 0).then(|| {
-        crate::hooks::sys::discard_input(fd);
-        fd
-    })
+pub fn after_wait(mine: impl Fn(i32) -> bool) -> Option<i32> {
+    // Only the wait that watches the bell's fd takes it: another thread's
+    // wait (memcached's listener) would leave the reader asleep.
+    let fd = BELL_FD.load(Ordering::Acquire);
+    if fd < 0 || !mine(fd) {
+        return None;
+    }
+    BELL_FD
+        .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Acquire)
+        .ok()?;
+    crate::hooks::sys::discard_input(fd);
+    Some(fd)
 }
 
 /// The epoll keys of this turn's unread replay connections registered for
@@ -456,6 +465,7 @@ impl Pump {
             buf: Vec::new(),
             held: None,
             turn: Vec::new(),
+            read_by: None,
             headers: Vec::new(),
             payloads: Vec::new(),
             turn_end: 0,
@@ -469,6 +479,9 @@ impl Pump {
     /// Hands over turns until one is in flight or none is left
     /// (`from_server`: on the server thread, about to wait).
     fn run_from(&mut self, from_server: bool) {
+        // Only the thread that reads the replay connections will see the
+        // turn in its own wait; any other wakes it with the bell.
+        let from_server = from_server && self.read_by == Some(turns::slot());
         if self.region.role() == Role::Leader {
             return;
         }

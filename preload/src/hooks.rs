@@ -1020,7 +1020,12 @@ unsafe fn epoll_turn(
         k if k == max as usize => 0,
         k => real(max - k as c_int, 0),
     };
-    let bell = caught(crate::apply::after_wait).flatten();
+    let bell = caught(|| {
+        crate::apply::after_wait(|fd| {
+            crate::fdtable::slot(fd).is_some_and(|s| s.wait_epfd() == epfd)
+        })
+    })
+    .flatten();
     if n < 0 && k == 0 {
         return n;
     }
@@ -1086,6 +1091,19 @@ unsafe fn poll_merge(fds: *mut libc::pollfd, n: libc::nfds_t, r: c_int, unread: 
     } else {
         ready
     }
+}
+
+/// Takes the bell out when it rang on an fd of this poll set.
+///
+/// # Safety
+/// `fds` must point to `n` valid pollfds (or be null with `n` 0).
+unsafe fn poll_bell(fds: *const libc::pollfd, n: libc::nfds_t) -> Option<i32> {
+    if fds.is_null() || n == 0 {
+        return None;
+    }
+    // SAFETY: per the contract.
+    let set = unsafe { std::slice::from_raw_parts(fds, n as usize) };
+    caught(|| crate::apply::after_wait(|fd| set.iter().any(|p| p.fd == fd))).flatten()
 }
 
 /// This turn's unread replay connections (server fds), log order.
@@ -1513,7 +1531,8 @@ pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: 
     let now = unsafe { poll_unread(fds, n, &unread[..k]) };
     // SAFETY: forwarding the caller's arguments.
     let r = unsafe { real_poll(fds, n, if now { 0 } else { timeout }) };
-    let bell = caught(crate::apply::after_wait).flatten();
+    // SAFETY: the caller's poll set.
+    let bell = unsafe { poll_bell(fds, n) };
     // SAFETY: the caller's poll set.
     unsafe { poll_merge(fds, n, r, &unread[..k], bell) }
 }
@@ -1539,7 +1558,8 @@ pub unsafe extern "C" fn ppoll(
     let t = if now { &zero as *const libc::timespec } else { timeout };
     // SAFETY: forwarding the caller's arguments (or a zero timeout).
     let r = unsafe { real_ppoll(fds, n, t, mask) };
-    let bell = caught(crate::apply::after_wait).flatten();
+    // SAFETY: the caller's poll set.
+    let bell = unsafe { poll_bell(fds, n) };
     // SAFETY: the caller's poll set.
     unsafe { poll_merge(fds, n, r, &unread[..k], bell) }
 }
@@ -1568,7 +1588,13 @@ pub unsafe extern "C" fn select(
     let t = if now { &mut zero as *mut libc::timeval } else { timeout };
     // SAFETY: forwarding the caller's arguments (or a zero timeout).
     let ret = unsafe { real_select(n, r, w, e, t) };
-    let bell = caught(crate::apply::after_wait).flatten();
+    let bell = caught(|| {
+        crate::apply::after_wait(|fd| {
+            // SAFETY: `a` is our copy of the caller's read set.
+            asked.as_ref().is_some_and(|a| fd < n && unsafe { libc::FD_ISSET(fd, a) })
+        })
+    })
+    .flatten();
     match asked {
         // SAFETY: the caller's sets.
         Some(asked) => unsafe { select_merge(n, r, w, e, ret, &asked, &unread[..k], bell) },
@@ -1601,7 +1627,13 @@ pub unsafe extern "C" fn pselect(
     let t = if now { &zero as *const libc::timespec } else { timeout };
     // SAFETY: forwarding the caller's arguments (or a zero timeout).
     let ret = unsafe { real_pselect(n, r, w, e, t, mask) };
-    let bell = caught(crate::apply::after_wait).flatten();
+    let bell = caught(|| {
+        crate::apply::after_wait(|fd| {
+            // SAFETY: `a` is our copy of the caller's read set.
+            asked.as_ref().is_some_and(|a| fd < n && unsafe { libc::FD_ISSET(fd, a) })
+        })
+    })
+    .flatten();
     match asked {
         // SAFETY: the caller's sets.
         Some(asked) => unsafe { select_merge(n, r, w, e, ret, &asked, &unread[..k], bell) },
