@@ -99,11 +99,6 @@ struct Conn {
     last_input: u64,
 }
 
-/// One entry of the turn being handed over.
-struct Item {
-    header: EntryHeader,
-}
-
 /// What a read of a replay connection gets.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Served {
@@ -134,14 +129,12 @@ pub struct Pump {
     /// The turn being handed over (empty: none), its payloads, the ring
     /// position just past its last entry, and when the server had
     /// consumed all of it.
-    turn: Vec<Item>,
-    /// The turns slot of the thread that read a replay connection last.
-    read_by: Option<usize>,
-    /// The turn's headers (kept to reuse the allocation).
-    headers: Vec<EntryHeader>,
+    turn: Vec<EntryHeader>,
     payloads: Vec<u8>,
     turn_end: u64,
     consumed_at: Option<Instant>,
+    /// The turns slot of the thread that read a replay connection last.
+    read_by: Option<usize>,
     conns: HashMap<u64, Conn>,
     /// The stream is unreadable (said once; a new stream starts over).
     broken: bool,
@@ -243,8 +236,8 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
             c.read_turn = turns::count(c.read_slot);
             p.read_by = Some(c.read_slot);
             // The server handles this connection's input now: its time.
-            if let Some(i) = p.turn.iter().find(|i| i.header.conn == conn) {
-                crate::clock::enter_input(i.header.time_us);
+            if let Some(h) = p.turn.iter().find(|h| h.conn == conn) {
+                crate::clock::enter_input(h.time_us);
             }
         }
         return Served::Bytes(n);
@@ -259,18 +252,6 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
     Served::Empty
 }
 
-/// Whether the server has bytes of the log to read on replay connection
-/// `conn` (None: not a live replay connection; the kernel's readiness
-/// stands, as for a connection the log ended).
-pub fn readable(conn: u64) -> Option<bool> {
-    let p = pump()?;
-    let c = p.conns.get(&conn)?;
-    if c.closing || c.closed {
-        return None;
-    }
-    Some(c.served < c.inbox.1)
-}
-
 /// The replay connections of this turn the server has yet to read, in log
 /// order, as their server fds (at most `MAX_WIDTH`; the rest are -1).
 pub fn unread() -> [i32; MAX_WIDTH] {
@@ -279,8 +260,8 @@ pub fn unread() -> [i32; MAX_WIDTH] {
         return fds;
     };
     let mut n = 0;
-    for item in &p.turn {
-        let Some(c) = p.conns.get(&item.header.conn) else {
+    for h in &p.turn {
+        let Some(c) = p.conns.get(&h.conn) else {
             continue;
         };
         if c.closing || c.served >= c.inbox.1 || c.server_fd < 0 || fds[..n].contains(&c.server_fd) {
@@ -466,7 +447,6 @@ impl Pump {
             held: None,
             turn: Vec::new(),
             read_by: None,
-            headers: Vec::new(),
             payloads: Vec::new(),
             turn_end: 0,
             consumed_at: None,
@@ -531,35 +511,33 @@ impl Pump {
     /// when there is none.
     fn take_turn(&mut self, from_server: bool) -> bool {
         let width = turns::batch_width();
-        let mut headers = std::mem::take(&mut self.headers);
-        headers.clear();
         while let Some((h, end)) = self.next_entry() {
-            if !joins(&headers, &h, width) {
+            if !joins(&self.turn, &h, width) {
                 self.held = Some((h, end));
                 break;
             }
             if h.kind == Kind::Data {
+                // A connection's entries in a turn are consecutive (see
+                // `joins`): its inbox is one range, begun by its first.
+                let continues = self.turn.last().is_some_and(|l| l.conn == h.conn);
                 let at = self.payloads.len();
                 self.payloads
                     .extend_from_slice(&self.buf[HEADER_LEN..HEADER_LEN + h.len as usize]);
                 if let Some(c) = self.conns.get_mut(&h.conn) {
-                    // A connection's entries in a turn are consecutive: its
-                    // inbox is one range.
-                    if c.inbox.1 != at || c.served < c.inbox.0 {
+                    if !continues {
                         c.inbox.0 = at;
                         c.served = at;
                     }
                     c.inbox.1 = self.payloads.len();
                 }
             }
-            self.turn.push(Item { header: h });
+            self.turn.push(h);
             self.turn_end = end;
-            headers.push(h);
         }
-        for h in &headers {
-            self.begin(*h);
+        for i in 0..self.turn.len() {
+            let h = self.turn[i];
+            self.begin(h);
         }
-        self.headers = headers;
         if self.turn.is_empty() {
             return false;
         }
@@ -576,8 +554,8 @@ impl Pump {
         let Some(c) = self
             .turn
             .iter()
-            .find(|i| i.header.kind == Kind::Data)
-            .and_then(|i| self.conns.get_mut(&i.header.conn))
+            .find(|h| h.kind == Kind::Data)
+            .and_then(|h| self.conns.get_mut(&h.conn))
         else {
             return;
         };
@@ -633,8 +611,8 @@ impl Pump {
 
     /// The turn is over (or gone).
     fn clear_turn(&mut self) {
-        for item in &self.turn {
-            if let Some(c) = self.conns.get_mut(&item.header.conn) {
+        for h in &self.turn {
+            if let Some(c) = self.conns.get_mut(&h.conn) {
                 c.inbox = (0, 0);
                 c.served = 0;
             }
@@ -648,7 +626,7 @@ impl Pump {
     fn finish(&mut self) {
         if let Some(last) = self.turn.last() {
             let a = self.region.apply();
-            a.set_applied(last.header.seq);
+            a.set_applied(last.seq);
             a.set_head(self.turn_end);
         }
         self.clear_turn();
@@ -658,8 +636,7 @@ impl Pump {
     fn progress(&mut self) -> bool {
         let mut all_read = true;
         let mut done = true;
-        for item in &self.turn {
-            let h = item.header;
+        for &h in &self.turn {
             let item_done = match h.kind {
                 Kind::Accept => self
                     .conns

@@ -1517,27 +1517,74 @@ unsafe fn select_interest(n: c_int, w: *const libc::fd_set) {
     }
 }
 
-/// Interposed `poll(2)`: observed, not changed.
+/// The body of the poll hooks: the server's turn ends, and on a backup
+/// the replay connections the log has bytes for are readable (see
+/// `epoll_turn`). `real(at_once)` polls, with a zero timeout when
+/// `at_once`.
+///
+/// # Safety
+/// `fds` must point to `n` valid pollfds (or be null with `n` 0).
+unsafe fn poll_turn(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    real: impl FnOnce(bool) -> c_int,
+) -> c_int {
+    // SAFETY: per the contract.
+    unsafe { poll_interest(fds, n) };
+    event_loop_turn(Wait::Scan, 0);
+    let (unread, k) = unread_fds();
+    // SAFETY: per the contract.
+    let r = real(unsafe { poll_unread(fds, n, &unread[..k]) });
+    // SAFETY: per the contract.
+    let bell = unsafe { poll_bell(fds, n) };
+    // SAFETY: per the contract.
+    unsafe { poll_merge(fds, n, r, &unread[..k], bell) }
+}
+
+/// The body of the select hooks: as `poll_turn`, over the read set.
+///
+/// # Safety
+/// The sets must be null or valid fd_sets covering fds below `n`.
+unsafe fn select_turn(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    real: impl FnOnce(bool) -> c_int,
+) -> c_int {
+    // SAFETY: per the contract.
+    unsafe { select_interest(n, w) };
+    event_loop_turn(Wait::Scan, 0);
+    let (unread, k) = unread_fds();
+    // SAFETY: per the contract; the read set is copied: select rewrites it.
+    let asked = if r.is_null() { None } else { Some(unsafe { *r }) };
+    // SAFETY: per the contract.
+    let ret = real(unsafe { select_unread(n, r, &unread[..k]) });
+    let bell = caught(|| {
+        crate::apply::after_wait(|fd| {
+            // SAFETY: `a` is our copy of the caller's read set.
+            asked.as_ref().is_some_and(|a| fd < n && unsafe { libc::FD_ISSET(fd, a) })
+        })
+    })
+    .flatten();
+    match asked {
+        // SAFETY: per the contract.
+        Some(asked) => unsafe { select_merge(n, r, w, e, ret, &asked, &unread[..k], bell) },
+        None => ret,
+    }
+}
+
+/// Interposed `poll(2)`: see `poll_turn`.
 ///
 /// # Safety
 /// Same contract as libc's `poll`.
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
-    // SAFETY: the caller's poll set.
-    unsafe { poll_interest(fds, n) };
-    event_loop_turn(Wait::Scan, 0);
-    let (unread, k) = unread_fds();
-    // SAFETY: the caller's poll set.
-    let now = unsafe { poll_unread(fds, n, &unread[..k]) };
-    // SAFETY: forwarding the caller's arguments.
-    let r = unsafe { real_poll(fds, n, if now { 0 } else { timeout }) };
-    // SAFETY: the caller's poll set.
-    let bell = unsafe { poll_bell(fds, n) };
-    // SAFETY: the caller's poll set.
-    unsafe { poll_merge(fds, n, r, &unread[..k], bell) }
+    // SAFETY: the caller's poll set, forwarded (or a zero timeout).
+    unsafe { poll_turn(fds, n, |now| real_poll(fds, n, if now { 0 } else { timeout })) }
 }
 
-/// Interposed `ppoll(2)`: observed, not changed.
+/// Interposed `ppoll(2)`: see `poll_turn`.
 ///
 /// # Safety
 /// Same contract as libc's `ppoll`.
@@ -1548,23 +1595,16 @@ pub unsafe extern "C" fn ppoll(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    // SAFETY: the caller's poll set.
-    unsafe { poll_interest(fds, n) };
-    event_loop_turn(Wait::Scan, 0);
-    let (unread, k) = unread_fds();
-    // SAFETY: the caller's poll set.
-    let now = unsafe { poll_unread(fds, n, &unread[..k]) };
     let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    let t = if now { &zero as *const libc::timespec } else { timeout };
-    // SAFETY: forwarding the caller's arguments (or a zero timeout).
-    let r = unsafe { real_ppoll(fds, n, t, mask) };
-    // SAFETY: the caller's poll set.
-    let bell = unsafe { poll_bell(fds, n) };
-    // SAFETY: the caller's poll set.
-    unsafe { poll_merge(fds, n, r, &unread[..k], bell) }
+    // SAFETY: the caller's arguments, forwarded (or a zero timeout).
+    unsafe {
+        poll_turn(fds, n, |now| {
+            real_ppoll(fds, n, if now { &zero } else { timeout }, mask)
+        })
+    }
 }
 
-/// Interposed `select(2)`: observed, not changed.
+/// Interposed `select(2)`: see `select_turn`.
 ///
 /// # Safety
 /// Same contract as libc's `select`.
@@ -1576,33 +1616,16 @@ pub unsafe extern "C" fn select(
     e: *mut libc::fd_set,
     timeout: *mut libc::timeval,
 ) -> c_int {
-    // SAFETY: the caller's write set.
-    unsafe { select_interest(n, w) };
-    event_loop_turn(Wait::Scan, 0);
-    let (unread, k) = unread_fds();
-    // SAFETY: the caller's read set (or null).
-    let asked = if r.is_null() { None } else { Some(unsafe { *r }) };
-    // SAFETY: the caller's read set.
-    let now = unsafe { select_unread(n, r, &unread[..k]) };
     let mut zero = libc::timeval { tv_sec: 0, tv_usec: 0 };
-    let t = if now { &mut zero as *mut libc::timeval } else { timeout };
-    // SAFETY: forwarding the caller's arguments (or a zero timeout).
-    let ret = unsafe { real_select(n, r, w, e, t) };
-    let bell = caught(|| {
-        crate::apply::after_wait(|fd| {
-            // SAFETY: `a` is our copy of the caller's read set.
-            asked.as_ref().is_some_and(|a| fd < n && unsafe { libc::FD_ISSET(fd, a) })
+    // SAFETY: the caller's arguments, forwarded (or a zero timeout).
+    unsafe {
+        select_turn(n, r, w, e, |now| {
+            real_select(n, r, w, e, if now { &mut zero } else { timeout })
         })
-    })
-    .flatten();
-    match asked {
-        // SAFETY: the caller's sets.
-        Some(asked) => unsafe { select_merge(n, r, w, e, ret, &asked, &unread[..k], bell) },
-        None => ret,
     }
 }
 
-/// Interposed `pselect(2)`: observed, not changed.
+/// Interposed `pselect(2)`: see `select_turn`.
 ///
 /// # Safety
 /// Same contract as libc's `pselect`.
@@ -1615,29 +1638,12 @@ pub unsafe extern "C" fn pselect(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    // SAFETY: the caller's write set.
-    unsafe { select_interest(n, w) };
-    event_loop_turn(Wait::Scan, 0);
-    let (unread, k) = unread_fds();
-    // SAFETY: the caller's read set (or null).
-    let asked = if r.is_null() { None } else { Some(unsafe { *r }) };
-    // SAFETY: the caller's read set.
-    let now = unsafe { select_unread(n, r, &unread[..k]) };
     let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    let t = if now { &zero as *const libc::timespec } else { timeout };
-    // SAFETY: forwarding the caller's arguments (or a zero timeout).
-    let ret = unsafe { real_pselect(n, r, w, e, t, mask) };
-    let bell = caught(|| {
-        crate::apply::after_wait(|fd| {
-            // SAFETY: `a` is our copy of the caller's read set.
-            asked.as_ref().is_some_and(|a| fd < n && unsafe { libc::FD_ISSET(fd, a) })
+    // SAFETY: the caller's arguments, forwarded (or a zero timeout).
+    unsafe {
+        select_turn(n, r, w, e, |now| {
+            real_pselect(n, r, w, e, if now { &zero } else { timeout }, mask)
         })
-    })
-    .flatten();
-    match asked {
-        // SAFETY: the caller's sets.
-        Some(asked) => unsafe { select_merge(n, r, w, e, ret, &asked, &unread[..k], bell) },
-        None => ret,
     }
 }
 
