@@ -309,7 +309,8 @@ impl Leader {
 
     /// Appends one entry to every ring; returns its seq.
     fn append(&mut self, kind: Kind, conn: u64, payload: &[u8]) -> anyhow::Result<u64> {
-        self.append_timed(kind, conn, 0, payload).map(|(seq, _)| seq)
+        self.append_timed(kind, conn, 0, payload)
+            .map(|(seq, _)| seq)
     }
 
     /// Appends one entry to every ring; returns its seq and, per node, the

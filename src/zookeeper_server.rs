@@ -52,6 +52,11 @@ pub fn is_serving(addr: SocketAddr) -> bool {
     srvr(addr, Duration::from_secs(2)).is_some_and(|r| r.contains("Mode:"))
 }
 
+/// Whether 127.0.0.1:`port` can be bound now.
+fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+}
+
 impl ZookeeperServer {
     /// Starts a standalone ZooKeeper on 127.0.0.1:`port` with its data,
     /// config and log in `dir`, and waits until it serves.
@@ -59,6 +64,31 @@ impl ZookeeperServer {
         let mut zk = Self::spawn(dir, port)?;
         zk.wait_ready(START_LIMIT)?;
         Ok(zk)
+    }
+
+    /// Starts one on the first of up to five ports from `next_port` that is
+    /// free when it starts and that it could bind. A port found free a
+    /// moment earlier can be taken by then on a shared machine (other jobs
+    /// bind loopback ports too).
+    pub fn start_on_free_port(
+        dir: &Path,
+        mut next_port: impl FnMut() -> u16,
+    ) -> Result<ZookeeperServer> {
+        let mut taken = Vec::new();
+        for _ in 0..5 {
+            let port = next_port();
+            if !port_free(port) {
+                taken.push(port);
+                continue;
+            }
+            match Self::start(dir, port) {
+                // The JVM takes seconds to bind and exits (silently) when
+                // the port was taken meanwhile; it is held by another now.
+                Err(_) if !port_free(port) => taken.push(port),
+                other => return other,
+            }
+        }
+        bail!("cannot start ZooKeeper: ports {taken:?} were all in use")
     }
 
     /// Starts it without waiting.
@@ -69,7 +99,7 @@ impl ZookeeperServer {
             );
         }
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        if std::net::TcpListener::bind(addr).is_err() {
+        if !port_free(port) {
             bail!("cannot start ZooKeeper: port {addr} is in use");
         }
         let data = dir.join("data");

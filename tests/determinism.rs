@@ -93,7 +93,8 @@ fn random_commands_on_large_collections_agree_everywhere() {
     // its chain: RANDOMKEY's pick then differs (timer-driven work, which
     // lockstep does not replicate yet; see the README). Through the log,
     // so every replica turns it off at the same point.
-    r.cmd(&[b"CONFIG", b"SET", b"activerehashing", b"no"]).unwrap();
+    r.cmd(&[b"CONFIG", b"SET", b"activerehashing", b"no"])
+        .unwrap();
     for i in 0..200 {
         // Not integers: a hash table, not an intset.
         r.cmd(&[b"SADD", b"s", format!("m{i}").as_bytes()]).unwrap();
@@ -102,7 +103,8 @@ fn random_commands_on_large_collections_agree_everywhere() {
     // Reads step the keyspace's incremental rehash to its end on every
     // replica alike.
     for i in 0..400 {
-        r.cmd(&[b"GET", format!("k{}", i % 200).as_bytes()]).unwrap();
+        r.cmd(&[b"GET", format!("k{}", i % 200).as_bytes()])
+            .unwrap();
     }
     let mut picked = Vec::new();
     for _ in 0..10 {
@@ -144,7 +146,12 @@ fn a_node_dependent_reply_is_reported_as_a_divergence() {
     c.wait_converged(LIMIT);
     for id in 2..=3 {
         let d = c.status(id).unwrap().divergences;
-        assert_eq!(d, 1, "node {id}: {d} divergent entries for 1 node-dependent reply\n{}", c.logs());
+        assert_eq!(
+            d,
+            1,
+            "node {id}: {d} divergent entries for 1 node-dependent reply\n{}",
+            c.logs()
+        );
     }
     let log = std::fs::read_to_string(c.dir.join("server-2.log")).unwrap_or_default();
     assert!(
@@ -211,7 +218,10 @@ fn keys_expiring_through_a_long_run_agree_everywhere() {
     }
     c.wait_converged(LIMIT);
     c.assert_no_divergence();
-    let names: Vec<String> = (0..3000).map(key).chain((0..50).map(|i| format!("n{i}"))).collect();
+    let names: Vec<String> = (0..3000)
+        .map(key)
+        .chain((0..50).map(|i| format!("n{i}")))
+        .collect();
     let live = |id: u64| {
         let mut conn = Resp::connect(c.app(id)).unwrap();
         names
@@ -236,7 +246,10 @@ fn keys_expiring_through_a_long_run_agree_everywhere() {
             .filter(|(_, (a, b))| a != b)
             .take(5)
             .collect();
-        assert!(differ.is_empty(), "node {id} differs from the leader: {differ:?}");
+        assert!(
+            differ.is_empty(),
+            "node {id} differs from the leader: {differ:?}"
+        );
     }
 }
 
@@ -247,8 +260,9 @@ fn keys_expiring_through_a_long_run_agree_everywhere() {
 #[test]
 fn replicas_agree_after_a_failover() {
     let mut c = TestCluster::new("det-failover", Options::default());
-    let port = SparePorts::of(&c).next_port();
-    let zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("start ZooKeeper");
+    let mut spare = SparePorts::of(&c);
+    let zk = ZookeeperServer::start_on_free_port(&c.dir.join("zk"), || spare.next_port())
+        .expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), 2000);
     for id in 1..=3 {
         c.start_follower(id);
@@ -273,10 +287,20 @@ fn replicas_agree_after_a_failover() {
     }
     let digest = redis_digest(c.app(second));
     for id in [others[0], first] {
-        assert_eq!(redis_digest(c.app(id)), digest, "node {id} differs\n{}", c.logs());
+        assert_eq!(
+            redis_digest(c.app(id)),
+            digest,
+            "node {id} differs\n{}",
+            c.logs()
+        );
     }
     for id in 1..=3 {
-        assert_eq!(c.status(id).unwrap().divergences, 0, "node {id}\n{}", c.logs());
+        assert_eq!(
+            c.status(id).unwrap().divergences,
+            0,
+            "node {id}\n{}",
+            c.logs()
+        );
     }
 }
 
@@ -300,7 +324,8 @@ fn reclaim_expired(app: std::net::SocketAddr, tags: &[&str]) {
     for tag in tags {
         r.cmd(&[b"EXISTS", format!("{tag}:rl").as_bytes()]).unwrap();
         for i in 0..100 {
-            r.cmd(&[b"EXISTS", format!("{tag}:px{i}").as_bytes()]).unwrap();
+            r.cmd(&[b"EXISTS", format!("{tag}:px{i}").as_bytes()])
+                .unwrap();
         }
     }
 }
@@ -318,9 +343,12 @@ fn nondeterministic_workload(app: std::net::SocketAddr, tag: &str) {
     }
     for i in 0..100 {
         let key = k(&format!("px{i}"));
-        r.cmd(&[b"SET", key.as_bytes(), b"old", b"PX", b"20"]).unwrap();
-        r.cmd(&[b"SADD", k("big").as_bytes(), format!("m{i}").as_bytes()]).unwrap();
-        r.cmd(&[b"SADD", k("small").as_bytes(), i.to_string().as_bytes()]).unwrap();
+        r.cmd(&[b"SET", key.as_bytes(), b"old", b"PX", b"20"])
+            .unwrap();
+        r.cmd(&[b"SADD", k("big").as_bytes(), format!("m{i}").as_bytes()])
+            .unwrap();
+        r.cmd(&[b"SADD", k("small").as_bytes(), i.to_string().as_bytes()])
+            .unwrap();
     }
     std::thread::sleep(Duration::from_millis(50));
     for i in 0..100 {

@@ -667,8 +667,9 @@ fn zk_cluster(test: &str, nodes: usize, backup_clients: &str) -> (TestCluster, Z
     );
     // Not one of the ports the cluster's config took (they are free until
     // the nodes start).
-    let port = SparePorts::of(&c).next_port();
-    let zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("start ZooKeeper");
+    let mut spare = SparePorts::of(&c);
+    let zk = ZookeeperServer::start_on_free_port(&c.dir.join("zk"), || spare.next_port())
+        .expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), SESSION_MS);
     if backup_clients != "allow" {
         c.set_backup_clients(backup_clients);

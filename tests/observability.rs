@@ -360,7 +360,8 @@ fn haproxy_clients_follow_a_leader_kill() {
     let metrics = with_metrics(&c);
     let mut spare = SparePorts::of(&c).besides(metrics.iter().map(|m| m.port()));
     let mut port = || spare.next_port();
-    let zk = ZookeeperServer::start(&c.dir.join("zk"), port()).expect("start ZooKeeper");
+    let zk =
+        ZookeeperServer::start_on_free_port(&c.dir.join("zk"), &mut port).expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), 2000);
     c.set_backup_clients("deny");
     let front = SocketAddr::from(([127, 0, 0, 1], port()));

@@ -88,7 +88,8 @@ fn sentinel_cluster(test: &str, nodes: usize) -> (TestCluster, ZookeeperServer, 
         sentinels.push(s);
     }
     std::fs::write(&c.config_path, text).expect("write config");
-    let zk = ZookeeperServer::start(&c.dir.join("zk"), fresh()).expect("start ZooKeeper");
+    let zk = ZookeeperServer::start_on_free_port(&c.dir.join("zk"), &mut fresh)
+        .expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), SESSION_MS);
     c.set_backup_clients("deny");
     for id in 1..=nodes as u64 {

@@ -284,8 +284,9 @@ fn a_view_change_naming_a_stranger_is_refused() {
 fn zk_started(test: &str) -> (TestCluster, ZookeeperServer) {
     let mut c = TestCluster::new(test, Options::default());
     keyless(&c);
-    let port = SparePorts::of(&c).next_port();
-    let zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("start ZooKeeper");
+    let mut spare = SparePorts::of(&c);
+    let zk = ZookeeperServer::start_on_free_port(&c.dir.join("zk"), || spare.next_port())
+        .expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), 2000);
     for id in 1..=3 {
         c.start_follower(id);

@@ -264,7 +264,8 @@ pub fn unread() -> [i32; MAX_WIDTH] {
         let Some(c) = p.conns.get(&h.conn) else {
             continue;
         };
-        if c.closing || c.served >= c.inbox.1 || c.server_fd < 0 || fds[..n].contains(&c.server_fd) {
+        if c.closing || c.served >= c.inbox.1 || c.server_fd < 0 || fds[..n].contains(&c.server_fd)
+        {
             continue;
         }
         if n == MAX_WIDTH {
@@ -312,7 +313,12 @@ pub fn epoll_unread(epfd: i32) -> ([u64; MAX_WIDTH], usize) {
 /// first, readable; a kernel event for one of them adds its other bits,
 /// and the bell's readiness (`bell`: its key) is dropped. Returns the
 /// count.
-pub fn merge_events(events: &mut [libc::epoll_event], real: usize, unread: &[u64], bell: Option<u64>) -> usize {
+pub fn merge_events(
+    events: &mut [libc::epoll_event],
+    real: usize,
+    unread: &[u64],
+    bell: Option<u64>,
+) -> usize {
     let k = unread.len();
     let total = events.len().min(real + k);
     // The kernel's events move behind the log's.
@@ -758,19 +764,34 @@ mod tests {
     #[test]
     fn entries_of_one_leader_turn_join_up_to_the_width() {
         let t = [data(10, 1, false, 7), data(11, 2, true, 7)];
-        assert!(joins(&[], &data(10, 1, false, 7), 4), "a turn starts anywhere");
+        assert!(
+            joins(&[], &data(10, 1, false, 7), 4),
+            "a turn starts anywhere"
+        );
         assert!(joins(&t[..1], &t[1], 4));
         assert!(joins(&t, &data(12, 3, true, 7), 4));
-        assert!(!joins(&t, &data(12, 3, true, 7), 2), "two connections at most");
-        assert!(!joins(&t, &data(12, 3, false, 7), 4), "the leader's next turn");
+        assert!(
+            !joins(&t, &data(12, 3, true, 7), 2),
+            "two connections at most"
+        );
+        assert!(
+            !joins(&t, &data(12, 3, false, 7), 4),
+            "the leader's next turn"
+        );
         assert!(!joins(&t, &data(13, 3, true, 7), 4), "not the next seq");
     }
 
     #[test]
     fn a_connection_comes_back_only_with_a_later_chunk_of_its_read() {
         let t = [data(10, 1, false, 7), data(11, 2, true, 7)];
-        assert!(joins(&t, &data(12, 2, true, 0), 4), "a later chunk of one read");
-        assert!(!joins(&t, &data(12, 2, true, 9), 4), "a second input of conn 2");
+        assert!(
+            joins(&t, &data(12, 2, true, 0), 4),
+            "a later chunk of one read"
+        );
+        assert!(
+            !joins(&t, &data(12, 2, true, 9), 4),
+            "a second input of conn 2"
+        );
         assert!(!joins(&t, &data(12, 1, true, 0), 4), "conn 1 after another");
         let mut close = data(12, 3, true, 5);
         close.kind = Kind::Close;
@@ -803,7 +824,10 @@ mod tests {
 
     #[test]
     fn without_the_logs_bytes_the_kernels_events_stand() {
-        let ev = |key: u64| libc::epoll_event { events: libc::EPOLLIN as u32, u64: key };
+        let ev = |key: u64| libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: key,
+        };
         let mut got = [ev(5), ev(6)];
         assert_eq!(merge_events(&mut got, 2, &[], None), 2);
         assert_eq!((got[0].u64, got[1].u64), (5, 6));

@@ -33,8 +33,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use libc::{iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
-use crate::dispatch::{self, Before, Ret};
 use crate::apply::Served;
+use crate::dispatch::{self, Before, Ret};
 use crate::turns::{Wait, MAX_WIDTH};
 
 // ---------------------------------------------------------------------------
@@ -1066,7 +1066,13 @@ unsafe fn poll_unread(fds: *const libc::pollfd, n: libc::nfds_t, unread: &[i32])
 ///
 /// # Safety
 /// As `poll_unread`, writable.
-unsafe fn poll_merge(fds: *mut libc::pollfd, n: libc::nfds_t, r: c_int, unread: &[i32], bell: Option<i32>) -> c_int {
+unsafe fn poll_merge(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    r: c_int,
+    unread: &[i32],
+    bell: Option<i32>,
+) -> c_int {
     if fds.is_null() || n == 0 || (unread.is_empty() && bell.is_none()) {
         return r;
     }
@@ -1179,7 +1185,10 @@ unsafe fn select_merge(
 /// `r` must be null or a valid fd_set covering fds below `n`.
 unsafe fn select_unread(n: c_int, r: *const libc::fd_set, unread: &[i32]) -> bool {
     // SAFETY: per the contract; FD_ISSET only reads.
-    !r.is_null() && unread.iter().any(|fd| *fd < n && unsafe { libc::FD_ISSET(*fd, r) })
+    !r.is_null()
+        && unread
+            .iter()
+            .any(|fd| *fd < n && unsafe { libc::FD_ISSET(*fd, r) })
 }
 
 /// Set once the server's own generators got the cluster's seed.
@@ -1211,7 +1220,10 @@ fn seed_server_generators() {
             let f: extern "C" fn(u64) = std::mem::transmute(p);
             f(value);
         }
-        log::info!("seeded the server's {} from the cluster's entropy", name.to_string_lossy());
+        log::info!(
+            "seeded the server's {} from the cluster's entropy",
+            name.to_string_lossy()
+        );
     }
 }
 
@@ -1230,7 +1242,9 @@ pub unsafe extern "C" fn epoll_wait(
     // SAFETY: the caller's buffer of `max` events; the real call gets a
     // part of it.
     unsafe {
-        epoll_turn(epfd, ev, max, timeout, |m, t| real_epoll_wait(epfd, ev, m, t))
+        epoll_turn(epfd, ev, max, timeout, |m, t| {
+            real_epoll_wait(epfd, ev, m, t)
+        })
     }
 }
 
@@ -1557,13 +1571,19 @@ unsafe fn select_turn(
     event_loop_turn(Wait::Scan, 0);
     let (unread, k) = unread_fds();
     // SAFETY: per the contract; the read set is copied: select rewrites it.
-    let asked = if r.is_null() { None } else { Some(unsafe { *r }) };
+    let asked = if r.is_null() {
+        None
+    } else {
+        Some(unsafe { *r })
+    };
     // SAFETY: per the contract.
     let ret = real(unsafe { select_unread(n, r, &unread[..k]) });
     let bell = caught(|| {
         crate::apply::after_wait(|fd| {
             // SAFETY: `a` is our copy of the caller's read set.
-            asked.as_ref().is_some_and(|a| fd < n && unsafe { libc::FD_ISSET(fd, a) })
+            asked
+                .as_ref()
+                .is_some_and(|a| fd < n && unsafe { libc::FD_ISSET(fd, a) })
         })
     })
     .flatten();
@@ -1581,7 +1601,11 @@ unsafe fn select_turn(
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
     // SAFETY: the caller's poll set, forwarded (or a zero timeout).
-    unsafe { poll_turn(fds, n, |now| real_poll(fds, n, if now { 0 } else { timeout })) }
+    unsafe {
+        poll_turn(fds, n, |now| {
+            real_poll(fds, n, if now { 0 } else { timeout })
+        })
+    }
 }
 
 /// Interposed `ppoll(2)`: see `poll_turn`.
@@ -1595,7 +1619,10 @@ pub unsafe extern "C" fn ppoll(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: the caller's arguments, forwarded (or a zero timeout).
     unsafe {
         poll_turn(fds, n, |now| {
@@ -1616,7 +1643,10 @@ pub unsafe extern "C" fn select(
     e: *mut libc::fd_set,
     timeout: *mut libc::timeval,
 ) -> c_int {
-    let mut zero = libc::timeval { tv_sec: 0, tv_usec: 0 };
+    let mut zero = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
     // SAFETY: the caller's arguments, forwarded (or a zero timeout).
     unsafe {
         select_turn(n, r, w, e, |now| {
@@ -1638,7 +1668,10 @@ pub unsafe extern "C" fn pselect(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: the caller's arguments, forwarded (or a zero timeout).
     unsafe {
         select_turn(n, r, w, e, |now| {
