@@ -50,6 +50,11 @@ pub enum Kind {
     Wrap = 5,
     /// A view starts here: every replay connection is closed at this point.
     View = 6,
+    /// An event-loop turn of the leader's server in which it read no input
+    /// but its clock moved (its timers may have run): a backup's server
+    /// runs one turn of the same event loop at this entry's time. `conn`
+    /// names the loop (see the preload's `loops`).
+    Tick = 7,
 }
 
 impl Kind {
@@ -62,6 +67,7 @@ impl Kind {
             4 => Kind::Noop,
             5 => Kind::Wrap,
             6 => Kind::View,
+            7 => Kind::Tick,
             _ => return None,
         })
     }
@@ -359,6 +365,7 @@ mod tests {
             Just(Kind::Noop),
             Just(Kind::Wrap),
             Just(Kind::View),
+            Just(Kind::Tick),
         ]
     }
 

@@ -135,6 +135,9 @@ pub struct Pump {
     consumed_at: Option<Instant>,
     /// The turns slot of the thread that read a replay connection last.
     read_by: Option<usize>,
+    /// The `TICK` being handed over: its loop, and the thread (slot) whose
+    /// wait of that loop returned for it with its wait count then.
+    tick: Option<(u64, Option<(usize, u64)>)>,
     conns: HashMap<u64, Conn>,
     /// The stream is unreadable (said once; a new stream starts over).
     broken: bool,
@@ -195,6 +198,49 @@ pub fn on_loop() {
     }
 }
 
+/// Whether a `TICK` of loop `loop_id` waits for that loop's next turn
+/// (then its wait must not block).
+pub fn tick_due(loop_id: u64) -> bool {
+    PUMP.get().is_some_and(|m| {
+        m.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tick
+            .is_some_and(|(id, taken)| id == loop_id && taken.is_none())
+    })
+}
+
+/// The server's wait in loop `loop_id` returned, on this thread: the turn
+/// in flight starts here when it is this thread's (a `TICK` of this loop,
+/// this turn is the tick's; DATA, when the wait reported the log's bytes
+/// (`delivers`) — a wait that returned for anything else must not run the
+/// server's timers at the turn's time before it read the turn's input;
+/// the kernel-reported ACCEPT/CLOSE/VIEW on any loop), and the thread's
+/// clock reads its time from now on.
+pub fn turn_returned(loop_id: u64, delivers: bool) {
+    let Some(mut p) = pump() else {
+        return;
+    };
+    let Some(first) = p.turn.first().copied() else {
+        return;
+    };
+    let mine = match first.kind {
+        Kind::Tick => match &mut p.tick {
+            Some((id, taken @ None)) if *id == loop_id => {
+                let slot = turns::slot();
+                *taken = Some((slot, turns::count(slot)));
+                true
+            }
+            _ => false,
+        },
+        Kind::Data => delivers,
+        Kind::Accept | Kind::Close | Kind::View => true,
+        Kind::Noop | Kind::Wrap => false,
+    };
+    if mine {
+        crate::clock::enter_turn(first.time_us);
+    }
+}
+
 /// The server accepted a connection from `peer` on its app listener:
 /// true when it is one of the pump's replay connections (`fd` is marked).
 pub fn on_accept(fd: i32, peer: SocketAddr) -> bool {
@@ -237,7 +283,7 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
             p.read_by = Some(c.read_slot);
             // The server handles this connection's input now: its time.
             if let Some(h) = p.turn.iter().find(|h| h.conn == conn) {
-                crate::clock::enter_input(h.time_us);
+                crate::clock::enter_turn(h.time_us);
             }
         }
         return Served::Bytes(n);
@@ -453,6 +499,7 @@ impl Pump {
             held: None,
             turn: Vec::new(),
             read_by: None,
+            tick: None,
             payloads: Vec::new(),
             turn_end: 0,
             consumed_at: None,
@@ -547,10 +594,38 @@ impl Pump {
         if self.turn.is_empty() {
             return false;
         }
-        if !from_server {
+        if self.tick.is_some() {
+            self.wake_tick_loop();
+        } else if !from_server {
             self.ring_bell();
         }
         true
+    }
+
+    /// A `TICK` is handed over in a turn of its loop: wakes that loop's
+    /// thread from its wait (its alarm; a `poll`/`select` loop by the bell
+    /// in any replay connection). Without either it takes the tick when
+    /// its own timeout ends the wait.
+    fn wake_tick_loop(&mut self) {
+        let Some((id, None)) = self.tick else {
+            return;
+        };
+        if id != 0 {
+            crate::loops::ring(id);
+            return;
+        }
+        if BELL_FD.load(Ordering::Acquire) >= 0 {
+            return;
+        }
+        if let Some(c) = self
+            .conns
+            .values_mut()
+            .find(|c| c.server_fd >= 0 && !c.closing && !c.closed)
+        {
+            if matches!(c.stream.write(&[0]), Ok(1)) {
+                BELL_FD.store(c.server_fd, Ordering::Release);
+            }
+        }
     }
 
     /// The server may be blocked in its wait, and the log's bytes make no
@@ -605,6 +680,7 @@ impl Pump {
             Kind::Accept => self.open(h.seq),
             Kind::Data | Kind::Close => self.check_output(&h),
             Kind::View => self.end_all(),
+            Kind::Tick => self.tick = Some((h.conn, None)),
             Kind::Noop | Kind::Wrap => {}
         }
         if h.kind == Kind::Close {
@@ -626,6 +702,7 @@ impl Pump {
         self.turn.clear();
         self.payloads.clear();
         self.consumed_at = None;
+        self.tick = None;
     }
 
     /// The server handled the whole turn: the follower may reuse its space.
@@ -671,6 +748,13 @@ impl Pump {
                     }
                     done
                 }
+                // Its loop's thread went back to wait after the turn.
+                Kind::Tick => match self.tick {
+                    Some((_, Some((slot, n)))) => turns::count(slot) > n,
+                    _ => self
+                        .consumed_at
+                        .is_some_and(|t| t.elapsed() >= TURN_PATIENCE),
+                },
                 Kind::View | Kind::Noop | Kind::Wrap => true,
             };
             done &= item_done;

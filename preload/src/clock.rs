@@ -1,27 +1,60 @@
-//! The log's time: the wall clock every replica's server reads while it
-//! handles an input.
+//! The log's time: the clock every replica's server reads.
 //!
 //! A server that reads the clock while it executes a command (Redis for
-//! key expiry, `SET … PX`, `TIME`; beanstalkd for delays) must read the
-//! same value on every replica, or a key that expired on the leader lives
-//! on in a backup. So the leader records, with each input, its wall clock
-//! when its server read it (the entry's `time_us`), and from then on its
-//! own server's wall-clock reads return that value too, until the next
-//! input; a backup's server reads the `time_us` of the entry it is being
-//! handed. Between inputs the time stands still, on the leader and on the
-//! backups alike: time moves with the log.
+//! key expiry, `SET … PX`, `TIME`; beanstalkd for delays) or to run its
+//! timers (Redis's cron and active expiry) must read the same value on
+//! every replica at the same point of the log, or a key that expired on
+//! the leader lives on in a backup.
 //!
-//! Only the wall clock (`CLOCK_REALTIME`, its coarse variant,
-//! `gettimeofday`, `time`) is the log's; monotonic clocks stay real, so
-//! the servers' timers still fire. Before the first input, and in a forked
-//! child, every clock is real.
+//! So time moves with the log, by event-loop turns. On the leader, the
+//! log's time moves to the real wall clock when its server's wait returns
+//! (when at least [`GRAIN_US`] passed; never back), and every clock the
+//! server reads during that turn reads it. The turn's entries carry it
+//! (`time_us`); a turn that read no input but moved the time is logged as
+//! a `TICK` (the server's timers may have run in it). A backup's server
+//! reads the `time_us` of the entry it is being handed, and runs one turn
+//! per `TICK`: its timers fire in the same turns as the leader's.
+//!
+//! Wall clocks (`CLOCK_REALTIME` and its coarse variant, `gettimeofday`,
+//! `time`) read the log's time on every server thread; monotonic clocks
+//! read it on event-loop threads (they time the timers). Before the first
+//! turn, and in a forked child, every clock is real.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// µs since the epoch of the input being handled (0: none yet).
+/// The leader's log time moves in steps of at least this much: a server
+/// that spins through its event loop (zero timeouts) does not log a turn
+/// per spin, and timers with millisecond resolution lose nothing.
+pub const GRAIN_US: u64 = 1_000;
+
+/// µs since the epoch: the latest time of the log (0: none yet).
 static LOG_TIME_US: AtomicU64 = AtomicU64::new(0);
 
-/// The server now handles an input read at `us` (0 is ignored: an entry
+thread_local! {
+    /// The time of this thread's current event-loop turn (0: none): a
+    /// thread's clock moves only when its own turn starts, so another
+    /// loop's turn never fires its timers early.
+    static TURN_TIME: Cell<u64> = const { Cell::new(0) };
+    /// The leader's: the loop of this thread's current turn while no entry
+    /// carried the turn's time yet.
+    static UNLOGGED: Cell<Option<u64>> = const { Cell::new(None) };
+    /// This thread runs an event loop of the server's.
+    static LOOP_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The calling thread waits in an event loop of the server's: its clocks
+/// read its turn's time, and its monotonic clocks too.
+pub fn on_loop_thread() {
+    let _ = LOOP_THREAD.try_with(|c| c.set(true));
+}
+
+/// Whether the calling thread runs an event loop of the server's.
+pub fn is_loop_thread() -> bool {
+    LOOP_THREAD.try_with(|c| c.get()).unwrap_or(false)
+}
+
+/// A backup's log reached an entry of time `us` (0 is ignored: an entry
 /// that carries no time).
 pub fn enter_input(us: u64) {
     if us != 0 {
@@ -29,12 +62,98 @@ pub fn enter_input(us: u64) {
     }
 }
 
-/// The wall clock the server should read now, when the log sets it.
-pub fn log_time_us() -> Option<u64> {
-    match LOG_TIME_US.load(Ordering::Acquire) {
-        0 => None,
-        t => Some(t),
+/// A backup's server thread handles a turn of time `us` (0 ignored).
+pub fn enter_turn(us: u64) {
+    if us != 0 {
+        let _ = TURN_TIME.try_with(|c| c.set(us));
     }
+}
+
+/// The server was told to stop (SIGTERM/SIGINT): from then on its clock
+/// runs free. A stop is not in the log, and a server notices it from a
+/// timer (Redis's cron, memcached's clock event) that a backup's stilled
+/// clock, with no leader logging turns, would never fire.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+/// Once stopping: the real monotonic time (µs) and the log's time when
+/// the clock started running free.
+static FREE_AT: AtomicU64 = AtomicU64::new(0);
+static FREE_FROM: AtomicU64 = AtomicU64::new(0);
+
+/// A stop signal arrived (async-signal-safe: one atomic store).
+pub fn stop_signalled() {
+    STOPPING.store(true, Ordering::Release);
+}
+
+/// The clock the calling server thread should read now, when the log sets
+/// it: its turn's time on an event-loop thread, else the log's latest;
+/// once stopping, that time moving on in real time (`real_mono_us`).
+pub fn now_us(real_mono_us: impl FnOnce() -> u64) -> Option<u64> {
+    let mine = if is_loop_thread() {
+        TURN_TIME.try_with(|c| c.get()).unwrap_or(0)
+    } else {
+        0
+    };
+    let t = match mine {
+        0 => match LOG_TIME_US.load(Ordering::Acquire) {
+            0 => return None,
+            t => t,
+        },
+        t => t,
+    };
+    if !STOPPING.load(Ordering::Acquire) {
+        return Some(t);
+    }
+    let now = real_mono_us();
+    if FREE_AT.load(Ordering::Acquire) == 0
+        && FREE_AT
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    {
+        FREE_FROM.store(t, Ordering::Release);
+    }
+    match FREE_FROM.load(Ordering::Acquire) {
+        0 => Some(t),
+        from => Some(from + now.saturating_sub(FREE_AT.load(Ordering::Acquire))),
+    }
+}
+
+/// The leader's server starts a turn of event loop `loop_id` at real time
+/// `now`: the log's time moves there when a grain passed since it last
+/// moved (never back), and this thread's turn reads it. A turn whose time
+/// differs from the thread's last owes the log a `TICK` until an entry
+/// carries its time.
+pub fn turn_starts(now: u64, loop_id: u64) {
+    let v = LOG_TIME_US.load(Ordering::Acquire);
+    if v == 0 || now >= v.saturating_add(GRAIN_US) {
+        LOG_TIME_US.fetch_max(now, Ordering::AcqRel);
+    }
+    let t = LOG_TIME_US.load(Ordering::Acquire);
+    let _ = TURN_TIME.try_with(|c| {
+        if c.replace(t) != t {
+            let _ = UNLOGGED.try_with(|u| u.set(Some(loop_id)));
+        }
+    });
+}
+
+/// The time an entry the leader appends now carries: the thread's turn's
+/// (the real time `now` for the very first entry). The entry carries the
+/// turn: it owes no `TICK`.
+pub fn entry_time(now: u64) -> u64 {
+    let _ = UNLOGGED.try_with(|u| u.set(None));
+    let mine = TURN_TIME.try_with(|c| c.get()).unwrap_or(0);
+    if mine != 0 {
+        return mine;
+    }
+    LOG_TIME_US.fetch_max(now, Ordering::AcqRel);
+    LOG_TIME_US.load(Ordering::Acquire)
+}
+
+/// The time and loop of this thread's turn when no entry carried them yet
+/// (then the caller logs a `TICK`); clears it.
+pub fn take_unlogged() -> Option<(u64, u64)> {
+    let loop_id = UNLOGGED.try_with(|u| u.take()).ok().flatten()?;
+    let t = TURN_TIME.try_with(|c| c.get()).unwrap_or(0);
+    (t != 0).then_some((t, loop_id))
 }
 
 /// `us` as (seconds, microseconds).
@@ -46,12 +165,40 @@ pub fn split_us(us: u64) -> (i64, i64) {
 mod tests {
     use super::*;
 
+    // One test: the log's time is process-wide.
     #[test]
     fn the_log_sets_the_time_and_zero_keeps_it() {
         enter_input(1_700_000_000_123_456);
-        assert_eq!(log_time_us(), Some(1_700_000_000_123_456));
+        assert_eq!(now_us(|| 0), Some(1_700_000_000_123_456));
         enter_input(0);
-        assert_eq!(log_time_us(), Some(1_700_000_000_123_456));
+        assert_eq!(now_us(|| 0), Some(1_700_000_000_123_456));
         assert_eq!(split_us(1_700_000_000_123_456), (1_700_000_000, 123_456));
+        std::thread::spawn(turns_move_the_time_by_grains_and_owe_a_tick)
+            .join()
+            .unwrap();
+    }
+
+    fn turns_move_the_time_by_grains_and_owe_a_tick() {
+        on_loop_thread();
+        let v = now_us(|| 0).unwrap();
+        turn_starts(v + GRAIN_US - 1, 1);
+        assert_eq!(now_us(|| 0), Some(v), "less than a grain: stands");
+        assert_eq!(take_unlogged(), Some((v, 1)), "the thread's first turn");
+        turn_starts(v + GRAIN_US - 1, 1);
+        assert_eq!(take_unlogged(), None, "same time: nothing to log");
+        turn_starts(v + GRAIN_US, 2);
+        assert_eq!(now_us(|| 0), Some(v + GRAIN_US));
+        assert_eq!(take_unlogged(), Some((v + GRAIN_US, 2)));
+        assert_eq!(take_unlogged(), None, "taken once");
+        turn_starts(v + 5 * GRAIN_US, 1);
+        assert_eq!(entry_time(0), v + 5 * GRAIN_US, "an entry carries the turn");
+        assert_eq!(take_unlogged(), None);
+        turn_starts(v, 1);
+        assert_eq!(now_us(|| 0), Some(v + 5 * GRAIN_US), "never back");
+        // Another loop's turn moves the log's time, not this thread's.
+        enter_input(v + 9 * GRAIN_US);
+        assert_eq!(now_us(|| 0), Some(v + 5 * GRAIN_US));
+        enter_turn(v + 9 * GRAIN_US);
+        assert_eq!(now_us(|| 0), Some(v + 9 * GRAIN_US));
     }
 }

@@ -99,7 +99,41 @@ pub fn passive_hooked() -> bool {
 /// count), and a backup's pump may move on.
 pub fn before_wait(wait: crate::turns::Wait, max: i32) {
     crate::turns::enter_wait(wait, max);
+    if let Some(engine) = setup::engine() {
+        log_turn_time(engine);
+    }
     apply::on_loop();
+}
+
+/// The server's wait in loop `loop_id` returned: on the leader its turn
+/// reads the log's time moved to now (see `clock`); on a backup it may be
+/// the turn a `TICK` of that loop is handed over in, or (`delivers`) the
+/// one that reports the log's DATA.
+pub fn after_wait(loop_id: u64, delivers: bool) {
+    let Some(engine) = setup::engine() else {
+        return;
+    };
+    if engine.region.role() == Role::Leader {
+        crate::clock::turn_starts(sys::realtime_us(), loop_id);
+    } else {
+        apply::turn_returned(loop_id, delivers);
+    }
+}
+
+/// A leader's turn that moved the log's time and logged no entry (yet)
+/// logs a `TICK` before it ends or sends anything: backups run the turn's
+/// timers at the same point of the log, and its output (a timeout's
+/// reply) waits for the tick's commit like any other.
+fn log_turn_time(engine: &Engine) {
+    let Some((time_us, loop_id)) = crate::clock::take_unlogged() else {
+        return;
+    };
+    if engine.region.role() != Role::Leader {
+        return;
+    }
+    if let Err(f) = engine.replicate_tick(time_us, loop_id) {
+        log::debug!("turn of loop {loop_id} at {time_us}: not logged: {f}");
+    }
 }
 
 /// Whether accept/listen need the slow path.
@@ -260,7 +294,9 @@ pub fn before_output(fd: i32) -> Option<Ret> {
     if slot.class() != Class::Client {
         return None;
     }
-    hold_for_commit(setup::engine()?, fd, slot)
+    let engine = setup::engine()?;
+    log_turn_time(engine);
+    hold_for_commit(engine, fd, slot)
 }
 
 /// Holds a client's output, close or shutdown until its inputs (and every

@@ -226,7 +226,20 @@ impl Engine {
         segments: &[&[u8]],
         total: usize,
     ) -> Result<Logged, Fail> {
-        let logged = self.append(kind, conn, out_hash, segments, total)?;
+        let logged = self.append(kind, conn, out_hash, segments, total, None)?;
+        self.hand_over(logged)
+    }
+
+    /// Replicates a turn of event loop `loop_id` that moved the log's time
+    /// to `time_us` and read no input (a `TICK`), as an input.
+    pub fn replicate_tick(&self, time_us: u64, loop_id: u64) -> Result<Logged, Fail> {
+        let logged = self.append(Kind::Tick, loop_id, 0, &[], 0, Some(time_us))?;
+        self.hand_over(logged)
+    }
+
+    /// The server may have what was `logged` once this returns (see
+    /// `replicate`).
+    fn hand_over(&self, logged: Logged) -> Result<Logged, Fail> {
         if self.mode == CommitMode::Input {
             self.wait_majority(logged.last, logged.view)?;
         }
@@ -279,15 +292,14 @@ impl Engine {
         out_hash: u64,
         segments: &[&[u8]],
         total: usize,
+        time: Option<u64>,
     ) -> Result<Logged, Fail> {
         let mut guard = self.lock();
         let w = &mut *guard;
         let view = self.writer_view(w)?;
         let first = w.next_seq;
-        // The input's time: recorded with it, and what this server reads
-        // while it handles it (see `clock`).
-        let time_us = sys::realtime_us();
-        crate::clock::enter_input(time_us);
+        // The turn's time: recorded with the entry (see `clock`).
+        let time_us = time.unwrap_or_else(|| crate::clock::entry_time(sys::realtime_us()));
         // Whether a backup may hand this input to its server in the same
         // turn as the entry before (a later chunk of one read always may).
         let here = crate::turns::current();

@@ -228,6 +228,10 @@ real_fn!(REAL_FOPEN, real_fopen, c"fopen",
     (path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE, std::ptr::null_mut());
 real_fn!(REAL_FOPEN64, real_fopen64, c"fopen64",
     (path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE, std::ptr::null_mut());
+real_fn!(REAL_EPOLL_CREATE, real_epoll_create, c"epoll_create", (size: c_int) -> c_int,
+    libc::syscall(libc::SYS_epoll_create1, 0) as c_int);
+real_fn!(REAL_EPOLL_CREATE1, real_epoll_create1, c"epoll_create1", (flags: c_int) -> c_int,
+    libc::syscall(libc::SYS_epoll_create1, flags) as c_int);
 real_fn!(REAL_EPOLL_CTL, real_epoll_ctl, c"epoll_ctl",
     (epfd: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int, unresolved());
 
@@ -236,7 +240,7 @@ fn unresolved() -> c_int {
     -1
 }
 
-static ALL_REAL: [&RealFn; 36] = [
+static ALL_REAL: [&RealFn; 40] = [
     &REAL_READ,
     &REAL_READV,
     &REAL_RECV,
@@ -263,7 +267,11 @@ static ALL_REAL: [&RealFn; 36] = [
     &REAL_PPOLL,
     &REAL_SELECT,
     &REAL_PSELECT,
+    &REAL_EPOLL_CREATE,
+    &REAL_EPOLL_CREATE1,
     &REAL_EPOLL_CTL,
+    &REAL_SIGACTION,
+    &REAL_SIGNAL,
     &REAL_CLOCK_GETTIME,
     &REAL_GETTIMEOFDAY,
     &REAL_TIME,
@@ -981,16 +989,28 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 
 /// The server is about to wait in its event loop (`max`: epoll's
 /// maxevents).
-fn event_loop_turn(wait: Wait, max: c_int) {
+fn event_loop_turn(wait: Wait, max: c_int, serves: bool) {
     if dispatch::passive_hooked() {
-        if let Some(_reentry) = Reentry::enter() {
-            let e = errno();
-            if !GENERATORS_SEEDED.load(Ordering::Relaxed) {
-                seed_server_generators();
-            }
-            let _ = caught(|| dispatch::before_wait(wait, max));
-            set_errno(e);
+        let e = errno();
+        if serves {
+            crate::clock::on_loop_thread();
         }
+        if !GENERATORS_SEEDED.load(Ordering::Relaxed) {
+            seed_server_generators();
+        }
+        let _ = caught(|| dispatch::before_wait(wait, max));
+        set_errno(e);
+    }
+}
+
+/// The server's wait in loop `loop_id` returned (`delivers`: reporting
+/// replay connections the log has bytes for): a new turn starts (see
+/// `clock`). The caller holds a `Reentry`.
+fn turn_returned(loop_id: u64, delivers: bool) {
+    if dispatch::passive_hooked() {
+        let e = errno();
+        let _ = caught(|| dispatch::after_wait(loop_id, delivers));
+        set_errno(e);
     }
 }
 
@@ -1007,19 +1027,41 @@ unsafe fn epoll_turn(
     timeout: c_int,
     real: impl FnOnce(c_int, c_int) -> c_int,
 ) -> c_int {
-    event_loop_turn(Wait::Epoll, max);
-    if !dispatch::passive_hooked() || ev.is_null() || max <= 0 {
+    // The preload's work below reads real clocks, and its own calls pass.
+    let Some(_reentry) = Reentry::enter() else {
         return real(max, timeout);
+    };
+    let loop_id = crate::loops::of_epfd(epfd);
+    event_loop_turn(Wait::Epoll, max, loop_id != 0);
+    if !dispatch::passive_hooked() || ev.is_null() || max <= 0 {
+        let n = real(max, timeout);
+        turn_returned(loop_id, false);
+        return n;
     }
     let (keys, k) = caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
     let k = k.min(max as usize);
+    // A TICK of this loop is due: this wait is its turn.
+    let tick = caught(|| crate::apply::tick_due(loop_id)).unwrap_or(false);
     let n = match k {
-        0 => real(max, timeout),
+        0 => real(max, if tick { 0 } else { timeout }),
         // No room left for the kernel's events: they wait for the next
         // call (a level-triggered fd is reported again).
         k if k == max as usize => 0,
         k => real(max - k as c_int, 0),
     };
+    let n = if n > 0 {
+        // SAFETY: the kernel filled the first `n` events of the caller's
+        // buffer.
+        let got = unsafe { std::slice::from_raw_parts_mut(ev, n as usize) };
+        let kept = crate::loops::without_alarm(got);
+        if kept < got.len() {
+            crate::loops::silence(epfd);
+        }
+        kept as c_int
+    } else {
+        n
+    };
+    turn_returned(loop_id, k > 0);
     let bell = caught(|| {
         crate::apply::after_wait(|fd| {
             crate::fdtable::slot(fd).is_some_and(|s| s.wait_epfd() == epfd)
@@ -1110,6 +1152,32 @@ unsafe fn poll_bell(fds: *const libc::pollfd, n: libc::nfds_t) -> Option<i32> {
     // SAFETY: per the contract.
     let set = unsafe { std::slice::from_raw_parts(fds, n as usize) };
     caught(|| crate::apply::after_wait(|fd| set.iter().any(|p| p.fd == fd))).flatten()
+}
+
+/// Whether a poll set watches a connection or listener of the server's
+/// (then the thread runs the server's event loop; the preload's own
+/// threads poll only sockets of their own).
+///
+/// # Safety
+/// `fds` must point to `n` valid pollfds (or be null with `n` 0).
+unsafe fn poll_serves(fds: *const libc::pollfd, n: libc::nfds_t) -> bool {
+    if fds.is_null() || n == 0 {
+        return false;
+    }
+    // SAFETY: per the contract.
+    let set = unsafe { std::slice::from_raw_parts(fds, n as usize) };
+    set.iter().any(|p| dispatch::known(p.fd))
+}
+
+/// As `poll_serves`, for a select read set.
+///
+/// # Safety
+/// `r` must be null or a valid fd_set covering fds below `n`.
+unsafe fn select_serves(n: c_int, r: *const libc::fd_set) -> bool {
+    // SAFETY: per the contract; FD_ISSET only reads.
+    !r.is_null()
+        && (0..n.min(libc::FD_SETSIZE as c_int))
+            .any(|fd| unsafe { libc::FD_ISSET(fd, r) } && dispatch::known(fd))
 }
 
 /// This turn's unread replay connections (server fds), log order.
@@ -1275,17 +1343,28 @@ fn log_time() -> Option<u64> {
     if !dispatch::passive_hooked() || IN_HOOK.try_with(|c| c.get()).unwrap_or(true) {
         return None;
     }
-    crate::clock::log_time_us()
+    crate::clock::now_us(sys::monotonic_us)
 }
 
-/// Interposed `clock_gettime(2)`: the wall clocks read the log's time.
+/// Interposed `clock_gettime(2)`: the wall clocks read the log's time,
+/// and so do the monotonic ones on the server's event-loop threads (they
+/// time its timers; the preload's own code and other threads read real
+/// monotonic time, which its deadlines and futex waits rely on).
 ///
 /// # Safety
 /// Same contract as libc's `clock_gettime`.
 #[no_mangle]
 pub unsafe extern "C" fn clock_gettime(clk: libc::clockid_t, ts: *mut libc::timespec) -> c_int {
-    if (clk == libc::CLOCK_REALTIME || clk == libc::CLOCK_REALTIME_COARSE) && !ts.is_null() {
-        if let Some(us) = log_time() {
+    let logged = match clk {
+        libc::CLOCK_REALTIME | libc::CLOCK_REALTIME_COARSE => log_time(),
+        libc::CLOCK_MONOTONIC
+        | libc::CLOCK_MONOTONIC_COARSE
+        | libc::CLOCK_MONOTONIC_RAW
+        | libc::CLOCK_BOOTTIME => log_time().filter(|_| crate::clock::is_loop_thread()),
+        _ => None,
+    };
+    if !ts.is_null() {
+        if let Some(us) = logged {
             let (s, u) = crate::clock::split_us(us);
             // SAFETY: `ts` is the caller's non-null timespec.
             unsafe {
@@ -1497,6 +1576,155 @@ pub unsafe extern "C" fn epoll_ctl(
     unsafe { real_epoll_ctl(epfd, op, fd, ev) }
 }
 
+/// Interposed `epoll_create(2)`: the server's epoll instances name its
+/// event loops (see `loops`).
+///
+/// # Safety
+/// Same contract as libc's `epoll_create`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    // SAFETY: forwarding the caller's argument.
+    let fd = unsafe { real_epoll_create(size) };
+    epoll_created(fd);
+    fd
+}
+
+/// Interposed `epoll_create1(2)`: as `epoll_create`.
+///
+/// # Safety
+/// Same contract as libc's `epoll_create1`.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    // SAFETY: forwarding the caller's argument.
+    let fd = unsafe { real_epoll_create1(flags) };
+    epoll_created(fd);
+    fd
+}
+
+/// Names the server's new epoll instance `fd` (not the preload's own).
+fn epoll_created(fd: c_int) {
+    if fd >= 0 && !IN_HOOK.try_with(|c| c.get()).unwrap_or(true) {
+        crate::loops::created(fd);
+    }
+}
+
+real_fn!(REAL_SIGACTION, real_sigaction, c"sigaction",
+    (sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int,
+    unresolved());
+real_fn!(REAL_SIGNAL, real_signal, c"signal",
+    (sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t, libc::SIG_ERR);
+
+/// The server's own handlers of the stop signals, by signal number (the
+/// preload's relay runs first; see `clock::stop_signalled`).
+static STOP_HANDLERS: [AtomicUsize; 32] = [const { AtomicUsize::new(0) }; 32];
+
+/// Whether `sig` stops a server (its handler is relayed).
+fn is_stop_signal(sig: c_int) -> bool {
+    sig == libc::SIGTERM || sig == libc::SIGINT
+}
+
+/// Whether `h` is a handler function (not SIG_DFL, SIG_IGN or SIG_ERR).
+fn is_function(h: libc::sighandler_t) -> bool {
+    h != libc::SIG_DFL && h != libc::SIG_IGN && h != libc::SIG_ERR
+}
+
+extern "C" fn relay_stop(sig: c_int) {
+    crate::clock::stop_signalled();
+    let h = STOP_HANDLERS[sig as usize & 31].load(Ordering::Acquire);
+    if is_function(h) {
+        // SAFETY: `h` is the server's own plain handler for `sig`.
+        let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(h) };
+        f(sig);
+    }
+}
+
+extern "C" fn relay_stop_info(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    crate::clock::stop_signalled();
+    let h = STOP_HANDLERS[sig as usize & 31].load(Ordering::Acquire);
+    if is_function(h) {
+        // SAFETY: `h` is the server's own SA_SIGINFO handler for `sig`,
+        // called with the kernel's arguments.
+        let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
+            unsafe { std::mem::transmute(h) };
+        f(sig, info, ctx);
+    }
+}
+
+/// The relay standing in for handler `h`, recorded as the server's.
+fn relay_for(sig: c_int, h: libc::sighandler_t, siginfo: bool) -> libc::sighandler_t {
+    STOP_HANDLERS[sig as usize & 31].store(h, Ordering::Release);
+    if siginfo {
+        relay_stop_info as *const () as libc::sighandler_t
+    } else {
+        relay_stop as *const () as libc::sighandler_t
+    }
+}
+
+/// What the server set as `sig`'s handler, where `h` may be a relay.
+fn unrelayed(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    if h == relay_stop as *const () as libc::sighandler_t
+        || h == relay_stop_info as *const () as libc::sighandler_t
+    {
+        STOP_HANDLERS[sig as usize & 31].load(Ordering::Acquire)
+    } else {
+        h
+    }
+}
+
+/// Interposed `sigaction(2)`: a server's SIGTERM/SIGINT handler runs after
+/// the preload notes the stop (its clock then runs free: see `clock`).
+///
+/// # Safety
+/// Same contract as libc's `sigaction`.
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    let mut mine = None;
+    if is_stop_signal(sig) && !act.is_null() && !IN_HOOK.try_with(|c| c.get()).unwrap_or(true) {
+        // SAFETY: a non-null `act` is the caller's valid sigaction.
+        let mut a = unsafe { *act };
+        if is_function(a.sa_sigaction) {
+            a.sa_sigaction = relay_for(sig, a.sa_sigaction, a.sa_flags & libc::SA_SIGINFO != 0);
+            mine = Some(a);
+        }
+    }
+    let act = mine.as_ref().map_or(act, |a| a as *const libc::sigaction);
+    // SAFETY: forwarding the caller's arguments (or our copy of `act`).
+    let r = unsafe { real_sigaction(sig, act, old) };
+    if r == 0 && !old.is_null() && is_stop_signal(sig) {
+        // SAFETY: the kernel filled the caller's `old`.
+        unsafe { (*old).sa_sigaction = unrelayed(sig, (*old).sa_sigaction) };
+    }
+    r
+}
+
+/// Interposed `signal(3)`: as `sigaction` (glibc's `signal` does not go
+/// through the exported `sigaction`).
+///
+/// # Safety
+/// Same contract as libc's `signal`.
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    let relayed = is_stop_signal(sig)
+        && is_function(handler)
+        && !IN_HOOK.try_with(|c| c.get()).unwrap_or(true);
+    let h = if relayed {
+        relay_for(sig, handler, false)
+    } else {
+        handler
+    };
+    // SAFETY: forwarding the caller's arguments (or the relay).
+    let prev = unsafe { real_signal(sig, h) };
+    if is_stop_signal(sig) {
+        unrelayed(sig, prev)
+    } else {
+        prev
+    }
+}
+
 /// Reports which replay connections a poll set waits to write to.
 ///
 /// # Safety
@@ -1543,12 +1771,18 @@ unsafe fn poll_turn(
     n: libc::nfds_t,
     real: impl FnOnce(bool) -> c_int,
 ) -> c_int {
+    let Some(_reentry) = Reentry::enter() else {
+        return real(false);
+    };
     // SAFETY: per the contract.
     unsafe { poll_interest(fds, n) };
-    event_loop_turn(Wait::Scan, 0);
-    let (unread, k) = unread_fds();
     // SAFETY: per the contract.
-    let r = real(unsafe { poll_unread(fds, n, &unread[..k]) });
+    event_loop_turn(Wait::Scan, 0, unsafe { poll_serves(fds, n) });
+    let (unread, k) = unread_fds();
+    let tick = caught(|| crate::apply::tick_due(0)).unwrap_or(false);
+    // SAFETY: per the contract.
+    let r = real(tick || unsafe { poll_unread(fds, n, &unread[..k]) });
+    turn_returned(0, k > 0);
     // SAFETY: per the contract.
     let bell = unsafe { poll_bell(fds, n) };
     // SAFETY: per the contract.
@@ -1566,18 +1800,25 @@ unsafe fn select_turn(
     e: *mut libc::fd_set,
     real: impl FnOnce(bool) -> c_int,
 ) -> c_int {
+    let Some(_reentry) = Reentry::enter() else {
+        return real(false);
+    };
     // SAFETY: per the contract.
     unsafe { select_interest(n, w) };
-    event_loop_turn(Wait::Scan, 0);
+    // SAFETY: per the contract.
+    event_loop_turn(Wait::Scan, 0, unsafe { select_serves(n, r) });
     let (unread, k) = unread_fds();
-    // SAFETY: per the contract; the read set is copied: select rewrites it.
+    let tick = caught(|| crate::apply::tick_due(0)).unwrap_or(false);
     let asked = if r.is_null() {
         None
     } else {
+        // SAFETY: per the contract; the read set is copied: select
+        // rewrites it.
         Some(unsafe { *r })
     };
     // SAFETY: per the contract.
-    let ret = real(unsafe { select_unread(n, r, &unread[..k]) });
+    let ret = real(tick || unsafe { select_unread(n, r, &unread[..k]) });
+    turn_returned(0, k > 0);
     let bell = caught(|| {
         crate::apply::after_wait(|fd| {
             // SAFETY: `a` is our copy of the caller's read set.
@@ -1757,6 +1998,32 @@ pub mod sys {
         unsafe { real_shutdown(fd, libc::SHUT_RDWR) };
     }
 
+    /// A fresh non-blocking, close-on-exec eventfd (None: the kernel
+    /// refused one).
+    pub fn eventfd() -> Option<i32> {
+        // SAFETY: eventfd takes no pointer argument.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        (fd >= 0).then_some(fd)
+    }
+
+    /// Adds `fd` to epoll instance `epfd`, readable, with `key`, with the
+    /// real `epoll_ctl` (the fd table does not see it).
+    pub fn epoll_add(epfd: i32, fd: i32, key: u64) -> bool {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: key,
+        };
+        // SAFETY: `ev` is a valid event on the stack for the call.
+        unsafe { real_epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) == 0 }
+    }
+
+    /// One non-blocking read of `fd` into `buf` with the real `read`
+    /// (errors ignored: it empties an alarm).
+    pub fn read_nonblocking(fd: i32, buf: &mut [u8]) {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+        unsafe { real_read(fd, buf.as_mut_ptr() as *mut c_void, buf.len()) };
+    }
+
     /// Whether `fd` has O_NONBLOCK set.
     pub fn is_nonblocking(fd: i32) -> bool {
         // SAFETY: F_GETFL takes no pointer argument.
@@ -1834,6 +2101,17 @@ pub mod sys {
         let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
         // SAFETY: the real clock_gettime writing into a stack timespec.
         unsafe { real_clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+    }
+
+    /// The real monotonic clock in µs.
+    pub fn monotonic_us() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: the real clock_gettime writing into a stack timespec.
+        unsafe { real_clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
         ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
     }
 

@@ -46,5 +46,6 @@ pub mod fdtable;
 #[allow(unsafe_code)]
 pub mod hooks;
 pub mod logger;
+pub mod loops;
 pub mod setup;
 pub mod turns;

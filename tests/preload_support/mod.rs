@@ -432,11 +432,14 @@ pub struct Summary {
     pub with_out_hash: usize,
     /// Longest DATA payload.
     pub longest: usize,
+    /// TICK entries (event-loop turns without input that moved the clock).
+    pub ticks: usize,
 }
 
 /// Checks the invariants of a leader's log: seqs 1.. without gaps in view
 /// 1, DATA and CLOSE only on accepted, open connections, at most one CLOSE
-/// each, and (when `all_closed`) a CLOSE for every ACCEPT.
+/// each, (when `all_closed`) a CLOSE for every ACCEPT, and TICKs with a
+/// time and no bytes.
 pub fn check_log(entries: &[Rec], all_closed: bool) -> Summary {
     let mut s = Summary::default();
     let mut open = std::collections::BTreeSet::new();
@@ -484,6 +487,11 @@ pub fn check_log(entries: &[Rec], all_closed: bool) -> Summary {
                     h.conn
                 );
                 s.closed.push(h.conn);
+            }
+            Kind::Tick => {
+                assert!(r.payload.is_empty(), "seq {}: a TICK carries no bytes", h.seq);
+                assert_ne!(h.time_us, 0, "seq {}: a TICK carries its time", h.seq);
+                s.ticks += 1;
             }
             other => panic!("seq {}: unexpected {other:?} entry from the preload", h.seq),
         }
