@@ -18,6 +18,10 @@
 //! - `CLOSE`: the pump shuts its end down; the server reads EOF.
 //! - `VIEW`: every replay connection ends (the new view's clients connect
 //!   to its leader).
+//! - `TICK`: a turn of the leader's server that read no input but moved
+//!   its clock (see `clock`): the named loop's thread (see `loops`) runs
+//!   one turn at the tick's time — its wait returns without blocking (its
+//!   alarm wakes it) — and the tick is done when it waits again.
 //!
 //! Only one *turn* is in flight: the entries the leader's server read in
 //! one event-loop turn (the leader flags them, `entry::SAME_TURN`), for at

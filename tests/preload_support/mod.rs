@@ -489,7 +489,11 @@ pub fn check_log(entries: &[Rec], all_closed: bool) -> Summary {
                 s.closed.push(h.conn);
             }
             Kind::Tick => {
-                assert!(r.payload.is_empty(), "seq {}: a TICK carries no bytes", h.seq);
+                assert!(
+                    r.payload.is_empty(),
+                    "seq {}: a TICK carries no bytes",
+                    h.seq
+                );
                 assert_ne!(h.time_us, 0, "seq {}: a TICK carries its time", h.seq);
                 s.ticks += 1;
             }
