@@ -287,67 +287,6 @@ fn active_expiry_runs_in_the_same_turns_everywhere() {
     c.assert_same_digest();
 }
 
-/// memcached's clock (`current_time`) moves on its main thread's one-second
-/// timer, which runs in the turns the leader logged, at the log's time;
-/// its worker handles the inputs. Items set with an `exptime`, read and
-/// incremented around their expiry through the leader, answer alike on
-/// every replica (no divergence), and every replica ends with the same
-/// items.
-#[test]
-fn memcached_items_expire_at_the_same_point_everywhere() {
-    let mut c = TestCluster::new(
-        "det-mc",
-        Options {
-            server: Server::Memcached,
-            ..Options::default()
-        },
-    );
-    c.start_all();
-    let mut m = Memcache::connect(c.app(1)).unwrap();
-    let mut missed = 0;
-    for round in 0..24u32 {
-        for i in 0..10u32 {
-            let ttl = 1 + (round + i) % 2;
-            let set = format!("set e{round}:{i} 0 {ttl} 1\r\n5\r\n");
-            assert_eq!(m.request(set.as_bytes()).unwrap(), "STORED");
-        }
-        // Items of earlier rounds, some expiring about now.
-        for back in 1..=round.min(12) {
-            let k = format!("e{}:{}", round - back, back % 10);
-            let r = m.request(format!("incr {k} 1\r\n").as_bytes()).unwrap();
-            if r == "NOT_FOUND" {
-                missed += 1;
-            }
-            if m.gets(&k).unwrap().is_none() {
-                missed += 1;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(150));
-    }
-    assert!(
-        missed > 0,
-        "no item expired while the test ran: no test of exptime"
-    );
-    c.wait_converged(LIMIT);
-    c.assert_no_divergence();
-    // Eventually: the leader's clock moves on (a backup follows its ticks).
-    let start = std::time::Instant::now();
-    loop {
-        let dumps: Vec<_> = (1..=3)
-            .map(|id| Memcache::connect(c.app(id)).unwrap().dump().unwrap())
-            .collect();
-        if dumps[1] == dumps[0] && dumps[2] == dumps[0] {
-            break;
-        }
-        assert!(
-            start.elapsed() < LIMIT,
-            "memcached replicas hold different items\n{}",
-            c.logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// After a failover the replicas still agree: the same workloads on a
 /// cluster electing through a real ZooKeeper, the leader SIGKILLed half
 /// way, the rest on the new leader; then the old leader's node comes back
