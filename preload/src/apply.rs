@@ -205,10 +205,8 @@ pub fn on_loop() {
 /// Whether a `TICK` of loop `loop_id` waits for that loop's next turn
 /// (then its wait must not block).
 pub fn tick_due(loop_id: u64) -> bool {
-    PUMP.get().is_some_and(|m| {
-        m.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .tick
+    pump().is_some_and(|p| {
+        p.tick
             .is_some_and(|(id, taken)| id == loop_id && taken.is_none())
     })
 }
@@ -454,6 +452,20 @@ fn connect_addr(app: SocketAddr) -> SocketAddr {
     }
 }
 
+/// Writes the bell's byte into replay connection `c` (when it has a
+/// server end and no bell is outstanding).
+fn ring_bell_in(c: Option<&mut Conn>) {
+    let Some(c) = c else {
+        return;
+    };
+    if c.server_fd < 0 || BELL_FD.load(Ordering::Acquire) >= 0 {
+        return;
+    }
+    if matches!(c.stream.write(&[0]), Ok(1)) {
+        BELL_FD.store(c.server_fd, Ordering::Release);
+    }
+}
+
 /// Whether `next` may join `turn` (entries the leader's server read in one
 /// turn; `width`: how many connections one turn may hand over).
 ///
@@ -618,38 +630,23 @@ impl Pump {
             crate::loops::ring(id);
             return;
         }
-        if BELL_FD.load(Ordering::Acquire) >= 0 {
-            return;
-        }
-        if let Some(c) = self
+        let any = self
             .conns
             .values_mut()
-            .find(|c| c.server_fd >= 0 && !c.closing && !c.closed)
-        {
-            if matches!(c.stream.write(&[0]), Ok(1)) {
-                BELL_FD.store(c.server_fd, Ordering::Release);
-            }
-        }
+            .find(|c| c.server_fd >= 0 && !c.closing && !c.closed);
+        ring_bell_in(any);
     }
 
     /// The server may be blocked in its wait, and the log's bytes make no
     /// fd ready: one byte into the turn's first connection wakes it (the
     /// wait hook takes the byte out again and reports what the log holds).
     fn ring_bell(&mut self) {
-        let Some(c) = self
+        let first = self
             .turn
             .iter()
             .find(|h| h.kind == Kind::Data)
-            .and_then(|h| self.conns.get_mut(&h.conn))
-        else {
-            return;
-        };
-        if c.server_fd < 0 || BELL_FD.load(Ordering::Acquire) >= 0 {
-            return;
-        }
-        if matches!(c.stream.write(&[0]), Ok(1)) {
-            BELL_FD.store(c.server_fd, Ordering::Release);
-        }
+            .and_then(|h| self.conns.get_mut(&h.conn));
+        ring_bell_in(first);
     }
 
     /// Hands over turns, off the server thread.
