@@ -206,3 +206,100 @@ fn a_resp3_hello_marks_at_most_its_own_entry() {
         );
     }
 }
+
+/// SIGSTOPs the servers of the nodes it is given (their followers keep
+/// storing and acking); SIGCONTs them when dropped.
+struct FrozenServers(Vec<i32>);
+
+impl FrozenServers {
+    fn of(c: &TestCluster, ids: &[u64]) -> FrozenServers {
+        let pids: Vec<i32> = ids
+            .iter()
+            .map(|&id| c.status(id).expect("status").server_pid as i32)
+            .collect();
+        assert!(
+            pids.iter().all(|&p| p > 0),
+            "every server attached: {pids:?}"
+        );
+        for &p in &pids {
+            kill(Pid::from_raw(p), Signal::SIGSTOP).expect("SIGSTOP a server");
+        }
+        FrozenServers(pids)
+    }
+}
+
+impl Drop for FrozenServers {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            let _ = kill(Pid::from_raw(p), Signal::SIGCONT);
+        }
+    }
+}
+
+/// Bounded apply lag: while no backup's server applies anything, the
+/// leader takes at most `max_apply_lag` more entries (a majority still
+/// stores and acks them all), then holds its next input until the
+/// backups catch up; status shows the backlog meanwhile. So a failover
+/// never inherits more than that to apply.
+#[test]
+fn the_leader_waits_while_the_backups_are_further_behind_than_max_apply_lag() {
+    const LAG: u64 = 20;
+    const WRITES: u64 = 200;
+    let mut c = TestCluster::new(
+        "oc-lag",
+        Options {
+            extra: format!("max_apply_lag = {LAG}\n"),
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    let mut client = Resp::connect(c.app(1)).unwrap();
+    assert_eq!(client.cmd(&[b"INCR", b"n"]).unwrap(), Reply::Int(1));
+    c.wait_converged(LIMIT);
+
+    let frozen = FrozenServers::of(&c, &[2, 3]);
+    // One INCR at a time: each is an entry of its own. Entries while the
+    // servers are frozen: at most LAG (ticks count too).
+    let mut answered = 1;
+    client.set_read_timeout(HELD).unwrap();
+    while answered < WRITES {
+        client.send(&[b"INCR", b"n"]).unwrap();
+        match client.read() {
+            Ok(r) => {
+                answered += 1;
+                assert_eq!(r, Reply::Int(answered as i64));
+            }
+            Err(e) if is_timeout(&e) => break,
+            Err(e) => panic!("INCR {}: {e}", answered + 1),
+        }
+    }
+    assert!(
+        answered - 1 <= LAG,
+        "the leader answered {} writes while no backup applied (max_apply_lag {LAG})",
+        answered - 1
+    );
+    // The backlog is stored and committed, and status says how far
+    // behind each backup is.
+    for id in 2..=3 {
+        let s = c.status(id).expect("backup status");
+        assert!(
+            s.committed > s.applied,
+            "node {id} shows its backlog: {s:?}"
+        );
+    }
+
+    drop(frozen);
+    client.set_read_timeout(LIMIT).unwrap();
+    answered += 1;
+    assert_eq!(client.read().unwrap(), Reply::Int(answered as i64));
+    while answered < WRITES {
+        answered += 1;
+        assert_eq!(
+            client.cmd(&[b"INCR", b"n"]).unwrap(),
+            Reply::Int(answered as i64)
+        );
+    }
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}

@@ -309,6 +309,25 @@ fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
+/// Puts back, when dropped, the errno a real call left: the preload's
+/// work after a server's wait (draining the bell, reading an alarm) must
+/// not change what the server reads there (Redis aborts when epoll_wait
+/// fails with anything but EINTR, and a SIGCONT or any handled signal
+/// makes it fail with EINTR).
+struct KeptErrno(c_int);
+
+impl KeptErrno {
+    fn now() -> KeptErrno {
+        KeptErrno(errno())
+    }
+}
+
+impl Drop for KeptErrno {
+    fn drop(&mut self) {
+        set_errno(self.0);
+    }
+}
+
 /// Marks this thread as inside a hook until dropped; None when it already
 /// is (the preload's own I/O passes through).
 struct Reentry;
@@ -1035,6 +1054,7 @@ unsafe fn epoll_turn(
     event_loop_turn(Wait::Epoll, max, loop_id != 0);
     if !dispatch::passive_hooked() || ev.is_null() || max <= 0 {
         let n = real(max, timeout);
+        let _errno = KeptErrno::now();
         turn_returned(loop_id, false);
         return n;
     }
@@ -1049,6 +1069,7 @@ unsafe fn epoll_turn(
         k if k == max as usize => 0,
         k => real(max - k as c_int, 0),
     };
+    let _errno = KeptErrno::now();
     let n = if n > 0 {
         // SAFETY: the kernel filled the first `n` events of the caller's
         // buffer.
@@ -1782,6 +1803,7 @@ unsafe fn poll_turn(
     let tick = caught(|| crate::apply::tick_due(0)).unwrap_or(false);
     // SAFETY: per the contract.
     let r = real(tick || unsafe { poll_unread(fds, n, &unread[..k]) });
+    let _errno = KeptErrno::now();
     turn_returned(0, k > 0);
     // SAFETY: per the contract.
     let bell = unsafe { poll_bell(fds, n) };
@@ -1818,6 +1840,7 @@ unsafe fn select_turn(
     };
     // SAFETY: per the contract.
     let ret = real(tick || unsafe { select_unread(n, r, &unread[..k]) });
+    let _errno = KeptErrno::now();
     turn_returned(0, k > 0);
     let bell = caught(|| {
         crate::apply::after_wait(|fd| {
