@@ -287,6 +287,121 @@ fn active_expiry_runs_in_the_same_turns_everywhere() {
     c.assert_same_digest();
 }
 
+/// memcached's clock (`current_time`) moves on its main thread's one-second
+/// timer, which runs in the turns the leader logged, at the log's time;
+/// its worker handles the inputs (the leader runs the two loops' turns one
+/// at a time, as the log orders them). Items set with an `exptime`, read
+/// and incremented around their expiry through the leader, answer alike
+/// on every replica (no divergence), and every replica ends with the same
+/// items.
+#[test]
+fn memcached_items_expire_at_the_same_point_everywhere() {
+    let mut c = TestCluster::new(
+        "det-mc",
+        Options {
+            server: Server::Memcached,
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    let missed = memcached_expiry_workload(c.app(1), "a", 24);
+    assert!(
+        missed > 0,
+        "no item expired while the test ran: no test of exptime"
+    );
+    c.wait_converged(LIMIT);
+    c.assert_no_divergence();
+    assert_same_items(&c, &[1, 2, 3], 1);
+}
+
+/// The memcached expiry workload across a failover through a real
+/// ZooKeeper: the leader SIGKILLed half way, the rest on the new leader,
+/// then the old node back with a fresh server that replays the whole log.
+#[test]
+fn memcached_replicas_agree_after_a_failover() {
+    let mut c = TestCluster::new(
+        "det-mc-failover",
+        Options {
+            server: Server::Memcached,
+            ..Options::default()
+        },
+    );
+    let mut spare = SparePorts::of(&c);
+    let zk = ZookeeperServer::start_on_free_port(&c.dir.join("zk"), || spare.next_port())
+        .expect("start ZooKeeper");
+    c.use_zookeeper(&zk.addr().to_string(), 2000);
+    for id in 1..=3 {
+        c.start_follower(id);
+    }
+    for id in 1..=3 {
+        c.start_server(id);
+    }
+    let stores = |app| {
+        Memcache::connect(app)
+            .and_then(|mut m| m.request(b"set probe 0 0 1\r\n1\r\n"))
+            .is_ok_and(|r| r == "STORED")
+    };
+    let first = wait_any_leader_with(&c, &[1, 2, 3], stores);
+    let mut missed = memcached_expiry_workload(c.app(first), "a", 12);
+    c.kill_server(first);
+    c.kill_follower(first);
+    let rest: Vec<u64> = (1..=3).filter(|&i| i != first).collect();
+    let second = wait_any_leader_with(&c, &rest, stores);
+    missed += memcached_expiry_workload(c.app(second), "b", 12);
+    assert!(missed > 0, "no item expired while the test ran");
+    let other = rest.iter().copied().find(|&i| i != second).unwrap();
+    c.wait_converged_on(&[second, other], LIMIT);
+    c.start_follower(first);
+    c.start_server(first);
+    c.wait_converged_on(&[second, other, first], LIMIT);
+    for id in 1..=3 {
+        assert_eq!(
+            c.status(id).unwrap().divergences,
+            0,
+            "node {id}\n{}",
+            c.logs()
+        );
+    }
+    assert_same_items(&c, &[other, first], second);
+}
+
+/// Sets items with exptimes of 1-2 s, `rounds` times 10, and between
+/// rounds increments and reads items of earlier rounds, some expiring
+/// about then. Returns how many of those found their item gone.
+fn memcached_expiry_workload(app: std::net::SocketAddr, tag: &str, rounds: u32) -> u32 {
+    let mut m = Memcache::connect(app).unwrap();
+    let mut missed = 0;
+    for round in 0..rounds {
+        for i in 0..10u32 {
+            let ttl = 1 + (round + i) % 2;
+            let set = format!("set {tag}{round}:{i} 0 {ttl} 1\r\n5\r\n");
+            assert_eq!(m.request(set.as_bytes()).unwrap(), "STORED");
+        }
+        for back in 1..=round.min(12) {
+            let k = format!("{tag}{}:{}", round - back, back % 10);
+            let r = m.request(format!("incr {k} 1\r\n").as_bytes()).unwrap();
+            if r == "NOT_FOUND" {
+                missed += 1;
+            }
+            if m.gets(&k).unwrap().is_none() {
+                missed += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    missed
+}
+
+/// Eventually (a backup's clock follows the leader's ticks) the memcached
+/// servers of `ids` hold the same items as `leader`'s.
+fn assert_same_items(c: &TestCluster, ids: &[u64], leader: u64) {
+    let dump = |id| Memcache::connect(c.app(id)).unwrap().dump().unwrap();
+    c.wait("the same items on every replica", LIMIT, |_| {
+        let want = dump(leader);
+        ids.iter().all(|&id| dump(id) == want)
+    });
+}
+
 /// After a failover the replicas still agree: the same workloads on a
 /// cluster electing through a real ZooKeeper, the leader SIGKILLed half
 /// way, the rest on the new leader; then the old leader's node comes back
@@ -346,12 +461,21 @@ fn replicas_agree_after_a_failover() {
 
 /// The node among `ids` that leads, once it takes a write.
 fn wait_any_leader(c: &TestCluster, ids: &[u64]) -> u64 {
-    let l = c.wait_leader_among(ids, LIMIT);
-    c.wait("the leader to take a write", LIMIT, |c| {
-        Resp::connect(c.app(l))
+    wait_any_leader_with(c, ids, |app| {
+        Resp::connect(app)
             .and_then(|mut r| r.cmd(&[b"SET", b"probe", b"1"]))
             .is_ok_and(|rep| rep == Reply::Status("OK".into()))
-    });
+    })
+}
+
+/// The node among `ids` that leads, once `writes(its app address)`.
+fn wait_any_leader_with(
+    c: &TestCluster,
+    ids: &[u64],
+    writes: impl Fn(std::net::SocketAddr) -> bool,
+) -> u64 {
+    let l = c.wait_leader_among(ids, LIMIT);
+    c.wait("the leader to take a write", LIMIT, |c| writes(c.app(l)));
     l
 }
 

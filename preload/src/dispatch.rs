@@ -102,6 +102,7 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32) {
     if let Some(engine) = setup::engine() {
         log_turn_time(engine);
     }
+    crate::turn_lock::end();
     apply::on_loop();
 }
 
@@ -114,7 +115,11 @@ pub fn after_wait(loop_id: u64, delivers: bool) {
         return;
     };
     if engine.region.role() == Role::Leader {
-        crate::clock::turn_starts(sys::realtime_us(), loop_id);
+        // Only an event loop's turns are the log's (and run one at a time).
+        if crate::clock::is_loop_thread() {
+            crate::turn_lock::begin();
+            crate::clock::turn_starts(sys::realtime_us(), loop_id);
+        }
     } else {
         apply::turn_returned(loop_id, delivers);
     }

@@ -48,4 +48,5 @@ pub mod hooks;
 pub mod logger;
 pub mod loops;
 pub mod setup;
+pub mod turn_lock;
 pub mod turns;

@@ -38,6 +38,14 @@ pub fn created(epfd: i32) {
     }
 }
 
+/// Whether the server created an epoll instance: then its event loops
+/// are those, and a `poll`/`select` of one of its threads is a wait of
+/// its own, not a loop (memcached's LRU crawler polls a client's socket
+/// while it writes a dump to it).
+pub fn any() -> bool {
+    CREATED.load(Ordering::Acquire) > 0
+}
+
 /// The loop that waits on `epfd` (0: not one of the named ones).
 pub fn of_epfd(epfd: i32) -> u64 {
     EPFDS
