@@ -314,6 +314,61 @@ fn memcached_items_expire_at_the_same_point_everywhere() {
     assert_same_items(&c, &[1, 2, 3], 1);
 }
 
+/// memcached turns an absolute `exptime` (a Unix time) into its own clock
+/// with its start time: both read the log's clock, so such items live
+/// until their Unix time comes, like on a plain memcached, and expire at
+/// the same point everywhere. Its uptime counts from the log's origin.
+#[test]
+fn memcached_absolute_exptimes_expire_at_their_unix_time() {
+    let mut c = TestCluster::new(
+        "det-mc-abs",
+        Options {
+            server: Server::Memcached,
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    let mut m = Memcache::connect(c.app(1)).unwrap();
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let soon = unix_now() + 3;
+    let later = unix_now() + 3600;
+    for i in 0..10 {
+        let set = format!("set soon{i} 0 {soon} 1\r\n{i}\r\n");
+        assert_eq!(m.request(set.as_bytes()).unwrap(), "STORED");
+        let set = format!("set later{i} 0 {later} 1\r\n{i}\r\n");
+        assert_eq!(m.request(set.as_bytes()).unwrap(), "STORED");
+    }
+    for i in 0..10 {
+        assert!(
+            m.gets(&format!("soon{i}")).unwrap().is_some(),
+            "soon{i} (exptime {soon}, now {}) expired at once",
+            unix_now()
+        );
+    }
+    // memcached's clock has a one-second grain.
+    while unix_now() <= soon + 1 {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for i in 0..10 {
+        assert!(
+            m.gets(&format!("soon{i}")).unwrap().is_none(),
+            "soon{i} lives on"
+        );
+        assert!(
+            m.gets(&format!("later{i}")).unwrap().is_some(),
+            "later{i} expired"
+        );
+    }
+    c.wait_converged(LIMIT);
+    c.assert_no_divergence();
+    assert_same_items(&c, &[1, 2, 3], 1);
+}
+
 /// The memcached expiry workload across a failover through a real
 /// ZooKeeper: the leader SIGKILLed half way, the rest on the new leader,
 /// then the old node back with a fresh server that replays the whole log.

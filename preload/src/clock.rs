@@ -17,8 +17,20 @@
 //!
 //! Wall clocks (`CLOCK_REALTIME` and its coarse variant, `gettimeofday`,
 //! `time`) read the log's time on every server thread; monotonic clocks
-//! read it on event-loop threads (they time the timers). Before the first
-//! turn, and in a forked child, every clock is real.
+//! read it on event-loop threads and the main thread (they time the
+//! timers). In a forked child every clock is real.
+//!
+//! Before the log has a time (the server starting up, before the leader's
+//! first turn or a backup's first entry) those clocks read [`ORIGIN_US`],
+//! the same instant on every replica, restarted ones included. So the
+//! timers a server arms at start-up are due at the same point of the log
+//! everywhere (at its first turn), and what it derives from its start time
+//! agrees on every replica and with the log's time: memcached counts its
+//! clock from the monotonic time at start and turns an absolute `exptime`
+//! into that clock with the wall time at start, which must be one
+//! instant for such items to expire when their Unix time comes. A real
+//! start time would differ per replica; a start time on another scale
+//! than the log's (the real monotonic one) expired those items at once.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +42,12 @@ pub const GRAIN_US: u64 = 1_000;
 
 /// µs since the epoch: the latest time of the log (0: none yet).
 static LOG_TIME_US: AtomicU64 = AtomicU64::new(0);
+
+/// What the server's clocks read before the log has a time:
+/// 2000-01-01T00:00:00Z, on every replica. Its start-up is dated there
+/// (its uptime counts from it); a fixed instant, since no real one is
+/// known alike to all replicas before the log's first entry.
+pub const ORIGIN_US: u64 = 946_684_800_000_000;
 
 thread_local! {
     /// The time of this thread's current event-loop turn (0: none): a
@@ -84,9 +102,9 @@ pub fn stop_signalled() {
     STOPPING.store(true, Ordering::Release);
 }
 
-/// The clock the calling server thread should read now, when the log sets
-/// it: its turn's time on an event-loop thread, else the log's latest;
-/// once stopping, that time moving on in real time (`real_mono_us`).
+/// The clock the calling server thread should read now: its turn's time
+/// on an event-loop thread, else the log's latest, else `ORIGIN_US`; once
+/// stopping, that time moving on in real time (`real_mono_us`).
 pub fn now_us(real_mono_us: impl FnOnce() -> u64) -> Option<u64> {
     let mine = if is_loop_thread() {
         TURN_TIME.try_with(|c| c.get()).unwrap_or(0)
@@ -95,7 +113,7 @@ pub fn now_us(real_mono_us: impl FnOnce() -> u64) -> Option<u64> {
     };
     let t = match mine {
         0 => match LOG_TIME_US.load(Ordering::Acquire) {
-            0 => return None,
+            0 => ORIGIN_US,
             t => t,
         },
         t => t,
@@ -156,6 +174,13 @@ pub fn take_unlogged() -> Option<(u64, u64)> {
     (t != 0).then_some((t, loop_id))
 }
 
+/// Whether the log has no time yet (the server reads `ORIGIN_US`) and
+/// the server is not stopping: a backup's timers cannot come due before
+/// its first entry, so its waits need no timeout.
+pub fn stilled() -> bool {
+    LOG_TIME_US.load(Ordering::Acquire) == 0 && !STOPPING.load(Ordering::Acquire)
+}
+
 /// `us` as (seconds, microseconds).
 pub fn split_us(us: u64) -> (i64, i64) {
     ((us / 1_000_000) as i64, (us % 1_000_000) as i64)
@@ -168,7 +193,10 @@ mod tests {
     // One test: the log's time is process-wide.
     #[test]
     fn the_log_sets_the_time_and_zero_keeps_it() {
+        assert!(stilled(), "no time yet");
+        assert_eq!(now_us(|| 0), Some(ORIGIN_US), "before the log's first time");
         enter_input(1_700_000_000_123_456);
+        assert!(!stilled());
         assert_eq!(now_us(|| 0), Some(1_700_000_000_123_456));
         enter_input(0);
         assert_eq!(now_us(|| 0), Some(1_700_000_000_123_456));

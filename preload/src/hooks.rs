@@ -1063,7 +1063,7 @@ unsafe fn epoll_turn(
     // A TICK of this loop is due: this wait is its turn.
     let tick = caught(|| crate::apply::tick_due(loop_id)).unwrap_or(false);
     let n = match k {
-        0 => real(max, if tick { 0 } else { timeout }),
+        0 => real(max, wait_timeout(tick, timeout)),
         // No room left for the kernel's events: they wait for the next
         // call (a level-triggered fd is reported again).
         k if k == max as usize => 0,
@@ -1106,6 +1106,23 @@ unsafe fn epoll_turn(
     let events = unsafe { std::slice::from_raw_parts_mut(ev, real_n + k) };
     caught(|| crate::apply::merge_events(events, real_n, &keys[..k], bell_key))
         .map_or(n, |m| m as c_int)
+}
+
+/// A backup's epoll timeout: none when a tick is due (this wait is its
+/// turn); unbounded while the log has no time (the server's clock stands
+/// at the origin, so no timer of its can come due: the first entry's bell
+/// or alarm wakes it, a signal too); else the server's.
+fn wait_timeout(tick: bool, timeout: c_int) -> c_int {
+    if tick {
+        0
+    } else if crate::clock::stilled()
+        && crate::setup::engine()
+            .is_some_and(|e| e.region.role() != lockstep_common::region::Role::Leader)
+    {
+        -1
+    } else {
+        timeout
+    }
 }
 
 /// The log's readiness over a poll set (see `epoll_turn`): whether any
@@ -1357,20 +1374,37 @@ pub unsafe extern "C" fn epoll_pwait(
     }
 }
 
-/// The log's time for a wall-clock read of the server (see `clock`):
-/// None for the preload's own calls, a forked child, a process that is not
-/// attached, or before the first input.
+/// The log's time for a clock read of the server (see `clock`): None
+/// for the preload's own calls, a forked child, or a process that is not
+/// a lockstep server (no usable config).
 fn log_time() -> Option<u64> {
-    if !dispatch::passive_hooked() || IN_HOOK.try_with(|c| c.get()).unwrap_or(true) {
+    if IN_HOOK.try_with(|c| c.get()).unwrap_or(true) {
+        return None;
+    }
+    if !dispatch::passive_hooked() && !starting_up() {
         return None;
     }
     crate::clock::now_us(sys::monotonic_us)
 }
 
+/// Whether this process is a lockstep server that did not attach yet (its
+/// start-up: it reads the log's origin). Allocates nothing: jemalloc
+/// reads the monotonic clock under its own lock at start-up.
+fn starting_up() -> bool {
+    !crate::setup::inert() && crate::setup::engine().is_none() && crate::setup::may_serve()
+}
+
+/// Whether the calling thread's monotonic clocks read the log's time: the
+/// server's event loops and its main thread (its start-up arms the
+/// timers). Other threads read real monotonic time, which their deadlines
+/// and futex waits rely on.
+fn monotonic_is_logged() -> bool {
+    crate::clock::is_loop_thread() || sys::is_main_thread()
+}
+
 /// Interposed `clock_gettime(2)`: the wall clocks read the log's time,
-/// and so do the monotonic ones on the server's event-loop threads (they
-/// time its timers; the preload's own code and other threads read real
-/// monotonic time, which its deadlines and futex waits rely on).
+/// and so do the monotonic ones on the server's event-loop and main
+/// threads (see `monotonic_is_logged`).
 ///
 /// # Safety
 /// Same contract as libc's `clock_gettime`.
@@ -1381,7 +1415,7 @@ pub unsafe extern "C" fn clock_gettime(clk: libc::clockid_t, ts: *mut libc::time
         libc::CLOCK_MONOTONIC
         | libc::CLOCK_MONOTONIC_COARSE
         | libc::CLOCK_MONOTONIC_RAW
-        | libc::CLOCK_BOOTTIME => log_time().filter(|_| crate::clock::is_loop_thread()),
+        | libc::CLOCK_BOOTTIME => log_time().filter(|_| monotonic_is_logged()),
         _ => None,
     };
     if !ts.is_null() {
@@ -2144,6 +2178,28 @@ pub mod sys {
         // SAFETY: the real clock_gettime writing into a stack timespec.
         unsafe { real_clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
         ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+    }
+
+    /// Whether environment variable `name` is set, without allocating.
+    pub fn env_is_set(name: &CStr) -> bool {
+        // SAFETY: getenv with a NUL-terminated name; it only reads the
+        // environment (the preload never sets variables).
+        !unsafe { libc::getenv(name.as_ptr()) }.is_null()
+    }
+
+    /// Whether the calling thread is the process's main thread (its id is
+    /// the pid): the server's start-up runs there.
+    pub fn is_main_thread() -> bool {
+        thread_local! {
+            static MAIN: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+        }
+        MAIN.try_with(|m| {
+            *m.get().get_or_insert_with(|| {
+                // SAFETY: gettid and getpid take no arguments and cannot fail.
+                unsafe { libc::syscall(libc::SYS_gettid) == libc::getpid() as libc::c_long }
+            })
+        })
+        .unwrap_or(false)
     }
 
     /// Marks the calling thread as the preload's own (the applier): every

@@ -82,6 +82,17 @@ pub fn settings() -> Option<&'static Result<Settings, String>> {
     s
 }
 
+/// Whether this process may be a lockstep server, without reading the
+/// config (a clock hook may run inside the allocator, under its lock, so
+/// it must not allocate): the config read said so, or before it is read,
+/// `LOCKSTEP_CONFIG` is set.
+pub fn may_serve() -> bool {
+    match SETTINGS.get() {
+        Some(s) => matches!(s, Some(Ok(_))),
+        None => crate::hooks::sys::env_is_set(c"LOCKSTEP_CONFIG"),
+    }
+}
+
 fn load_settings() -> Option<Result<Settings, String>> {
     let path = std::env::var_os("LOCKSTEP_CONFIG")?;
     crate::logger::init_from_env();
