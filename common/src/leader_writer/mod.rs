@@ -15,7 +15,10 @@
 //! in is [`wait_until`], and the majority they wait for is [`AckMajority`].
 //!
 //! The preload runs this inside someone else's server: nothing here
-//! panics on bad input, allocates after [`LeaderWriter::new`] or logs.
+//! allocates after [`LeaderWriter::new`] or logs, and no input makes it
+//! panic (a payload above `max_entry` is an error). The ring size must be
+//! a power of two of at least 4 KiB, as config validation ensures:
+//! `RingWriter` asserts it.
 
 use crate::config::Config;
 use crate::entry::{self, EntryHeader, Kind};
