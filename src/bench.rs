@@ -3,11 +3,12 @@
 //! Sets up three nodes (shm or tcp transport, static leader 1): three real
 //! `lockstep-follower` processes with real RocksDB, and real redis-servers
 //! under the preload on the two backups. The bench itself plays the
-//! leader's preload: it writes entries into the leader's ring with
-//! [`RingWriter`], posts the same bytes to the backups through the
-//! configured transport, raises the commit index once a majority acked —
-//! the same protocol `liblockstep.so` runs — but without a leader server,
-//! so the figures are the followers' alone.
+//! leader's preload: it appends entries with the preload's own
+//! [`LeaderWriter`] (the leader's ring, then the backups' through the
+//! configured transport), waits for acks as the preload does and raises
+//! the commit index once a majority acked — the same protocol
+//! `liblockstep.so` runs — but without a leader server, so the figures are
+//! the followers' alone.
 //!
 //! 1. **persist+ack latency** per entry size: from the moment an entry is
 //!    in every ring to the moment a follower's ack is in the leader's
@@ -32,9 +33,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use lockstep_common::control::NodeStatus;
 use lockstep_common::entry::{self, EntryHeader, Kind};
+use lockstep_common::leader_writer::{
+    self, AckMajority, AppendError, AppendHooks, LeaderWriter, Waited,
+};
 use lockstep_common::region::{self, Region};
-use lockstep_common::ring::{ReadOutcome, RingError, RingReader, RingWriter};
-use lockstep_common::transport::{self, Transport};
+use lockstep_common::ring::{ReadOutcome, RingReader};
+use lockstep_common::transport::{self, Transport, TransportError};
 use lockstep_common::Config;
 use serde_json::json;
 
@@ -261,17 +265,17 @@ impl Drop for Bench {
 // ---------------------------------------------------------------------
 // The bench as the leader's preload
 
-/// Writes entries the way the leader's preload does: ring, peers, tail,
-/// doorbell; flow control on the majority ack.
+/// How long one park on the leader's doorbell lasts while the bench waits
+/// for acks.
+const PARK: Duration = Duration::from_millis(1);
+
+/// Writes entries the way the leader's preload does, with its writer:
+/// ring, peers, tail, doorbell; flow control on the majority ack.
 struct Leader {
     region: Arc<Region>,
     transport: Box<dyn Transport>,
-    ring: RingWriter,
-    safe: u64,
-    next_seq: u64,
-    view: u64,
-    scratch: Vec<u8>,
-    majority: usize,
+    log: LeaderWriter,
+    majority: AckMajority,
 }
 
 impl Leader {
@@ -282,29 +286,24 @@ impl Leader {
         );
         let transport = transport::open(config, LEADER, region.clone())?;
         let (seq, pos) = region.writer_start();
+        let mut log = LeaderWriter::for_node(config, LEADER);
+        log.start(region.view(), seq, pos);
         Ok(Leader {
-            view: region.view(),
-            ring: RingWriter::new(config.ring_size, pos),
-            safe: pos,
-            next_seq: seq.max(1),
-            scratch: vec![0; entry::footprint(config.max_entry as usize)],
-            majority: config.majority(),
+            majority: log.majority().clone(),
+            log,
             region,
             transport,
         })
     }
 
-    fn acks(&self) -> [u64; NODES as usize] {
-        let mut a = [0; NODES as usize];
-        for (i, v) in a.iter_mut().enumerate() {
-            *v = self.region.ack(i as u64 + 1);
-        }
-        a
-    }
-
     /// Highest seq a majority acknowledged.
     fn majority_acked(&self) -> u64 {
-        lockstep_common::quorum::acked_by(&self.acks(), self.majority)
+        self.majority.acked(&self.region)
+    }
+
+    /// Seq of the last entry appended.
+    fn last_seq(&self) -> u64 {
+        self.log.next_seq() - 1
     }
 
     /// Appends one entry to every ring; returns its seq.
@@ -324,94 +323,96 @@ impl Leader {
         flags: u8,
         payload: &[u8],
     ) -> anyhow::Result<(u64, [Instant; NODES as usize])> {
-        let seq = self.next_seq;
-        let conn = if kind == Kind::Accept { seq } else { conn };
-        let mut hdr = EntryHeader::new(kind, self.view, seq, conn, payload.len() as u32);
-        hdr.flags = flags;
-        let mut waited = false;
-        let mut at = [Instant::now(); NODES as usize];
-        let a = loop {
-            hdr.last_committed = self.region.commit();
-            at[LEADER as usize - 1] = Instant::now();
-            match self.ring.append(
-                self.region.ring(),
-                &hdr,
-                payload,
-                self.safe,
-                &mut self.scratch,
-            ) {
-                Ok(a) => break a,
-                Err(RingError::Full { .. }) if !waited && seq > 1 => {
-                    self.wait_majority(seq - 1)?;
-                    self.safe = self.ring.pos();
-                    waited = true;
-                }
-                Err(e) => bail!("ring: {e}"),
-            }
+        let mut fields = EntryHeader::new(kind, 0, 0, conn, 0);
+        fields.flags = flags;
+        let mut hooks = BenchHooks {
+            region: &self.region,
+            majority: &self.majority,
+            at: [Instant::now(); NODES as usize],
+            missed: None,
         };
-        self.next_seq = seq + 1;
-        let tail = a.end.to_le_bytes();
-        for peer in (1..=NODES).filter(|&p| p != LEADER) {
-            at[peer as usize - 1] = Instant::now();
-            if let Some(off) = a.wrap_offset {
-                self.transport.write(
-                    peer,
-                    self.view,
-                    region::ring_offset(off),
-                    self.ring.wrap_bytes(),
-                )?;
-            }
-            self.transport.write(
-                peer,
-                self.view,
-                region::ring_offset(a.offset),
-                &self.scratch[..a.len],
-            )?;
-            self.transport
-                .write(peer, self.view, region::tail_offset(), &tail)?;
+        let posted = self
+            .log
+            .append(&self.region, &*self.transport, &fields, payload, &mut hooks)
+            .map_err(|e| match e {
+                AppendError::Room(e) => e,
+                e => anyhow::anyhow!("append: {e}"),
+            })?;
+        if let Some(e) = hooks.missed {
+            bail!("{e}");
         }
-        self.region.set_tail(a.end);
-        self.region.bell().ring();
-        self.transport.flush();
-        Ok((seq, at))
+        Ok((posted.seq, hooks.at))
     }
 
-    /// Waits until `pred(acks)` holds: spins a little, then yields, then
-    /// parks on the leader's doorbell (acks ring it).
-    fn wait_acks(
-        &self,
-        mut pred: impl FnMut(&[u64; NODES as usize]) -> bool,
-    ) -> anyhow::Result<()> {
-        let start = Instant::now();
-        let mut spins = 0u32;
-        loop {
-            if pred(&self.acks()) {
-                return Ok(());
-            }
-            spins += 1;
-            if spins < 200 {
-                std::hint::spin_loop();
-            } else if spins < 400 {
-                std::thread::yield_now();
-            } else {
-                let bell = self.region.bell();
-                let seen = bell.value();
-                if pred(&self.acks()) {
-                    return Ok(());
-                }
-                bell.wait(seen, Duration::from_millis(1));
-                if start.elapsed() > HANG {
-                    bail!("no majority ack (acks {:?})", self.acks());
-                }
-            }
-        }
+    /// Waits until `pred(acks)` holds: spins a little, then parks on the
+    /// leader's doorbell (acks ring it).
+    fn wait_acks(&self, pred: impl FnMut(&[u64; NODES as usize]) -> bool) -> anyhow::Result<()> {
+        wait_acks(&self.region, pred)
     }
 
     fn wait_majority(&self, seq: u64) -> anyhow::Result<()> {
-        let m = self.majority;
-        self.wait_acks(|a| a.iter().filter(|&&x| x >= seq).count() >= m)?;
-        self.region.raise_commit(seq);
-        Ok(())
+        wait_majority(&self.region, &self.majority, seq)
+    }
+}
+
+/// The leader's ack array.
+fn acks_of(region: &Region) -> [u64; NODES as usize] {
+    let mut a = [0; NODES as usize];
+    for (i, v) in a.iter_mut().enumerate() {
+        *v = region.ack(i as u64 + 1);
+    }
+    a
+}
+
+/// Waits until `pred` holds of the leader's ack array, at most [`HANG`]
+/// parked.
+fn wait_acks(
+    region: &Region,
+    mut pred: impl FnMut(&[u64; NODES as usize]) -> bool,
+) -> anyhow::Result<()> {
+    leader_writer::wait_until(
+        region,
+        PARK,
+        || pred(&acks_of(region)),
+        |waited| match waited {
+            Waited::Parked(d) if d > HANG => {
+                bail!("no majority ack (acks {:?})", acks_of(region))
+            }
+            _ => Ok(()),
+        },
+    )
+}
+
+/// Waits until a majority acknowledged `seq`, then raises the commit word.
+fn wait_majority(region: &Region, majority: &AckMajority, seq: u64) -> anyhow::Result<()> {
+    wait_acks(region, |_| majority.has_acked(region, seq))?;
+    region.raise_commit(seq);
+    Ok(())
+}
+
+/// The bench's side of an append: room is the majority's acks, each
+/// node's write is timed, and a lost peer fails the bench.
+struct BenchHooks<'a> {
+    region: &'a Region,
+    majority: &'a AckMajority,
+    at: [Instant; NODES as usize],
+    missed: Option<String>,
+}
+
+impl AppendHooks for BenchHooks<'_> {
+    type Error = anyhow::Error;
+
+    fn wait_for_room(&mut self, seq: u64) -> anyhow::Result<()> {
+        wait_majority(self.region, self.majority, seq)
+    }
+
+    fn writing_to(&mut self, node: u64) {
+        self.at[node as usize - 1] = Instant::now();
+    }
+
+    fn peer_missed(&mut self, node: u64, error: &TransportError) {
+        self.missed
+            .get_or_insert_with(|| format!("cannot write to node {node}: {error}"));
     }
 }
 
@@ -506,7 +507,7 @@ fn latency(
         let (seq, written) = l.append_timed(Kind::Data, conn, 0, &payload)?;
         let mut at: [Option<Duration>; NODES as usize] = [None; NODES as usize];
         let mut majority_at = None;
-        let m = l.majority;
+        let m = l.majority.need();
         l.wait_acks(|a| {
             let now = Instant::now();
             for (k, &x) in a.iter().enumerate() {
@@ -585,7 +586,7 @@ fn stream(b: &mut Bench, l: &mut Leader, n: u64, conns: u64) -> anyhow::Result<S
             );
         }
     }
-    let last = l.next_seq - 1;
+    let last = l.last_seq();
     l.wait_majority(last)?;
     let ingest = start.elapsed();
     b.wait("both backups applying the streamed entries", |b| {

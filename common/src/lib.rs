@@ -1,11 +1,13 @@
 //! lockstep-common: what every lockstep process shares — the entry codec,
-//! the ring, the region layout, the cluster config and the transports.
+//! the ring, the region layout, the cluster config, the transports and the
+//! leader's writer.
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod control;
 pub mod entry;
 pub mod handshake;
+pub mod leader_writer;
 pub mod quorum;
 pub mod region;
 pub mod ring;

@@ -12,9 +12,13 @@ use lockstep_common::entry::{self, EntryHeader, Kind};
 use lockstep_common::handshake::{self, Channel};
 use lockstep_common::region::{self, Region, RegionSpec};
 use lockstep_common::ring::RingWriter;
-use lockstep_common::transport::tcp::{self, FrameHeader, ListenerHandle, TcpTransport, MAX_WRITE};
+use lockstep_common::transport::tcp::{self, FrameHeader, TcpTransport, MAX_WRITE};
 use lockstep_common::transport::{Transport, TransportError};
 use lockstep_common::Config;
+
+mod region_listener;
+
+use region_listener::ListenerHandle;
 
 const CLUSTER: &str = "tcptest";
 const KEY: &str = "0123456789abcdef-test-key";
@@ -57,7 +61,7 @@ control = "{control2}"
 /// Node 2's region behind a listener, and node 1's transport to it.
 fn pair(ring: u64) -> (Arc<Region>, ListenerHandle, TcpTransport) {
     let r2 = region(2, ring);
-    let l = tcp::spawn_listener("127.0.0.1:0", r2.clone(), CLUSTER, KEY).unwrap();
+    let l = region_listener::spawn_listener("127.0.0.1:0", r2.clone(), CLUSTER, KEY).unwrap();
     let t = TcpTransport::new(&config(l.local_addr(), KEY, ring), 1, region(1, ring)).unwrap();
     (r2, l, t)
 }
@@ -205,7 +209,7 @@ fn old_view_writes_are_refused() {
 #[test]
 fn wrong_key_is_refused() {
     let r2 = region(2, RING);
-    let l = tcp::spawn_listener("127.0.0.1:0", r2.clone(), CLUSTER, KEY).unwrap();
+    let l = region_listener::spawn_listener("127.0.0.1:0", r2.clone(), CLUSTER, KEY).unwrap();
     let addr = l.local_addr();
     let before = snapshot(&r2);
 
@@ -241,7 +245,7 @@ fn wrong_key_is_refused() {
 #[test]
 fn control_channel_and_wrong_cluster_are_refused_by_the_region_listener() {
     let r2 = region(2, RING);
-    let l = tcp::spawn_listener("127.0.0.1:0", r2, CLUSTER, KEY).unwrap();
+    let l = region_listener::spawn_listener("127.0.0.1:0", r2, CLUSTER, KEY).unwrap();
     let e = handshake::connect(l.local_addr(), CLUSTER, KEY, 1, Channel::Control, WAIT)
         .unwrap_err()
         .to_string();
@@ -420,7 +424,7 @@ fn peer_down_at_start_gets_later_writes() {
     t.flush();
     std::thread::sleep(Duration::from_millis(100));
 
-    let mut l = tcp::spawn_listener(addr, r2.clone(), CLUSTER, KEY).unwrap();
+    let mut l = region_listener::spawn_listener(addr, r2.clone(), CLUSTER, KEY).unwrap();
     let off = region::ring_offset(65536);
     t.write(2, 1, off, &[0x5A; 128]).unwrap();
     wait_until("a write posted once the peer is up", || {
@@ -432,7 +436,7 @@ fn peer_down_at_start_gets_later_writes() {
     drop(l);
     t.write(2, 1, off, &[0x01; 128]).unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    let _l = tcp::spawn_listener(addr, r2.clone(), CLUSTER, KEY).unwrap();
+    let _l = region_listener::spawn_listener(addr, r2.clone(), CLUSTER, KEY).unwrap();
     wait_until("a write after the peer came back", || {
         t.write(2, 1, off + 128, &[0x6B; 64]).unwrap();
         std::thread::sleep(Duration::from_millis(20));

@@ -1,6 +1,6 @@
 //! The runtime side of election and view change (ZooKeeper mode): the
 //! election thread, the candidate's rounds, and a node's answers to them.
-//! What to decide lives in [`crate::viewchange`]; this module does the
+//! What to decide lives in [`crate::protocol`]; this module does the
 //! RocksDB, socket and region work.
 
 use std::sync::atomic::Ordering;
@@ -15,24 +15,16 @@ use lockstep_common::transport::TransportError;
 use crate::election::{Election, ElectionError, Session};
 use crate::membership;
 use crate::node::Node;
-use crate::viewchange::{self, Candidate, Promise};
+use crate::protocol::fence::{self, ViewRefusal};
+use crate::protocol::stale::{self, ServerFate};
+use crate::protocol::sync;
+use crate::protocol::viewchange::{self, Candidate, Promise, Views};
 
 /// Connect timeout of a view change's requests: a dead or cut-off peer
 /// must not hold the candidate up for long.
 const ROUND_CONNECT: Duration = Duration::from_millis(500);
-/// A promised view that has not started after this long no longer holds
-/// back joining the announced leader.
-const VIEW_CHANGE_PATIENCE: Duration = Duration::from_secs(3);
 /// Pause between failed attempts.
 const RETRY: Duration = Duration::from_millis(200);
-
-/// A view change request for a view older than one this node promised.
-#[derive(Debug, thiserror::Error)]
-#[error("node {node} promised view {promised} already")]
-pub(crate) struct Outdated {
-    node: u64,
-    promised: u64,
-}
 
 impl Node {
     /// The election thread: keeps the ZooKeeper membership, starts a view
@@ -120,9 +112,7 @@ impl Node {
     fn election_step(&self, election: &Election) -> anyhow::Result<()> {
         if election.is_candidate()? {
             self.step_down_if_superseded();
-            let leading = self.region.leader() == self.me
-                && self.region.view() == self.log_view.load(Ordering::Acquire);
-            if !leading && !self.stale.load(Ordering::Relaxed) {
+            if !self.leading() && !self.stale.load(Ordering::Relaxed) {
                 let view = self.lead_new_view(election)?;
                 self.announce(election, view)?;
             }
@@ -134,19 +124,7 @@ impl Node {
             return Ok(());
         };
         let log_view = self.log_view.load(Ordering::Acquire);
-        let changing = self
-            .view_change_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|t| t.elapsed() < VIEW_CHANGE_PATIENCE);
-        // Also when the log follows that view already but this node does
-        // not know its leader (restarted backup).
-        let unknown = rec.view == log_view && self.region.leader() != rec.leader;
-        if (rec.view > log_view || unknown)
-            && rec.view >= self.region.view()
-            && rec.leader != self.me
-            && !changing
-        {
+        if viewchange::joins_announced(self.views(), rec.view, rec.leader) {
             log::info!(
                 "node {}: joining view {} led by node {} (log follows view {log_view})",
                 self.me,
@@ -156,6 +134,31 @@ impl Node {
             self.follow(rec.view, rec.leader, None)?;
         }
         Ok(())
+    }
+
+    /// What this node knows of its views, for the protocol's decisions.
+    fn views(&self) -> Views {
+        let promised_at = *self
+            .view_change_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Views {
+            me: self.me,
+            promised: self.region.view(),
+            log_view: self.log_view.load(Ordering::Acquire),
+            leader: self.region.leader(),
+            changing: viewchange::changing(promised_at, self.clock()),
+        }
+    }
+
+    /// Whether this node leads a view that started here.
+    fn leading(&self) -> bool {
+        viewchange::leading(
+            self.me,
+            self.region.leader(),
+            self.region.view(),
+            self.log_view.load(Ordering::Acquire),
+        )
     }
 
     /// Publishes this node as leader once its preload went active.
@@ -303,24 +306,13 @@ impl Node {
 
     /// Checks a view change request for `view` against this node's own
     /// views: not older than its promise, not implausibly far above it.
-    fn check_requested_view(&self, view: u64) -> anyhow::Result<()> {
-        let promised = self.region.view();
-        if !viewchange::admits(promised, view) {
-            return Err(Outdated {
-                node: self.me,
-                promised,
-            }
-            .into());
-        }
-        let own = promised.max(self.log_view.load(Ordering::Acquire));
-        if !viewchange::plausible(own, view) {
-            bail!(
-                "node {}: view {view} is more than {} above this node's view {own}",
-                self.me,
-                viewchange::MAX_VIEW_STEP
-            );
-        }
-        Ok(())
+    fn check_requested_view(&self, view: u64) -> Result<(), ViewRefusal> {
+        fence::check_requested_view(
+            self.me,
+            self.region.view(),
+            self.log_view.load(Ordering::Acquire),
+            view,
+        )
     }
 
     /// Notes that node `node` (0: some peer) is in `view`.
@@ -329,7 +321,7 @@ impl Node {
         self.newer_views
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .observe(node, view, own, Instant::now());
+            .observe(node, view, own, self.clock());
     }
 
     /// Notes the view a peer refused a write of this node's with.
@@ -354,7 +346,7 @@ impl Node {
             .newer_views
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .stalled(own, Instant::now(), patience);
+            .stalled(own, self.clock(), patience.as_millis() as u64);
         let Some((node, view)) = stalled else {
             return false;
         };
@@ -383,7 +375,7 @@ impl Node {
         *self
             .view_change_at
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            .unwrap_or_else(|p| p.into_inner()) = Some(self.clock());
         self.region.bell().ring();
         let p = Promise {
             node: self.me,
@@ -407,7 +399,7 @@ impl Node {
         self.store().set_view(view)?;
         self.region.raise_view(view);
         self.step_down();
-        let floor = viewchange::sync_point(
+        let floor = sync::sync_point(
             self.store().last().seq,
             self.committed.load(Ordering::Acquire),
         );
@@ -424,11 +416,7 @@ impl Node {
         self.fetch_from(leader, cut + 1, 0)
             .with_context(|| format!("fetching view {view}'s log from node {leader}"))?;
         let end = self.store().last().seq;
-        if let Some(want) = last {
-            if end < want {
-                bail!("node {leader} sent the log up to {end}, its view starts at {want}");
-            }
-        }
+        sync::check_synced(leader, end, last)?;
         self.check_demoted_server(cut)?;
         self.store().set_log_view(view)?;
         self.log_view.store(view, Ordering::Release);
@@ -472,13 +460,13 @@ impl Node {
             next = batch[batch.len() - 1].0 + 1;
             kept.extend(batch.into_iter().map(|(seq, e)| (seq, e.header().view)));
         }
-        let why = match viewchange::demoted_server_fate(led_view, served, from, kept) {
-            viewchange::ServerFate::InLine => None,
-            viewchange::ServerFate::Missed(seq) => Some(format!(
+        let why = match stale::demoted_server_fate(led_view, served, from, kept) {
+            ServerFate::InLine => None,
+            ServerFate::Missed(seq) => Some(format!(
                 "its server consumed view {led_view} up to seq {served}, but the new view kept seq {seq} \
                  of that view, which the server never saw"
             )),
-            viewchange::ServerFate::Dropped(seq) => Some(format!(
+            ServerFate::Dropped(seq) => Some(format!(
                 "its server executed seq {seq} of view {led_view}, which the new view dropped \
                  (output commit: it was never acknowledged to a client)"
             )),
@@ -525,9 +513,7 @@ impl Node {
         while !self.stopping() {
             if leader == self.me {
                 self.step_down_if_superseded();
-                let leading = self.region.leader() == self.me
-                    && self.region.view() == self.log_view.load(Ordering::Acquire);
-                if !leading && !self.stale.load(Ordering::Relaxed) {
+                if !self.leading() && !self.stale.load(Ordering::Relaxed) {
                     match self.start_view(self.view_floor() + 1) {
                         Ok(v) => log::info!("node {}: leading view {v} (static election)", self.me),
                         Err(e) => log::warn!("node {}: {e:#}; retrying", self.me),
@@ -536,16 +522,7 @@ impl Node {
             } else if let Ok(s) =
                 control::query_status(&self.config, leader, Duration::from_secs(1))
             {
-                let changing = self
-                    .view_change_at
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .is_some_and(|t| t.elapsed() < VIEW_CHANGE_PATIENCE);
-                if s.role == "leader"
-                    && s.view > self.log_view.load(Ordering::Acquire)
-                    && s.view >= self.region.view()
-                    && !changing
-                {
+                if viewchange::follows_static(self.views(), s.view, s.role == "leader") {
                     if let Err(e) = self.follow(s.view, leader, None) {
                         log::warn!(
                             "node {}: following node {leader} in view {}: {e:#}",
@@ -650,11 +627,11 @@ impl Node {
         let _sync = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
         let committed = self.committed.load(Ordering::Acquire);
         if adopt.source != self.me {
-            let floor = viewchange::sync_point(self.store().last().seq, committed);
-            let cut = self
+            let floor = sync::sync_point(self.store().last().seq, committed);
+            let shared = self
                 .common_prefix(adopt.source, floor)
-                .with_context(|| format!("comparing the log with node {}'s", adopt.source))?
-                .min(adopt.last_seq.max(floor));
+                .with_context(|| format!("comparing the log with node {}'s", adopt.source))?;
+            let cut = sync::adopt_cut(shared, adopt.last_seq, floor);
             self.store().truncate_after(cut)?;
             self.epoch.fetch_add(1, Ordering::AcqRel);
             if adopt.last_seq > cut {
@@ -668,11 +645,11 @@ impl Node {
         store.truncate_after(adopt.last_seq)?;
         let last = store.last();
         if last.seq != adopt.last_seq {
-            bail!(
-                "adopting the log up to {} left it at {}",
-                adopt.last_seq,
-                last.seq
-            );
+            return Err(sync::SyncError::Adopted {
+                end: last.seq,
+                want: adopt.last_seq,
+            }
+            .into());
         }
         let mut hdr = EntryHeader::new(Kind::View, view, last.seq + 1, 0, 0);
         hdr.last_committed = adopt.committed.max(committed);
@@ -722,10 +699,10 @@ impl Node {
 /// The answer to a view change request this node refused: `Outdated`
 /// when it promised a newer view (the candidate then tries above it).
 fn refusal(e: anyhow::Error) -> Response {
-    match e.downcast_ref::<Outdated>() {
-        Some(o) => Response::Outdated {
-            promised: o.promised,
+    match e.downcast_ref::<ViewRefusal>() {
+        Some(ViewRefusal::Outdated { promised, .. }) => Response::Outdated {
+            promised: *promised,
         },
-        None => Response::Error(format!("{e:#}")),
+        _ => Response::Error(format!("{e:#}")),
     }
 }

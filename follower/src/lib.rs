@@ -8,6 +8,6 @@ pub mod health;
 pub mod membership;
 pub mod metrics;
 pub mod node;
+pub mod protocol;
 pub mod sentinel;
 pub mod store;
-pub mod viewchange;

@@ -19,13 +19,11 @@ use lockstep_common::transport::{self, tcp::RegionServer, Transport};
 
 use crate::feed::Feeder;
 use crate::metrics::{self, Metrics};
+use crate::protocol::catchup::{self, GapWatch, Stall};
+use crate::protocol::sync::PrefixSearch;
+use crate::protocol::{commit, fence, Millis};
 use crate::store::LogStore;
 
-/// Catch up from a peer when the ring's tail is ahead of us but nothing
-/// readable appears at our position for this long (a lost write).
-const GAP_PATIENCE: Duration = Duration::from_millis(200);
-/// Minimum spacing of catch-up attempts.
-const CATCHUP_SPACING: Duration = Duration::from_millis(500);
 /// Entries per catch-up batch.
 const FETCH_BATCH: usize = 1024;
 /// Period of the heartbeat (and of the leader's commit writes when idle).
@@ -61,9 +59,11 @@ pub struct Node {
     /// word then = the last input its server consumed).
     pub(crate) demoted: Mutex<Option<(u64, u64)>>,
     /// When this node last promised a view it has not seen start yet.
-    pub(crate) view_change_at: Mutex<Option<Instant>>,
+    pub(crate) view_change_at: Mutex<Option<Millis>>,
     /// Views newer than this node's that peers were seen in.
-    pub(crate) newer_views: Mutex<crate::viewchange::NewerViews>,
+    pub(crate) newer_views: Mutex<crate::protocol::viewchange::NewerViews>,
+    /// The origin of [`Node::clock`].
+    started: Instant,
     /// The server missed committed inputs while this node led: it must be
     /// restarted (fresh) before this node can serve again.
     pub(crate) stale: AtomicBool,
@@ -197,6 +197,7 @@ impl Node {
             demoted: Mutex::new(None),
             view_change_at: Mutex::new(None),
             newer_views: Mutex::new(Default::default()),
+            started: Instant::now(),
             stale: AtomicBool::new(false),
             stale_reason: Mutex::new(None),
             session_watch: Mutex::new(election.as_ref().map(|e| e.watch())),
@@ -215,6 +216,11 @@ impl Node {
 
     pub(crate) fn store(&self) -> MutexGuard<'_, LogStore> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Milliseconds since this node started: the protocol's clock.
+    pub(crate) fn clock(&self) -> Millis {
+        self.started.elapsed().as_millis() as Millis
     }
 
     pub(crate) fn stopping(&self) -> bool {
@@ -428,9 +434,10 @@ impl Node {
     /// commit point of another view's leader says nothing about a log that
     /// does not follow that leader yet.
     pub(crate) fn learn_commit(&self, seq: u64) {
-        if self.log_view.load(Ordering::Acquire) == self.region.view() {
-            self.committed.fetch_max(seq, Ordering::AcqRel);
-        }
+        let (log_view, view) = (self.log_view.load(Ordering::Acquire), self.region.view());
+        // From 0: what this view's commit point may become.
+        self.committed
+            .fetch_max(commit::learn(0, seq, log_view, view), Ordering::AcqRel);
     }
 
     /// Takes the commit point a leader wrote into this region, if that
@@ -439,16 +446,24 @@ impl Node {
     /// "commit" this log's uncommitted tail of the old view.
     fn learn_remote_commit(&self) {
         let (seq, view) = self.region.commit_in_view();
-        if view == self.log_view.load(Ordering::Acquire) {
-            self.learn_commit(seq.min(self.persisted.load(Ordering::Acquire)));
+        if let Some(seq) = commit::learn_record(
+            view,
+            seq,
+            self.log_view.load(Ordering::Acquire),
+            self.persisted.load(Ordering::Acquire),
+        ) {
+            self.learn_commit(seq);
         }
     }
 
     /// Whether this node may store an entry of `view` now: not from a
     /// fenced view, and only from the leader its log follows.
     fn admits(&self, view: u64) -> bool {
-        crate::viewchange::admits(self.region.view(), view)
-            && view == self.log_view.load(Ordering::Acquire)
+        fence::admits(
+            self.region.view(),
+            self.log_view.load(Ordering::Acquire),
+            view,
+        )
     }
 
     /// Persist-and-ack loop over the local ring.
@@ -456,8 +471,7 @@ impl Node {
         let ring = self.region.ring();
         let mut buf = Vec::new();
         let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut gap_since: Option<Instant> = None;
-        let mut last_catchup = Instant::now() - CATCHUP_SPACING;
+        let mut gap = GapWatch::default();
         let backoff = Backoff::new();
         let mut epoch = self.epoch.load(Ordering::Acquire);
         while !self.stopping() {
@@ -472,12 +486,12 @@ impl Node {
             let seen = self.region.bell().value();
             let mut need_catchup = false;
             let mut first_seen = None;
-            let mut max_lc = 0;
+            let mut lcs = Vec::new();
             while batch.len() < 256 {
                 match reader.poll(ring, self.region.tail(), &mut buf) {
                     ReadOutcome::Entry { header, pos, len } => {
                         first_seen.get_or_insert_with(Instant::now);
-                        max_lc = max_lc.max(header.last_committed);
+                        lcs.push(header.last_committed);
                         batch.push((pos, buf[..len].to_vec()));
                     }
                     ReadOutcome::Empty => break,
@@ -533,27 +547,20 @@ impl Node {
                 if let Some(f) = first_seen {
                     self.metrics.ack.observe(f.elapsed());
                 }
-                self.learn_commit(max_lc.min(last));
+                self.learn_commit(commit::learn_from_batch(lcs, last));
                 batch.clear();
-                gap_since = None;
+                gap.progress();
                 backoff.reset();
                 continue;
             }
-            let tail_ahead = self.region.tail() > reader.pos();
-            let following = self.region.role() == Role::Backup
-                && self.log_view.load(Ordering::Acquire) == self.region.view();
-            if tail_ahead && !self.is_leader_node() && following {
-                let since = *gap_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > GAP_PATIENCE {
-                    need_catchup = true;
-                }
-            } else {
-                gap_since = None;
-            }
-            if need_catchup && last_catchup.elapsed() >= CATCHUP_SPACING {
-                last_catchup = Instant::now();
+            let stall = Stall {
+                tail_ahead: self.region.tail() > reader.pos(),
+                leader_node: self.is_leader_node(),
+                following: self.region.role() == Role::Backup
+                    && self.log_view.load(Ordering::Acquire) == self.region.view(),
+            };
+            if gap.decide(self.clock(), need_catchup, stall) {
                 self.catch_up(&mut reader);
-                gap_since = None;
                 continue;
             }
             self.learn_remote_commit();
@@ -573,24 +580,15 @@ impl Node {
         self.metrics.catchups.fetch_add(1, Ordering::Relaxed);
         let _sync = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
         *reader = self.reader();
-        let leader = self.region.leader();
-        let mut peers: Vec<u64> = vec![leader];
-        peers.extend(self.config.ids().filter(|&i| i != leader && i != self.me));
-        for peer in peers {
-            if peer == self.me || peer == 0 {
-                continue;
-            }
-            // Only the leader's log is certain past the commit point; any
-            // other peer may hold a dead leader's tail there.
-            let to = if peer == leader {
-                0
-            } else {
-                let c = self.committed.load(Ordering::Acquire);
-                if c < reader.expected() {
-                    continue;
-                }
-                c
-            };
+        let members: Vec<u64> = self.config.ids().collect();
+        let plan = catchup::plan(
+            self.me,
+            self.region.leader(),
+            &members,
+            self.committed.load(Ordering::Acquire),
+            reader.expected(),
+        );
+        for catchup::FetchPlan { peer, to } in plan {
             match self.fetch_from(peer, reader.expected(), to) {
                 Ok(0) => continue,
                 Ok(n) => {
@@ -670,25 +668,7 @@ impl Node {
                 .map(|(_, e)| e.header().view);
             Ok(mine.is_some() && self.peek_view(peer, seq)? == mine)
         };
-        if last <= floor {
-            // Nothing above the commit point; still make sure the peer
-            // answers before the caller changes anything.
-            self.peek_view(peer, last.max(1))?;
-            return Ok(last);
-        }
-        if matches(last)? {
-            return Ok(last);
-        }
-        let (mut lo, mut hi) = (floor, last);
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if matches(mid)? {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        Ok(lo)
+        PrefixSearch::new(last, floor).run(matches)
     }
 
     /// Fetches `from..=to` (to = 0: all) from `peer` into the store.
@@ -774,11 +754,13 @@ impl Node {
     /// raises it when an output waits; this keeps it moving when none does
     /// (a client that only pipelines `noreply` commands), so backups apply.
     fn raise_leader_commit(&self) -> u64 {
-        let proven =
-            lockstep_common::quorum::reached_by(self.config.ids(), self.config.majority(), |id| {
-                self.region.ack(id)
-            });
-        self.region.raise_commit(proven.min(self.region.served()));
+        let c = commit::leader_commit(
+            self.config.ids(),
+            self.config.majority(),
+            |id| self.region.ack(id),
+            self.region.served(),
+        );
+        self.region.raise_commit(c);
         self.region.commit()
     }
 
@@ -790,7 +772,11 @@ impl Node {
         // A server attached once in this follower's life (its pid word is
         // set), and its lock is gone.
         let pid = self.region.preload_pid();
-        if pid == 0 || self.stale.load(Ordering::Relaxed) || self.region.server_attached() {
+        if !crate::protocol::stale::server_exited(
+            pid,
+            self.region.server_attached(),
+            self.stale.load(Ordering::Relaxed),
+        ) {
             return;
         }
         log::error!(
@@ -846,11 +832,11 @@ impl Node {
                 .divergences
                 .store(self.region.apply().diverged(), Ordering::Relaxed);
             let persisted = self.persisted.load(Ordering::Acquire);
-            let target = if role == Role::Joining && self.is_leader_node() {
-                persisted
-            } else {
-                self.committed.load(Ordering::Acquire).min(persisted)
-            };
+            let target = commit::apply_target(
+                self.committed.load(Ordering::Acquire),
+                persisted,
+                role == Role::Joining && self.is_leader_node(),
+            );
             let mut full = false;
             if f.next() <= target {
                 let want = ((target + 1 - f.next()) as usize).min(256);

@@ -3,11 +3,12 @@
 //! only as the cluster's commit discipline allows.
 //!
 //! One writer per process behind a mutex (the sequence lock): it holds the
-//! ring writer, the next seq, the flow-control bound `safe` and pre-sized
-//! scratch buffers, so the steady state allocates nothing. Waiting for acks
-//! happens outside the lock: spin with a bounded backoff, then park on the
-//! region's doorbell (the local follower rings it when it writes an ack;
-//! remote acks arriving through `Region::write` ring it too).
+//! cluster's [`LeaderWriter`] (ring position, next seq, flow control, the
+//! append and post of every entry) and a pre-sized gather buffer, so the
+//! steady state allocates nothing. Waiting for acks happens outside the
+//! lock, in [`leader_writer::wait_until`]; what this module adds to the
+//! writer is the preload's own: fencing checks, the follower-alive probe,
+//! bounded apply lag, the commit disciplines and the hand-over word.
 //!
 //! # Commit disciplines
 //!
@@ -28,15 +29,16 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crossbeam_utils::Backoff;
 use lockstep_common::config::CommitMode;
-use lockstep_common::entry::{self, EntryHeader, Kind, SAME_TURN};
-use lockstep_common::region::{self, Region, Role};
-use lockstep_common::ring::{RingError, RingWriter};
+use lockstep_common::entry::{EntryHeader, Kind, SAME_TURN};
+use lockstep_common::leader_writer::{
+    self, AckMajority, AppendError, AppendHooks, LeaderWriter, Waited,
+};
+use lockstep_common::region::{Region, Role};
 use lockstep_common::transport::{self, Transport, TransportError};
-use lockstep_common::{quorum, Config};
+use lockstep_common::Config;
 
 use crate::hooks::sys;
 
@@ -83,14 +85,8 @@ pub struct Logged {
 }
 
 struct Writer {
-    /// View the writer was set up for (0: not yet).
-    view: u64,
-    next_seq: u64,
-    ring: RingWriter,
-    /// Position up to which a majority acknowledged everything.
-    safe: u64,
-    /// Encoded entry (footprint of `max_entry`).
-    scratch: Vec<u8>,
+    /// Ring position, next seq, flow control; started for each new view.
+    log: LeaderWriter,
     /// Payload gathered from several buffers (`max_entry`).
     gather: Vec<u8>,
     /// The server thread's event-loop turn at the last append (see
@@ -109,13 +105,10 @@ pub struct Engine {
     /// This node's region.
     pub region: Arc<Region>,
     transport: Box<dyn Transport>,
-    ids: Vec<u64>,
-    peers: Vec<u64>,
-    majority: usize,
+    /// The members whose acks (and applied marks) count.
+    majority: AckMajority,
     max_entry: usize,
     writer: Mutex<Writer>,
-    /// Bit per peer id: a non-fencing write error was already reported.
-    warned: AtomicU64,
     /// The cluster's commit discipline.
     mode: CommitMode,
     /// Last seq appended, and the view it was appended in (written under
@@ -133,29 +126,21 @@ impl Engine {
     pub fn new(config: Config, me: u64, region: Arc<Region>) -> Result<Engine, String> {
         let app = config.node(me).map_err(|e| e.0)?.app;
         let transport = transport::open(&config, me, region.clone()).map_err(|e| e.to_string())?;
-        let ids: Vec<u64> = config.ids().collect();
-        let peers = ids.iter().copied().filter(|&i| i != me).collect();
         let max_entry = config.max_entry as usize;
+        let log = LeaderWriter::for_node(&config, me);
         let writer = Writer {
-            view: 0,
-            next_seq: 1,
-            ring: RingWriter::new(config.ring_size, 0),
-            safe: 0,
-            scratch: vec![0; entry::footprint(max_entry)],
+            log,
             gather: vec![0; max_entry],
             turn: None,
         };
         Ok(Engine {
             me,
-            majority: config.majority(),
+            majority: writer.log.majority().clone(),
             app,
             region,
             transport,
-            ids,
-            peers,
             max_entry,
             writer: Mutex::new(writer),
-            warned: AtomicU64::new(0),
             mode: config.commit,
             appended: AtomicU64::new(0),
             appended_view: AtomicU64::new(0),
@@ -197,17 +182,14 @@ impl Engine {
         if self.transport.fenced_by() > view {
             return Err(Fail::Lost("a peer is in a newer view"));
         }
-        if w.view != view {
+        if w.log.view() != view {
             let (seq, pos) = self.region.writer_start();
-            w.view = view;
-            w.next_seq = seq.max(1);
-            w.ring = RingWriter::new(self.config.ring_size, pos);
-            w.safe = pos;
+            w.log.start(view, seq, pos);
             w.turn = None;
             self.released.store(0, Ordering::Release);
             log::info!(
                 "leading view {view}: next seq {} at ring position {pos}",
-                w.next_seq
+                w.log.next_seq()
             );
         }
         Ok(view)
@@ -297,7 +279,7 @@ impl Engine {
         let mut guard = self.lock();
         let w = &mut *guard;
         let view = self.writer_view(w)?;
-        let first = w.next_seq;
+        let first = w.log.next_seq();
         // The turn's time: recorded with the entry (see `clock`).
         let time_us = time.unwrap_or_else(|| crate::clock::entry_time(sys::realtime_us()));
         // Whether a backup may hand this input to its server in the same
@@ -309,42 +291,31 @@ impl Engine {
             0
         };
         w.turn = here;
-        let Writer {
-            next_seq,
-            ring,
-            safe,
-            scratch,
-            gather,
-            ..
-        } = w;
+        let Writer { log, gather, .. } = w;
         // Only the input's first entry carries the output digest: a backup
         // checks it where the input begins.
         let mut digest = out_hash;
         let mut one = |payload: &[u8]| {
             let out = std::mem::take(&mut digest);
             let f = std::mem::replace(&mut flags, SAME_TURN);
-            self.append_one(
-                ring, scratch, safe, next_seq, view, kind, conn, out, f, time_us, payload,
-            )
+            self.append_one(log, view, kind, conn, out, f, time_us, payload)
         };
         if kind == Kind::Data {
             for_each_chunk(segments, total, self.max_entry, gather, one)?;
         } else {
             one(&[])?;
         }
-        let last = w.next_seq - 1;
+        let last = w.log.next_seq() - 1;
         self.appended_view.store(view, Ordering::Release);
         self.appended.store(last, Ordering::Release);
         Ok(Logged { first, last, view })
     }
 
+    /// Appends one entry through the writer, once the apply lag allows.
     #[allow(clippy::too_many_arguments)]
     fn append_one(
         &self,
-        ring: &mut RingWriter,
-        scratch: &mut [u8],
-        safe: &mut u64,
-        next_seq: &mut u64,
+        log: &mut LeaderWriter,
         view: u64,
         kind: Kind,
         conn: u64,
@@ -353,66 +324,23 @@ impl Engine {
         time_us: u64,
         payload: &[u8],
     ) -> Result<(), Fail> {
-        let seq = *next_seq;
-        self.wait_applied(seq, view)?;
-        let conn = if kind == Kind::Accept { seq } else { conn };
-        let mut hdr = EntryHeader::new(kind, view, seq, conn, payload.len() as u32);
-        hdr.out_hash = out_hash;
-        hdr.flags = flags;
-        hdr.time_us = time_us;
-        let mut waited = false;
-        let a = loop {
-            hdr.last_committed = self.region.commit();
-            match ring.append(self.region.ring(), &hdr, payload, *safe, scratch) {
-                Ok(a) => break a,
-                Err(RingError::Full { .. }) if !waited && seq > 1 => {
-                    // Flow control: everything written so far must be
-                    // stored by a majority before its space is reused.
-                    self.wait_majority(seq - 1, view)?;
-                    *safe = ring.pos();
-                    waited = true;
-                }
-                Err(e) => return Err(Fail::Internal(e.to_string())),
-            }
-        };
-        *next_seq = seq + 1;
-        let bytes = &scratch[..a.len];
-        let tail = a.end.to_le_bytes();
-        for &peer in &self.peers {
-            let r = (|| -> Result<(), TransportError> {
-                if let Some(off) = a.wrap_offset {
-                    self.transport.write(
-                        peer,
-                        view,
-                        region::ring_offset(off),
-                        ring.wrap_bytes(),
-                    )?;
-                }
-                self.transport
-                    .write(peer, view, region::ring_offset(a.offset), bytes)?;
-                self.transport
-                    .write(peer, view, region::tail_offset(), &tail)
-            })();
-            match r {
-                Ok(()) => {}
-                Err(TransportError::Fenced { .. }) => {
-                    return Err(Fail::Lost("a peer is in a newer view"));
-                }
-                Err(e) => {
-                    // That peer misses the write, as with a lost one-sided
-                    // write; it catches up from another node.
-                    let bit = 1u64 << (peer & 63);
-                    if self.warned.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
-                        log::warn!("cannot write to node {peer}: {e}");
-                    }
-                }
-            }
-        }
-        self.region.set_tail(a.end);
-        self.region.bell().ring();
-        self.transport.flush();
+        self.wait_applied(log.next_seq(), view)?;
+        let mut fields = EntryHeader::new(kind, view, 0, conn, 0);
+        fields.out_hash = out_hash;
+        fields.flags = flags;
+        fields.time_us = time_us;
+        let mut hooks = LeaderHooks { engine: self, view };
+        let posted = log
+            .append(&self.region, &*self.transport, &fields, payload, &mut hooks)
+            .map_err(|e| match e {
+                AppendError::Room(fail) => fail,
+                AppendError::Fenced(_) => Fail::Lost("a peer is in a newer view"),
+                e => Fail::Internal(e.to_string()),
+            })?;
         log::trace!(
-            "appended {kind:?} seq {seq} conn {conn} ({} bytes)",
+            "appended {kind:?} seq {} conn {} ({} bytes)",
+            posted.seq,
+            posted.conn,
             payload.len()
         );
         Ok(())
@@ -420,9 +348,7 @@ impl Engine {
 
     /// Whether a majority (this node included) acknowledged `seq`.
     pub fn acked(&self, seq: u64) -> bool {
-        quorum::reached_by(self.ids.iter().copied(), self.majority, |id| {
-            self.region.ack(id)
-        }) >= seq
+        self.majority.has_acked(&self.region, seq)
     }
 
     /// Waits until a majority acknowledged `seq`, failing when this node
@@ -449,7 +375,7 @@ impl Engine {
 
     /// The highest seq a majority applied, this node counting as `seq`.
     fn applied_majority(&self, seq: u64) -> u64 {
-        quorum::reached_by(self.ids.iter().copied(), self.majority, |id| {
+        self.majority.reached_by(|id| {
             if id == self.me {
                 seq
             } else {
@@ -465,58 +391,61 @@ impl Engine {
         seq: u64,
         view: u64,
         what: Waiting,
-        done: impl Fn() -> bool,
+        done: impl FnMut() -> bool,
     ) -> Result<(), Fail> {
-        if done() {
-            return Ok(());
-        }
-        let backoff = Backoff::new();
-        let mut parked_since: Option<Instant> = None;
         let mut warned_at = Duration::ZERO;
-        loop {
-            self.check(view)?;
-            if !backoff.is_completed() {
-                backoff.snooze();
-            } else {
-                let bell = self.region.bell();
-                let seen = bell.value();
-                if done() {
-                    return Ok(());
-                }
-                bell.wait(seen, PARK);
-                let since = *parked_since.get_or_insert_with(Instant::now);
-                let waited = since.elapsed();
-                if waited >= OWNER_CHECK_AFTER && !self.region.owner_alive() {
-                    // Without its follower this node can neither ack nor
-                    // change views: it stops serving this view for good.
-                    // Should a majority still store this input, no later
-                    // one commits it behind the server's back (they all
-                    // fail before being logged), and the next view drops
-                    // it: the fence keeps `served` exact.
-                    let served = self.region.fence_handover();
-                    log::error!(
-                        "seq {seq}: this node's follower is not running; failing the input and every later one (the server consumed up to seq {served}); restart the node"
-                    );
-                    return Err(Fail::Lost("this node's follower is not running"));
-                }
-                if waited >= warned_at + SLOW_WAIT {
-                    warned_at = waited;
-                    match what {
-                        Waiting::Acks => log::warn!(
-                            "seq {seq} not acknowledged by a majority after {waited:.0?} (acks: {})",
-                            AckList(self)
-                        ),
-                        Waiting::Apply => log::warn!(
-                            "waiting {waited:.0?} for a majority to apply up to seq {seq} (max_apply_lag {})",
-                            self.config.max_apply_lag
-                        ),
-                    }
+        leader_writer::wait_until(&self.region, PARK, done, |waited| {
+            let Waited::Parked(waited) = waited else {
+                return self.check(view);
+            };
+            if waited >= OWNER_CHECK_AFTER && !self.region.owner_alive() {
+                // Without its follower this node can neither ack nor
+                // change views: it stops serving this view for good.
+                // Should a majority still store this input, no later
+                // one commits it behind the server's back (they all
+                // fail before being logged), and the next view drops
+                // it: the fence keeps `served` exact.
+                let served = self.region.fence_handover();
+                log::error!(
+                    "seq {seq}: this node's follower is not running; failing the input and every later one (the server consumed up to seq {served}); restart the node"
+                );
+                return Err(Fail::Lost("this node's follower is not running"));
+            }
+            if waited >= warned_at + SLOW_WAIT {
+                warned_at = waited;
+                match what {
+                    Waiting::Acks => log::warn!(
+                        "seq {seq} not acknowledged by a majority after {waited:.0?} (acks: {})",
+                        AckList(self)
+                    ),
+                    Waiting::Apply => log::warn!(
+                        "waiting {waited:.0?} for a majority to apply up to seq {seq} (max_apply_lag {})",
+                        self.config.max_apply_lag
+                    ),
                 }
             }
-            if done() {
-                return Ok(());
-            }
-        }
+            Ok(())
+        })
+    }
+}
+
+/// The engine's side of an append: waiting for room is waiting for the
+/// majority in the writer's view (with every check of `wait_until`), and
+/// a peer that cannot be written is reported once.
+struct LeaderHooks<'a> {
+    engine: &'a Engine,
+    view: u64,
+}
+
+impl AppendHooks for LeaderHooks<'_> {
+    type Error = Fail;
+
+    fn wait_for_room(&mut self, seq: u64) -> Result<(), Fail> {
+        self.engine.wait_majority(seq, self.view)
+    }
+
+    fn peer_missed(&mut self, node: u64, error: &TransportError) {
+        log::warn!("cannot write to node {node}: {error}");
     }
 }
 
@@ -532,7 +461,7 @@ struct AckList<'a>(&'a Engine);
 
 impl std::fmt::Display for AckList<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, &id) in self.0.ids.iter().enumerate() {
+        for (i, &id) in self.0.majority.ids().iter().enumerate() {
             if i > 0 {
                 write!(f, ", ")?;
             }

@@ -22,7 +22,9 @@
 //! that holds a newer leader's log (the Raft paper's figure 8).
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+
+use super::trim::trim_unserved;
+use super::Millis;
 
 pub use lockstep_common::control::Promise;
 
@@ -119,51 +121,6 @@ impl Candidate {
     }
 }
 
-/// The leader of the adopted log's view, once deposed, knows where that
-/// log became visible: its server consumed the view's inputs up to
-/// `served` (`led` = `(view, served)`, from its promise), and the
-/// hand-over fence makes that exact. Entries of the view above it were
-/// never given to any server (backups apply only what the leader
-/// committed, and it commits only what it handed over), so no client saw
-/// their effect: the new view may drop them, and the old leader's server
-/// stays in line with the log instead of having to be rebuilt. Committed
-/// entries are always kept. Without that leader's promise the tail is
-/// kept: it may have been served.
-pub fn trim_unserved(adopt: Adoption, led: Option<(u64, u64)>) -> Adoption {
-    match led {
-        Some((view, served)) if view == adopt.log_view && served < adopt.last_seq => Adoption {
-            last_seq: served.max(adopt.committed),
-            ..adopt
-        },
-        _ => adopt,
-    }
-}
-
-/// Where a node must cut its log before taking a new leader's log: its own
-/// commit point (everything up to it is the same on every node; what is
-/// above may be a dead leader's uncommitted tail).
-pub fn sync_point(last_seq: u64, committed: u64) -> u64 {
-    committed.min(last_seq)
-}
-
-/// Whether a node that promised `promised` may accept a promise request or
-/// entries of `view`.
-pub fn admits(promised: u64, view: u64) -> bool {
-    view >= promised
-}
-
-/// How far above a node's own view a `Prepare` or `NewView` may reach.
-/// Views grow by one per attempt, so no real view change comes near; the
-/// bound keeps a stray message from pushing a node's view to the top of
-/// the range, from where no later view could pass it.
-pub const MAX_VIEW_STEP: u64 = 1 << 32;
-
-/// Whether `view` is a plausible next view for a node whose own views
-/// (promised, log) reach `own`.
-pub fn plausible(own: u64, view: u64) -> bool {
-    view <= own.saturating_add(MAX_VIEW_STEP)
-}
-
 /// Views newer than a node's own that its peers were seen in (a
 /// `Prepare` or `NewView` refused as outdated, a write refused by a
 /// peer's region), and since when. A view a peer promised may never start
@@ -179,13 +136,13 @@ pub struct NewerViews {
     node: u64,
     /// When a view newer than the observer's own was first seen, since
     /// the observer's view last passed every view seen.
-    since: Option<Instant>,
+    since: Option<Millis>,
 }
 
 impl NewerViews {
     /// Records that node `node` is in `view` while the observer's own
     /// view is `own`, at `now`. Views not above `own` say nothing.
-    pub fn observe(&mut self, node: u64, view: u64, own: u64, now: Instant) {
+    pub fn observe(&mut self, node: u64, view: u64, own: u64, now: Millis) {
         if view <= own {
             return;
         }
@@ -213,9 +170,9 @@ impl NewerViews {
     /// a newer view for at least `patience` (that view has not replaced
     /// this leader's in that time: it never started, or started without
     /// this node, which then learns it at the next view change).
-    pub fn stalled(&self, own: u64, now: Instant, patience: Duration) -> Option<(u64, u64)> {
+    pub fn stalled(&self, own: u64, now: Millis, patience: Millis) -> Option<(u64, u64)> {
         let since = self.since?;
-        (self.highest > own && now.saturating_duration_since(since) >= patience)
+        (self.highest > own && now.saturating_sub(since) >= patience)
             .then_some((self.node, self.highest))
     }
 }
@@ -227,56 +184,50 @@ pub fn superseded(view: u64, promised: impl IntoIterator<Item = u64>) -> Option<
     promised.into_iter().filter(|&p| p >= view).max()
 }
 
-/// What a demoted leader's server holds, measured against the new view's
-/// log, when the node would stay up as a backup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ServerFate {
-    /// The server consumed exactly a prefix of the new log: it resumes
-    /// applying after `served`.
-    InLine,
-    /// The new log kept this seq of the led view, which the server never
-    /// saw (its hand-over was fenced): replay cannot add it in the middle.
-    Missed(u64),
-    /// The server consumed this seq of the led view, which the new log does
-    /// not hold (output commit: the server acts on inputs before they are
-    /// committed, and the new view dropped an uncommitted one). Its state
-    /// includes an input no replica applies.
-    Dropped(u64),
+/// A promised view that has not started after this long no longer holds
+/// back joining the announced leader.
+pub const VIEW_CHANGE_PATIENCE_MS: Millis = 3000;
+
+/// Whether a view change this node promised (at `promised_at`) may still
+/// be under way at `now`.
+pub fn changing(promised_at: Option<Millis>, now: Millis) -> bool {
+    promised_at.is_some_and(|t| now.saturating_sub(t) < VIEW_CHANGE_PATIENCE_MS)
 }
 
-/// Judges a demoted leader's server.
-///
-/// The server consumed the led view's inputs up to `served` (exact: the
-/// hand-over fence). `cut` is where the node's log was cut to take the new
-/// one (its commit point: everything up to it is the same everywhere).
-/// `new_log` yields `(seq, view)` of the new log above `min(cut, served)`,
-/// in order.
-///
-/// Entries carry the view of the leader that first wrote them, and a view
-/// has one leader writing each seq once; so when the new log holds the led
-/// view's own entry at `served`, it holds the led view's entries below it
-/// too (a log that took that entry took its leader's prefix), and the
-/// server consumed a prefix of the new log.
-pub fn demoted_server_fate(
-    led_view: u64,
-    served: u64,
-    cut: u64,
-    new_log: impl IntoIterator<Item = (u64, u64)>,
-) -> ServerFate {
-    let mut holds_served = served <= cut;
-    for (seq, view) in new_log {
-        if seq == served && view == led_view {
-            holds_served = true;
-        }
-        if seq > served && view == led_view {
-            return ServerFate::Missed(seq);
-        }
-    }
-    if holds_served {
-        ServerFate::InLine
-    } else {
-        ServerFate::Dropped(served)
-    }
+/// Whether node `me` leads: it is its region's leader, and its log follows
+/// the view it promised (the view started here).
+pub fn leading(me: u64, leader: u64, promised: u64, log_view: u64) -> bool {
+    leader == me && promised == log_view
+}
+
+/// What a node knows of its own views when it hears of a leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Views {
+    /// This node.
+    pub me: u64,
+    /// The view it promised (its region's view word).
+    pub promised: u64,
+    /// The view whose leader its log follows.
+    pub log_view: u64,
+    /// The leader it knows (0: none).
+    pub leader: u64,
+    /// A view change it promised may still be under way ([`changing`]).
+    pub changing: bool,
+}
+
+/// ZooKeeper mode, not the candidate: whether to join the announced
+/// leader `leader` of `view` (this node missed its view change: it was
+/// down, cut off or restarted). Also when the log follows that view
+/// already but this node does not know its leader (a restarted backup).
+pub fn joins_announced(own: Views, view: u64, leader: u64) -> bool {
+    let unknown = view == own.log_view && own.leader != leader;
+    (view > own.log_view || unknown) && view >= own.promised && leader != own.me && !own.changing
+}
+
+/// Static mode, a backup: whether to follow the configured leader, which
+/// reports `view` and whether it serves (`serving`).
+pub fn follows_static(own: Views, view: u64, serving: bool) -> bool {
+    serving && view > own.log_view && view >= own.promised && !own.changing
 }
 
 #[cfg(test)]
@@ -350,28 +301,9 @@ mod tests {
     }
 
     #[test]
-    fn unserved_tail_of_the_candidates_own_view_is_dropped() {
-        let a = Adoption {
-            source: 2,
-            log_view: 3,
-            last_seq: 20,
-            committed: 15,
-        };
-        // Led view 3 and served up to 17: 18..=20 reached no server.
-        assert_eq!(trim_unserved(a, Some((3, 17))).last_seq, 17);
-        // Never below what is known committed.
-        assert_eq!(trim_unserved(a, Some((3, 10))).last_seq, 15);
-        // Another view's log, or a candidate that did not lead: untouched.
-        assert_eq!(trim_unserved(a, Some((2, 17))), a);
-        assert_eq!(trim_unserved(a, None), a);
-        assert_eq!(trim_unserved(a, Some((3, 25))), a);
-    }
-
-    #[test]
     fn a_promised_view_that_never_started_is_passed() {
-        let t0 = Instant::now();
-        let s = |ms| t0 + Duration::from_millis(ms);
-        let patience = Duration::from_millis(2000);
+        let s = |ms: u64| 1_000 + ms;
+        let patience = 2000;
         let mut n = NewerViews::default();
         assert_eq!(n.next_view(3), 4);
         assert_eq!(n.stalled(3, s(10_000), patience), None);
@@ -403,6 +335,39 @@ mod tests {
     }
 
     #[test]
+    fn joins_the_announced_leader_only_when_it_missed_its_view() {
+        let own = Views {
+            me: 2,
+            promised: 4,
+            log_view: 4,
+            leader: 1,
+            changing: false,
+        };
+        assert!(!joins_announced(own, 4, 1), "follows it already");
+        assert!(joins_announced(own, 4, 3), "restarted: leader unknown");
+        assert!(joins_announced(own, 5, 3));
+        assert!(!joins_announced(own, 5, 2), "itself");
+        assert!(!joins_announced(Views { promised: 6, ..own }, 5, 3));
+        assert!(!joins_announced(
+            Views {
+                changing: true,
+                ..own
+            },
+            5,
+            3
+        ));
+        assert!(follows_static(own, 5, true));
+        assert!(!follows_static(own, 5, false));
+        assert!(!follows_static(own, 4, true));
+        assert!(changing(Some(10), 10 + VIEW_CHANGE_PATIENCE_MS - 1));
+        assert!(!changing(Some(10), 10 + VIEW_CHANGE_PATIENCE_MS));
+        assert!(!changing(None, 0));
+        assert!(leading(1, 1, 3, 3));
+        assert!(!leading(1, 1, 4, 3));
+        assert!(!leading(1, 2, 3, 3));
+    }
+
+    #[test]
     fn refusals_supersede_an_attempt() {
         assert_eq!(superseded(4, []), None);
         assert_eq!(superseded(4, [2, 3]), None);
@@ -410,63 +375,13 @@ mod tests {
         assert_eq!(superseded(4, [4]), Some(4));
     }
 
-    #[test]
-    fn views_far_ahead_are_implausible() {
-        assert!(plausible(3, 1003));
-        assert!(plausible(3, 3 + MAX_VIEW_STEP));
-        assert!(!plausible(3, 4 + MAX_VIEW_STEP));
-        assert!(!plausible(3, u64::MAX));
-        assert!(plausible(u64::MAX - 1, u64::MAX));
-    }
-
-    #[test]
-    fn demoted_server_check() {
-        use ServerFate::*;
-        // Led view 3, served up to 10, log cut at 8.
-        let fate = |log: &[(u64, u64)]| demoted_server_fate(3, 10, 8, log.iter().copied());
-        assert_eq!(fate(&[(9, 3), (10, 3), (11, 4)]), InLine);
-        assert_eq!(fate(&[(9, 3), (10, 3), (11, 3), (12, 3)]), Missed(11));
-        // Output commit: the server ran 9 and 10, the new view kept neither.
-        assert_eq!(fate(&[]), Dropped(10));
-        assert_eq!(fate(&[(9, 3)]), Dropped(10));
-        assert_eq!(fate(&[(9, 4), (10, 4)]), Dropped(10));
-        // Everything served was committed (input commit): in line.
-        assert_eq!(demoted_server_fate(3, 8, 8, []), InLine);
-        assert_eq!(demoted_server_fate(3, 8, 10, [(9, 3)]), Missed(9));
-    }
-
-    proptest::proptest! {
-        /// Against a model: a leader of view 3 wrote seqs `start..=top`,
-        /// its server consumed up to `served`; the new log took the leader's
-        /// entries up to `kept` and then entries of view 4. InLine exactly
-        /// when the server's consumed inputs are a prefix of the new log.
-        #[test]
-        fn a_demoted_server_stays_only_when_it_consumed_a_prefix_of_the_new_log(
-            start in 1u64..20, len in 0u64..20, served_off in 0u64..20,
-            kept_off in 0u64..25, extra in 0u64..5,
-        ) {
-            let top = start + len;
-            let served = (start + served_off).min(top);
-            let kept = (start - 1 + kept_off).min(top);
-            let cut = start - 1;
-            let mut log: Vec<(u64, u64)> = (start..=kept).map(|s| (s, 3)).collect();
-            log.extend((kept + 1..=kept + extra).map(|s| (s, 4)));
-            let fate = demoted_server_fate(3, served, cut, log.iter().copied());
-            let prefix = kept >= served;
-            let missed = kept > served;
-            match fate {
-                ServerFate::InLine => proptest::prop_assert!(prefix && !missed),
-                ServerFate::Missed(s) => proptest::prop_assert!(missed && s == served + 1),
-                ServerFate::Dropped(s) => proptest::prop_assert!(!prefix && s == served),
-            }
-        }
-    }
-
     /// A simulated cluster: logs of `(view, value)`, crashes, partial
     /// replication and view changes with random majorities. Checks that a
     /// committed entry is never lost or changed.
     mod simulation {
         use super::super::*;
+        use crate::protocol::fence::not_fenced as admits;
+        use crate::protocol::sync::sync_point;
         use proptest::prelude::*;
 
         #[derive(Clone, Debug, Default)]

@@ -1,0 +1,110 @@
+//! The apply stream's words in the control block (the apply ring itself is
+//! [`Region::apply_ring`](super::Region::apply_ring)).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::layout::*;
+use super::Doorbell;
+
+/// The apply stream: how committed entries reach a backup's server.
+///
+/// The follower copies committed entries, in log order, into the region's
+/// apply ring (from the replication ring or from RocksDB: live, after a
+/// catch-up, on a restart alike) and publishes `tail`; the server's passive
+/// preload reads them, presents them to its server through the server's own
+/// event loop, and publishes how far the ring was read (`head`: the
+/// follower's flow control) and the last seq the server consumed
+/// (`applied`). `epoch` and `start_seq` tell the preload that the follower
+/// started a new stream (a fresh follower, a demoted leader resuming).
+#[derive(Clone, Copy, Debug)]
+pub struct ApplyStream<'a> {
+    pub(super) words: &'a [AtomicU64],
+}
+
+impl<'a> ApplyStream<'a> {
+    fn w(&self, i: usize) -> &'a AtomicU64 {
+        &self.words[i]
+    }
+    /// Follower: starts a new stream whose first entry is `seq`, at apply
+    /// ring position 0 (nothing may be in the ring then).
+    pub fn restart(&self, seq: u64) {
+        self.w(W_APPLY_TAIL).store(0, Ordering::Release);
+        self.w(W_APPLY_HEAD).store(0, Ordering::Release);
+        self.w(W_APPLIED)
+            .store(seq.saturating_sub(1), Ordering::Release);
+        self.w(W_APPLY_START_SEQ).store(seq, Ordering::Release);
+        self.w(W_APPLY_EPOCH).fetch_add(1, Ordering::AcqRel);
+        self.bell().ring();
+    }
+    /// The current stream: (epoch, seq of its first entry).
+    pub fn epoch(&self) -> (u64, u64) {
+        let e = self.w(W_APPLY_EPOCH).load(Ordering::Acquire);
+        (e, self.w(W_APPLY_START_SEQ).load(Ordering::Acquire))
+    }
+    /// End position of what the follower wrote.
+    pub fn tail(&self) -> u64 {
+        self.w(W_APPLY_TAIL).load(Ordering::Acquire)
+    }
+    /// Follower: publishes the end position of what it wrote.
+    pub fn set_tail(&self, pos: u64) {
+        self.w(W_APPLY_TAIL).store(pos, Ordering::Release);
+        self.bell().ring();
+    }
+    /// Position up to which the preload read the ring (space before it
+    /// may be reused).
+    pub fn head(&self) -> u64 {
+        self.w(W_APPLY_HEAD).load(Ordering::Acquire)
+    }
+    /// Preload: publishes how far it read.
+    pub fn set_head(&self, pos: u64) {
+        self.w(W_APPLY_HEAD).store(pos, Ordering::Release);
+    }
+    /// Last seq the server consumed.
+    pub fn applied(&self) -> u64 {
+        self.w(W_APPLIED).load(Ordering::Acquire)
+    }
+    /// Preload: records that the server consumed up to `seq`.
+    pub fn set_applied(&self, seq: u64) {
+        self.w(W_APPLIED).store(seq, Ordering::Release);
+    }
+    /// Entries whose output on this node differed from the leader's.
+    pub fn diverged(&self) -> u64 {
+        self.w(W_DIVERGED).load(Ordering::Acquire)
+    }
+    /// Preload: counts one divergent entry.
+    pub fn add_diverged(&self) {
+        self.w(W_DIVERGED).fetch_add(1, Ordering::AcqRel);
+    }
+    /// The doorbell the preload's applier parks on (rung on every new tail
+    /// and restart).
+    pub fn bell(&self) -> Doorbell<'a> {
+        Doorbell::new(self.w(W_APPLY_BELL), self.w(W_APPLY_BELL_WAITERS))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_regions::spec;
+    use super::super::{apply_ring_size, Region};
+
+    #[test]
+    fn the_apply_ring_follows_the_ring_and_is_not_remotely_writable() {
+        let r = Region::anonymous(&spec(1)).unwrap();
+        assert_eq!(r.ring().len() * 8, 1 << 20);
+        assert_eq!(r.apply_ring().len() * 8, 1 << 20);
+        assert_eq!(r.len(), spec(1).file_len());
+        let end_of_ring = spec(1).remote_len();
+        assert!(r.write(end_of_ring - 8, &[1; 8]).is_ok());
+        assert!(r.write(end_of_ring, &[1; 8]).is_err());
+        let a = r.apply();
+        a.restart(40);
+        assert_eq!(a.epoch(), (1, 40));
+        assert_eq!(a.applied(), 39);
+        a.set_tail(128);
+        a.set_head(64);
+        a.restart(50);
+        assert_eq!((a.epoch(), a.tail(), a.head()), ((2, 50), 0, 0));
+        assert_eq!(apply_ring_size(64 << 20), 16 << 20);
+        assert_eq!(apply_ring_size(1 << 20), 1 << 20);
+    }
+}

@@ -1,0 +1,160 @@
+//! The region server: applies the write frames of authenticated
+//! region-channel connections to a region, refusing old views.
+
+use std::io::{self, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+
+use super::frames::{fenced_notice, FrameHeader, HEADER_LEN};
+use super::KEEP_BUF;
+use crate::region::Region;
+
+const READ_BUF: usize = 256 << 10;
+
+/// Applies the writes of authenticated region-channel connections to a
+/// region.
+#[derive(Clone, Debug)]
+pub struct RegionServer {
+    region: Arc<Region>,
+}
+
+/// How a served connection ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The socket failed (peer reset, listener stopped).
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The peer broke the frame rules.
+    #[error("{0}")]
+    Garbage(String),
+}
+
+/// What a connection did, once it ended cleanly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServeStats {
+    /// Frames applied.
+    pub applied: u64,
+    /// Frames refused for an old view.
+    pub fenced: u64,
+}
+
+impl RegionServer {
+    /// Serves writes into `region`.
+    pub fn new(region: Arc<Region>) -> Self {
+        RegionServer { region }
+    }
+
+    /// The region written into.
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+
+    /// Serves one connection that passed [`handshake::accept`](crate::handshake::accept) with
+    /// [`Channel::Region`](crate::handshake::Channel::Region) for node `peer`, until the peer closes it, the
+    /// socket fails or the peer sends garbage (logged; the connection is
+    /// closed). Returns when the connection is done.
+    pub fn serve(&self, stream: TcpStream, peer: u64) {
+        let who = match stream.peer_addr() {
+            Ok(a) => format!("node {peer} ({a})"),
+            Err(_) => format!("node {peer}"),
+        };
+        match self.serve_frames(&stream) {
+            Ok(s) => log::debug!(
+                "region writes from {who}: connection closed after {} writes ({} fenced)",
+                s.applied,
+                s.fenced
+            ),
+            Err(ServeError::Garbage(what)) => {
+                log::warn!("region writes from {who}: {what}; closing the connection")
+            }
+            Err(ServeError::Io(e)) => log::info!("region writes from {who}: {e}"),
+        }
+        let _ = stream.shutdown(Shutdown::Both);
+    }
+
+    /// Applies frames from `stream` until a clean end of stream (at a frame
+    /// boundary) or an error. Does not close the stream.
+    pub fn serve_frames(&self, stream: &TcpStream) -> Result<ServeStats, ServeError> {
+        let _ = stream.set_nodelay(true);
+        let mut rd = BufReader::with_capacity(READ_BUF, stream);
+        self.apply_frames(&mut rd, &mut &*stream)
+    }
+
+    /// The frame decoder of [`RegionServer::serve_frames`] over any byte
+    /// source: applies the frames read from `rd` (fence notices go to
+    /// `notices`) until a clean end at a frame boundary or an error. A
+    /// frame's buffer is allocated only once its header passed the checks
+    /// (at most [`MAX_WRITE`](super::MAX_WRITE) bytes).
+    pub fn apply_frames(
+        &self,
+        rd: &mut impl Read,
+        notices: &mut impl Write,
+    ) -> Result<ServeStats, ServeError> {
+        let region = &*self.region;
+        let mut hdr = [0u8; HEADER_LEN];
+        let mut body: Vec<u8> = Vec::new();
+        let mut told = 0u64;
+        let mut stats = ServeStats::default();
+        loop {
+            if !read_header(rd, &mut hdr)? {
+                return Ok(stats);
+            }
+            let h = FrameHeader::decode(&hdr);
+            h.check(region.remote_len()).map_err(ServeError::Garbage)?;
+            let len = h.len as usize;
+            if body.len() < len {
+                body.resize(len, 0);
+            }
+            if let Err(e) = rd.read_exact(&mut body[..len]) {
+                return Err(if e.kind() == io::ErrorKind::UnexpectedEof {
+                    ServeError::Garbage(format!(
+                        "connection ended inside a {len}-byte write at offset {}",
+                        h.offset
+                    ))
+                } else {
+                    ServeError::Io(e)
+                });
+            }
+            let current = region.view();
+            if h.view < current {
+                stats.fenced += 1;
+                if current > told {
+                    told = current;
+                    log::info!(
+                        "refusing writes of view {} (region is in view {current})",
+                        h.view
+                    );
+                    notices.write_all(&fenced_notice(current))?;
+                }
+                continue;
+            }
+            region
+                .write(h.offset, &body[..len])
+                .map_err(|e| ServeError::Garbage(e.to_string()))?;
+            stats.applied += 1;
+            if body.len() > KEEP_BUF {
+                body.truncate(KEEP_BUF);
+                body.shrink_to(KEEP_BUF);
+            }
+        }
+    }
+}
+
+/// Reads a frame header; `Ok(false)` at a clean end of stream.
+fn read_header(rd: &mut impl Read, hdr: &mut [u8; HEADER_LEN]) -> Result<bool, ServeError> {
+    let mut got = 0;
+    while got < HEADER_LEN {
+        match rd.read(&mut hdr[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => {
+                return Err(ServeError::Garbage(format!(
+                    "connection ended inside a frame header ({got} of {HEADER_LEN} bytes)"
+                )))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ServeError::Io(e)),
+        }
+    }
+    Ok(true)
+}

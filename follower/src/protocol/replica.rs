@@ -1,0 +1,1198 @@
+//! [`Replica`]: one node's protocol state, stepped by [`Event`]s into
+//! [`Action`]s. The rules it applies are the ones in the sibling modules,
+//! which the runtime calls too.
+
+use std::collections::BTreeSet;
+
+use super::catchup::{self, FetchPlan, GapWatch, Stall};
+use super::commit;
+use super::fence::{self, ViewRefusal};
+use super::stale::{self, ServerFate};
+use super::sync::{self, PrefixSearch, Probe};
+use super::viewchange::{self, Adoption, Candidate, NewerViews, Promise, Views};
+use super::{Action, EntryMeta, Event, Host, Message, Millis, Role, Session, Words};
+
+/// How the leader is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Election {
+    /// The configured node leads; it alone starts views.
+    Static {
+        /// The configured leader.
+        leader: u64,
+    },
+    /// ZooKeeper: the lowest znode is the candidate.
+    Zookeeper,
+}
+
+/// A replica's fixed settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// This node.
+    pub me: u64,
+    /// Every member's id, this node included.
+    pub members: Vec<u64>,
+    /// How the leader is chosen.
+    pub election: Election,
+    /// ZooKeeper session timeout (also the patience with a stray view).
+    pub session_timeout: Millis,
+    /// How long a control request may go unanswered.
+    pub request_timeout: Millis,
+    /// Pause after a failed view change attempt.
+    pub retry: Millis,
+}
+
+/// What a replica restarts from (its durable meta keys).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// The promised view.
+    pub view: u64,
+    /// The log view (0: never saved).
+    pub log_view: u64,
+    /// The saved commit point (lazily saved: may be behind).
+    pub committed: u64,
+}
+
+/// A view change this node runs as candidate.
+#[derive(Clone, Debug)]
+struct Candidacy {
+    view: u64,
+    phase: CandPhase,
+    waiting: BTreeSet<u64>,
+    outdated: Vec<u64>,
+    deadline: Millis,
+}
+
+#[derive(Clone, Debug)]
+enum CandPhase {
+    /// Waiting for ZooKeeper's view.
+    Claiming,
+    /// Collecting promises.
+    Preparing(Candidate),
+    /// Making the own log the adopted one.
+    Adopting {
+        adopt: Adoption,
+        floor: u64,
+        step: Sync,
+    },
+    /// Collecting `Synced` answers.
+    NewView { seq: u64, holders: Vec<u64> },
+}
+
+/// Where a log sync stands.
+#[derive(Clone, Debug)]
+enum Sync {
+    Probing(PrefixSearch),
+    Fetching { cut: u64 },
+}
+
+/// This node syncing with a new leader (a `NewView`, or a late join).
+#[derive(Clone, Debug)]
+struct Follow {
+    view: u64,
+    leader: u64,
+    want: Option<u64>,
+    step: Sync,
+    deadline: Millis,
+}
+
+#[derive(Clone, Debug)]
+enum Job {
+    Idle,
+    CatchUp {
+        plan: Vec<FetchPlan>,
+        at: usize,
+        from: u64,
+        deadline: Millis,
+    },
+    Follow(Follow),
+    Candidate(Candidacy),
+}
+
+/// One node's protocol state.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    cfg: Config,
+    now: Millis,
+    promised: u64,
+    log_view: u64,
+    committed: u64,
+    leader: u64,
+    role: Role,
+    applied: u64,
+    demoted: Option<(u64, u64)>,
+    promised_at: Option<Millis>,
+    newer: NewerViews,
+    stale: Option<String>,
+    gap: GapWatch,
+    job: Job,
+    next_attempt: Millis,
+    commit_sent: (u64, Millis),
+    caught_up_at_start: bool,
+    out: Vec<Action>,
+}
+
+impl Replica {
+    /// A replica starting from `restored` (the runtime's `Node::start`);
+    /// the actions set up its region.
+    pub fn new(cfg: Config, restored: Restored, now: Millis) -> (Replica, Vec<Action>) {
+        let view = restored.view.max(1);
+        let stored_log_view = restored.log_view;
+        let (leader, log_view, role) = match cfg.election {
+            Election::Zookeeper => (0, stored_log_view, Role::Joining),
+            Election::Static { leader } => {
+                let log_view = if stored_log_view == 0 {
+                    view
+                } else {
+                    stored_log_view
+                };
+                if leader == cfg.me {
+                    (0, log_view, Role::Joining)
+                } else {
+                    (leader, log_view, Role::Backup)
+                }
+            }
+        };
+        let mut r = Replica {
+            cfg,
+            now,
+            promised: view,
+            log_view,
+            committed: restored.committed,
+            leader,
+            role,
+            applied: 0,
+            demoted: None,
+            promised_at: None,
+            newer: NewerViews::default(),
+            stale: None,
+            gap: GapWatch::default(),
+            job: Job::Idle,
+            next_attempt: now,
+            commit_sent: (0, now),
+            caught_up_at_start: false,
+            out: Vec::new(),
+        };
+        r.out.push(Action::SaveViews {
+            promised: view,
+            log_view,
+        });
+        r.out.push(Action::SetView { view });
+        r.out.push(Action::SetLeader { leader });
+        r.out.push(Action::SetRole { role });
+        let out = std::mem::take(&mut r.out);
+        (r, out)
+    }
+
+    /// The view this node promised (its region's view word).
+    pub fn promised(&self) -> u64 {
+        self.promised
+    }
+    /// The view whose leader the log follows.
+    pub fn log_view(&self) -> u64 {
+        self.log_view
+    }
+    /// The highest seq known committed.
+    pub fn committed(&self) -> u64 {
+        self.committed
+    }
+    /// The leader it follows (0: none).
+    pub fn leader(&self) -> u64 {
+        self.leader
+    }
+    /// Its role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+    /// How far its server applied (or consumed, as leader).
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+    /// Why it is stale, if it is.
+    pub fn stale(&self) -> Option<&str> {
+        self.stale.as_deref()
+    }
+    /// Whether it leads a started view and its server serves.
+    pub fn serving(&self) -> bool {
+        self.role == Role::Leader
+            && viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
+    }
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn majority(&self) -> usize {
+        viewchange::majority(self.cfg.members.len())
+    }
+
+    fn peers(&self) -> Vec<u64> {
+        let me = self.cfg.me;
+        self.cfg
+            .members
+            .iter()
+            .copied()
+            .filter(|&i| i != me)
+            .collect()
+    }
+
+    /// Handles one event at `now`; what to do, in order.
+    pub fn step(&mut self, now: Millis, event: Event, host: &mut impl Host) -> Vec<Action> {
+        self.now = self.now.max(now);
+        match event {
+            Event::Read(entries) => self.on_read(entries, host),
+            Event::ReadFailed => self.maybe_catch_up(true, false, host),
+            Event::Tick(words) => self.on_tick(words, host),
+            Event::Message { from, msg } => self.on_message(from, msg, host),
+            Event::Unanswered { to } => self.on_unanswered(to, host),
+            Event::WriteRefused { peer, theirs } => self.observe_view(peer, theirs),
+            Event::Election {
+                session,
+                candidate,
+                announced,
+            } => self.on_election(session, candidate, announced, host),
+            Event::LeaderStatus { view, serving } => self.on_leader_status(view, serving, host),
+            Event::ViewClaimed { view } => {
+                if matches!(&self.job, Job::Candidate(c) if matches!(c.phase, CandPhase::Claiming))
+                {
+                    self.job = Job::Idle;
+                    self.start_view(view, host);
+                }
+            }
+            Event::Applied { seq } => self.on_applied(seq),
+            Event::ServerExited => {
+                if stale::server_exited(1, false, self.stale.is_some()) {
+                    self.go_stale("its server exited".into());
+                    self.demote(host);
+                }
+            }
+        }
+        self.maybe_apply(host);
+        std::mem::take(&mut self.out)
+    }
+
+    fn views(&self) -> Views {
+        Views {
+            me: self.cfg.me,
+            promised: self.promised,
+            log_view: self.log_view,
+            leader: self.leader,
+            changing: viewchange::changing(self.promised_at, self.now),
+        }
+    }
+
+    fn on_read(&mut self, entries: Vec<EntryMeta>, host: &mut impl Host) {
+        let Some(last) = entries.last().copied() else {
+            return;
+        };
+        let rewriting = !matches!(self.job, Job::Idle);
+        let in_order = entries[0].seq == host.last().0 + 1;
+        let admitted = entries
+            .iter()
+            .all(|e| fence::admits(self.promised, self.log_view, e.view));
+        if rewriting || !in_order || !admitted {
+            self.out.push(Action::ResetReader);
+            return;
+        }
+        self.out.push(Action::Persist { last: last.seq });
+        self.gap.progress();
+        self.ack(last.seq);
+        let lc = commit::learn_from_batch(entries.iter().map(|e| e.last_committed), last.seq);
+        self.committed = commit::learn(self.committed, lc, self.log_view, self.promised);
+    }
+
+    fn ack(&mut self, seq: u64) {
+        self.out.push(Action::Ack {
+            leader: self.leader,
+            view: self.promised,
+            seq,
+        });
+    }
+
+    fn on_tick(&mut self, w: Words, host: &mut impl Host) {
+        let last = host.last().0;
+        if self.role == Role::Leader {
+            let acks = w.acks.clone();
+            let c = commit::leader_commit(
+                self.cfg.members.iter().copied(),
+                self.majority(),
+                |id| {
+                    acks.iter()
+                        .find(|(n, _)| *n == id)
+                        .map(|(_, a)| *a)
+                        .unwrap_or(0)
+                },
+                w.served,
+            );
+            self.out.push(Action::RaiseCommit { seq: c });
+            self.committed =
+                commit::learn(self.committed, c.min(last), self.log_view, self.promised);
+            if c != self.commit_sent.0 || self.now.saturating_sub(self.commit_sent.1) > 100 {
+                for to in self.peers() {
+                    self.out.push(Action::CommitRecord {
+                        to,
+                        view: self.promised,
+                        seq: c,
+                    });
+                }
+                self.commit_sent = (c, self.now);
+            }
+            self.observe_view(0, w.fenced_by);
+            if let Some((node, view)) =
+                self.newer
+                    .stalled(self.promised, self.now, self.cfg.session_timeout)
+            {
+                let _ = (node, view);
+                self.demote(host);
+            }
+        }
+        let (rv, rs) = w.commit_record;
+        if let Some(seq) = commit::learn_record(rv, rs, self.log_view, last) {
+            self.committed = commit::learn(self.committed, seq, self.log_view, self.promised);
+        }
+        self.expire_job(host);
+        self.maybe_catch_up(false, w.tail_ahead, host);
+        if let Election::Static { leader } = self.cfg.election {
+            if leader == self.cfg.me
+                && !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
+                && self.stale.is_none()
+                && matches!(self.job, Job::Idle)
+                && self.now >= self.next_attempt
+            {
+                let view = self.view_floor() + 1;
+                self.start_view(view, host);
+            }
+        }
+    }
+
+    fn expire_job(&mut self, host: &mut impl Host) {
+        let deadline = match &self.job {
+            Job::Idle => return,
+            Job::CatchUp { deadline, .. } => *deadline,
+            Job::Follow(f) => f.deadline,
+            Job::Candidate(c) => c.deadline,
+        };
+        if self.now < deadline {
+            return;
+        }
+        match std::mem::replace(&mut self.job, Job::Idle) {
+            Job::Candidate(c) => match c.phase {
+                CandPhase::Preparing(_) | CandPhase::NewView { .. } => {
+                    // A round ends when every peer answered or timed out.
+                    self.job = Job::Candidate(c);
+                    self.conclude_round(host);
+                }
+                _ => self.fail_candidacy(),
+            },
+            Job::CatchUp { .. } => {}
+            Job::Follow(_) => {}
+            Job::Idle => {}
+        }
+    }
+
+    fn maybe_catch_up(&mut self, read_failed: bool, tail_ahead: bool, host: &mut impl Host) {
+        if !matches!(self.job, Job::Idle) {
+            return;
+        }
+        let stall = Stall {
+            tail_ahead,
+            leader_node: self.leader == self.cfg.me,
+            following: self.role == Role::Backup && self.log_view == self.promised,
+        };
+        if self.gap.decide(self.now, read_failed, stall) {
+            self.start_catch_up(host);
+        }
+    }
+
+    fn start_catch_up(&mut self, host: &mut impl Host) {
+        let from = host.last().0 + 1;
+        let plan = catchup::plan(
+            self.cfg.me,
+            self.leader,
+            &self.cfg.members,
+            self.committed,
+            from,
+        );
+        if plan.is_empty() {
+            return;
+        }
+        self.out.push(Action::Send {
+            to: plan[0].peer,
+            msg: Message::Fetch {
+                from,
+                to: plan[0].to,
+            },
+        });
+        self.job = Job::CatchUp {
+            plan,
+            at: 0,
+            from,
+            deadline: self.now + self.cfg.request_timeout,
+        };
+    }
+
+    fn next_catch_up_peer(&mut self) {
+        let Job::CatchUp { plan, at, from, .. } = &mut self.job else {
+            return;
+        };
+        *at += 1;
+        if let Some(p) = plan.get(*at).copied() {
+            let from = *from;
+            self.out.push(Action::Send {
+                to: p.peer,
+                msg: Message::Fetch { from, to: p.to },
+            });
+            if let Job::CatchUp { deadline, .. } = &mut self.job {
+                *deadline = self.now + self.cfg.request_timeout;
+            }
+        } else {
+            self.job = Job::Idle;
+        }
+    }
+
+    fn on_unanswered(&mut self, to: u64, host: &mut impl Host) {
+        match &mut self.job {
+            Job::CatchUp { plan, at, .. } if plan.get(*at).is_some_and(|p| p.peer == to) => {
+                self.next_catch_up_peer()
+            }
+            Job::Follow(f) if f.leader == to => self.fail_follow(),
+            Job::Candidate(c) => match &c.phase {
+                CandPhase::Preparing(_) | CandPhase::NewView { .. } => {
+                    c.waiting.remove(&to);
+                    if c.waiting.is_empty() {
+                        self.conclude_round(host);
+                    }
+                }
+                CandPhase::Adopting { adopt, .. } if adopt.source == to => self.fail_candidacy(),
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+
+    fn on_message(&mut self, from: u64, msg: Message, host: &mut impl Host) {
+        match msg {
+            Message::Prepare { view, candidate } => {
+                let answer = match self.promise(view, host) {
+                    Ok(p) => Message::Promise(p),
+                    Err(e) => refusal(e),
+                };
+                self.out.push(Action::Send {
+                    to: candidate,
+                    msg: answer,
+                });
+            }
+            Message::NewView { view, leader, last } => self.follow(view, leader, Some(last), host),
+            // Served by the caller from the stored log.
+            Message::Peek { .. } | Message::Fetch { .. } => {}
+            Message::PeekAnswer { seq, view } => self.on_peek_answer(from, seq, view, host),
+            Message::Entries(es) => self.on_entries(from, es, host),
+            Message::Promise(p) => {
+                if let Job::Candidate(c) = &mut self.job {
+                    if let CandPhase::Preparing(cand) = &mut c.phase {
+                        if p.node == from && c.waiting.remove(&from) {
+                            cand.promise(p);
+                        }
+                    }
+                }
+                self.maybe_conclude(host);
+            }
+            Message::Synced { last } => {
+                if let Job::Candidate(c) = &mut self.job {
+                    if let CandPhase::NewView { seq, holders } = &mut c.phase {
+                        if c.waiting.remove(&from) && last >= *seq {
+                            holders.push(from);
+                        }
+                    }
+                }
+                self.maybe_conclude(host);
+            }
+            Message::Outdated { promised } => {
+                self.observe_view(from, promised);
+                if let Job::Candidate(c) = &mut self.job {
+                    if c.waiting.remove(&from) {
+                        c.outdated.push(promised);
+                    }
+                }
+                self.maybe_conclude(host);
+            }
+            Message::Refused => {
+                if let Job::Candidate(c) = &mut self.job {
+                    c.waiting.remove(&from);
+                }
+                self.maybe_conclude(host);
+            }
+        }
+    }
+
+    fn maybe_conclude(&mut self, host: &mut impl Host) {
+        if let Job::Candidate(c) = &self.job {
+            let round = matches!(c.phase, CandPhase::Preparing(_) | CandPhase::NewView { .. });
+            if round && c.waiting.is_empty() {
+                self.conclude_round(host);
+            }
+        }
+    }
+
+    fn observe_view(&mut self, node: u64, view: u64) {
+        self.newer.observe(node, view, self.promised, self.now);
+    }
+
+    /// Phase 1 here: fence every view below `view`, report the log.
+    fn promise(&mut self, view: u64, host: &mut impl Host) -> Result<Promise, ViewRefusal> {
+        fence::check_requested_view(self.cfg.me, self.promised, self.log_view, view)?;
+        if view > self.promised {
+            // What this node was doing belongs to an older view (the
+            // runtime serialises it before the promise; here it is
+            // dropped, as a request that failed).
+            match &self.job {
+                Job::Candidate(c) if c.view == view => {}
+                _ => self.job = Job::Idle,
+            }
+        }
+        self.raise_view(view);
+        self.step_down(host);
+        self.promised_at = Some(self.now);
+        Ok(Promise {
+            node: self.cfg.me,
+            log_view: self.log_view,
+            last_seq: host.last().0,
+            committed: self.committed,
+            led: self.demoted,
+        })
+    }
+
+    fn raise_view(&mut self, view: u64) {
+        self.promised = self.promised.max(view);
+        self.out.push(Action::SaveViews {
+            promised: self.promised,
+            log_view: self.log_view,
+        });
+        self.out.push(Action::SetView {
+            view: self.promised,
+        });
+    }
+
+    fn step_down(&mut self, host: &mut impl Host) {
+        if self.role == Role::Leader {
+            if self.demoted.is_none() {
+                let served = host.fence_handover();
+                self.demoted = Some((self.log_view, served));
+                self.applied = self.applied.max(served);
+            }
+            self.set_role(Role::Joining);
+        }
+        if self.leader == self.cfg.me {
+            self.set_leader(0);
+        }
+    }
+
+    fn demote(&mut self, host: &mut impl Host) {
+        if self.role == Role::Leader {
+            self.step_down(host);
+        }
+    }
+
+    fn set_role(&mut self, role: Role) {
+        self.role = role;
+        self.out.push(Action::SetRole { role });
+    }
+
+    fn set_leader(&mut self, leader: u64) {
+        self.leader = leader;
+        self.out.push(Action::SetLeader { leader });
+    }
+
+    fn go_stale(&mut self, why: String) {
+        if self.stale.is_none() {
+            self.out.push(Action::GoStale { why: why.clone() });
+            self.stale = Some(why);
+        }
+    }
+
+    /// Phase 2 here (and a late join): take `leader`'s log, follow it.
+    fn follow(&mut self, view: u64, leader: u64, want: Option<u64>, host: &mut impl Host) {
+        if let Err(e) = fence::check_requested_view(self.cfg.me, self.promised, self.log_view, view)
+        {
+            if want.is_some() {
+                self.out.push(Action::Send {
+                    to: leader,
+                    msg: refusal(e),
+                });
+            }
+            return;
+        }
+        if !matches!(&self.job, Job::Candidate(c) if c.view > view) {
+            self.job = Job::Idle;
+        }
+        self.raise_view(view);
+        self.step_down(host);
+        let (last, _) = host.last();
+        let floor = sync::sync_point(last, self.committed);
+        self.job = Job::Follow(Follow {
+            view,
+            leader,
+            want,
+            step: Sync::Probing(PrefixSearch::new(last, floor)),
+            deadline: self.now + self.cfg.request_timeout,
+        });
+        self.drive_follow(host);
+    }
+
+    fn drive_follow(&mut self, _host: &mut impl Host) {
+        let Job::Follow(f) = &mut self.job else {
+            return;
+        };
+        let Sync::Probing(search) = &f.step else {
+            return;
+        };
+        match search.next() {
+            Probe::Ask(seq) => {
+                let to = f.leader;
+                self.out.push(Action::Send {
+                    to,
+                    msg: Message::Peek { seq },
+                });
+            }
+            Probe::Done(cut) => {
+                f.step = Sync::Fetching { cut };
+                f.deadline = self.now + self.cfg.request_timeout;
+                let to = f.leader;
+                self.out.push(Action::Truncate { after: cut });
+                self.out.push(Action::ResetReader);
+                self.out.push(Action::Send {
+                    to,
+                    msg: Message::Fetch {
+                        from: cut + 1,
+                        to: 0,
+                    },
+                });
+            }
+        }
+    }
+
+    fn fail_follow(&mut self) {
+        if let Job::Follow(f) = std::mem::replace(&mut self.job, Job::Idle) {
+            if f.want.is_some() {
+                self.out.push(Action::Send {
+                    to: f.leader,
+                    msg: Message::Refused,
+                });
+            }
+        }
+    }
+
+    fn fail_candidacy(&mut self) {
+        self.job = Job::Idle;
+        self.next_attempt = self.now + self.cfg.retry;
+    }
+
+    fn on_peek_answer(&mut self, from: u64, seq: u64, view: Option<u64>, host: &mut impl Host) {
+        let mine = host.view_at(seq);
+        let same = mine.is_some() && view == mine;
+        match &mut self.job {
+            Job::Follow(f) if f.leader == from => {
+                if let Sync::Probing(s) = &mut f.step {
+                    if s.next() == Probe::Ask(seq) {
+                        s.answer(same);
+                        self.drive_follow(host);
+                    }
+                }
+            }
+            Job::Candidate(c) => {
+                if let CandPhase::Adopting {
+                    adopt,
+                    step: Sync::Probing(s),
+                    ..
+                } = &mut c.phase
+                {
+                    if adopt.source == from && s.next() == Probe::Ask(seq) {
+                        s.answer(same);
+                        self.drive_adopt(host);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_entries(&mut self, from: u64, es: Vec<EntryMeta>, host: &mut impl Host) {
+        match std::mem::replace(&mut self.job, Job::Idle) {
+            Job::CatchUp {
+                plan,
+                at,
+                from: first,
+                deadline,
+            } => {
+                if plan.get(at).map(|p| p.peer) != Some(from) {
+                    self.job = Job::CatchUp {
+                        plan,
+                        at,
+                        from: first,
+                        deadline,
+                    };
+                    return;
+                }
+                if es.is_empty() || !consecutive(&es, first) {
+                    self.job = Job::CatchUp {
+                        plan,
+                        at,
+                        from: first,
+                        deadline,
+                    };
+                    self.next_catch_up_peer();
+                    return;
+                }
+                let last = es[es.len() - 1].seq;
+                self.out.push(Action::Persist { last });
+                self.out.push(Action::ResetReader);
+                self.ack(last);
+            }
+            Job::Follow(f) => {
+                let Sync::Fetching { cut } = f.step else {
+                    self.job = Job::Follow(f);
+                    return;
+                };
+                if f.leader != from {
+                    self.job = Job::Follow(f);
+                    return;
+                }
+                if !consecutive(&es, cut + 1) {
+                    self.job = Job::Follow(f);
+                    self.fail_follow();
+                    return;
+                }
+                self.finish_follow(f, cut, es, host);
+            }
+            Job::Candidate(mut c) => {
+                let CandPhase::Adopting {
+                    adopt,
+                    floor,
+                    step: Sync::Fetching { cut },
+                } = c.phase
+                else {
+                    self.job = Job::Candidate(c);
+                    return;
+                };
+                if adopt.source != from {
+                    c.phase = CandPhase::Adopting {
+                        adopt,
+                        floor,
+                        step: Sync::Fetching { cut },
+                    };
+                    self.job = Job::Candidate(c);
+                    return;
+                }
+                let es: Vec<EntryMeta> =
+                    es.into_iter().filter(|e| e.seq <= adopt.last_seq).collect();
+                if !consecutive(&es, cut + 1) {
+                    self.fail_candidacy();
+                    return;
+                }
+                if let Some(e) = es.last() {
+                    self.out.push(Action::Persist { last: e.seq });
+                }
+                let view = c.view;
+                self.job = Job::Candidate(c);
+                self.finish_adopt(view, adopt, cut, &es, host);
+            }
+            Job::Idle => {}
+        }
+    }
+
+    fn finish_follow(&mut self, f: Follow, cut: u64, es: Vec<EntryMeta>, host: &mut impl Host) {
+        if let Some(e) = es.last() {
+            self.out.push(Action::Persist { last: e.seq });
+        }
+        let end = es.last().map(|e| e.seq).unwrap_or(cut);
+        let fail = |r: &mut Replica| {
+            if f.want.is_some() {
+                r.out.push(Action::Send {
+                    to: f.leader,
+                    msg: Message::Refused,
+                });
+            }
+        };
+        if sync::check_synced(f.leader, end, f.want).is_err() {
+            fail(self);
+            return;
+        }
+        if !self.check_demoted_server(cut, cut, &es, host) {
+            fail(self);
+            return;
+        }
+        self.log_view = f.view;
+        self.out.push(Action::SaveViews {
+            promised: self.promised,
+            log_view: self.log_view,
+        });
+        self.set_leader(f.leader);
+        self.set_role(Role::Backup);
+        self.promised_at = None;
+        self.out.push(Action::ResetReader);
+        self.ack(end);
+        if f.want.is_some() {
+            self.out.push(Action::Send {
+                to: f.leader,
+                msg: Message::Synced { last: end },
+            });
+        }
+    }
+
+    /// The demoted leader's server against the new log: `from` is where
+    /// the server's check starts, `cut` where the stored log was kept and
+    /// `above` the entries after it. False when the node went stale.
+    fn check_demoted_server(
+        &mut self,
+        from: u64,
+        cut: u64,
+        above: &[EntryMeta],
+        host: &mut impl Host,
+    ) -> bool {
+        let Some((led_view, served)) = self.demoted.take() else {
+            return true;
+        };
+        let start = from.min(served) + 1;
+        let mut log: Vec<(u64, u64)> = (start..=cut)
+            .filter_map(|s| host.view_at(s).map(|v| (s, v)))
+            .collect();
+        log.extend(
+            above
+                .iter()
+                .filter(|e| e.seq >= start)
+                .map(|e| (e.seq, e.view)),
+        );
+        match stale::demoted_server_fate(led_view, served, from, log) {
+            ServerFate::InLine => {
+                self.applied = self.applied.max(served);
+                true
+            }
+            ServerFate::Missed(seq) => {
+                self.go_stale(format!(
+                    "its server consumed view {led_view} up to seq {served}, but the new view kept seq {seq} of that view, which the server never saw"
+                ));
+                false
+            }
+            ServerFate::Dropped(seq) => {
+                self.go_stale(format!(
+                    "its server executed seq {seq} of view {led_view}, which the new view dropped"
+                ));
+                false
+            }
+        }
+    }
+
+    fn view_floor(&self) -> u64 {
+        self.newer.next_view(self.promised.max(self.log_view)) - 1
+    }
+
+    fn on_election(
+        &mut self,
+        session: Session,
+        candidate: bool,
+        announced: Option<(u64, u64)>,
+        host: &mut impl Host,
+    ) {
+        if self.stale.is_some() {
+            return;
+        }
+        match session {
+            Session::Expired => self.demote(host),
+            Session::Disconnected(d) => {
+                if d >= self.cfg.session_timeout {
+                    self.demote(host);
+                }
+            }
+            Session::Connected => {
+                if candidate {
+                    if !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
+                        && matches!(self.job, Job::Idle)
+                        && self.now >= self.next_attempt
+                    {
+                        self.out.push(Action::ClaimView {
+                            floor: self.view_floor(),
+                        });
+                        self.job = Job::Candidate(Candidacy {
+                            view: 0,
+                            phase: CandPhase::Claiming,
+                            waiting: BTreeSet::new(),
+                            outdated: Vec::new(),
+                            deadline: self.now + self.cfg.request_timeout,
+                        });
+                    }
+                } else if let Some((view, leader)) = announced {
+                    if viewchange::joins_announced(self.views(), view, leader)
+                        && matches!(self.job, Job::Idle)
+                    {
+                        self.follow(view, leader, None, host);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_leader_status(&mut self, view: u64, serving: bool, host: &mut impl Host) {
+        let Election::Static { leader } = self.cfg.election else {
+            return;
+        };
+        if leader == self.cfg.me || !matches!(self.job, Job::Idle) {
+            return;
+        }
+        if !self.caught_up_at_start {
+            self.caught_up_at_start = true;
+            if view == self.log_view {
+                self.start_catch_up(host);
+                return;
+            }
+        }
+        if viewchange::follows_static(self.views(), view, serving) {
+            self.follow(view, leader, None, host);
+        }
+    }
+
+    /// The candidate's first round for `view`.
+    fn start_view(&mut self, view: u64, host: &mut impl Host) {
+        let own = match self.promise(view, host) {
+            Ok(p) => p,
+            Err(_) => {
+                self.fail_candidacy();
+                return;
+            }
+        };
+        let mut cand = Candidate::new(view, self.cfg.me, &self.cfg.members);
+        cand.promise(own);
+        let peers = self.peers();
+        for &to in &peers {
+            self.out.push(Action::Send {
+                to,
+                msg: Message::Prepare {
+                    view,
+                    candidate: self.cfg.me,
+                },
+            });
+        }
+        self.job = Job::Candidate(Candidacy {
+            view,
+            phase: CandPhase::Preparing(cand),
+            waiting: peers.into_iter().collect(),
+            outdated: Vec::new(),
+            deadline: self.now + self.cfg.request_timeout,
+        });
+        self.maybe_conclude(host);
+    }
+
+    fn conclude_round(&mut self, host: &mut impl Host) {
+        let Job::Candidate(c) = std::mem::replace(&mut self.job, Job::Idle) else {
+            return;
+        };
+        if viewchange::superseded(c.view, c.outdated.iter().copied()).is_some() {
+            self.fail_candidacy();
+            return;
+        }
+        match c.phase {
+            CandPhase::Preparing(cand) => {
+                let Some(adopt) = cand.decide() else {
+                    self.fail_candidacy();
+                    return;
+                };
+                let (last, _) = host.last();
+                let floor = sync::sync_point(last, self.committed);
+                let view = c.view;
+                if adopt.source == self.cfg.me {
+                    self.job = Job::Candidate(Candidacy {
+                        phase: CandPhase::Adopting {
+                            adopt,
+                            floor,
+                            step: Sync::Fetching { cut: last },
+                        },
+                        ..c
+                    });
+                    self.finish_adopt(view, adopt, last.min(adopt.last_seq), &[], host);
+                } else {
+                    self.job = Job::Candidate(Candidacy {
+                        phase: CandPhase::Adopting {
+                            adopt,
+                            floor,
+                            step: Sync::Probing(PrefixSearch::new(last, floor)),
+                        },
+                        deadline: self.now + self.cfg.request_timeout,
+                        ..c
+                    });
+                    self.drive_adopt(host);
+                }
+            }
+            CandPhase::NewView { seq, holders } => {
+                if holders.len() < self.majority() {
+                    self.fail_candidacy();
+                    return;
+                }
+                self.committed = self.committed.max(seq);
+                self.out.push(Action::SaveCommit {
+                    committed: self.committed,
+                });
+                self.out.push(Action::StartView {
+                    view: c.view,
+                    seq,
+                    holders,
+                });
+                self.set_leader(self.cfg.me);
+                self.set_role(Role::Joining);
+                self.promised_at = None;
+            }
+            _ => {}
+        }
+    }
+
+    fn drive_adopt(&mut self, host: &mut impl Host) {
+        let Job::Candidate(c) = &mut self.job else {
+            return;
+        };
+        let CandPhase::Adopting {
+            adopt,
+            floor,
+            step: Sync::Probing(search),
+        } = &mut c.phase
+        else {
+            return;
+        };
+        let (adopt, floor) = (*adopt, *floor);
+        match search.next() {
+            Probe::Ask(seq) => self.out.push(Action::Send {
+                to: adopt.source,
+                msg: Message::Peek { seq },
+            }),
+            Probe::Done(shared) => {
+                let cut = sync::adopt_cut(shared, adopt.last_seq, floor);
+                self.out.push(Action::Truncate { after: cut });
+                self.out.push(Action::ResetReader);
+                c.deadline = self.now + self.cfg.request_timeout;
+                c.phase = CandPhase::Adopting {
+                    adopt,
+                    floor,
+                    step: Sync::Fetching { cut },
+                };
+                if adopt.last_seq > cut {
+                    self.out.push(Action::Send {
+                        to: adopt.source,
+                        msg: Message::Fetch {
+                            from: cut + 1,
+                            to: adopt.last_seq,
+                        },
+                    });
+                } else {
+                    let view = c.view;
+                    self.finish_adopt(view, adopt, cut, &[], host);
+                }
+            }
+        }
+    }
+
+    /// The log holds the adopted one up to `cut` plus `above`: cut it to
+    /// the adopted end, append the view-start entry, run the second round.
+    fn finish_adopt(
+        &mut self,
+        view: u64,
+        adopt: Adoption,
+        cut: u64,
+        above: &[EntryMeta],
+        host: &mut impl Host,
+    ) {
+        let kept = cut.min(adopt.last_seq);
+        let end = above
+            .last()
+            .map(|e| e.seq)
+            .unwrap_or(kept)
+            .min(adopt.last_seq);
+        self.out.push(Action::Truncate {
+            after: adopt.last_seq,
+        });
+        if end != adopt.last_seq {
+            self.fail_candidacy();
+            return;
+        }
+        let seq = end + 1;
+        let committed = self.committed;
+        self.out.push(Action::AppendView {
+            view,
+            seq,
+            last_committed: adopt.committed.max(committed),
+        });
+        self.log_view = view;
+        self.out.push(Action::SaveViews {
+            promised: self.promised,
+            log_view: view,
+        });
+        self.out.push(Action::ResetReader);
+        let mut new_log: Vec<EntryMeta> = above.to_vec();
+        new_log.push(EntryMeta {
+            seq,
+            view,
+            last_committed: 0,
+        });
+        if !self.check_demoted_server(adopt.committed.min(committed), kept, &new_log, host) {
+            self.fail_candidacy();
+            return;
+        }
+        let peers = self.peers();
+        for &to in &peers {
+            self.out.push(Action::Send {
+                to,
+                msg: Message::NewView {
+                    view,
+                    leader: self.cfg.me,
+                    last: seq,
+                },
+            });
+        }
+        let Job::Candidate(c) = &mut self.job else {
+            return;
+        };
+        c.phase = CandPhase::NewView {
+            seq,
+            holders: vec![self.cfg.me],
+        };
+        c.waiting = peers.into_iter().collect();
+        c.deadline = self.now + self.cfg.request_timeout;
+        self.maybe_conclude(host);
+    }
+
+    fn on_applied(&mut self, seq: u64) {
+        self.applied = self.applied.max(seq);
+    }
+
+    fn maybe_apply(&mut self, host: &mut impl Host) {
+        if self.role == Role::Leader || self.stale.is_some() {
+            return;
+        }
+        let (last, _) = host.last();
+        let rebuilding = self.role == Role::Joining && self.leader == self.cfg.me;
+        let target = commit::apply_target(self.committed, last, rebuilding);
+        if target > self.applied {
+            self.out.push(Action::ApplyUpTo { seq: target });
+        }
+        if rebuilding
+            && self.log_view == self.promised
+            && self.applied >= target
+            && matches!(self.job, Job::Idle)
+        {
+            self.set_role(Role::Leader);
+            if self.cfg.election == Election::Zookeeper {
+                self.out.push(Action::Announce {
+                    view: self.promised,
+                });
+            }
+        }
+    }
+}
+
+fn consecutive(es: &[EntryMeta], first: u64) -> bool {
+    es.iter()
+        .enumerate()
+        .all(|(i, e)| e.seq == first + i as u64)
+}
+
+fn refusal(e: ViewRefusal) -> Message {
+    match e {
+        ViewRefusal::Outdated { promised, .. } => Message::Outdated { promised },
+        ViewRefusal::Implausible { .. } => Message::Refused,
+    }
+}

@@ -1,0 +1,915 @@
+//! A simulated cluster: real [`Replica`]s over a deterministic network.
+//!
+//! Each node has a stored log (kept across crashes; the lazily saved
+//! commit and applied marks are lost up to the last save), a region
+//! (view, leader, role, commit word and record, ack array, served mark
+//! with its fence, ring slots by seq), a server (the inputs it consumed,
+//! in order) and a preload that turns client inputs into entries while
+//! the node leads (output commit: the server consumes an input at once).
+//! The network delivers one-sided writes and control messages after a
+//! delay, and may drop, duplicate (and so reorder) them or cut links.
+//! ZooKeeper is an oracle: the lowest live, connected, non-stale node is
+//! the candidate; views are claimed from one counter.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lockstep_follower::protocol::replica::Restored;
+use lockstep_follower::protocol::{
+    commit, fence, Action, Config, Election, EntryMeta, Event, Message, Millis, Replica, Role,
+    Session, Words,
+};
+
+use crate::rng::Rng;
+
+/// One entry: seq, the view that wrote it, the client value (0: a
+/// view-start entry), the commit point its header carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub seq: u64,
+    pub view: u64,
+    pub value: u64,
+    pub last_committed: u64,
+}
+
+impl Entry {
+    fn meta(&self) -> EntryMeta {
+        EntryMeta {
+            seq: self.seq,
+            view: self.view,
+            last_committed: self.last_committed,
+        }
+    }
+}
+
+/// Durable state (RocksDB).
+#[derive(Clone, Debug, Default)]
+pub struct Storage {
+    pub log: Vec<Entry>,
+    pub view: u64,
+    pub log_view: u64,
+    /// Saved lazily (on view start, and now and then).
+    pub committed: u64,
+}
+
+/// The region words and ring.
+#[derive(Clone, Debug, Default)]
+pub struct Region {
+    pub view: u64,
+    pub leader: u64,
+    pub role: Option<Role>,
+    pub commit: u64,
+    pub commit_record: (u64, u64),
+    pub acks: BTreeMap<u64, u64>,
+    pub served: u64,
+    pub fenced: bool,
+    pub ring: BTreeMap<u64, Entry>,
+    pub next_seq: u64,
+    pub fenced_by: u64,
+}
+
+/// One node.
+pub struct Node {
+    pub id: u64,
+    pub replica: Option<Replica>,
+    pub storage: Storage,
+    pub region: Region,
+    /// Inputs the server consumed, in order: (seq, view, value).
+    pub server: Vec<(u64, u64, u64)>,
+    pub server_alive: bool,
+    pub stale: bool,
+    pending: Vec<Entry>,
+}
+
+struct Host<'a> {
+    storage: &'a Storage,
+    region: &'a mut Region,
+}
+
+impl lockstep_follower::protocol::Host for Host<'_> {
+    fn last(&self) -> (u64, u64) {
+        self.storage
+            .log
+            .last()
+            .map(|e| (e.seq, e.view))
+            .unwrap_or((0, 0))
+    }
+    fn view_at(&self, seq: u64) -> Option<u64> {
+        (seq >= 1)
+            .then(|| self.storage.log.get(seq as usize - 1).map(|e| e.view))
+            .flatten()
+    }
+    fn fence_handover(&mut self) -> u64 {
+        self.region.fenced = true;
+        self.region.served
+    }
+}
+
+/// What travels.
+#[derive(Clone, Debug)]
+enum Payload {
+    /// One-sided writes, tagged with the writer's view.
+    Ring(Entry),
+    Ack(u64),
+    CommitRecord(u64, u64),
+    /// Control messages (fetch answers carry the entries).
+    Control(Message, Vec<Entry>),
+}
+
+#[derive(Clone, Debug)]
+struct Flight {
+    at: Millis,
+    from: u64,
+    to: u64,
+    view: u64,
+    payload: Payload,
+}
+
+/// Fault rates (percent) and delays.
+#[derive(Clone, Copy, Debug)]
+pub struct Faults {
+    pub drop: u64,
+    pub duplicate: u64,
+    pub max_delay: Millis,
+}
+
+impl Faults {
+    pub const NONE: Faults = Faults {
+        drop: 0,
+        duplicate: 0,
+        max_delay: 1,
+    };
+}
+
+/// The cluster.
+pub struct Cluster {
+    pub now: Millis,
+    pub nodes: Vec<Node>,
+    pub election: Election,
+    flights: Vec<Flight>,
+    pub faults: Faults,
+    /// Cut links (unordered pairs); node 0 stands for ZooKeeper.
+    pub cut: BTreeSet<(u64, u64)>,
+    pub rng: Rng,
+    zk_view: u64,
+    zk_leader: Option<(u64, u64)>,
+    /// id -> (znode order, last heard).
+    sessions: BTreeMap<u64, (u64, Millis)>,
+    znodes: u64,
+    next_value: u64,
+    /// seq -> (view, value) of every entry ever committed.
+    pub committed: BTreeMap<u64, (u64, u64)>,
+    /// view -> its leader, for every view that started.
+    pub started: BTreeMap<u64, u64>,
+    pub session_timeout: Millis,
+    pub trace: Vec<String>,
+    pub tracing: bool,
+}
+
+fn link(a: u64, b: u64) -> (u64, u64) {
+    (a.min(b), a.max(b))
+}
+
+impl Cluster {
+    /// `n` nodes, fresh, with `election`.
+    pub fn new(n: u64, election: Election, seed: u64) -> Cluster {
+        let mut c = Cluster {
+            now: 0,
+            nodes: Vec::new(),
+            election,
+            flights: Vec::new(),
+            faults: Faults::NONE,
+            cut: BTreeSet::new(),
+            rng: Rng::new(seed),
+            zk_view: 0,
+            zk_leader: None,
+            sessions: BTreeMap::new(),
+            znodes: 0,
+            next_value: 1,
+            committed: BTreeMap::new(),
+            started: BTreeMap::new(),
+            session_timeout: 300,
+            trace: Vec::new(),
+            tracing: false,
+        };
+        for id in 1..=n {
+            c.nodes.push(Node {
+                id,
+                replica: None,
+                storage: Storage::default(),
+                region: Region::default(),
+                server: Vec::new(),
+                server_alive: true,
+                stale: false,
+                pending: Vec::new(),
+            });
+        }
+        for id in 1..=n {
+            c.start(id);
+        }
+        c
+    }
+
+    fn config(&self, id: u64) -> Config {
+        Config {
+            me: id,
+            members: (1..=self.nodes.len() as u64).collect(),
+            election: self.election,
+            session_timeout: self.session_timeout,
+            request_timeout: 60,
+            retry: 20,
+        }
+    }
+
+    fn node(&mut self, id: u64) -> &mut Node {
+        &mut self.nodes[id as usize - 1]
+    }
+
+    /// Starts (or restarts) node `id`'s follower and a fresh server.
+    pub fn start(&mut self, id: u64) {
+        let cfg = self.config(id);
+        let now = self.now;
+        let n = self.node(id);
+        let restored = Restored {
+            view: n.storage.view,
+            log_view: n.storage.log_view,
+            committed: n.storage.committed,
+        };
+        n.region = Region::default();
+        n.server.clear();
+        n.server_alive = true;
+        n.stale = false;
+        let (r, actions) = Replica::new(cfg, restored, now);
+        n.replica = Some(r);
+        self.znodes += 1;
+        self.sessions.insert(id, (self.znodes, now));
+        self.carry_out(id, actions);
+    }
+
+    /// Kills node `id`'s follower and server; its storage loses what was
+    /// not saved (the commit mark is saved lazily).
+    pub fn crash(&mut self, id: u64, lose_unsaved: bool) {
+        let n = self.node(id);
+        n.replica = None;
+        n.server_alive = false;
+        if lose_unsaved {
+            n.storage.committed = 0;
+        }
+        self.sessions.remove(&id);
+        if self.zk_leader.map(|(_, l)| l) == Some(id) {
+            // Its ephemeral node goes; the announced record stays.
+        }
+    }
+
+    /// Kills node `id`'s server only.
+    pub fn kill_server(&mut self, id: u64) {
+        let n = self.node(id);
+        if n.replica.is_some() && n.server_alive {
+            n.server_alive = false;
+            self.step_node(id, Event::ServerExited);
+        }
+    }
+
+    fn up(&self, id: u64) -> bool {
+        self.nodes[id as usize - 1].replica.is_some()
+    }
+
+    fn reachable(&self, a: u64, b: u64) -> bool {
+        !self.cut.contains(&link(a, b))
+    }
+
+    /// Cuts node `id` off from everyone (ZooKeeper too).
+    pub fn isolate(&mut self, id: u64) {
+        for o in 0..=self.nodes.len() as u64 {
+            if o != id {
+                self.cut.insert(link(id, o));
+            }
+        }
+    }
+
+    pub fn heal(&mut self) {
+        self.cut.clear();
+    }
+
+    fn send(&mut self, from: u64, to: u64, view: u64, payload: Payload) {
+        if to == 0 || to as usize > self.nodes.len() {
+            return;
+        }
+        let f = self.faults;
+        if from != to && self.rng.chance(f.drop) {
+            return;
+        }
+        let copies = if from != to && self.rng.chance(f.duplicate) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let delay = if from == to {
+                0
+            } else {
+                1 + self.rng.below(f.max_delay.max(1))
+            };
+            self.flights.push(Flight {
+                at: self.now + delay,
+                from,
+                to,
+                view,
+                payload: payload.clone(),
+            });
+        }
+    }
+
+    fn step_node(&mut self, id: u64, event: Event) {
+        let now = self.now;
+        let n = &mut self.nodes[id as usize - 1];
+        let Some(r) = n.replica.as_mut() else {
+            return;
+        };
+        let mut host = Host {
+            storage: &n.storage,
+            region: &mut n.region,
+        };
+        if self.tracing {
+            self.trace.push(format!("{now} n{id} <- {event:?}"));
+        }
+        let actions = r.step(now, event, &mut host);
+        self.carry_out(id, actions);
+    }
+
+    fn carry_out(&mut self, id: u64, actions: Vec<Action>) {
+        for a in actions {
+            if self.tracing {
+                self.trace.push(format!("{} n{id} -> {a:?}", self.now));
+            }
+            self.carry_out_one(id, a);
+        }
+    }
+
+    fn carry_out_one(&mut self, id: u64, a: Action) {
+        let now = self.now;
+        match a {
+            Action::Persist { last } => {
+                let n = self.node(id);
+                let pending = std::mem::take(&mut n.pending);
+                for e in pending {
+                    if e.seq <= last && e.seq == n.storage.log.len() as u64 + 1 {
+                        n.storage.log.push(e);
+                    }
+                }
+            }
+            Action::ResetReader => {}
+            Action::Truncate { after } => {
+                let n = self.node(id);
+                n.storage.log.truncate(after as usize);
+            }
+            Action::AppendView {
+                view,
+                seq,
+                last_committed,
+            } => {
+                let n = self.node(id);
+                assert_eq!(n.storage.log.len() as u64 + 1, seq, "view entry in order");
+                n.storage.log.push(Entry {
+                    seq,
+                    view,
+                    value: 0,
+                    last_committed,
+                });
+            }
+            Action::SaveViews { promised, log_view } => {
+                let n = self.node(id);
+                n.storage.view = promised;
+                n.storage.log_view = log_view;
+            }
+            Action::SaveCommit { committed } => self.node(id).storage.committed = committed,
+            Action::Ack { leader, view, seq } => self.send(id, leader, view, Payload::Ack(seq)),
+            Action::RaiseCommit { seq } => self.raise_commit(id, seq),
+            Action::CommitRecord { to, view, seq } => {
+                self.send(id, to, view, Payload::CommitRecord(view, seq))
+            }
+            Action::ApplyUpTo { seq } => {
+                let n = self.node(id);
+                if !n.server_alive {
+                    return;
+                }
+                let from = n.replica.as_ref().map(|r| r.applied()).unwrap_or(0);
+                let mut done = from;
+                for s in from + 1..=seq {
+                    let Some(e) = n.storage.log.get(s as usize - 1).copied() else {
+                        break;
+                    };
+                    if e.value != 0 {
+                        n.server.push((e.seq, e.view, e.value));
+                    }
+                    done = s;
+                }
+                if done > from {
+                    self.step_node(id, Event::Applied { seq: done });
+                }
+            }
+            Action::Send { to, msg } => {
+                if !self.up(to) || !self.reachable(id, to) {
+                    // A refused or timed-out connection: no answer.
+                    self.flights.push(Flight {
+                        at: now + 1,
+                        from: to,
+                        to: id,
+                        view: u64::MAX,
+                        payload: Payload::Control(Message::Refused, vec![]),
+                    });
+                    let _ = msg;
+                    return;
+                }
+                self.send(id, to, 0, Payload::Control(msg, vec![]));
+            }
+            Action::SetView { view } => {
+                let r = &mut self.node(id).region;
+                r.view = r.view.max(view);
+            }
+            Action::SetLeader { leader } => self.node(id).region.leader = leader,
+            Action::SetRole { role } => {
+                let n = self.node(id);
+                n.region.role = Some(role);
+            }
+            Action::StartView { view, seq, holders } => {
+                if let Some(&other) = self.started.get(&view) {
+                    panic!("view {view} started twice: by {other} and {id}");
+                }
+                self.started.insert(view, id);
+                let n = self.node(id);
+                n.region.acks.clear();
+                for h in holders {
+                    n.region.acks.insert(h, seq);
+                }
+                n.region.commit = seq;
+                n.region.served = seq;
+                n.region.fenced = false;
+                n.region.next_seq = seq + 1;
+                self.record_commit(id, seq);
+            }
+            Action::ClaimView { floor } => {
+                self.zk_view = self.zk_view.max(floor) + 1;
+                let view = self.zk_view;
+                self.flights.push(Flight {
+                    at: now + 1,
+                    from: 0,
+                    to: id,
+                    view,
+                    payload: Payload::Control(Message::Refused, vec![]),
+                });
+            }
+            Action::Announce { view } => {
+                if self.reachable(id, 0) {
+                    self.zk_leader = Some((view, id));
+                }
+            }
+            Action::GoStale { .. } => {
+                self.node(id).stale = true;
+            }
+        }
+    }
+
+    fn raise_commit(&mut self, id: u64, seq: u64) {
+        let n = self.node(id);
+        if seq > n.region.commit {
+            n.region.commit = seq;
+            self.record_commit(id, seq);
+        }
+    }
+
+    /// Every seq up to `seq` of node `id`'s log is committed now.
+    fn record_commit(&mut self, id: u64, seq: u64) {
+        let n = &self.nodes[id as usize - 1];
+        let mut bad = None;
+        for s in 1..=seq {
+            let Some(e) = n.storage.log.get(s as usize - 1) else {
+                bad = Some(format!("node {id} commits seq {s} it does not hold"));
+                break;
+            };
+            match self.committed.get(&s) {
+                Some(&(v, val)) if (v, val) != (e.view, e.value) => {
+                    bad = Some(format!(
+                        "seq {s} committed as {:?} and now as {:?} by node {id}",
+                        (v, val),
+                        (e.view, e.value)
+                    ));
+                    break;
+                }
+                Some(_) => {}
+                None => {
+                    self.committed.insert(s, (e.view, e.value));
+                }
+            }
+        }
+        if let Some(b) = bad {
+            panic!("{b}");
+        }
+    }
+
+    /// A client input at whichever node's preload leads.
+    pub fn client_input(&mut self) {
+        let leaders: Vec<u64> = self
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.replica.is_some() && n.server_alive && n.region.role == Some(Role::Leader)
+            })
+            .map(|n| n.id)
+            .collect();
+        for id in leaders {
+            let value = self.next_value;
+            self.next_value += 1;
+            let n = self.node(id);
+            if n.region.fenced {
+                continue; // the hand-over fails: the connection is reset
+            }
+            let seq = n.region.next_seq;
+            n.region.next_seq += 1;
+            let e = Entry {
+                seq,
+                view: n.region.view,
+                value,
+                last_committed: n.region.commit,
+            };
+            n.region.served = seq;
+            n.server.push((seq, e.view, value));
+            n.region.ring.insert(seq, e);
+            let view = e.view;
+            for to in 1..=self.nodes.len() as u64 {
+                if to != id {
+                    self.send(id, to, view, Payload::Ring(e));
+                }
+            }
+        }
+    }
+
+    fn deliver(&mut self, f: Flight) {
+        let to = f.to;
+        if !self.up(to) {
+            return;
+        }
+        if f.from != 0 && f.from != to && !self.reachable(f.from, to) && f.view != u64::MAX {
+            return;
+        }
+        match f.payload {
+            Payload::Ring(e) => {
+                let n = self.node(to);
+                if fence::accepts_write(n.region.view, f.view) {
+                    n.region.ring.insert(e.seq, e);
+                } else {
+                    let theirs = n.region.view;
+                    self.note_refused(f.from, to, theirs);
+                }
+            }
+            Payload::Ack(seq) => {
+                let n = self.node(to);
+                if fence::accepts_write(n.region.view, f.view) {
+                    n.region.acks.insert(f.from, seq);
+                } else {
+                    let theirs = n.region.view;
+                    self.note_refused(f.from, to, theirs);
+                }
+            }
+            Payload::CommitRecord(v, seq) => {
+                let n = self.node(to);
+                if fence::accepts_write(n.region.view, f.view) {
+                    n.region.commit_record = (v, seq);
+                } else {
+                    let theirs = n.region.view;
+                    self.note_refused(f.from, to, theirs);
+                }
+            }
+            Payload::Control(msg, entries) => {
+                if f.from == 0 {
+                    self.step_node(to, Event::ViewClaimed { view: f.view });
+                    return;
+                }
+                if f.view == u64::MAX {
+                    self.step_node(to, Event::Unanswered { to: f.from });
+                    return;
+                }
+                match msg {
+                    Message::Peek { seq } => {
+                        let view = self.nodes[to as usize - 1]
+                            .storage
+                            .log
+                            .get((seq as usize).wrapping_sub(1))
+                            .map(|e| e.view);
+                        self.send(
+                            to,
+                            f.from,
+                            0,
+                            Payload::Control(Message::PeekAnswer { seq, view }, vec![]),
+                        );
+                    }
+                    Message::Fetch { from, to: upto } => {
+                        let log = &self.nodes[to as usize - 1].storage.log;
+                        let es: Vec<Entry> = log
+                            .iter()
+                            .filter(|e| e.seq >= from && (upto == 0 || e.seq <= upto))
+                            .copied()
+                            .collect();
+                        let metas = es.iter().map(|e| e.meta()).collect();
+                        self.send(to, f.from, 0, Payload::Control(Message::Entries(metas), es));
+                    }
+                    Message::Entries(metas) => {
+                        self.node(to).pending = entries;
+                        self.step_node(
+                            to,
+                            Event::Message {
+                                from: f.from,
+                                msg: Message::Entries(metas),
+                            },
+                        );
+                    }
+                    msg => self.step_node(to, Event::Message { from: f.from, msg }),
+                }
+            }
+        }
+    }
+
+    fn note_refused(&mut self, writer: u64, peer: u64, theirs: u64) {
+        if self.up(writer) {
+            let n = self.node(writer);
+            n.region.fenced_by = n.region.fenced_by.max(theirs);
+            self.step_node(writer, Event::WriteRefused { peer, theirs });
+        }
+    }
+
+    fn poll(&mut self, id: u64) {
+        let n = &self.nodes[id as usize - 1];
+        let mut next = n.storage.log.len() as u64 + 1;
+        let mut batch = Vec::new();
+        while let Some(e) = n.region.ring.get(&next) {
+            if e.view < n.region.view {
+                break;
+            }
+            batch.push(*e);
+            next += 1;
+            if batch.len() == 16 {
+                break;
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let metas = batch.iter().map(|e| e.meta()).collect();
+        self.node(id).pending = batch;
+        self.step_node(id, Event::Read(metas));
+    }
+
+    fn tick(&mut self, id: u64) {
+        let n = &self.nodes[id as usize - 1];
+        let last = n.storage.log.len() as u64;
+        let words = Words {
+            acks: n.region.acks.iter().map(|(&k, &v)| (k, v)).collect(),
+            served: n.region.served,
+            commit_record: n.region.commit_record,
+            fenced_by: n.region.fenced_by,
+            tail_ahead: n.region.ring.range(last + 2..).next().is_some()
+                && !n.region.ring.contains_key(&(last + 1)),
+        };
+        // The leader's preload raises the commit word too.
+        if n.region.role == Some(Role::Leader) {
+            let c = commit::leader_commit(
+                1..=self.nodes.len() as u64,
+                self.nodes.len() / 2 + 1,
+                |i| n.region.acks.get(&i).copied().unwrap_or(0),
+                n.region.served,
+            );
+            self.raise_commit(id, c);
+        }
+        self.step_node(id, Event::Tick(words));
+    }
+
+    fn election_round(&mut self) {
+        let ids: Vec<u64> = (1..=self.nodes.len() as u64).collect();
+        // Sessions: a node cut from ZooKeeper (or stale: it left) loses its
+        // session after the timeout.
+        for &id in &ids {
+            if !self.up(id) {
+                continue;
+            }
+            if self.reachable(id, 0) && !self.nodes[id as usize - 1].stale {
+                let now = self.now;
+                let fresh = match self.sessions.get(&id) {
+                    Some(&(order, t)) if now - t < self.session_timeout => (order, now),
+                    _ => {
+                        self.znodes += 1;
+                        (self.znodes, now)
+                    }
+                };
+                self.sessions.insert(id, fresh);
+            } else if self.nodes[id as usize - 1].stale {
+                self.sessions.remove(&id);
+            }
+        }
+        let live: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|&id| {
+                self.up(id)
+                    && !self.nodes[id as usize - 1].stale
+                    && self
+                        .sessions
+                        .get(&id)
+                        .is_some_and(|&(_, t)| self.now - t < self.session_timeout)
+            })
+            .collect();
+        let candidate = live.iter().copied().min_by_key(|id| self.sessions[id].0);
+        for &id in &ids {
+            if !self.up(id) {
+                continue;
+            }
+            let session = match self.sessions.get(&id) {
+                Some(&(_, t)) if self.now == t => Session::Connected,
+                Some(&(_, t)) if self.now - t < self.session_timeout => {
+                    Session::Disconnected(self.now - t)
+                }
+                _ => Session::Expired,
+            };
+            let announced = if self.reachable(id, 0) {
+                self.zk_leader
+            } else {
+                None
+            };
+            self.step_node(
+                id,
+                Event::Election {
+                    session,
+                    candidate: candidate == Some(id) && session == Session::Connected,
+                    announced,
+                },
+            );
+        }
+    }
+
+    fn static_round(&mut self, leader: u64) {
+        let Some(status) = self.nodes[leader as usize - 1]
+            .replica
+            .as_ref()
+            .map(|r| (r.promised(), r.serving()))
+        else {
+            return;
+        };
+        for id in 1..=self.nodes.len() as u64 {
+            if id != leader && self.up(id) && self.reachable(id, leader) {
+                self.step_node(
+                    id,
+                    Event::LeaderStatus {
+                        view: status.0,
+                        serving: status.1,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Advances the clock by one millisecond: delivers what is due, polls
+    /// rings, ticks replicas, runs the election, checks the properties.
+    pub fn step(&mut self) {
+        self.now += 1;
+        let now = self.now;
+        let mut due = Vec::new();
+        let mut i = 0;
+        while i < self.flights.len() {
+            if self.flights[i].at <= now {
+                due.push(self.flights.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        due.sort_by_key(|f| f.at);
+        for f in due {
+            self.deliver(f);
+        }
+        let ids: Vec<u64> = (1..=self.nodes.len() as u64).collect();
+        for &id in &ids {
+            if self.up(id) {
+                self.poll(id);
+            }
+        }
+        if now.is_multiple_of(5) {
+            for &id in &ids {
+                if self.up(id) {
+                    self.tick(id);
+                }
+            }
+        }
+        if now.is_multiple_of(20) {
+            match self.election {
+                Election::Zookeeper => self.election_round(),
+                Election::Static { leader } => self.static_round(leader),
+            }
+        }
+        if now.is_multiple_of(200) {
+            // The lazy save of the commit point.
+            for n in &mut self.nodes {
+                if let Some(r) = &n.replica {
+                    n.storage.committed = r.committed();
+                }
+            }
+        }
+        self.check();
+    }
+
+    /// The safety properties, after every step.
+    pub fn check(&self) {
+        // No committed entry lost or changed: every node's log agrees with
+        // the committed entries up to its own commit point, and a serving
+        // leader holds them all.
+        for n in &self.nodes {
+            let Some(r) = &n.replica else { continue };
+            let upto = r.committed().min(n.storage.log.len() as u64);
+            for s in 1..=upto {
+                let e = n.storage.log[s as usize - 1];
+                if let Some(&c) = self.committed.get(&s) {
+                    assert_eq!(
+                        c,
+                        (e.view, e.value),
+                        "node {} changed committed seq {s}",
+                        n.id
+                    );
+                }
+            }
+            if r.serving() {
+                for (&s, &c) in &self.committed {
+                    let e = n.storage.log.get(s as usize - 1);
+                    assert_eq!(
+                        e.map(|e| (e.view, e.value)),
+                        Some(c),
+                        "serving leader {} lost committed seq {s}",
+                        n.id
+                    );
+                }
+            }
+        }
+        // One leader per view: checked when a view starts (StartView).
+        // Applied prefixes equal across replicas whose servers are in line.
+        // A deposed leader that has not synced with a newer view yet may
+        // have run inputs that view drops (output commit): it is judged
+        // when it syncs (it goes stale then), not before.
+        let top = self.started.keys().next_back().copied().unwrap_or(0);
+        let in_line = |n: &&crate::cluster::Node| {
+            n.replica.as_ref().is_some_and(|r| r.log_view() >= top) && !n.stale
+        };
+        let servers: Vec<&Vec<(u64, u64, u64)>> = self
+            .nodes
+            .iter()
+            .filter(in_line)
+            .map(|n| &n.server)
+            .collect();
+        for a in &servers {
+            for b in &servers {
+                let k = a.len().min(b.len());
+                assert_eq!(a[..k], b[..k], "applied prefixes differ");
+            }
+        }
+        // What a non-stale server applied past the committed entries'
+        // reach is the serving leader's own (output commit); what it
+        // applied at committed seqs is those entries.
+        for n in self.nodes.iter().filter(in_line) {
+            for &(s, v, val) in &n.server {
+                if let Some(&c) = self.committed.get(&s) {
+                    assert_eq!(
+                        c,
+                        (v, val),
+                        "node {} applied seq {s} unlike its committed entry",
+                        n.id
+                    );
+                }
+            }
+        }
+    }
+
+    /// Runs `ms` steps with a client input every `every` ms.
+    pub fn run(&mut self, ms: u64, every: u64) {
+        for _ in 0..ms {
+            if self.now.is_multiple_of(every.max(1)) {
+                self.client_input();
+            }
+            self.step();
+        }
+    }
+
+    /// The node serving as leader, if exactly one serves.
+    pub fn serving(&self) -> Option<u64> {
+        let s: Vec<u64> = self
+            .nodes
+            .iter()
+            .filter(|n| n.replica.as_ref().is_some_and(|r| r.serving()) && n.server_alive)
+            .map(|n| n.id)
+            .collect();
+        (s.len() == 1).then(|| s[0])
+    }
+
+    /// The highest seq committed so far.
+    pub fn commit_point(&self) -> u64 {
+        self.committed.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// Inject a control message, as if `from` sent it.
+    pub fn inject(&mut self, from: u64, to: u64, msg: Message) {
+        self.step_node(to, Event::Message { from, msg });
+    }
+}

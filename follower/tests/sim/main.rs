@@ -1,0 +1,118 @@
+//! The simulated cluster: the real [`Replica`]s of `lockstep_follower::protocol`
+//! over a deterministic network with drops, delays, duplicates (and so
+//! reordering), partitions, crash-restarts with storage kept (the lazily
+//! saved commit point lost), servers that die; seeded and reproducible.
+//! Safety is checked after every step (`Cluster::check`, and on every
+//! commit and view start); liveness once faults stop: a leader commits a
+//! new input within a bound.
+//!
+//! `cargo test -p lockstep-follower --test sim` runs 200 seeds (about 45 ms
+//! a seed in the debug build: 10,000 would take minutes there); the long
+//! run: `LOCKSTEP_SIM_SEEDS=10000 cargo test --release -p lockstep-follower --test sim random_runs`
+//! Known open finding: seed 220 fails the liveness check (a serving leader
+//! commits nothing within 3 s of healing); not yet diagnosed.
+//! (`LOCKSTEP_SIM_FIRST` picks the first seed; a failing seed is printed,
+//! rerun it alone with `LOCKSTEP_SIM_FIRST=<seed> LOCKSTEP_SIM_SEEDS=1`).
+
+mod cluster;
+mod rng;
+mod scenarios;
+
+use cluster::{Cluster, Faults};
+use lockstep_follower::protocol::Election;
+
+/// How long, once faults stop, a leader may take to commit a new input.
+const LIVENESS_BOUND_MS: u64 = 3000;
+
+/// One seeded run: random faults for a while, then healing and a check
+/// that the cluster commits again.
+pub fn run_seed(seed: u64) {
+    let mut rng = rng::Rng::new(seed ^ 0x5eed);
+    let n = if rng.chance(70) { 3 } else { 5 };
+    let election = if rng.chance(50) {
+        Election::Zookeeper
+    } else {
+        Election::Static { leader: 1 }
+    };
+    let mut c = Cluster::new(n, election, seed);
+    c.faults = Faults {
+        drop: rng.below(10),
+        duplicate: rng.below(10),
+        max_delay: 1 + rng.below(8),
+    };
+    let fault_ms = 300 + rng.below(500);
+    let mut t = 0;
+    while t < fault_ms {
+        let burst = 5 + rng.below(40);
+        c.run(burst, 1 + rng.below(4));
+        t += burst;
+        let id = 1 + rng.below(n);
+        match rng.below(12) {
+            0 => c.crash(id, rng.chance(50)),
+            1 | 2 if c.nodes[id as usize - 1].replica.is_none() => c.start(id),
+            3 => c.isolate(id),
+            4 => {
+                let other = rng.below(n + 1);
+                if other != id {
+                    c.cut.insert((id.min(other), id.max(other)));
+                }
+            }
+            5 | 6 => c.heal(),
+            7 if rng.chance(20) => c.kill_server(id),
+            _ => {}
+        }
+    }
+    // Faults stop: links heal, crashed and stale nodes restart (a stale
+    // node's operator restarts it, rebuilding its server from the log).
+    c.faults = Faults::NONE;
+    c.heal();
+    for id in 1..=n {
+        let node = &c.nodes[id as usize - 1];
+        if node.replica.is_none() || node.stale || !node.server_alive {
+            if node.replica.is_some() {
+                c.crash(id, false);
+            }
+            c.start(id);
+        }
+    }
+    let before = c.commit_point();
+    let mut waited = 0;
+    while waited < LIVENESS_BOUND_MS {
+        c.run(10, 2);
+        waited += 10;
+        if c.serving().is_some() && c.commit_point() > before {
+            return;
+        }
+    }
+    panic!(
+        "seed {seed}: no leader committed within {LIVENESS_BOUND_MS} ms after faults stopped (commit point {before}, serving {:?})",
+        c.serving()
+    );
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn random_runs() {
+    let seeds = env_u64("LOCKSTEP_SIM_SEEDS", 200);
+    let first = env_u64("LOCKSTEP_SIM_FIRST", 1);
+    let start = std::time::Instant::now();
+    for seed in first..first + seeds {
+        if let Err(e) = std::panic::catch_unwind(|| run_seed(seed)) {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!(
+                "seed {seed} failed: {msg}\nrerun: LOCKSTEP_SIM_FIRST={seed} LOCKSTEP_SIM_SEEDS=1"
+            );
+        }
+    }
+    eprintln!("{seeds} seeds in {:?}", start.elapsed());
+}
