@@ -20,18 +20,36 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// the reply may not come at all while the backups are frozen.
 const HELD: Duration = Duration::from_millis(700);
 
-/// SIGSTOPs the followers it is given; SIGCONTs them when dropped (also
+/// SIGSTOPs the processes it is given; SIGCONTs them when dropped (also
 /// when a check fails), so that the cluster can stop cleanly.
 struct Frozen(Vec<i32>);
 
 impl Frozen {
+    /// The followers of nodes `ids`.
     fn followers(c: &TestCluster, ids: &[u64]) -> Frozen {
-        let pids: Vec<i32> = ids
-            .iter()
-            .map(|&id| c.status(id).expect("status").follower_pid as i32)
-            .collect();
+        Frozen::pids(
+            ids.iter()
+                .map(|&id| c.status(id).expect("status").follower_pid),
+        )
+    }
+
+    /// The servers of nodes `ids` (their followers keep storing and
+    /// acking).
+    fn servers(c: &TestCluster, ids: &[u64]) -> Frozen {
+        Frozen::pids(
+            ids.iter()
+                .map(|&id| c.status(id).expect("status").server_pid),
+        )
+    }
+
+    fn pids(pids: impl Iterator<Item = u64>) -> Frozen {
+        let pids: Vec<i32> = pids.map(|p| p as i32).collect();
+        assert!(
+            pids.iter().all(|&p| p > 0),
+            "every process running: {pids:?}"
+        );
         for &p in &pids {
-            kill(Pid::from_raw(p), Signal::SIGSTOP).expect("SIGSTOP a follower");
+            kill(Pid::from_raw(p), Signal::SIGSTOP).expect("SIGSTOP");
         }
         Frozen(pids)
     }
@@ -207,35 +225,6 @@ fn a_resp3_hello_marks_at_most_its_own_entry() {
     }
 }
 
-/// SIGSTOPs the servers of the nodes it is given (their followers keep
-/// storing and acking); SIGCONTs them when dropped.
-struct FrozenServers(Vec<i32>);
-
-impl FrozenServers {
-    fn of(c: &TestCluster, ids: &[u64]) -> FrozenServers {
-        let pids: Vec<i32> = ids
-            .iter()
-            .map(|&id| c.status(id).expect("status").server_pid as i32)
-            .collect();
-        assert!(
-            pids.iter().all(|&p| p > 0),
-            "every server attached: {pids:?}"
-        );
-        for &p in &pids {
-            kill(Pid::from_raw(p), Signal::SIGSTOP).expect("SIGSTOP a server");
-        }
-        FrozenServers(pids)
-    }
-}
-
-impl Drop for FrozenServers {
-    fn drop(&mut self) {
-        for &p in &self.0 {
-            let _ = kill(Pid::from_raw(p), Signal::SIGCONT);
-        }
-    }
-}
-
 /// Bounded apply lag: while no backup's server applies anything, the
 /// leader takes at most `max_apply_lag` more entries (a majority still
 /// stores and acks them all), then holds its next input until the
@@ -257,7 +246,7 @@ fn the_leader_waits_while_the_backups_are_further_behind_than_max_apply_lag() {
     assert_eq!(client.cmd(&[b"INCR", b"n"]).unwrap(), Reply::Int(1));
     c.wait_converged(LIMIT);
 
-    let frozen = FrozenServers::of(&c, &[2, 3]);
+    let frozen = Frozen::servers(&c, &[2, 3]);
     // One INCR at a time: each is an entry of its own. Entries while the
     // servers are frozen: at most LAG (ticks count too).
     let mut answered = 1;
