@@ -459,7 +459,9 @@ impl Cluster {
                 });
             }
             Action::Announce { view } => {
-                if self.reachable(id, 0) {
+                // publish_leader: never over a newer view's record.
+                let newer = self.zk_leader.is_some_and(|(v, _)| v > view);
+                if self.reachable(id, 0) && !newer {
                     self.zk_leader = Some((view, id));
                 }
             }

@@ -9,8 +9,6 @@
 //! `cargo test -p lockstep-follower --test sim` runs 200 seeds (about 45 ms
 //! a seed in the debug build: 10,000 would take minutes there); the long
 //! run: `LOCKSTEP_SIM_SEEDS=10000 cargo test --release -p lockstep-follower --test sim random_runs`
-//! Known open finding: seed 220 fails the liveness check (a serving leader
-//! commits nothing within 3 s of healing); not yet diagnosed.
 //! (`LOCKSTEP_SIM_FIRST` picks the first seed; a failing seed is printed,
 //! rerun it alone with `LOCKSTEP_SIM_FIRST=<seed> LOCKSTEP_SIM_SEEDS=1`).
 
