@@ -188,6 +188,19 @@ pub struct Cluster {
     pub tracing: bool,
 }
 
+/// The runtime's `region.tail() > reader.pos()` after an empty read: the
+/// writer wrote past the reader's position, and the slot the reader waits
+/// on holds nothing it may read (empty, or an older view's entry that the
+/// reader's minimum view skips: a write of the new leader was lost there).
+fn tail_ahead(region: &Region, last: u64) -> bool {
+    let current = |e: &Entry| e.view >= region.view;
+    let written = region
+        .ring
+        .last_key_value()
+        .is_some_and(|(&seq, e)| seq > last + 1 && current(e));
+    written && !region.ring.get(&(last + 1)).is_some_and(current)
+}
+
 fn link(a: u64, b: u64) -> (u64, u64) {
     (a.min(b), a.max(b))
 }
@@ -697,8 +710,7 @@ impl Cluster {
             served: n.region.served,
             commit_record: n.region.commit_record,
             fenced_by: n.region.fenced_by,
-            tail_ahead: n.region.ring.range(last + 2..).next().is_some()
-                && !n.region.ring.contains_key(&(last + 1)),
+            tail_ahead: tail_ahead(&n.region, last),
         };
         // The leader's preload raises the commit word too.
         if n.region.role == Some(Role::Leader) {
