@@ -115,6 +115,18 @@ impl Node {
             if !self.leading() && !self.stale.load(Ordering::Relaxed) {
                 let view = self.lead_new_view(election)?;
                 self.announce(election, view)?;
+            } else {
+                // The announcement after the view change may have failed
+                // (ZooKeeper unreachable for a moment): publish it again,
+                // or nodes that missed the view change never follow.
+                let announced = election.leader()?.map(|r| (r.view, r.leader));
+                let serving = self.region.role() == Role::Leader;
+                if viewchange::announces(self.views(), serving, announced) {
+                    let view = self.region.view();
+                    let app = self.config.node(self.me)?.app.to_string();
+                    election.publish_leader(view, &app)?;
+                    log::info!("node {}: announced view {view} again", self.me);
+                }
             }
             return Ok(());
         }

@@ -904,6 +904,11 @@ impl Replica {
             }
             Session::Connected => {
                 if candidate {
+                    if viewchange::announces(self.views(), self.role == Role::Leader, announced) {
+                        self.out.push(Action::Announce {
+                            view: self.promised,
+                        });
+                    }
                     if !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
                         && matches!(self.job, Job::Idle)
                         && self.now >= self.next_attempt

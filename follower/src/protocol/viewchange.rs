@@ -224,6 +224,20 @@ pub fn joins_announced(own: Views, view: u64, leader: u64) -> bool {
     (view > own.log_view || unknown) && view >= own.promised && leader != own.me && !own.changing
 }
 
+/// ZooKeeper mode, the candidate: whether to publish itself as the leader
+/// of its view now. It serves that view (`serving`: its preload went
+/// active) and the record names an older view, or another leader of its
+/// own view, or nothing. The first announcement can be lost (ZooKeeper
+/// unreachable for less than the session timeout, so the lead is kept):
+/// without publishing again, nodes that missed the view change (down,
+/// cut off, restarted) never learn the leader, and none follows it.
+pub fn announces(own: Views, serving: bool, announced: Option<(u64, u64)>) -> bool {
+    let ours = serving && leading(own.me, own.leader, own.promised, own.log_view);
+    ours && announced.is_none_or(|(view, leader)| {
+        view < own.promised || (view == own.promised && leader != own.me)
+    })
+}
+
 /// Static mode, a backup: whether to follow the configured leader, which
 /// reports `view` and whether it serves (`serving`).
 pub fn follows_static(own: Views, view: u64, serving: bool) -> bool {
@@ -365,6 +379,25 @@ mod tests {
         assert!(leading(1, 1, 3, 3));
         assert!(!leading(1, 1, 4, 3));
         assert!(!leading(1, 2, 3, 3));
+    }
+
+    #[test]
+    fn the_leader_publishes_itself_until_the_record_names_it() {
+        let own = Views {
+            me: 1,
+            promised: 4,
+            log_view: 4,
+            leader: 1,
+            changing: false,
+        };
+        assert!(announces(own, true, None), "lost first announcement");
+        assert!(announces(own, true, Some((3, 2))), "older view's record");
+        assert!(announces(own, true, Some((4, 2))));
+        assert!(!announces(own, true, Some((4, 1))), "published already");
+        assert!(!announces(own, true, Some((5, 2))), "a newer view's");
+        assert!(!announces(own, false, None), "not serving yet");
+        assert!(!announces(Views { promised: 5, ..own }, true, None));
+        assert!(!announces(Views { leader: 0, ..own }, true, None));
     }
 
     #[test]

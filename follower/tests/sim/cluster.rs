@@ -78,6 +78,28 @@ pub struct Node {
     pub server_alive: bool,
     pub stale: bool,
     pending: Vec<Entry>,
+    /// What the safety checks already covered (they run after every step,
+    /// so each looks only at what changed since):
+    checked: Checked,
+}
+
+/// Watermarks of the incremental checks. Stored entries change only by
+/// truncation (appends do not touch earlier seqs), committed entries
+/// never change, servers only grow (or restart empty).
+#[derive(Clone, Copy, Debug, Default)]
+struct Checked {
+    /// Every stored seq up to here agrees with the committed entry of that
+    /// seq (where one exists).
+    agree: u64,
+    /// Every stored seq up to here was committed by this node before.
+    recorded: u64,
+    /// The server's first input not yet compared with a committed entry.
+    applied: usize,
+    /// (node, its server restarts, length): the server's first `length`
+    /// inputs equal that node's server's.
+    prefix_of: (u64, u64, usize),
+    /// How often the server restarted empty.
+    restarts: u64,
 }
 
 struct Host<'a> {
@@ -156,13 +178,27 @@ pub struct Cluster {
     sessions: BTreeMap<u64, (u64, Millis)>,
     znodes: u64,
     next_value: u64,
-    /// seq -> (view, value) of every entry ever committed.
-    pub committed: BTreeMap<u64, (u64, u64)>,
+    /// (view, value) of every entry ever committed, by seq - 1 (commits
+    /// cover every seq up to theirs).
+    pub committed: Vec<(u64, u64)>,
     /// view -> its leader, for every view that started.
     pub started: BTreeMap<u64, u64>,
     pub session_timeout: Millis,
     pub trace: Vec<String>,
     pub tracing: bool,
+}
+
+/// The runtime's `region.tail() > reader.pos()` after an empty read: the
+/// writer wrote past the reader's position, and the slot the reader waits
+/// on holds nothing it may read (empty, or an older view's entry that the
+/// reader's minimum view skips: a write of the new leader was lost there).
+fn tail_ahead(region: &Region, last: u64) -> bool {
+    let current = |e: &Entry| e.view >= region.view;
+    let written = region
+        .ring
+        .last_key_value()
+        .is_some_and(|(&seq, e)| seq > last + 1 && current(e));
+    written && !region.ring.get(&(last + 1)).is_some_and(current)
 }
 
 fn link(a: u64, b: u64) -> (u64, u64) {
@@ -185,7 +221,7 @@ impl Cluster {
             sessions: BTreeMap::new(),
             znodes: 0,
             next_value: 1,
-            committed: BTreeMap::new(),
+            committed: Vec::new(),
             started: BTreeMap::new(),
             session_timeout: 300,
             trace: Vec::new(),
@@ -201,6 +237,7 @@ impl Cluster {
                 server_alive: true,
                 stale: false,
                 pending: Vec::new(),
+                checked: Checked::default(),
             });
         }
         for id in 1..=n {
@@ -236,6 +273,9 @@ impl Cluster {
         };
         n.region = Region::default();
         n.server.clear();
+        n.checked.applied = 0;
+        n.checked.restarts += 1;
+        n.checked.prefix_of = (0, 0, 0);
         n.server_alive = true;
         n.stale = false;
         let (r, actions) = Replica::new(cfg, restored, now);
@@ -361,6 +401,8 @@ impl Cluster {
             Action::Truncate { after } => {
                 let n = self.node(id);
                 n.storage.log.truncate(after as usize);
+                n.checked.agree = n.checked.agree.min(after);
+                n.checked.recorded = n.checked.recorded.min(after);
             }
             Action::AppendView {
                 view,
@@ -459,7 +501,9 @@ impl Cluster {
                 });
             }
             Action::Announce { view } => {
-                if self.reachable(id, 0) {
+                // publish_leader: never over a newer view's record.
+                let newer = self.zk_leader.is_some_and(|(v, _)| v > view);
+                if self.reachable(id, 0) && !newer {
                     self.zk_leader = Some((view, id));
                 }
             }
@@ -481,12 +525,12 @@ impl Cluster {
     fn record_commit(&mut self, id: u64, seq: u64) {
         let n = &self.nodes[id as usize - 1];
         let mut bad = None;
-        for s in 1..=seq {
+        for s in n.checked.recorded + 1..=seq {
             let Some(e) = n.storage.log.get(s as usize - 1) else {
                 bad = Some(format!("node {id} commits seq {s} it does not hold"));
                 break;
             };
-            match self.committed.get(&s) {
+            match self.committed.get(s as usize - 1) {
                 Some(&(v, val)) if (v, val) != (e.view, e.value) => {
                     bad = Some(format!(
                         "seq {s} committed as {:?} and now as {:?} by node {id}",
@@ -496,14 +540,14 @@ impl Cluster {
                     break;
                 }
                 Some(_) => {}
-                None => {
-                    self.committed.insert(s, (e.view, e.value));
-                }
+                None => self.committed.push((e.view, e.value)),
             }
         }
         if let Some(b) = bad {
             panic!("{b}");
         }
+        let n = &mut self.nodes[id as usize - 1].checked;
+        n.recorded = n.recorded.max(seq);
     }
 
     /// A client input at whichever node's preload leads.
@@ -666,8 +710,7 @@ impl Cluster {
             served: n.region.served,
             commit_record: n.region.commit_record,
             fenced_by: n.region.fenced_by,
-            tail_ahead: n.region.ring.range(last + 2..).next().is_some()
-                && !n.region.ring.contains_key(&(last + 1)),
+            tail_ahead: tail_ahead(&n.region, last),
         };
         // The leader's preload raises the commit word too.
         if n.region.role == Some(Role::Leader) {
@@ -813,72 +856,93 @@ impl Cluster {
         self.check();
     }
 
-    /// The safety properties, after every step.
-    pub fn check(&self) {
+    /// The safety properties, after every step. Each check starts where
+    /// the last one ended ([`Checked`]): what it covered cannot change
+    /// unseen (truncations and restarts lower the marks).
+    pub fn check(&mut self) {
+        let committed = &self.committed;
         // No committed entry lost or changed: every node's log agrees with
         // the committed entries up to its own commit point, and a serving
         // leader holds them all.
-        for n in &self.nodes {
+        for n in &mut self.nodes {
             let Some(r) = &n.replica else { continue };
-            let upto = r.committed().min(n.storage.log.len() as u64);
-            for s in 1..=upto {
-                let e = n.storage.log[s as usize - 1];
-                if let Some(&c) = self.committed.get(&s) {
-                    assert_eq!(
-                        c,
-                        (e.view, e.value),
-                        "node {} changed committed seq {s}",
-                        n.id
-                    );
-                }
+            let log = &n.storage.log;
+            let reach = log.len().min(committed.len());
+            let mut agree = n.checked.agree as usize;
+            while agree < reach && committed[agree] == (log[agree].view, log[agree].value) {
+                agree += 1;
             }
+            n.checked.agree = agree as u64;
+            let upto = (r.committed() as usize).min(reach);
+            assert!(
+                agree >= upto,
+                "node {} changed committed seq {}",
+                n.id,
+                agree + 1
+            );
             if r.serving() {
-                for (&s, &c) in &self.committed {
-                    let e = n.storage.log.get(s as usize - 1);
-                    assert_eq!(
-                        e.map(|e| (e.view, e.value)),
-                        Some(c),
-                        "serving leader {} lost committed seq {s}",
-                        n.id
-                    );
-                }
+                assert!(
+                    agree >= committed.len(),
+                    "serving leader {} lost committed seq {}",
+                    n.id,
+                    agree + 1
+                );
             }
         }
         // One leader per view: checked when a view starts (StartView).
-        // Applied prefixes equal across replicas whose servers are in line.
-        // A deposed leader that has not synced with a newer view yet may
-        // have run inputs that view drops (output commit): it is judged
-        // when it syncs (it goes stale then), not before.
+        // Applied prefixes equal across replicas whose servers are in line:
+        // each is a prefix of the longest one's (then any two agree on
+        // their common length). A deposed leader that has not synced with a
+        // newer view yet may have run inputs that view drops (output
+        // commit): it is judged when it syncs (it goes stale then), not
+        // before.
         let top = self.started.keys().next_back().copied().unwrap_or(0);
-        let in_line = |n: &&crate::cluster::Node| {
-            n.replica.as_ref().is_some_and(|r| r.log_view() >= top) && !n.stale
+        let in_line =
+            |n: &Node| n.replica.as_ref().is_some_and(|r| r.log_view() >= top) && !n.stale;
+        let Some(longest) = (0..self.nodes.len())
+            .filter(|&i| in_line(&self.nodes[i]))
+            .max_by_key(|&i| self.nodes[i].server.len())
+        else {
+            return;
         };
-        let servers: Vec<&Vec<(u64, u64, u64)>> = self
-            .nodes
-            .iter()
-            .filter(in_line)
-            .map(|n| &n.server)
-            .collect();
-        for a in &servers {
-            for b in &servers {
-                let k = a.len().min(b.len());
-                assert_eq!(a[..k], b[..k], "applied prefixes differ");
+        for i in 0..self.nodes.len() {
+            if !in_line(&self.nodes[i]) {
+                continue;
             }
-        }
-        // What a non-stale server applied past the committed entries'
-        // reach is the serving leader's own (output commit); what it
-        // applied at committed seqs is those entries.
-        for n in self.nodes.iter().filter(in_line) {
-            for &(s, v, val) in &n.server {
-                if let Some(&c) = self.committed.get(&s) {
-                    assert_eq!(
+            let (l, n) = (&self.nodes[longest], &self.nodes[i]);
+            let reference = (l.id, l.checked.restarts);
+            let (id, restarts, done) = n.checked.prefix_of;
+            let from = if (id, restarts) == reference { done } else { 0 };
+            let k = n.server.len();
+            assert_eq!(
+                n.server[from..k],
+                l.server[from..k],
+                "applied prefixes differ (nodes {} and {})",
+                n.id,
+                l.id
+            );
+            // What it applied at committed seqs is those entries; what it
+            // applied past their reach is the serving leader's own (output
+            // commit), compared once committed.
+            let mut applied = n.checked.applied;
+            let mut contiguous = true;
+            for (j, &(s, v, val)) in n.server.iter().enumerate().skip(applied) {
+                match self.committed.get(s as usize - 1) {
+                    Some(&c) => assert_eq!(
                         c,
                         (v, val),
                         "node {} applied seq {s} unlike its committed entry",
                         n.id
-                    );
+                    ),
+                    None => contiguous = false,
+                }
+                if contiguous {
+                    applied = j + 1;
                 }
             }
+            let n = &mut self.nodes[i].checked;
+            n.prefix_of = (reference.0, reference.1, k);
+            n.applied = applied;
         }
     }
 
@@ -905,7 +969,7 @@ impl Cluster {
 
     /// The highest seq committed so far.
     pub fn commit_point(&self) -> u64 {
-        self.committed.keys().next_back().copied().unwrap_or(0)
+        self.committed.len() as u64
     }
 
     /// Inject a control message, as if `from` sent it.

@@ -224,3 +224,33 @@ fn bug5_a_leader_whose_server_died_steps_down_and_goes_stale() {
     c.run(100, 2);
     assert!(c.commit_point() > before);
 }
+
+/// Failover bug 6 (seed 220): the new leader's announcement is lost while
+/// ZooKeeper is unreachable for less than a session timeout, so it keeps
+/// the lead. The candidate publishes itself again once it can: backups
+/// restarted after the view change learn the leader from the record and
+/// follow it (they would otherwise wait for an announcement forever).
+#[test]
+fn bug6_a_lost_announcement_is_published_again() {
+    let mut c = Cluster::new(3, ZK, 10);
+    // Node 1 claims view 2 at its first election round, then loses
+    // ZooKeeper while the view starts.
+    c.run(25, 1000);
+    c.cut.insert((0, 1));
+    c.run(100, 1000);
+    assert!(c.nodes[0].replica.as_ref().unwrap().serving());
+    c.heal();
+    // Both backups restart: they know the log's view, not its leader.
+    for id in [2, 3] {
+        c.crash(id, false);
+        c.start(id);
+    }
+    c.run(200, 1000);
+    for id in [2, 3] {
+        let r = c.nodes[id as usize - 1].replica.as_ref().unwrap();
+        assert_eq!((r.leader(), r.role()), (1, Role::Backup), "node {id}");
+    }
+    let before = c.commit_point();
+    c.run(100, 2);
+    assert!(c.commit_point() > before);
+}
