@@ -26,8 +26,7 @@
 //! resolving on the same thread (an allocator calling `read` during its
 //! initialisation) uses the raw system call instead of recursing.
 
-use std::cell::Cell;
-use std::ffi::{c_int, c_long, c_void, CStr};
+use std::ffi::{c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -35,279 +34,13 @@ use libc::{iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
 use crate::apply::Served;
 use crate::dispatch::{self, Before, Ret};
+use crate::reentry::{in_hook, Reentry};
+use crate::sys::real::*;
+use crate::sys::{self, errno, set_errno};
 use crate::turns::{Wait, MAX_WIDTH};
 
 // ---------------------------------------------------------------------------
-// Real functions.
-
-thread_local! {
-    /// Set while this thread is inside `dlsym`.
-    static RESOLVING: Cell<bool> = const { Cell::new(false) };
-    /// Set while this thread runs a hook body.
-    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
-}
-
-/// A lazily resolved pointer to the next definition of a libc symbol.
-struct RealFn {
-    name: &'static CStr,
-    addr: AtomicUsize,
-}
-
-impl RealFn {
-    const fn new(name: &'static CStr) -> RealFn {
-        RealFn {
-            name,
-            addr: AtomicUsize::new(0),
-        }
-    }
-
-    /// The function's address, or 0 when it cannot be resolved right now
-    /// (inside `dlsym` on this thread): the caller uses the raw syscall.
-    fn addr(&self) -> usize {
-        let a = self.addr.load(Ordering::Acquire);
-        if a != 0 {
-            return a;
-        }
-        if RESOLVING.try_with(|r| r.replace(true)).unwrap_or(true) {
-            return 0;
-        }
-        // SAFETY: dlsym with the RTLD_NEXT pseudo-handle and a NUL-terminated
-        // name has no other preconditions.
-        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) } as usize;
-        let _ = RESOLVING.try_with(|r| r.set(false));
-        if p == 0 {
-            let mut msg = [0u8; 128];
-            let text = b"lockstep: dlsym(RTLD_NEXT) cannot find libc's ";
-            let name = self.name.to_bytes();
-            let n = (text.len() + name.len()).min(msg.len() - 1);
-            msg[..text.len()].copy_from_slice(text);
-            msg[text.len()..n].copy_from_slice(&name[..n - text.len()]);
-            msg[n] = b'\n';
-            // SAFETY: writing a stack buffer to fd 2 with the raw syscall,
-            // then aborting: without the real function the process cannot
-            // go on.
-            unsafe {
-                libc::syscall(libc::SYS_write, 2, msg.as_ptr(), n + 1);
-                libc::abort();
-            }
-        }
-        self.addr.store(p, Ordering::Release);
-        p
-    }
-}
-
-/// Defines a cached real function and a typed caller `$call` for it that
-/// falls back to `$fallback` (a raw syscall) when it cannot be resolved yet.
-macro_rules! real_fn {
-    ($static:ident, $call:ident, $sym:literal, ($($a:ident : $t:ty),*) -> $r:ty, $fallback:expr) => {
-        static $static: RealFn = RealFn::new($sym);
-
-        /// Calls the real (next) definition of the symbol.
-        ///
-        /// # Safety
-        /// Same contract as the libc function.
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn $call($($a: $t),*) -> $r {
-            let addr = $static.addr();
-            if addr == 0 {
-                // SAFETY: the caller upholds the libc function's contract,
-                // which is the system call's.
-                // (Some fallbacks are safe functions.)
-                #[allow(unused_unsafe)]
-                let r = unsafe { $fallback };
-                return r;
-            }
-            // SAFETY: `addr` is the address dlsym returned for this libc
-            // symbol, whose C signature is exactly this one.
-            let f = unsafe {
-                std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(addr)
-            };
-            // SAFETY: the caller upholds the libc function's contract.
-            unsafe { f($($a),*) }
-        }
-    };
-}
-
-fn sys_ret(r: c_long) -> ssize_t {
-    r as ssize_t
-}
-
-real_fn!(REAL_READ, real_read, c"read", (fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t,
-    sys_ret(libc::syscall(libc::SYS_read, fd, buf, n)));
-real_fn!(REAL_READV, real_readv, c"readv", (fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t,
-    sys_ret(libc::syscall(libc::SYS_readv, fd, iov, cnt)));
-real_fn!(REAL_RECV, real_recv, c"recv", (fd: c_int, buf: *mut c_void, n: size_t, fl: c_int) -> ssize_t,
-    sys_ret(libc::syscall(libc::SYS_recvfrom, fd, buf, n, fl, 0usize, 0usize)));
-real_fn!(REAL_RECVFROM, real_recvfrom, c"recvfrom",
-    (fd: c_int, buf: *mut c_void, n: size_t, fl: c_int, a: *mut sockaddr, al: *mut socklen_t) -> ssize_t,
-    sys_ret(libc::syscall(libc::SYS_recvfrom, fd, buf, n, fl, a, al)));
-real_fn!(REAL_RECVMSG, real_recvmsg, c"recvmsg", (fd: c_int, m: *mut msghdr, fl: c_int) -> ssize_t,
-    sys_ret(libc::syscall(libc::SYS_recvmsg, fd, m, fl)));
-real_fn!(REAL_READ_CHK, real_read_chk, c"__read_chk",
-    (fd: c_int, buf: *mut c_void, n: size_t, bl: size_t) -> ssize_t,
-    if n > bl { libc::abort() } else { sys_ret(libc::syscall(libc::SYS_read, fd, buf, n)) });
-real_fn!(REAL_RECV_CHK, real_recv_chk, c"__recv_chk",
-(fd: c_int, buf: *mut c_void, n: size_t, bl: size_t, fl: c_int) -> ssize_t,
-if n > bl { libc::abort() } else {
-    sys_ret(libc::syscall(libc::SYS_recvfrom, fd, buf, n, fl, 0usize, 0usize))
-});
-real_fn!(REAL_RECVFROM_CHK, real_recvfrom_chk, c"__recvfrom_chk",
-(fd: c_int, buf: *mut c_void, n: size_t, bl: size_t, fl: c_int, a: *mut sockaddr, al: *mut socklen_t)
-    -> ssize_t,
-if n > bl { libc::abort() } else {
-    sys_ret(libc::syscall(libc::SYS_recvfrom, fd, buf, n, fl, a, al))
-});
-real_fn!(REAL_ACCEPT, real_accept, c"accept", (fd: c_int, a: *mut sockaddr, al: *mut socklen_t) -> c_int,
-    libc::syscall(libc::SYS_accept4, fd, a, al, 0) as c_int);
-real_fn!(REAL_ACCEPT4, real_accept4, c"accept4",
-    (fd: c_int, a: *mut sockaddr, al: *mut socklen_t, fl: c_int) -> c_int,
-    libc::syscall(libc::SYS_accept4, fd, a, al, fl) as c_int);
-real_fn!(REAL_CLOSE, real_close, c"close", (fd: c_int) -> c_int,
-    libc::syscall(libc::SYS_close, fd) as c_int);
-real_fn!(REAL_SHUTDOWN, real_shutdown, c"shutdown", (fd: c_int, how: c_int) -> c_int,
-    libc::syscall(libc::SYS_shutdown, fd, how) as c_int);
-real_fn!(REAL_LISTEN, real_listen, c"listen", (fd: c_int, backlog: c_int) -> c_int,
-    libc::syscall(libc::SYS_listen, fd, backlog) as c_int);
-real_fn!(REAL_DUP2, real_dup2, c"dup2", (old: c_int, new: c_int) -> c_int,
-if old == new {
-    if libc::syscall(libc::SYS_fcntl, old, libc::F_GETFD) < 0 { -1 } else { new }
-} else {
-    libc::syscall(libc::SYS_dup3, old, new, 0) as c_int
-});
-real_fn!(REAL_DUP3, real_dup3, c"dup3", (old: c_int, new: c_int, fl: c_int) -> c_int,
-    libc::syscall(libc::SYS_dup3, old, new, fl) as c_int);
-real_fn!(REAL_WRITE, real_write, c"write", (fd: c_int, buf: *const c_void, n: size_t) -> ssize_t,
-    sys_ret(libc::syscall(libc::SYS_write, fd, buf, n)));
-real_fn!(REAL_WRITEV, real_writev, c"writev", (fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t,
-    sys_ret(libc::syscall(libc::SYS_writev, fd, iov, cnt)));
-real_fn!(REAL_SEND, real_send, c"send", (fd: c_int, buf: *const c_void, n: size_t, fl: c_int) -> ssize_t,
-    sys_ret(libc::syscall(libc::SYS_sendto, fd, buf, n, fl, 0usize, 0usize)));
-real_fn!(REAL_SENDTO, real_sendto, c"sendto",
-    (fd: c_int, buf: *const c_void, n: size_t, fl: c_int, a: *const sockaddr, al: socklen_t) -> ssize_t,
-    sys_ret(libc::syscall(libc::SYS_sendto, fd, buf, n, fl, a, al)));
-real_fn!(REAL_SENDMSG, real_sendmsg, c"sendmsg", (fd: c_int, m: *const msghdr, fl: c_int) -> ssize_t,
-    sys_ret(libc::syscall(libc::SYS_sendmsg, fd, m, fl)));
-
-// The event-loop waits: observed only (a backup's pump moves on when its
-// server comes back to wait), never changed. Without a resolved function
-// (inside dlsym, where no server waits) they fail with ENOSYS.
-real_fn!(REAL_EPOLL_WAIT, real_epoll_wait, c"epoll_wait",
-    (epfd: c_int, ev: *mut libc::epoll_event, max: c_int, t: c_int) -> c_int, unresolved());
-real_fn!(REAL_EPOLL_PWAIT, real_epoll_pwait, c"epoll_pwait",
-    (epfd: c_int, ev: *mut libc::epoll_event, max: c_int, t: c_int, m: *const libc::sigset_t) -> c_int,
-    unresolved());
-real_fn!(REAL_POLL, real_poll, c"poll", (fds: *mut libc::pollfd, n: libc::nfds_t, t: c_int) -> c_int,
-    unresolved());
-real_fn!(REAL_PPOLL, real_ppoll, c"ppoll",
-    (fds: *mut libc::pollfd, n: libc::nfds_t, t: *const libc::timespec, m: *const libc::sigset_t) -> c_int,
-    unresolved());
-real_fn!(REAL_SELECT, real_select, c"select",
-    (n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *mut libc::timeval) -> c_int,
-    unresolved());
-real_fn!(REAL_PSELECT, real_pselect, c"pselect",
-    (n: c_int, r: *mut libc::fd_set, w: *mut libc::fd_set, e: *mut libc::fd_set, t: *const libc::timespec,
-     m: *const libc::sigset_t) -> c_int,
-    unresolved());
-
-real_fn!(REAL_CLOCK_GETTIME, real_clock_gettime, c"clock_gettime",
-    (clk: libc::clockid_t, ts: *mut libc::timespec) -> c_int,
-    libc::syscall(libc::SYS_clock_gettime, clk, ts) as c_int);
-real_fn!(REAL_GETTIMEOFDAY, real_gettimeofday, c"gettimeofday",
-    (tv: *mut libc::timeval, tz: *mut c_void) -> c_int,
-    libc::syscall(libc::SYS_gettimeofday, tv, tz) as c_int);
-real_fn!(REAL_TIME, real_time, c"time", (t: *mut libc::time_t) -> libc::time_t,
-    libc::syscall(libc::SYS_time, t) as libc::time_t);
-real_fn!(REAL_GETRANDOM, real_getrandom, c"getrandom",
-    (buf: *mut c_void, len: size_t, flags: libc::c_uint) -> ssize_t,
-    sys_ret(libc::syscall(libc::SYS_getrandom, buf, len, flags)));
-real_fn!(REAL_GETENTROPY, real_getentropy, c"getentropy", (buf: *mut c_void, len: size_t) -> c_int,
-    if libc::syscall(libc::SYS_getrandom, buf, len, 0) == len as c_long { 0 } else { -1 });
-real_fn!(REAL_SRAND, real_srand, c"srand", (seed: libc::c_uint) -> (), ());
-real_fn!(REAL_SRANDOM, real_srandom, c"srandom", (seed: libc::c_uint) -> (), ());
-real_fn!(REAL_FOPEN, real_fopen, c"fopen",
-    (path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE, std::ptr::null_mut());
-real_fn!(REAL_FOPEN64, real_fopen64, c"fopen64",
-    (path: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE, std::ptr::null_mut());
-real_fn!(REAL_EPOLL_CREATE, real_epoll_create, c"epoll_create", (size: c_int) -> c_int,
-    libc::syscall(libc::SYS_epoll_create1, 0) as c_int);
-real_fn!(REAL_EPOLL_CREATE1, real_epoll_create1, c"epoll_create1", (flags: c_int) -> c_int,
-    libc::syscall(libc::SYS_epoll_create1, flags) as c_int);
-real_fn!(REAL_EPOLL_CTL, real_epoll_ctl, c"epoll_ctl",
-    (epfd: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int, unresolved());
-
-fn unresolved() -> c_int {
-    set_errno(libc::ENOSYS);
-    -1
-}
-
-static ALL_REAL: [&RealFn; 40] = [
-    &REAL_READ,
-    &REAL_READV,
-    &REAL_RECV,
-    &REAL_RECVFROM,
-    &REAL_RECVMSG,
-    &REAL_READ_CHK,
-    &REAL_RECV_CHK,
-    &REAL_RECVFROM_CHK,
-    &REAL_ACCEPT,
-    &REAL_ACCEPT4,
-    &REAL_CLOSE,
-    &REAL_SHUTDOWN,
-    &REAL_LISTEN,
-    &REAL_DUP2,
-    &REAL_DUP3,
-    &REAL_WRITE,
-    &REAL_WRITEV,
-    &REAL_SEND,
-    &REAL_SENDTO,
-    &REAL_SENDMSG,
-    &REAL_EPOLL_WAIT,
-    &REAL_EPOLL_PWAIT,
-    &REAL_POLL,
-    &REAL_PPOLL,
-    &REAL_SELECT,
-    &REAL_PSELECT,
-    &REAL_EPOLL_CREATE,
-    &REAL_EPOLL_CREATE1,
-    &REAL_EPOLL_CTL,
-    &REAL_SIGACTION,
-    &REAL_SIGNAL,
-    &REAL_CLOCK_GETTIME,
-    &REAL_GETTIMEOFDAY,
-    &REAL_TIME,
-    &REAL_GETRANDOM,
-    &REAL_GETENTROPY,
-    &REAL_SRAND,
-    &REAL_SRANDOM,
-    &REAL_FOPEN,
-    &REAL_FOPEN64,
-];
-
-/// Load-time constructor: resolves every real function (dlsym only; no
-/// allocation of ours, no I/O, no configuration — that happens lazily at
-/// the first `listen`/`accept` on the app address).
-extern "C" fn resolve_all() {
-    for f in ALL_REAL.iter() {
-        f.addr();
-    }
-}
-
-#[used]
-#[link_section = ".init_array"]
-static RESOLVE_AT_LOAD: extern "C" fn() = resolve_all;
-
-// ---------------------------------------------------------------------------
 // Helpers for the hook bodies.
-
-fn errno() -> c_int {
-    // SAFETY: __errno_location returns this thread's errno slot.
-    unsafe { *libc::__errno_location() }
-}
-
-fn set_errno(e: c_int) {
-    // SAFETY: __errno_location returns this thread's errno slot.
-    unsafe { *libc::__errno_location() = e }
-}
 
 /// Puts back, when dropped, the errno a real call left: the preload's
 /// work after a server's wait (draining the bell, reading an alarm) must
@@ -325,23 +58,6 @@ impl KeptErrno {
 impl Drop for KeptErrno {
     fn drop(&mut self) {
         set_errno(self.0);
-    }
-}
-
-/// Marks this thread as inside a hook until dropped; None when it already
-/// is (the preload's own I/O passes through).
-struct Reentry;
-
-impl Reentry {
-    fn enter() -> Option<Reentry> {
-        let busy = IN_HOOK.try_with(|c| c.replace(true)).unwrap_or(true);
-        (!busy).then_some(Reentry)
-    }
-}
-
-impl Drop for Reentry {
-    fn drop(&mut self) {
-        let _ = IN_HOOK.try_with(|c| c.set(false));
     }
 }
 
@@ -1378,7 +1094,7 @@ pub unsafe extern "C" fn epoll_pwait(
 /// for the preload's own calls, a forked child, or a process that is not
 /// a lockstep server (no usable config).
 fn log_time() -> Option<u64> {
-    if IN_HOOK.try_with(|c| c.get()).unwrap_or(true) {
+    if in_hook() {
         return None;
     }
     if !dispatch::passive_hooked() && !starting_up() {
@@ -1658,16 +1374,10 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
 
 /// Names the server's new epoll instance `fd` (not the preload's own).
 fn epoll_created(fd: c_int) {
-    if fd >= 0 && !IN_HOOK.try_with(|c| c.get()).unwrap_or(true) {
+    if fd >= 0 && !in_hook() {
         crate::loops::created(fd);
     }
 }
-
-real_fn!(REAL_SIGACTION, real_sigaction, c"sigaction",
-    (sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int,
-    unresolved());
-real_fn!(REAL_SIGNAL, real_signal, c"signal",
-    (sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t, libc::SIG_ERR);
 
 /// The server's own handlers of the stop signals, by signal number (the
 /// preload's relay runs first; see `clock::stop_signalled`).
@@ -1738,7 +1448,7 @@ pub unsafe extern "C" fn sigaction(
     old: *mut libc::sigaction,
 ) -> c_int {
     let mut mine = None;
-    if is_stop_signal(sig) && !act.is_null() && !IN_HOOK.try_with(|c| c.get()).unwrap_or(true) {
+    if is_stop_signal(sig) && !act.is_null() && !in_hook() {
         // SAFETY: a non-null `act` is the caller's valid sigaction.
         let mut a = unsafe { *act };
         if is_function(a.sa_sigaction) {
@@ -1763,9 +1473,7 @@ pub unsafe extern "C" fn sigaction(
 /// Same contract as libc's `signal`.
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    let relayed = is_stop_signal(sig)
-        && is_function(handler)
-        && !IN_HOOK.try_with(|c| c.get()).unwrap_or(true);
+    let relayed = is_stop_signal(sig) && is_function(handler) && !in_hook();
     let h = if relayed {
         relay_for(sig, handler, false)
     } else {
@@ -1983,238 +1691,5 @@ pub unsafe extern "C" fn pselect(
         select_turn(n, r, w, e, |now| {
             real_pselect(n, r, w, e, if now { &zero } else { timeout }, mask)
         })
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Raw calls for the rest of the crate, as safe functions.
-
-/// Safe wrappers over the raw calls the preload itself makes. They use the
-/// real functions, never the hooks.
-pub mod sys {
-    use super::*;
-    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
-
-    /// Writes all of `bytes` to `fd` with the real `write`, retrying on
-    /// EINTR; gives up silently on other errors (it is used for logging).
-    pub fn write_all(fd: i32, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            // SAFETY: `bytes` is a live slice of `len` bytes.
-            let n = unsafe { real_write(fd, bytes.as_ptr() as *const c_void, bytes.len()) };
-            if n > 0 {
-                bytes = &bytes[n as usize..];
-            } else if n < 0 && errno() == libc::EINTR {
-                continue;
-            } else {
-                return;
-            }
-        }
-    }
-
-    /// One non-blocking send of `bytes` on socket `fd` with the real
-    /// `send` (MSG_DONTWAIT | MSG_NOSIGNAL): never waits and never raises
-    /// SIGPIPE; returns how many bytes went (0 on any error).
-    pub fn send_nonblocking(fd: i32, bytes: &[u8]) -> usize {
-        // SAFETY: `bytes` is a live slice of `len` bytes; the flags only
-        // keep the call from blocking or signalling.
-        let n = unsafe {
-            real_send(
-                fd,
-                bytes.as_ptr() as *const c_void,
-                bytes.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        n.max(0) as usize
-    }
-
-    /// Reads and drops whatever socket `fd` already received, without
-    /// waiting (real `recv`, MSG_DONTWAIT): a close with unread input
-    /// would send a reset that can cost the peer a reply sent just before.
-    pub fn discard_input(fd: i32) {
-        let mut buf = [0u8; 4096];
-        // A fresh socket holds little; a bound keeps this short anyway.
-        for _ in 0..16 {
-            // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
-            let n = unsafe {
-                real_recv(
-                    fd,
-                    buf.as_mut_ptr() as *mut c_void,
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n <= 0 {
-                return;
-            }
-        }
-    }
-
-    /// Closes `fd` with the real `close` (no CLOSE entry).
-    pub fn close(fd: i32) {
-        // SAFETY: closing an fd this process owns; errors are irrelevant.
-        unsafe { real_close(fd) };
-    }
-
-    /// Shuts `fd` down both ways with the real `shutdown`, so its client
-    /// sees the connection end while the server still holds the fd.
-    pub fn shutdown_both(fd: i32) {
-        // SAFETY: shutdown on an fd number has no memory preconditions.
-        unsafe { real_shutdown(fd, libc::SHUT_RDWR) };
-    }
-
-    /// A fresh non-blocking, close-on-exec eventfd (None: the kernel
-    /// refused one).
-    pub fn eventfd() -> Option<i32> {
-        // SAFETY: eventfd takes no pointer argument.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        (fd >= 0).then_some(fd)
-    }
-
-    /// Adds `fd` to epoll instance `epfd`, readable, with `key`, with the
-    /// real `epoll_ctl` (the fd table does not see it).
-    pub fn epoll_add(epfd: i32, fd: i32, key: u64) -> bool {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: key,
-        };
-        // SAFETY: `ev` is a valid event on the stack for the call.
-        unsafe { real_epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) == 0 }
-    }
-
-    /// One non-blocking read of `fd` into `buf` with the real `read`
-    /// (errors ignored: it empties an alarm).
-    pub fn read_nonblocking(fd: i32, buf: &mut [u8]) {
-        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
-        unsafe { real_read(fd, buf.as_mut_ptr() as *mut c_void, buf.len()) };
-    }
-
-    /// Whether `fd` has O_NONBLOCK set.
-    pub fn is_nonblocking(fd: i32) -> bool {
-        // SAFETY: F_GETFL takes no pointer argument.
-        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        fl >= 0 && fl & libc::O_NONBLOCK != 0
-    }
-
-    fn to_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
-        match ss.ss_family as c_int {
-            libc::AF_INET => {
-                // SAFETY: the family says the storage holds a sockaddr_in,
-                // which is smaller than and alignment-compatible with it.
-                let a =
-                    unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in) };
-                Some(SocketAddr::from((
-                    Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                    u16::from_be(a.sin_port),
-                )))
-            }
-            libc::AF_INET6 => {
-                // SAFETY: the family says the storage holds a sockaddr_in6.
-                let a =
-                    unsafe { &*(ss as *const libc::sockaddr_storage as *const libc::sockaddr_in6) };
-                Some(SocketAddr::V6(SocketAddrV6::new(
-                    Ipv6Addr::from(a.sin6_addr.s6_addr),
-                    u16::from_be(a.sin6_port),
-                    a.sin6_flowinfo,
-                    a.sin6_scope_id,
-                )))
-            }
-            _ => None,
-        }
-    }
-
-    fn sockname(fd: i32, peer: bool) -> Option<SocketAddr> {
-        // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
-        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-        let p = &mut ss as *mut libc::sockaddr_storage as *mut sockaddr;
-        // SAFETY: the kernel writes at most `len` bytes into `ss`.
-        let r = unsafe {
-            if peer {
-                libc::getpeername(fd, p, &mut len)
-            } else {
-                libc::getsockname(fd, p, &mut len)
-            }
-        };
-        if r == 0 {
-            to_addr(&ss)
-        } else {
-            None
-        }
-    }
-
-    /// The local address of a socket (None: not an IP socket).
-    pub fn local_addr(fd: i32) -> Option<SocketAddr> {
-        sockname(fd, false)
-    }
-
-    /// The peer address of a connected socket.
-    pub fn peer_addr(fd: i32) -> Option<SocketAddr> {
-        sockname(fd, true)
-    }
-
-    /// Ends the process at once, without atexit handlers or unwinding
-    /// through the host program.
-    pub fn exit_now(code: i32) -> ! {
-        // SAFETY: _exit never returns and has no preconditions.
-        unsafe { libc::_exit(code) }
-    }
-
-    /// The real wall clock, µs since the epoch.
-    pub fn realtime_us() -> u64 {
-        // SAFETY: timespec is plain data; all-zero is a valid value.
-        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-        // SAFETY: the real clock_gettime writing into a stack timespec.
-        unsafe { real_clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
-    }
-
-    /// The real monotonic clock in µs.
-    pub fn monotonic_us() -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: the real clock_gettime writing into a stack timespec.
-        unsafe { real_clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
-    }
-
-    /// Whether environment variable `name` is set, without allocating.
-    pub fn env_is_set(name: &CStr) -> bool {
-        // SAFETY: getenv with a NUL-terminated name; it only reads the
-        // environment (the preload never sets variables).
-        !unsafe { libc::getenv(name.as_ptr()) }.is_null()
-    }
-
-    /// Whether the calling thread is the process's main thread (its id is
-    /// the pid): the server's start-up runs there.
-    pub fn is_main_thread() -> bool {
-        thread_local! {
-            static MAIN: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-        }
-        MAIN.try_with(|m| {
-            *m.get().get_or_insert_with(|| {
-                // SAFETY: gettid and getpid take no arguments and cannot fail.
-                unsafe { libc::syscall(libc::SYS_gettid) == libc::getpid() as libc::c_long }
-            })
-        })
-        .unwrap_or(false)
-    }
-
-    /// Marks the calling thread as the preload's own (the applier): every
-    /// hooked call it makes passes straight through, as inside a hook.
-    pub fn own_thread() {
-        let _ = IN_HOOK.try_with(|c| c.set(true));
-    }
-
-    /// Registers `child` to run in the child after every fork.
-    pub fn at_fork_child(child: extern "C" fn()) {
-        // SAFETY: registers a plain function without captured state; the
-        // handler only stores to an atomic (async-signal-safe).
-        let r = unsafe { libc::pthread_atfork(None, None, Some(child)) };
-        if r != 0 {
-            log::warn!("pthread_atfork failed ({r}): a forked child would not become inert");
-        }
     }
 }
