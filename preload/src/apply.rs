@@ -174,7 +174,7 @@ fn pump() -> Option<MutexGuard<'static, Pump>> {
 /// The applier thread: moves the pump on when the server is idle.
 fn applier(region: Arc<Region>) {
     // Its own calls (connect's poll, writes) must not re-enter the pump.
-    crate::hooks::sys::own_thread();
+    crate::reentry::own_thread();
     loop {
         let bell = region.apply().bell();
         let seen = bell.value();
@@ -338,7 +338,7 @@ pub fn after_wait(mine: impl Fn(i32) -> bool) -> Option<i32> {
     BELL_FD
         .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Acquire)
         .ok()?;
-    crate::hooks::sys::discard_input(fd);
+    crate::sys::discard_input(fd);
     Some(fd)
 }
 

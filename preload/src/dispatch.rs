@@ -23,8 +23,8 @@ use lockstep_common::region::Role;
 use crate::apply;
 use crate::engine::{Engine, Fail};
 use crate::fdtable::{self, Class, Slot, CLOSED, FAILED, TABLE_SIZE};
-use crate::hooks::sys;
 use crate::setup;
+use crate::sys;
 
 /// What a hook returns: a value, and the errno to leave (None: the one the
 /// real call left).

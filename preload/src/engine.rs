@@ -40,7 +40,7 @@ use lockstep_common::region::{Region, Role};
 use lockstep_common::transport::{self, Transport, TransportError};
 use lockstep_common::Config;
 
-use crate::hooks::sys;
+use crate::sys;
 
 /// How long one park on the doorbell lasts before the wait loop looks at
 /// role, view and fencing again (those changes do not all ring the bell).

@@ -24,7 +24,16 @@
 //!
 //! # Modules
 //!
-//! - `hooks`: the exported symbols and every `unsafe` of the crate.
+//! Layers, each importing only those below it: `hooks` (the exported
+//! symbols) calls into the safe modules; they and `hooks` call [`sys`],
+//! which imports nothing of the crate's.
+//!
+//! - `hooks`: the exported symbols and the hook bodies; with [`sys`], the
+//!   only home of `unsafe` in the crate.
+//! - [`sys`]: the real-symbol table (`dlsym(RTLD_NEXT)`, resolved at load)
+//!   and safe wrappers over the raw calls the preload itself makes.
+//! - [`reentry`]: which threads are inside a hook (their calls pass
+//!   through).
 //! - [`dispatch`]: what each call does, per fd class and role.
 //! - [`engine`]: the leader's replication path (ring, transport, acks).
 //! - [`apply`]: the passive side: a backup's server re-executes the log.
@@ -47,6 +56,9 @@ pub mod fdtable;
 pub mod hooks;
 pub mod logger;
 pub mod loops;
+pub mod reentry;
 pub mod setup;
+#[allow(unsafe_code)]
+pub mod sys;
 pub mod turn_lock;
 pub mod turns;

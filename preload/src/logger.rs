@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use log::{LevelFilter, Log, Metadata, Record};
 
-use crate::hooks::sys;
+use crate::sys;
 
 struct Logger {
     fd: AtomicI32,

@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
-use crate::hooks::sys;
+use crate::sys;
 
 /// Loops with a name (a server creating more shares loop 0's fate: its
 /// later loops are not told apart).

@@ -18,7 +18,7 @@ use lockstep_common::{Config, Region};
 use once_cell::sync::OnceCell;
 
 use crate::engine::Engine;
-use crate::hooks::sys;
+use crate::sys;
 
 /// Set in a child after `fork`: every hook passes straight through.
 static INERT: AtomicBool = AtomicBool::new(false);
@@ -89,7 +89,7 @@ pub fn settings() -> Option<&'static Result<Settings, String>> {
 pub fn may_serve() -> bool {
     match SETTINGS.get() {
         Some(s) => matches!(s, Some(Ok(_))),
-        None => crate::hooks::sys::env_is_set(c"LOCKSTEP_CONFIG"),
+        None => crate::sys::env_is_set(c"LOCKSTEP_CONFIG"),
     }
 }
 

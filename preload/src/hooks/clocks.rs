@@ -1,0 +1,105 @@
+//! The bodies of the clock hooks: the server's clock reads get the log's
+//! time (see `crate::clock`). Nothing here allocates: jemalloc reads the
+//! monotonic clock under its own lock at start-up.
+
+use std::ffi::{c_int, c_void};
+
+use crate::dispatch;
+use crate::reentry::in_hook;
+use crate::sys;
+use crate::sys::real::{real_clock_gettime, real_gettimeofday, real_time};
+
+/// The log's time for a clock read of the server (see `clock`): None
+/// for the preload's own calls, a forked child, or a process that is not
+/// a lockstep server (no usable config).
+pub(super) fn log_time() -> Option<u64> {
+    if in_hook() {
+        return None;
+    }
+    if !dispatch::passive_hooked() && !starting_up() {
+        return None;
+    }
+    crate::clock::now_us(sys::monotonic_us)
+}
+
+/// Whether this process is a lockstep server that did not attach yet (its
+/// start-up: it reads the log's origin). Allocates nothing: jemalloc
+/// reads the monotonic clock under its own lock at start-up.
+pub(super) fn starting_up() -> bool {
+    !crate::setup::inert() && crate::setup::engine().is_none() && crate::setup::may_serve()
+}
+
+/// Whether the calling thread's monotonic clocks read the log's time: the
+/// server's event loops and its main thread (its start-up arms the
+/// timers). Other threads read real monotonic time, which their deadlines
+/// and futex waits rely on.
+pub(super) fn monotonic_is_logged() -> bool {
+    crate::clock::is_loop_thread() || sys::is_main_thread()
+}
+
+/// The body of the interposed `clock_gettime(2)`: the wall clocks read the log's time,
+/// and so do the monotonic ones on the server's event-loop and main
+/// threads (see `monotonic_is_logged`).
+///
+/// # Safety
+/// Same contract as libc's `clock_gettime`.
+pub(super) unsafe fn clock_gettime(clk: libc::clockid_t, ts: *mut libc::timespec) -> c_int {
+    let logged = match clk {
+        libc::CLOCK_REALTIME | libc::CLOCK_REALTIME_COARSE => log_time(),
+        libc::CLOCK_MONOTONIC
+        | libc::CLOCK_MONOTONIC_COARSE
+        | libc::CLOCK_MONOTONIC_RAW
+        | libc::CLOCK_BOOTTIME => log_time().filter(|_| monotonic_is_logged()),
+        _ => None,
+    };
+    if !ts.is_null() {
+        if let Some(us) = logged {
+            let (s, u) = crate::clock::split_us(us);
+            // SAFETY: `ts` is the caller's non-null timespec.
+            unsafe {
+                (*ts).tv_sec = s as libc::time_t;
+                (*ts).tv_nsec = (u * 1000) as libc::c_long;
+            }
+            return 0;
+        }
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_clock_gettime(clk, ts) }
+}
+
+/// The body of the interposed `gettimeofday(2)`: reads the log's time.
+///
+/// # Safety
+/// Same contract as libc's `gettimeofday`.
+pub(super) unsafe fn gettimeofday(tv: *mut libc::timeval, tz: *mut c_void) -> c_int {
+    // SAFETY: forwarding the caller's arguments (the time zone, if asked).
+    let r = unsafe { real_gettimeofday(tv, tz) };
+    if r == 0 && !tv.is_null() {
+        if let Some(us) = log_time() {
+            let (s, u) = crate::clock::split_us(us);
+            // SAFETY: `tv` is the caller's non-null timeval.
+            unsafe {
+                (*tv).tv_sec = s as libc::time_t;
+                (*tv).tv_usec = u as libc::suseconds_t;
+            }
+        }
+    }
+    r
+}
+
+/// The body of the interposed `time(2)`: reads the log's time.
+///
+/// # Safety
+/// Same contract as libc's `time`.
+pub(super) unsafe fn time(t: *mut libc::time_t) -> libc::time_t {
+    let Some(us) = log_time() else {
+        // SAFETY: forwarding the caller's argument.
+        return unsafe { real_time(t) };
+    };
+    let s = crate::clock::split_us(us).0 as libc::time_t;
+    if !t.is_null() {
+        // SAFETY: a non-null `t` is the caller's time_t.
+        unsafe { *t = s };
+    }
+    s
+}

@@ -1,0 +1,151 @@
+//! The bodies of the epoll hooks: a backup's waits deliver the log's
+//! replay connections first; `epoll_ctl` and `epoll_create` are observed.
+
+use std::ffi::c_int;
+
+use super::guards::{caught, KeptErrno};
+use super::turn::{event_loop_turn, turn_returned};
+use crate::dispatch;
+use crate::reentry::{in_hook, Reentry};
+use crate::sys::real::real_epoll_ctl;
+use crate::turns::{Wait, MAX_WIDTH};
+
+/// An epoll wait on a backup: the replay connections the log has bytes
+/// for are readable (first, in log order) and the wait does not block;
+/// the kernel's other events follow. `real(max, timeout)` waits.
+///
+/// # Safety
+/// `ev` must be the caller's buffer of `max` events.
+pub(super) unsafe fn epoll_turn(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    real: impl FnOnce(c_int, c_int) -> c_int,
+) -> c_int {
+    // The preload's work below reads real clocks, and its own calls pass.
+    let Some(_reentry) = Reentry::enter() else {
+        return real(max, timeout);
+    };
+    let loop_id = crate::loops::of_epfd(epfd);
+    event_loop_turn(Wait::Epoll, max, loop_id != 0);
+    if !dispatch::passive_hooked() || ev.is_null() || max <= 0 {
+        let n = real(max, timeout);
+        let _errno = KeptErrno::now();
+        turn_returned(loop_id, false);
+        return n;
+    }
+    let (keys, k) = caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
+    let k = k.min(max as usize);
+    // A TICK of this loop is due: this wait is its turn.
+    let tick = caught(|| crate::apply::tick_due(loop_id)).unwrap_or(false);
+    let n = match k {
+        0 => real(max, wait_timeout(tick, timeout)),
+        // No room left for the kernel's events: they wait for the next
+        // call (a level-triggered fd is reported again).
+        k if k == max as usize => 0,
+        k => real(max - k as c_int, 0),
+    };
+    let _errno = KeptErrno::now();
+    let n = if n > 0 {
+        // SAFETY: the kernel filled the first `n` events of the caller's
+        // buffer.
+        let got = unsafe { std::slice::from_raw_parts_mut(ev, n as usize) };
+        let kept = crate::loops::without_alarm(got);
+        if kept < got.len() {
+            crate::loops::silence(epfd);
+        }
+        kept as c_int
+    } else {
+        n
+    };
+    turn_returned(loop_id, k > 0);
+    let bell = caught(|| {
+        crate::apply::after_wait(|fd| {
+            crate::fdtable::slot(fd).is_some_and(|s| s.wait_epfd() == epfd)
+        })
+    })
+    .flatten();
+    if n < 0 && k == 0 {
+        return n;
+    }
+    let real_n = n.max(0) as usize;
+    let bell_key = bell.and_then(crate::fdtable::slot).map(|s| s.wait_key());
+    if k == 0 && bell_key.is_none() {
+        return n;
+    }
+    for i in real_n..real_n + k {
+        // SAFETY: `i` < real_n + k <= max: inside the caller's buffer.
+        unsafe { ev.add(i).write(libc::epoll_event { events: 0, u64: 0 }) };
+    }
+    // SAFETY: the first `real_n` events were filled by the kernel and the
+    // next `k` just now, all inside the caller's buffer of `max`.
+    let events = unsafe { std::slice::from_raw_parts_mut(ev, real_n + k) };
+    caught(|| crate::apply::merge_events(events, real_n, &keys[..k], bell_key))
+        .map_or(n, |m| m as c_int)
+}
+
+/// A backup's epoll timeout: none when a tick is due (this wait is its
+/// turn); unbounded while the log has no time (the server's clock stands
+/// at the origin, so no timer of its can come due: the first entry's bell
+/// or alarm wakes it, a signal too); else the server's.
+pub(super) fn wait_timeout(tick: bool, timeout: c_int) -> c_int {
+    if tick {
+        0
+    } else if crate::clock::stilled()
+        && crate::setup::engine()
+            .is_some_and(|e| e.region.role() != lockstep_common::region::Role::Leader)
+    {
+        -1
+    } else {
+        timeout
+    }
+}
+
+/// The body of the interposed `epoll_ctl(2)`: observed, not changed — whether the server
+/// wants to write more to a replay connection (a reply it sends in
+/// several turns) tells a backup's pump that the reply is not complete.
+///
+/// # Safety
+/// Same contract as libc's `epoll_ctl`.
+pub(super) unsafe fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    if dispatch::tracked(fd) && dispatch::is_replay(fd) {
+        if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
+            // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the caller's
+            // valid epoll_event; packed fields are read by copy.
+            let (key, events) = unsafe { ((*ev).u64, (*ev).events) };
+            let reads = events & libc::EPOLLIN as u32 != 0;
+            let _ = caught(|| dispatch::wait_key(fd, epfd, key, reads));
+        } else if op == libc::EPOLL_CTL_DEL {
+            let _ = caught(|| dispatch::wait_key(fd, -1, 0, false));
+        }
+        let wants = op != libc::EPOLL_CTL_DEL
+            && !ev.is_null()
+            // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the caller's
+            // valid epoll_event.
+            && unsafe { (*ev).events } & libc::EPOLLOUT as u32 != 0;
+        let _ = caught(|| dispatch::write_interest(fd, wants));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real_epoll_ctl(epfd, op, fd, ev) }
+}
+
+/// Names the server's new epoll instance `fd` (not the preload's own).
+pub(super) fn epoll_created(fd: c_int) {
+    if fd >= 0 && !in_hook() {
+        crate::loops::created(fd);
+    }
+}
+
+/// The common body of epoll_create and epoll_create1: `real()` creates
+/// the instance, which names an event loop of the server's.
+pub(super) fn create(real: impl FnOnce() -> c_int) -> c_int {
+    let fd = real();
+    epoll_created(fd);
+    fd
+}

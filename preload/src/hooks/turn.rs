@@ -1,0 +1,49 @@
+//! The server's event-loop turns, as every wait hook (epoll, poll,
+//! select) reports them: a turn ends when the server comes to wait, and a
+//! new one starts when the wait returns.
+
+use std::ffi::c_int;
+use std::sync::atomic::Ordering;
+
+use super::guards::caught;
+use super::random::{seed_server_generators, GENERATORS_SEEDED};
+use crate::dispatch;
+use crate::sys::{errno, set_errno};
+use crate::turns::{Wait, MAX_WIDTH};
+
+/// The server is about to wait in its event loop (`max`: epoll's
+/// maxevents).
+pub(super) fn event_loop_turn(wait: Wait, max: c_int, serves: bool) {
+    if dispatch::passive_hooked() {
+        let e = errno();
+        if serves {
+            crate::clock::on_loop_thread();
+        }
+        if !GENERATORS_SEEDED.load(Ordering::Relaxed) {
+            seed_server_generators();
+        }
+        let _ = caught(|| dispatch::before_wait(wait, max));
+        set_errno(e);
+    }
+}
+
+/// The server's wait in loop `loop_id` returned (`delivers`: reporting
+/// replay connections the log has bytes for): a new turn starts (see
+/// `clock`). The caller holds a `Reentry`.
+pub(super) fn turn_returned(loop_id: u64, delivers: bool) {
+    if dispatch::passive_hooked() {
+        let e = errno();
+        let _ = caught(|| dispatch::after_wait(loop_id, delivers));
+        set_errno(e);
+    }
+}
+
+/// This turn's unread replay connections (server fds), log order.
+pub(super) fn unread_fds() -> ([i32; MAX_WIDTH], usize) {
+    if !dispatch::passive_hooked() {
+        return ([-1; MAX_WIDTH], 0);
+    }
+    let fds = caught(crate::apply::unread).unwrap_or([-1; MAX_WIDTH]);
+    let n = fds.iter().take_while(|fd| **fd >= 0).count();
+    (fds, n)
+}
