@@ -24,9 +24,9 @@
 //!    log; the two backups' `DEBUG DIGEST`s are compared afterwards.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,9 @@ use lockstep_common::region::{self, Region};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use lockstep_common::transport::{self, Transport, TransportError};
 use lockstep_common::Config;
+use lockstep_testkit::ports;
+use lockstep_testkit::process::{kill_and_reap, open_log, spawn_logged, Grouping};
+use lockstep_testkit::servers::redis_command;
 use serde_json::json;
 
 use crate::up::Binaries;
@@ -93,8 +96,9 @@ struct Bench {
     keep: bool,
 }
 
+/// A loopback port nothing is bound to now (outside the ephemeral range).
 fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    ports::try_free_port().context("no free loopback port outside the ephemeral range")
 }
 
 impl Bench {
@@ -138,10 +142,7 @@ impl Bench {
     }
 
     fn log(&self, what: &str, id: u64) -> anyhow::Result<std::fs::File> {
-        Ok(std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(format!("{what}-{id}.log")))?)
+        Ok(open_log(&self.dir.join(format!("{what}-{id}.log")), true)?)
     }
 
     fn status(&self, id: u64) -> Result<NodeStatus, String> {
@@ -180,15 +181,12 @@ impl Bench {
 
     fn start_follower(&mut self, id: u64) -> anyhow::Result<()> {
         let log = self.log("follower", id)?;
-        let child = Command::new(&self.bins.follower)
-            .arg("--config")
+        let mut cmd = Command::new(&self.bins.follower);
+        cmd.arg("--config")
             .arg(&self.config_path)
             .args(["--node", &id.to_string()])
-            .env("LOCKSTEP_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
+            .env("LOCKSTEP_LOG", "info");
+        let child = spawn_logged(&mut cmd, log, Grouping::Inherit)
             .with_context(|| format!("cannot start {}", self.bins.follower.display()))?;
         self.followers[id as usize - 1] = Some(child);
         self.wait(&format!("follower {id} answering"), |b| {
@@ -202,30 +200,20 @@ impl Bench {
         let _ = std::fs::remove_dir_all(&data);
         std::fs::create_dir_all(&data)?;
         let log = self.log("server", id)?;
-        let child = Command::new("redis-server")
-            .args(["--port", &app.port().to_string(), "--bind", "127.0.0.1"])
-            .args(lockstep_common::config::REDIS_REPLICA_ARGS)
-            .arg("--dir")
-            .arg(&data)
-            .env("LD_PRELOAD", &self.bins.preload)
+        let mut cmd = redis_command(
+            app.port(),
+            &data,
+            &lockstep_common::config::REDIS_REPLICA_ARGS,
+        );
+        cmd.env("LD_PRELOAD", &self.bins.preload)
             .env("LOCKSTEP_CONFIG", &self.config_path)
-            .env("LOCKSTEP_NODE", id.to_string())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
+            .env("LOCKSTEP_NODE", id.to_string());
+        let child = spawn_logged(&mut cmd, log, Grouping::Inherit)
             .context("cannot start redis-server (is it installed? scripts/setup installs it)")?;
         self.servers[id as usize - 1] = Some(child);
         self.wait(&format!("server {id} listening and attached"), |b| {
             Ok(TcpStream::connect(app).is_ok() && b.status(id)?.server_pid != 0)
         })
-    }
-
-    fn kill(slot: &mut Option<Child>) {
-        if let Some(mut c) = slot.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 
     fn logs(&self) -> String {
@@ -249,7 +237,7 @@ impl Bench {
 impl Drop for Bench {
     fn drop(&mut self) {
         for c in self.servers.iter_mut().chain(self.followers.iter_mut()) {
-            Bench::kill(c);
+            kill_and_reap(c);
         }
         for id in 1..=NODES {
             let _ = std::fs::remove_file(region::region_path(&self.config.cluster, id));
@@ -614,8 +602,8 @@ struct Replay {
 /// SIGKILLs node `id` (server and follower), restarts it with a fresh
 /// server, and times the replay of its whole log.
 fn restart_replay(b: &mut Bench, id: u64, last: u64) -> anyhow::Result<Replay> {
-    Bench::kill(&mut b.servers[id as usize - 1]);
-    Bench::kill(&mut b.followers[id as usize - 1]);
+    kill_and_reap(&mut b.servers[id as usize - 1]);
+    kill_and_reap(&mut b.followers[id as usize - 1]);
     let t0 = Instant::now();
     b.start_follower(id)?;
     let startup = t0.elapsed();

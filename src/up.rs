@@ -14,11 +14,9 @@
 //! with a growing pause between failed attempts.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::unix::process::CommandExt;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +30,8 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::status;
-use crate::zookeeper_server::ZookeeperServer;
+use lockstep_testkit::process::{last_line, open_log, port_free, spawn_logged, Grouping};
+use lockstep_testkit::zookeeper::ZookeeperServer;
 
 /// How long a stopping process may take after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -186,22 +185,6 @@ fn backoff(failures: u32) -> Duration {
     Duration::from_secs(1u64 << (failures - 1).min(16)).min(BACKOFF_CAP)
 }
 
-fn port_free(addr: SocketAddr) -> bool {
-    TcpListener::bind(addr).is_ok()
-}
-
-/// The last non-empty line of a log file (why a child stopped, usually).
-pub fn last_line(path: &Path) -> String {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
 /// Expands `{port}`, `{host}`, `{data}`, `{node}` in a server command.
 pub fn server_command(
     template: &[String],
@@ -278,27 +261,8 @@ fn require_zookeeper(config: &Config, say: &dyn Fn(&str)) -> anyhow::Result<()> 
 /// output goes to `log` (appended to when `append`: a restarted process
 /// keeps its predecessor's last words).
 fn spawn(mut cmd: Command, log: &Path, append: bool) -> anyhow::Result<Child> {
-    let out = if append {
-        OpenOptions::new().create(true).append(true).open(log)
-    } else {
-        File::create(log)
-    }
-    .with_context(|| format!("cannot create {}", log.display()))?;
-    cmd.stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .process_group(0);
-    // SAFETY: the closure runs in the forked child before exec and only
-    // makes the prctl(2) system call, which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            // The kernel sends it when the spawning thread (our main
-            // thread) ends, also by SIGKILL: no orphans.
-            nix::sys::prctl::set_pdeathsig(Some(Signal::SIGTERM))?;
-            Ok(())
-        });
-    }
-    Ok(cmd.spawn()?)
+    let out = open_log(log, append).with_context(|| format!("cannot create {}", log.display()))?;
+    Ok(spawn_logged(&mut cmd, out, Grouping::OwnGroup)?)
 }
 
 impl Cluster {

@@ -4,24 +4,32 @@
 //! data) when dropped — also when a test fails.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 #[path = "../commit_mode/mod.rs"]
 mod commit_mode;
-#[path = "../ports/mod.rs"]
-mod ports;
 #[allow(unused_imports)]
 pub use commit_mode::{commit_line, commit_mode};
-#[path = "../resp/mod.rs"]
-mod resp;
 #[allow(unused_imports)]
-pub use ports::free_port;
+pub use lockstep_testkit::leader::leading;
 #[allow(unused_imports)]
-pub use resp::{resp_encode, Reply, Resp};
+pub use lockstep_testkit::memcache::{McItem, Memcache};
+#[allow(unused_imports)]
+pub use lockstep_testkit::ports::free_port;
+#[allow(unused_imports)]
+pub use lockstep_testkit::process::processes_mentioning;
+use lockstep_testkit::process::{kill_and_reap, open_log, spawn_logged, Grouping};
+#[allow(unused_imports)]
+pub use lockstep_testkit::resp::{resp_encode, Reply, Resp};
+use lockstep_testkit::servers::{memcached_command, redis_command};
+#[allow(unused_imports)]
+pub use lockstep_testkit::zookeeper::{
+    is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperServer,
+};
 
 use lockstep_common::control::NodeStatus;
 
@@ -158,12 +166,7 @@ impl TestCluster {
     }
 
     fn log(&self, what: &str, id: u64) -> std::fs::File {
-        let p = self.dir.join(format!("{what}-{id}.log"));
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-            .expect("log file")
+        open_log(&self.dir.join(format!("{what}-{id}.log")), true).expect("log file")
     }
 
     /// Starts node `id`'s follower and waits until it answers.
@@ -174,7 +177,7 @@ impl TestCluster {
             .arg("--node")
             .arg(id.to_string())
             .env("LOCKSTEP_LOG", "info");
-        let child = spawn_logged(cmd, self.log("follower", id));
+        let child = spawn(cmd, self.log("follower", id));
         let i = self.idx(id);
         self.followers[i] = Some(child);
         self.wait("follower answering", Duration::from_secs(30), |c| {
@@ -190,20 +193,12 @@ impl TestCluster {
         let _ = std::fs::remove_dir_all(&data);
         std::fs::create_dir_all(&data).expect("server dir");
         let mut cmd = match self.server {
-            Server::Redis => {
-                let mut c = Command::new("redis-server");
-                c.args(["--port", &n.app.port().to_string(), "--bind", "127.0.0.1"])
-                    .args(lockstep_common::config::REDIS_REPLICA_ARGS)
-                    .arg("--dir")
-                    .arg(&data);
-                c
-            }
-            Server::Memcached => {
-                let mut c = Command::new("memcached");
-                c.args(["-u", "root", "-t", "1", "-U", "0", "-l", "127.0.0.1"])
-                    .args(["-p", &n.app.port().to_string()]);
-                c
-            }
+            Server::Redis => redis_command(
+                n.app.port(),
+                &data,
+                &lockstep_common::config::REDIS_REPLICA_ARGS,
+            ),
+            Server::Memcached => memcached_command(n.app.port()),
         };
         if let Some(argv) = &self.command {
             cmd = templated_command(argv, n.app.port(), &data);
@@ -211,7 +206,7 @@ impl TestCluster {
         cmd.env("LD_PRELOAD", self.bins.join("liblockstep.so"))
             .env("LOCKSTEP_CONFIG", &self.config_path)
             .env("LOCKSTEP_NODE", id.to_string());
-        let child = spawn_logged(cmd, self.log("server", id));
+        let child = spawn(cmd, self.log("server", id));
         let i = self.idx(id);
         self.servers[i] = Some(child);
         self.wait(
@@ -263,19 +258,13 @@ impl TestCluster {
     /// SIGKILLs node `id`'s follower.
     pub fn kill_follower(&mut self, id: u64) {
         let i = self.idx(id);
-        if let Some(mut c) = self.followers[i].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.followers[i]);
     }
 
     /// SIGKILLs node `id`'s server.
     pub fn kill_server(&mut self, id: u64) {
         let i = self.idx(id);
-        if let Some(mut c) = self.servers[i].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.servers[i]);
     }
 
     /// Node `id`'s status over the control channel.
@@ -337,10 +326,7 @@ impl TestCluster {
 impl Drop for TestCluster {
     fn drop(&mut self) {
         for c in self.servers.iter_mut().chain(self.followers.iter_mut()) {
-            if let Some(mut c) = c.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+            kill_and_reap(c);
         }
         for n in &self.nodes {
             let _ = std::fs::remove_file(lockstep_common::region::region_path(&self.name, n.id));
@@ -380,19 +366,6 @@ impl SparePorts {
         self.0.push(p);
         p
     }
-}
-
-/// The (view, leader) of the highest view among `statuses`, when that
-/// view's leader is among them and itself says it leads that view.
-pub fn leading(statuses: &[NodeStatus]) -> Option<(u64, u64)> {
-    let top = statuses.iter().map(|s| s.view).max()?;
-    let leader = statuses
-        .iter()
-        .filter(|s| s.view == top)
-        .map(|s| s.leader)
-        .find(|&l| l != 0)?;
-    let ls = statuses.iter().find(|s| s.node == leader)?;
-    (ls.role == "leader" && ls.view == top).then_some((top, leader))
 }
 
 /// Collects a child's stdout and stderr (stderr lines tagged) into one
@@ -516,176 +489,6 @@ impl TestCluster {
 }
 
 // ---- Helpers for `lockstep up` tests: private ZooKeeper, process scan, memcached.
-
-#[path = "../../src/zookeeper_server.rs"]
-mod zookeeper_server;
-#[allow(unused_imports)]
-pub use zookeeper_server::{
-    is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperServer,
-};
-
-/// Live processes (other than this one) whose command line or environment
-/// contains `needle`, as "pid: cmdline". Zombies have neither, so they do
-/// not count.
-/// Spawns `cmd` with no stdin and stdout and stderr into `log`.
-fn spawn_logged(mut cmd: Command, log: std::fs::File) -> Child {
-    cmd.stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot spawn {cmd:?}: {e}"))
-}
-
-pub fn processes_mentioning(needle: &str) -> Vec<String> {
-    let me = std::process::id().to_string();
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let pid = e.file_name().to_string_lossy().to_string();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
-            continue;
-        }
-        let read = |f: &str| std::fs::read(e.path().join(f)).unwrap_or_default();
-        let cmdline = read("cmdline");
-        let environ = read("environ");
-        let hit = |b: &[u8]| b.windows(needle.len()).any(|w| w == needle.as_bytes());
-        if !needle.is_empty() && (hit(&cmdline) || hit(&environ)) {
-            let cmd: Vec<String> = cmdline
-                .split(|&b| b == 0)
-                .map(|a| String::from_utf8_lossy(a).to_string())
-                .collect();
-            out.push(format!("{pid}: {}", cmd.join(" ").trim()));
-        }
-    }
-    out
-}
-
-/// A minimal memcached text-protocol client.
-pub struct Memcache {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
-
-/// One item as a key dump sees it: flags and value (no CAS id).
-pub type McItem = (u32, Vec<u8>);
-
-impl Memcache {
-    /// Connects to a memcached server.
-    pub fn connect(addr: SocketAddr) -> std::io::Result<Memcache> {
-        let s = TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(60)))?;
-        s.set_nodelay(true)?;
-        Ok(Memcache {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
-        })
-    }
-
-    /// Reads one reply line (without CRLF).
-    pub fn line(&mut self) -> std::io::Result<String> {
-        let mut l = String::new();
-        if self.r.read_line(&mut l)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        Ok(l.trim_end_matches("\r\n").to_string())
-    }
-
-    /// Sends `bytes` and reads one reply line.
-    pub fn request(&mut self, bytes: &[u8]) -> std::io::Result<String> {
-        self.w.write_all(bytes)?;
-        self.line()
-    }
-
-    /// `set`/`add`/`replace`/`append`/`prepend` (or `cas` with `cas`).
-    pub fn store(
-        &mut self,
-        cmd: &str,
-        key: &str,
-        flags: u32,
-        value: &[u8],
-        cas: Option<u64>,
-    ) -> std::io::Result<String> {
-        let cas = cas.map(|c| format!(" {c}")).unwrap_or_default();
-        let mut b = format!("{cmd} {key} {flags} 0 {}{cas}\r\n", value.len()).into_bytes();
-        b.extend_from_slice(value);
-        b.extend_from_slice(b"\r\n");
-        self.request(&b)
-    }
-
-    /// `gets key`: flags, value and CAS id, or None.
-    pub fn gets(&mut self, key: &str) -> std::io::Result<Option<(u32, Vec<u8>, u64)>> {
-        self.w.write_all(format!("gets {key}\r\n").as_bytes())?;
-        let l = self.line()?;
-        if l == "END" {
-            return Ok(None);
-        }
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, l.clone());
-        if f.len() < 5 || f[0] != "VALUE" {
-            return Err(bad());
-        }
-        let flags: u32 = f[2].parse().map_err(|_| bad())?;
-        let len: usize = f[3].parse().map_err(|_| bad())?;
-        let cas: u64 = f[4].parse().map_err(|_| bad())?;
-        let mut v = vec![0u8; len + 2];
-        self.r.read_exact(&mut v)?;
-        v.truncate(len);
-        let end = self.line()?;
-        if end != "END" {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, end));
-        }
-        Ok(Some((flags, v, cas)))
-    }
-
-    /// Every key, from `lru_crawler metadump all` (percent-decoded).
-    pub fn keys(&mut self) -> std::io::Result<Vec<String>> {
-        self.w.write_all(b"lru_crawler metadump all\r\n")?;
-        let mut keys = Vec::new();
-        loop {
-            let l = self.line()?;
-            if l == "END" {
-                return Ok(keys);
-            }
-            if l.starts_with("ERROR") || l.starts_with("BUSY") || l.starts_with("CLIENT_ERROR") {
-                return Err(std::io::Error::other(l));
-            }
-            if let Some(k) = l.split_whitespace().find_map(|f| f.strip_prefix("key=")) {
-                keys.push(percent_decode(k));
-            }
-        }
-    }
-
-    /// Every item: key → (flags, value), CAS ids left out.
-    pub fn dump(&mut self) -> std::io::Result<std::collections::BTreeMap<String, McItem>> {
-        let mut out = std::collections::BTreeMap::new();
-        for k in self.keys()? {
-            if let Some((flags, v, _)) = self.gets(&k)? {
-                out.insert(k, (flags, v));
-            }
-        }
-        Ok(out)
-    }
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(x) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(x);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).to_string()
-}
 
 /// Runs `threads` memcached clients against `addr`, each doing `ops`
 /// order-sensitive operations on shared keys: set (flags = thread),
@@ -1064,6 +867,12 @@ impl TestCluster {
         assert!(!argv.is_empty(), "empty server command");
         self.command = Some(argv.iter().map(|a| a.to_string()).collect());
     }
+}
+
+/// Spawns `cmd` with no stdin and stdout and stderr into `log`.
+fn spawn(mut cmd: Command, log: std::fs::File) -> Child {
+    spawn_logged(&mut cmd, log, Grouping::Inherit)
+        .unwrap_or_else(|e| panic!("cannot spawn {cmd:?}: {e}"))
 }
 
 /// `argv` with `{port}` and `{data}` filled in.
