@@ -29,11 +29,11 @@ use serde::Serialize;
 use crate::chart;
 use crate::status;
 use crate::up::{Binaries, Cluster};
+use lockstep_testkit::commands::redis_command;
 use lockstep_testkit::ports;
-use lockstep_testkit::process::{last_line, open_log, spawn_logged, Grouping};
+use lockstep_testkit::process::{last_line, open_log, spawn_logged, stop_on_signals, Grouping};
 use lockstep_testkit::redis_load::{self, LoadSpec};
 use lockstep_testkit::resp::{self, Reply};
-use lockstep_testkit::servers::redis_command;
 
 /// How long a started server may take to answer PING / a replica to sync.
 const READY_LIMIT: Duration = Duration::from_secs(60);
@@ -910,14 +910,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let out = opts.out.clone().unwrap_or_else(default_out);
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let out = out.canonicalize()?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
-    }
+    let stop = stop_on_signals().context("cannot install signal handlers")?;
     let ctx = Ctx {
         work: out.join("work"),
         stop,

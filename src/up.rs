@@ -18,7 +18,6 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -30,7 +29,10 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::status;
-use lockstep_testkit::process::{last_line, open_log, port_free, spawn_logged, Grouping};
+use lockstep_testkit::commands::{follower_command, under_preload};
+use lockstep_testkit::process::{
+    last_line, open_log, port_free, spawn_logged, stop_on_signals, Grouping,
+};
 use lockstep_testkit::zookeeper::ZookeeperServer;
 
 /// How long a stopping process may take after SIGTERM before SIGKILL.
@@ -440,11 +442,7 @@ impl Cluster {
             .data_dir
             .join("logs")
             .join(format!("follower-{}.log", n.id));
-        let mut c = Command::new(&bins.follower);
-        c.arg("--config")
-            .arg(config_path)
-            .arg("--node")
-            .arg(n.id.to_string());
+        let c = follower_command(&bins.follower, config_path, n.id);
         let child = spawn(c, &log, append)
             .with_context(|| format!("cannot start {}", bins.follower.display()))?;
         self.procs.push(Proc {
@@ -490,10 +488,7 @@ impl Cluster {
             .join("logs")
             .join(format!("server-{id}.log"));
         let mut c = Command::new(&args[0]);
-        c.args(&args[1..])
-            .env("LD_PRELOAD", &bins.preload)
-            .env("LOCKSTEP_CONFIG", config_path)
-            .env("LOCKSTEP_NODE", id.to_string());
+        under_preload(c.args(&args[1..]), &bins.preload, config_path, id);
         let child =
             spawn(c, &log, append).with_context(|| format!("cannot start server `{}`", args[0]))?;
         self.procs.push(Proc {
@@ -1074,14 +1069,7 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
     } else {
         server_cmd
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
-    }
+    let stop = stop_on_signals().context("cannot install signal handlers")?;
     let bins = Binaries::locate()?;
     let say = |m: &str| println!("lockstep up: {m}");
     let mut cluster = match node {

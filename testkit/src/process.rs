@@ -8,6 +8,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use nix::sys::signal::Signal;
 
@@ -106,4 +108,18 @@ pub fn processes_mentioning(needle: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// A flag raised by SIGINT, SIGTERM or SIGHUP: a launcher polls it to stop
+/// what it started and return instead of dying with its children running.
+pub fn stop_on_signals() -> io::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    Ok(stop)
 }

@@ -14,10 +14,14 @@ use std::time::{Duration, Instant};
 mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::{commit_line, commit_mode};
+use lockstep_testkit::commands::{
+    follower_command, memcached_command, redis_command, under_preload,
+};
 #[allow(unused_imports)]
-pub use lockstep_testkit::leader::leading;
+pub use lockstep_testkit::leader::{find_leader, leading};
 #[allow(unused_imports)]
 pub use lockstep_testkit::memcache::{McItem, Memcache};
+use lockstep_testkit::poll::poll_until;
 #[allow(unused_imports)]
 pub use lockstep_testkit::ports::free_port;
 #[allow(unused_imports)]
@@ -25,7 +29,6 @@ pub use lockstep_testkit::process::processes_mentioning;
 use lockstep_testkit::process::{kill_and_reap, open_log, spawn_logged, Grouping};
 #[allow(unused_imports)]
 pub use lockstep_testkit::resp::{resp_encode, Reply, Resp};
-use lockstep_testkit::servers::{memcached_command, redis_command};
 #[allow(unused_imports)]
 pub use lockstep_testkit::zookeeper::{
     is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperServer,
@@ -171,12 +174,8 @@ impl TestCluster {
 
     /// Starts node `id`'s follower and waits until it answers.
     pub fn start_follower(&mut self, id: u64) {
-        let mut cmd = Command::new(self.bins.join("lockstep-follower"));
-        cmd.arg("--config")
-            .arg(&self.config_path)
-            .arg("--node")
-            .arg(id.to_string())
-            .env("LOCKSTEP_LOG", "info");
+        let mut cmd = follower_command(&self.bins.join("lockstep-follower"), &self.config_path, id);
+        cmd.env("LOCKSTEP_LOG", "info");
         let child = spawn(cmd, self.log("follower", id));
         let i = self.idx(id);
         self.followers[i] = Some(child);
@@ -203,9 +202,12 @@ impl TestCluster {
         if let Some(argv) = &self.command {
             cmd = templated_command(argv, n.app.port(), &data);
         }
-        cmd.env("LD_PRELOAD", self.bins.join("liblockstep.so"))
-            .env("LOCKSTEP_CONFIG", &self.config_path)
-            .env("LOCKSTEP_NODE", id.to_string());
+        under_preload(
+            &mut cmd,
+            &self.bins.join("liblockstep.so"),
+            &self.config_path,
+            id,
+        );
         let child = spawn(cmd, self.log("server", id));
         let i = self.idx(id);
         self.servers[i] = Some(child);
@@ -243,8 +245,7 @@ impl TestCluster {
     pub fn wait_leader_among(&self, ids: &[u64], limit: Duration) -> u64 {
         let found = std::cell::Cell::new(0);
         self.wait("a leader", limit, |c| {
-            let statuses: Vec<_> = ids.iter().filter_map(|&i| c.status(i).ok()).collect();
-            match leading(&statuses) {
+            match find_leader(&c.config(), ids, Duration::from_secs(5)) {
                 Some((_, l)) if ids.contains(&l) => {
                     found.set(l);
                     true
@@ -274,14 +275,10 @@ impl TestCluster {
 
     /// Polls `cond` until true; panics with the follower logs after `limit`.
     pub fn wait(&self, what: &str, limit: Duration, cond: impl Fn(&TestCluster) -> bool) {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if cond(self) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let holds = || cond(self).then_some(()).ok_or_else(String::new);
+        if poll_until(limit, Duration::from_millis(50), holds).is_err() {
+            panic!("timed out waiting for {what}\n{}", self.logs());
         }
-        panic!("timed out waiting for {what}\n{}", self.logs());
     }
 
     /// Waits until every node has applied everything the leader persisted.
@@ -389,6 +386,22 @@ pub fn collect_output(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<Stri
     out
 }
 
+/// `lockstep status --json --config F`, parsed.
+pub fn cli_status(config: &Path) -> serde_json::Value {
+    let out = Command::new(bin_dir().join("lockstep"))
+        .args(["status", "--json", "--config"])
+        .arg(config)
+        .output()
+        .expect("run lockstep status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "lockstep status --json printed no JSON ({e}): {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
 /// Status of node `id` over its control channel.
 pub fn query_status(config: &lockstep_common::Config, id: u64) -> Result<NodeStatus, String> {
     lockstep_common::control::query_status(config, id, Duration::from_secs(5))
@@ -411,37 +424,7 @@ pub fn redis_mixed_workload(addr: SocketAddr, threads: usize, ops: usize) {
             std::thread::spawn(move || {
                 let mut c = Resp::connect(addr).expect("connect");
                 for i in 0..ops {
-                    let v = format!("{t}:{i}");
-                    let r = match i % 7 {
-                        0 => c.cmd(&[b"LPUSH", b"shared:list", v.as_bytes()]),
-                        1 => c.cmd(&[b"RPUSH", b"shared:list", v.as_bytes()]),
-                        2 => c.cmd(&[b"APPEND", b"shared:str", v.as_bytes()]),
-                        3 => c.cmd(&[b"INCR", b"shared:counter"]),
-                        4 => {
-                            c.send(&[b"MULTI"]).unwrap();
-                            c.send(&[b"INCRBY", b"shared:tx", b"3"]).unwrap();
-                            c.send(&[b"RPUSH", b"shared:txlist", v.as_bytes()]).unwrap();
-                            c.send(&[b"EXEC"]).unwrap();
-                            for _ in 0..3 {
-                                c.read().unwrap();
-                            }
-                            c.read()
-                        }
-                        5 => {
-                            c.cmd(&[b"SELECT", b"3"]).unwrap();
-                            let r = c.cmd(&[b"RPUSH", b"db3:list", v.as_bytes()]);
-                            c.cmd(&[b"SELECT", b"0"]).unwrap();
-                            r
-                        }
-                        _ => c.cmd(&[
-                            b"SET",
-                            format!("key:{t}:{}", i % 50).as_bytes(),
-                            v.as_bytes(),
-                        ]),
-                    };
-                    if let Reply::Error(e) = r.expect("command") {
-                        panic!("server error: {e}");
-                    }
+                    redis_mixed_op(&mut c, t, i).expect("command");
                 }
             })
         })

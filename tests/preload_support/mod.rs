@@ -24,11 +24,13 @@ mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::commit_mode;
 #[allow(unused_imports)]
+pub use lockstep_testkit::commands::memcached_command;
+use lockstep_testkit::commands::under_preload;
+use lockstep_testkit::poll::poll_until;
+#[allow(unused_imports)]
 pub use lockstep_testkit::ports::free_port;
 #[allow(unused_imports)]
 pub use lockstep_testkit::resp::{resp_encode, Reply, Resp};
-#[allow(unused_imports)]
-pub use lockstep_testkit::servers::memcached_command;
 
 /// Generous limit for anything a test waits for.
 pub const LIMIT: Duration = Duration::from_secs(60);
@@ -66,13 +68,9 @@ pub fn preload_lib() -> PathBuf {
 
 /// Polls `cond` every 10 ms until it holds or `limit` passes.
 pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
+    let holds = || cond().then_some(()).ok_or_else(String::new);
+    if poll_until(limit, Duration::from_millis(10), holds).is_err() {
+        panic!("timed out after {limit:?} waiting for {what}");
     }
 }
 
@@ -211,9 +209,7 @@ impl Fixture {
 
     /// Environment for a server under the preload as node 1.
     pub fn preload_env(&self, cmd: &mut Command) {
-        cmd.env("LD_PRELOAD", preload_lib())
-            .env("LOCKSTEP_CONFIG", &self.config_path)
-            .env("LOCKSTEP_NODE", "1")
+        under_preload(cmd, &preload_lib(), &self.config_path, 1)
             .env(
                 "LOCKSTEP_LOG",
                 format!("info:{}", self.dir.join("preload.log").display()),
@@ -596,7 +592,7 @@ impl Drop for Server {
 
 /// `redis-server` on `port` (loopback, no persistence) as a command.
 pub fn redis_command(port: u16, dir: &Path) -> Command {
-    lockstep_testkit::servers::redis_command(port, dir, &["--save", "", "--appendonly", "no"])
+    lockstep_testkit::commands::redis_command(port, dir, &["--save", "", "--appendonly", "no"])
 }
 
 /// Runs a client program to completion, killing it after `limit`.
