@@ -26,8 +26,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cluster::{
-    bin_dir, cli_status, free_port, zookeeper_serving, Options, Reply, Resp, SparePorts,
-    TestCluster, ZookeeperServer,
+    bin_dir, cli_status, free_port, zookeeper_serving, Options, Reply, Resp, TestCluster,
+    ZookeeperServer,
 };
 use lockstep_common::control::NodeStatus;
 use lockstep_testkit::commands::follower_command;
@@ -656,21 +656,11 @@ fn zk_cluster(test: &str, nodes: usize, backup_clients: &str) -> (TestCluster, Z
             ..Options::default()
         },
     );
-    // Not one of the ports the cluster's config took (they are free until
-    // the nodes start).
-    let mut spare = SparePorts::of(&c);
-    let zk = ZookeeperServer::start_on_free_port(&c.dir.join("zk"), || spare.next_port())
-        .expect("start ZooKeeper");
-    c.use_zookeeper(&zk.addr().to_string(), SESSION_MS);
+    let zk = c.start_zookeeper(SESSION_MS);
     if backup_clients != "allow" {
         c.set_backup_clients(backup_clients);
     }
-    for id in 1..=nodes as u64 {
-        c.start_follower(id);
-    }
-    for id in 1..=nodes as u64 {
-        c.start_server(id);
-    }
+    c.start_nodes();
     (c, zk)
 }
 

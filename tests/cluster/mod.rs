@@ -224,13 +224,19 @@ impl TestCluster {
     /// Starts every follower, then every server; waits until the leader
     /// serves.
     pub fn start_all(&mut self) {
+        self.start_nodes();
+        self.wait_leader(1);
+    }
+
+    /// Starts every follower, then every server (each waited for as in
+    /// `start_follower` and `start_server`), not waiting for a leader.
+    pub fn start_nodes(&mut self) {
         for id in 1..=self.nodes.len() as u64 {
             self.start_follower(id);
         }
         for id in 1..=self.nodes.len() as u64 {
             self.start_server(id);
         }
-        self.wait_leader(1);
     }
 
     /// Waits until node `id` leads (its view change done, preload active).
@@ -456,6 +462,17 @@ impl TestCluster {
             "[election]\nmode = \"zookeeper\"\nzookeeper = \"{zookeeper}\"\nsession_timeout_ms = {session_timeout_ms}\n"
         );
         std::fs::write(&self.config_path, text.replacen(old, &new, 1)).expect("write config");
+    }
+
+    /// Starts a private ZooKeeper on a port none of the nodes took and
+    /// switches the (not yet used) config to elect through it with the
+    /// given session timeout.
+    pub fn start_zookeeper(&mut self, session_timeout_ms: u64) -> ZookeeperServer {
+        let mut spare = SparePorts::of(self);
+        let zk = ZookeeperServer::start_on_free_port(&self.dir.join("zk"), || spare.next_port())
+            .expect("start ZooKeeper");
+        self.use_zookeeper(&zk.addr().to_string(), session_timeout_ms);
+        zk
     }
 
     /// Sets `backup_clients` ("allow" | "deny") in the (not yet used) config.
