@@ -23,10 +23,10 @@
 //!    whole log into it. Its rate is the apply throughput from a stored
 //!    log; the two backups' `DEBUG DIGEST`s are compared afterwards.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,10 @@ use lockstep_common::region::{self, Region};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use lockstep_common::transport::{self, Transport, TransportError};
 use lockstep_common::Config;
+use lockstep_testkit::commands::{follower_command, redis_command, under_preload};
+use lockstep_testkit::ports;
+use lockstep_testkit::process::{kill_and_reap, open_log, spawn_logged, Grouping};
+use lockstep_testkit::resp::{self, resp_encode, Reply};
 use serde_json::json;
 
 use crate::up::Binaries;
@@ -93,8 +97,9 @@ struct Bench {
     keep: bool,
 }
 
+/// A loopback port nothing is bound to now (outside the ephemeral range).
 fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    ports::try_free_port().context("no free loopback port outside the ephemeral range")
 }
 
 impl Bench {
@@ -138,10 +143,7 @@ impl Bench {
     }
 
     fn log(&self, what: &str, id: u64) -> anyhow::Result<std::fs::File> {
-        Ok(std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(format!("{what}-{id}.log")))?)
+        Ok(open_log(&self.dir.join(format!("{what}-{id}.log")), true)?)
     }
 
     fn status(&self, id: u64) -> Result<NodeStatus, String> {
@@ -180,15 +182,9 @@ impl Bench {
 
     fn start_follower(&mut self, id: u64) -> anyhow::Result<()> {
         let log = self.log("follower", id)?;
-        let child = Command::new(&self.bins.follower)
-            .arg("--config")
-            .arg(&self.config_path)
-            .args(["--node", &id.to_string()])
-            .env("LOCKSTEP_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
+        let mut cmd = follower_command(&self.bins.follower, &self.config_path, id);
+        cmd.env("LOCKSTEP_LOG", "info");
+        let child = spawn_logged(&mut cmd, log, Grouping::Inherit)
             .with_context(|| format!("cannot start {}", self.bins.follower.display()))?;
         self.followers[id as usize - 1] = Some(child);
         self.wait(&format!("follower {id} answering"), |b| {
@@ -202,30 +198,18 @@ impl Bench {
         let _ = std::fs::remove_dir_all(&data);
         std::fs::create_dir_all(&data)?;
         let log = self.log("server", id)?;
-        let child = Command::new("redis-server")
-            .args(["--port", &app.port().to_string(), "--bind", "127.0.0.1"])
-            .args(lockstep_common::config::REDIS_REPLICA_ARGS)
-            .arg("--dir")
-            .arg(&data)
-            .env("LD_PRELOAD", &self.bins.preload)
-            .env("LOCKSTEP_CONFIG", &self.config_path)
-            .env("LOCKSTEP_NODE", id.to_string())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
+        let mut cmd = redis_command(
+            app.port(),
+            &data,
+            &lockstep_common::config::REDIS_REPLICA_ARGS,
+        );
+        under_preload(&mut cmd, &self.bins.preload, &self.config_path, id);
+        let child = spawn_logged(&mut cmd, log, Grouping::Inherit)
             .context("cannot start redis-server (is it installed? scripts/setup installs it)")?;
         self.servers[id as usize - 1] = Some(child);
         self.wait(&format!("server {id} listening and attached"), |b| {
             Ok(TcpStream::connect(app).is_ok() && b.status(id)?.server_pid != 0)
         })
-    }
-
-    fn kill(slot: &mut Option<Child>) {
-        if let Some(mut c) = slot.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 
     fn logs(&self) -> String {
@@ -249,7 +233,7 @@ impl Bench {
 impl Drop for Bench {
     fn drop(&mut self) {
         for c in self.servers.iter_mut().chain(self.followers.iter_mut()) {
-            Bench::kill(c);
+            kill_and_reap(c);
         }
         for id in 1..=NODES {
             let _ = std::fs::remove_file(region::region_path(&self.config.cluster, id));
@@ -419,29 +403,19 @@ impl AppendHooks for BenchHooks<'_> {
 // ---------------------------------------------------------------------
 // Payloads
 
-fn resp(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
 /// A `SET key value` command of exactly `size` bytes (the key is padded
 /// when the value's length digits would skip `size`); the shortest such
 /// command when `size` is below it.
 fn set_of_size(key: &str, size: usize) -> Vec<u8> {
     for pad in 0..4 {
         let key = format!("{key}{}", "_".repeat(pad));
-        let base = resp(&[b"SET", key.as_bytes(), b""]).len();
+        let base = resp_encode(&[b"SET", key.as_bytes(), b""]).len();
         if size <= base {
-            return resp(&[b"SET", key.as_bytes(), b""]);
+            return resp_encode(&[b"SET", key.as_bytes(), b""]);
         }
         // The length prefix grows by at most 6 digits here.
         for vlen in (size - base).saturating_sub(6)..=size - base {
-            let cmd = resp(&[b"SET", key.as_bytes(), &vec![b'x'; vlen]]);
+            let cmd = resp_encode(&[b"SET", key.as_bytes(), &vec![b'x'; vlen]]);
             if cmd.len() == size {
                 return cmd;
             }
@@ -560,13 +534,13 @@ fn stream(b: &mut Bench, l: &mut Leader, n: u64, conns: u64) -> anyhow::Result<S
     for i in 0..n {
         let c = (i % conns) as usize;
         let cmd = if i % 2 == 0 {
-            resp(&[
+            resp_encode(&[
                 b"SET",
                 format!("k:{}", i % 10_000).as_bytes(),
                 format!("v{i:016}").as_bytes(),
             ])
         } else {
-            resp(&[b"INCR", format!("ctr:{c}").as_bytes()])
+            resp_encode(&[b"INCR", format!("ctr:{c}").as_bytes()])
         };
         bytes += cmd.len() as u64;
         // One round over the connections is one turn of a busy server's
@@ -614,8 +588,8 @@ struct Replay {
 /// SIGKILLs node `id` (server and follower), restarts it with a fresh
 /// server, and times the replay of its whole log.
 fn restart_replay(b: &mut Bench, id: u64, last: u64) -> anyhow::Result<Replay> {
-    Bench::kill(&mut b.servers[id as usize - 1]);
-    Bench::kill(&mut b.followers[id as usize - 1]);
+    kill_and_reap(&mut b.servers[id as usize - 1]);
+    kill_and_reap(&mut b.followers[id as usize - 1]);
     let t0 = Instant::now();
     b.start_follower(id)?;
     let startup = t0.elapsed();
@@ -642,13 +616,14 @@ fn restart_replay(b: &mut Bench, id: u64, last: u64) -> anyhow::Result<Replay> {
 }
 
 /// `DEBUG DIGEST` of the Redis at `addr`.
+/// `DEBUG DIGEST` of the Redis server at `addr` (another reply as it reads).
 fn digest(addr: SocketAddr) -> anyhow::Result<String> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    s.write_all(&resp(&[b"DEBUG", b"DIGEST"]))?;
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line)?;
-    Ok(line.trim_end().trim_start_matches('+').to_string())
+    Ok(
+        match resp::command(addr, &["DEBUG", "DIGEST"], Duration::from_secs(60))? {
+            Reply::Status(s) => s,
+            other => format!("{other:?}"),
+        },
+    )
 }
 
 /// `lockstep_persist_seconds` (sum in seconds, count of batches) and
@@ -994,7 +969,7 @@ fn apply_latency(config: &Config, l: &mut Leader, n: usize) -> anyhow::Result<Ve
     let conn = l.append(Kind::Accept, 0, &[])?;
     l.wait_majority(conn)?;
     l.region.raise_commit(conn);
-    let payload = resp(&[b"INCR", b"apply:latency"]);
+    let payload = resp_encode(&[b"INCR", b"apply:latency"]);
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let seq = l.append(Kind::Data, conn, &payload)?;

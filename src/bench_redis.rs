@@ -11,10 +11,10 @@
 //! table), a JSON file and a PNG chart in the results directory.
 
 use std::io::Write as _;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -27,9 +27,13 @@ use plotters::style::RGBColor;
 use serde::Serialize;
 
 use crate::chart;
-use crate::loadgen::{self, LoadSpec, Reply};
 use crate::status;
-use crate::up::{last_line, Binaries, Cluster};
+use crate::up::{Binaries, Cluster};
+use lockstep_testkit::commands::redis_command;
+use lockstep_testkit::ports;
+use lockstep_testkit::process::{last_line, open_log, spawn_logged, stop_on_signals, Grouping};
+use lockstep_testkit::redis_load::{self, LoadSpec};
+use lockstep_testkit::resp::{self, Reply};
 
 /// How long a started server may take to answer PING / a replica to sync.
 const READY_LIMIT: Duration = Duration::from_secs(60);
@@ -200,36 +204,12 @@ struct SystemReport {
 
 // ---------------------------------------------------------------- ports
 
-/// Ports handed out per window (as in tests/ports).
-const PORT_WINDOW: u32 = 12_000;
-
 /// A loopback port nothing is bound to now, outside the kernel's ephemeral
 /// range: a port from there (what binding port 0 hands out) can become the
 /// local end of an outgoing connection — there are many here, 50 clients
 /// per run — before the server binds it, and then its bind fails.
 fn free_port() -> anyhow::Result<u16> {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let range =
-        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
-    let mut it = range
-        .split_whitespace()
-        .filter_map(|s| s.parse::<u32>().ok());
-    let (lo, hi) = (it.next().unwrap_or(32_768), it.next().unwrap_or(60_999));
-    let start = if lo >= PORT_WINDOW + 1_024 {
-        lo - PORT_WINDOW
-    } else {
-        (hi + 1).min(65_535 - PORT_WINDOW)
-    };
-    // Another concurrent bench or test binary starts elsewhere in the window.
-    let base = std::process::id() % PORT_WINDOW;
-    for _ in 0..PORT_WINDOW {
-        let i = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (start + (base + i) % PORT_WINDOW) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    bail!("no free loopback port from {start} on")
+    ports::try_free_port().context("no free loopback port outside the ephemeral range")
 }
 
 fn loopback(port: u16) -> SocketAddr {
@@ -258,21 +238,13 @@ impl RedisServer {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let addr = loopback(free_port()?);
         let log = dir.join("redis.log");
-        let out = std::fs::File::create(&log)
-            .with_context(|| format!("cannot create {}", log.display()))?;
-        let child = Command::new("redis-server")
-            .args(["--port", &addr.port().to_string(), "--bind", "127.0.0.1"])
-            .args(REDIS_REPLICA_ARGS)
-            .arg("--dir")
-            .arg(dir)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .context(
-                "cannot start redis-server (Debian package redis-server; scripts/setup installs it)",
-            )?;
+        let out =
+            open_log(&log, false).with_context(|| format!("cannot create {}", log.display()))?;
+        let mut cmd = redis_command(addr.port(), dir, &REDIS_REPLICA_ARGS);
+        cmd.args(extra);
+        let child = spawn_logged(&mut cmd, out, Grouping::Inherit).context(
+            "cannot start redis-server (Debian package redis-server; scripts/setup installs it)",
+        )?;
         let mut s = RedisServer {
             what: what.to_string(),
             addr,
@@ -281,7 +253,7 @@ impl RedisServer {
         };
         s.wait_until("answering PING", stop, |addr| {
             matches!(
-                loadgen::command(addr, &["PING"], Duration::from_secs(1)),
+                resp::command(addr, &["PING"], Duration::from_secs(1)),
                 Ok(Reply::Status(p)) if p == "PONG"
             )
         })?;
@@ -327,7 +299,7 @@ impl RedisServer {
     fn wait_synced(&mut self, stop: &AtomicBool) -> anyhow::Result<()> {
         self.wait_until("in sync with its primary", stop, |addr| {
             matches!(
-                loadgen::command(addr, &["INFO", "replication"], Duration::from_secs(1)),
+                resp::command(addr, &["INFO", "replication"], Duration::from_secs(1)),
                 Ok(Reply::Bulk(Some(b))) if String::from_utf8_lossy(&b).contains("master_link_status:up")
             )
         })
@@ -695,7 +667,7 @@ fn load(sys: System, st: &Started, opts: &Options, ctx: &Ctx) -> anyhow::Result<
         },
         opts.clients
     );
-    let res = loadgen::run(
+    let res = redis_load::run(
         &LoadSpec {
             addr: st.addr,
             clients: opts.clients,
@@ -938,14 +910,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let out = opts.out.clone().unwrap_or_else(default_out);
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let out = out.canonicalize()?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
-    }
+    let stop = stop_on_signals().context("cannot install signal handlers")?;
     let ctx = Ctx {
         work: out.join("work"),
         stop,

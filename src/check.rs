@@ -294,6 +294,7 @@ pub fn summary(config: &Config, path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lockstep_testkit::config_fixture::ThreeNodeConfig;
 
     fn cmd(args: &[&str]) -> Vec<String> {
         args.iter().map(|a| a.to_string()).collect()
@@ -367,29 +368,17 @@ mod tests {
 
     #[test]
     fn summary_is_words() {
-        let c = Config::parse(
-            r#"
-cluster = "demo"
+        let text = ThreeNodeConfig::new(
+            r#"cluster = "demo"
 data_dir = "/tmp/lockstep-demo"
 server = ["redis-server", "--port", "{port}", "--save", ""]
 [election]
 mode = "zookeeper"
-[[nodes]]
-id = 1
-app = "127.0.0.1:7001"
-control = "127.0.0.1:7101"
-metrics = "127.0.0.1:7201"
-[[nodes]]
-id = 2
-app = "127.0.0.1:7002"
-control = "127.0.0.1:7102"
-[[nodes]]
-id = 3
-app = "127.0.0.1:7003"
-control = "127.0.0.1:7103"
 "#,
         )
-        .unwrap();
+        .metrics(1, "127.0.0.1:7201")
+        .text();
+        let c = Config::parse(&text).unwrap();
         let s = summary(&c, Path::new("demo.toml"));
         assert!(
             s.starts_with(

@@ -3,8 +3,7 @@
 //! node is restarted (fresh server, same data dir) and caught up between
 //! rounds, so every round starts from a full cluster.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -12,22 +11,17 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use lockstep_common::config::ElectionMode;
 use lockstep_common::Config;
+use lockstep_testkit::resp::{self, Reply};
 
 use crate::status;
 use crate::up::{self, Binaries, Cluster};
 
 /// One INCR on `addr`: Ok when the server acknowledged it.
 fn incr(addr: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    s.write_all(b"*2\r\n$4\r\nINCR\r\n$17\r\nlockstep:failover\r\n")?;
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line)?;
-    if !line.starts_with(':') {
-        bail!("answered {:?}", line.trim_end());
+    match resp::command(addr, &["INCR", "lockstep:failover"], timeout)? {
+        Reply::Int(_) => Ok(()),
+        other => bail!("answered {other:?}"),
     }
-    Ok(())
 }
 
 /// The node that reports itself leader, if any.

@@ -5,10 +5,8 @@ mod bench_redis;
 mod chart;
 mod check;
 mod failover_bench;
-mod loadgen;
 mod status;
 mod up;
-mod zookeeper_server;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -223,23 +223,12 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lockstep_testkit::config_fixture::ThreeNodeConfig;
 
-    const CONFIG: &str = r#"
-cluster = "t"
-data_dir = "/tmp/lockstep-status-test"
-[[nodes]]
-id = 1
-app = "127.0.0.1:7001"
-control = "127.0.0.1:7101"
-[[nodes]]
-id = 2
-app = "127.0.0.1:7002"
-control = "127.0.0.1:7102"
-[[nodes]]
-id = 3
-app = "127.0.0.1:7003"
-control = "127.0.0.1:7103"
-"#;
+    /// Three nodes, no options.
+    fn config_text() -> String {
+        ThreeNodeConfig::new("cluster = \"t\"\ndata_dir = \"/tmp/lockstep-status-test\"\n").text()
+    }
 
     fn up(id: u64, role: &str, view: u64, leader: u64) -> NodeView {
         NodeView {
@@ -270,7 +259,7 @@ control = "127.0.0.1:7103"
 
     #[test]
     fn a_leader_with_a_majority_is_healthy() {
-        let c = Config::parse(CONFIG).unwrap();
+        let c = Config::parse(&config_text()).unwrap();
         let nodes = [up(1, "leader", 2, 1), up(2, "backup", 2, 1), down(3)];
         assert_eq!(health(&c, &nodes), Ok(()));
         let j = to_json(&c, Path::new("c.toml"), &nodes);
@@ -293,7 +282,7 @@ control = "127.0.0.1:7103"
 
     #[test]
     fn no_majority_no_leader_or_all_down_is_not() {
-        let c = Config::parse(CONFIG).unwrap();
+        let c = Config::parse(&config_text()).unwrap();
         let alone = [up(1, "leader", 2, 1), down(2), down(3)];
         assert!(health(&c, &alone).unwrap_err().contains("only 1 of 3"));
         let stale = [up(1, "leader", 2, 1), up(2, "stale", 2, 1), down(3)];

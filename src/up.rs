@@ -14,13 +14,10 @@
 //! with a growing pause between failed attempts.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::unix::process::CommandExt;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -32,7 +29,11 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::status;
-use crate::zookeeper_server::ZookeeperServer;
+use lockstep_testkit::commands::{follower_command, under_preload};
+use lockstep_testkit::process::{
+    last_line, open_log, port_free, spawn_logged, stop_on_signals, Grouping,
+};
+use lockstep_testkit::zookeeper::ZookeeperServer;
 
 /// How long a stopping process may take after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -186,22 +187,6 @@ fn backoff(failures: u32) -> Duration {
     Duration::from_secs(1u64 << (failures - 1).min(16)).min(BACKOFF_CAP)
 }
 
-fn port_free(addr: SocketAddr) -> bool {
-    TcpListener::bind(addr).is_ok()
-}
-
-/// The last non-empty line of a log file (why a child stopped, usually).
-pub fn last_line(path: &Path) -> String {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
 /// Expands `{port}`, `{host}`, `{data}`, `{node}` in a server command.
 pub fn server_command(
     template: &[String],
@@ -278,27 +263,8 @@ fn require_zookeeper(config: &Config, say: &dyn Fn(&str)) -> anyhow::Result<()> 
 /// output goes to `log` (appended to when `append`: a restarted process
 /// keeps its predecessor's last words).
 fn spawn(mut cmd: Command, log: &Path, append: bool) -> anyhow::Result<Child> {
-    let out = if append {
-        OpenOptions::new().create(true).append(true).open(log)
-    } else {
-        File::create(log)
-    }
-    .with_context(|| format!("cannot create {}", log.display()))?;
-    cmd.stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .process_group(0);
-    // SAFETY: the closure runs in the forked child before exec and only
-    // makes the prctl(2) system call, which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            // The kernel sends it when the spawning thread (our main
-            // thread) ends, also by SIGKILL: no orphans.
-            nix::sys::prctl::set_pdeathsig(Some(Signal::SIGTERM))?;
-            Ok(())
-        });
-    }
-    Ok(cmd.spawn()?)
+    let out = open_log(log, append).with_context(|| format!("cannot create {}", log.display()))?;
+    Ok(spawn_logged(&mut cmd, out, Grouping::OwnGroup)?)
 }
 
 impl Cluster {
@@ -476,11 +442,7 @@ impl Cluster {
             .data_dir
             .join("logs")
             .join(format!("follower-{}.log", n.id));
-        let mut c = Command::new(&bins.follower);
-        c.arg("--config")
-            .arg(config_path)
-            .arg("--node")
-            .arg(n.id.to_string());
+        let c = follower_command(&bins.follower, config_path, n.id);
         let child = spawn(c, &log, append)
             .with_context(|| format!("cannot start {}", bins.follower.display()))?;
         self.procs.push(Proc {
@@ -526,10 +488,7 @@ impl Cluster {
             .join("logs")
             .join(format!("server-{id}.log"));
         let mut c = Command::new(&args[0]);
-        c.args(&args[1..])
-            .env("LD_PRELOAD", &bins.preload)
-            .env("LOCKSTEP_CONFIG", config_path)
-            .env("LOCKSTEP_NODE", id.to_string());
+        under_preload(c.args(&args[1..]), &bins.preload, config_path, id);
         let child =
             spawn(c, &log, append).with_context(|| format!("cannot start server `{}`", args[0]))?;
         self.procs.push(Proc {
@@ -1110,14 +1069,7 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
     } else {
         server_cmd
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
-    }
+    let stop = stop_on_signals().context("cannot install signal handlers")?;
     let bins = Binaries::locate()?;
     let say = |m: &str| println!("lockstep up: {m}");
     let mut cluster = match node {

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cluster::bin_dir;
+use lockstep_testkit::config_fixture::ThreeNodeConfig;
 
 /// `lockstep check F`: exit code, stdout, stderr.
 fn check(config: &Path) -> (i32, String, String) {
@@ -23,24 +24,17 @@ fn check(config: &Path) -> (i32, String, String) {
     )
 }
 
-const BASE: &str = r#"
-cluster = "chk"
+/// The config the variants start from (`DATA`: the data directory).
+fn base() -> String {
+    ThreeNodeConfig::new(
+        r#"cluster = "chk"
 data_dir = "DATA"
 server = ["redis-server", "--port", "{port}", "--save", ""]
-[[nodes]]
-id = 1
-app = "127.0.0.1:7001"
-control = "127.0.0.1:7101"
-[[nodes]]
-id = 2
-app = "127.0.0.1:7002"
-control = "127.0.0.1:7102"
-metrics = "127.0.0.1:7202"
-[[nodes]]
-id = 3
-app = "127.0.0.1:7003"
-control = "127.0.0.1:7103"
-"#;
+"#,
+    )
+    .metrics(2, "127.0.0.1:7202")
+    .text()
+}
 
 struct Dir(PathBuf);
 
@@ -57,13 +51,14 @@ fn dir() -> Dir {
     Dir(d)
 }
 
-/// Checks `BASE` with `from` replaced by `to`; returns (code, stdout, stderr).
+/// Checks `base()` with `from` replaced by `to`; returns (code, stdout, stderr).
 fn check_variant(d: &Dir, name: &str, from: &str, to: &str) -> (i32, String, String) {
     let data = d.0.join("data");
-    let text = BASE
+    let base = base();
+    let text = base
         .replace(from, to)
         .replace("DATA", &data.display().to_string());
-    assert!(from.is_empty() || BASE.contains(from), "{from}");
+    assert!(from.is_empty() || base.contains(from), "{from}");
     let path = d.0.join(format!("{name}.toml"));
     std::fs::write(&path, text).unwrap();
     check(&path)

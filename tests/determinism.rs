@@ -384,16 +384,8 @@ fn memcached_replicas_agree_after_a_failover() {
             ..Options::default()
         },
     );
-    let mut spare = SparePorts::of(&c);
-    let zk = ZookeeperServer::start_on_free_port(&c.dir.join("zk"), || spare.next_port())
-        .expect("start ZooKeeper");
-    c.use_zookeeper(&zk.addr().to_string(), 2000);
-    for id in 1..=3 {
-        c.start_follower(id);
-    }
-    for id in 1..=3 {
-        c.start_server(id);
-    }
+    let _zk = c.start_zookeeper(2000);
+    c.start_nodes();
     let stores = |app| {
         Memcache::connect(app)
             .and_then(|mut m| m.request(b"set probe 0 0 1\r\n1\r\n"))
@@ -483,16 +475,8 @@ fn assert_same_items(c: &TestCluster, ids: &[u64], leader: u64, keys: &[String])
 #[test]
 fn replicas_agree_after_a_failover() {
     let mut c = TestCluster::new("det-failover", Options::default());
-    let mut spare = SparePorts::of(&c);
-    let zk = ZookeeperServer::start_on_free_port(&c.dir.join("zk"), || spare.next_port())
-        .expect("start ZooKeeper");
-    c.use_zookeeper(&zk.addr().to_string(), 2000);
-    for id in 1..=3 {
-        c.start_follower(id);
-    }
-    for id in 1..=3 {
-        c.start_server(id);
-    }
+    let _zk = c.start_zookeeper(2000);
+    c.start_nodes();
     let first = wait_any_leader(&c, &[1, 2, 3]);
     nondeterministic_workload(c.app(first), "a");
     c.kill_server(first);

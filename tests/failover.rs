@@ -26,10 +26,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cluster::{
-    bin_dir, free_port, zookeeper_serving, Options, Reply, Resp, SparePorts, TestCluster,
+    bin_dir, cli_status, free_port, zookeeper_serving, Options, Reply, Resp, TestCluster,
     ZookeeperServer,
 };
 use lockstep_common::control::NodeStatus;
+use lockstep_testkit::commands::follower_command;
+use lockstep_testkit::leader::find_leader;
+use lockstep_testkit::poll::poll_until;
+use lockstep_testkit::process::open_log;
 use netns::{enter_netns_at, in_netns, spawn_in, Net};
 
 /// Bound on every wait: reaching it means a hang, not slowness.
@@ -115,11 +119,7 @@ impl Finder {
     /// The leader of the highest view any node in `among` reports, when
     /// that leader is among them and itself says it leads that view.
     fn leader(&self, among: &[u64]) -> Option<(u64, u64)> {
-        let sts: Vec<NodeStatus> = among
-            .iter()
-            .filter_map(|&id| self.status(id).ok())
-            .collect();
-        cluster::leading(&sts)
+        find_leader(&self.config, among, self.timeout)
     }
 
     /// One line per node, for failure messages.
@@ -143,21 +143,12 @@ impl Finder {
 
     /// Polls `cond` until it holds; panics with `what`, status and logs after
     /// [`HANG`].
-    fn wait(&self, what: &str, mut cond: impl FnMut() -> Result<(), String>) {
-        let start = Instant::now();
-        let mut last;
-        loop {
-            match cond() {
-                Ok(()) => return,
-                Err(e) => last = e,
-            }
-            if start.elapsed() > HANG {
-                panic!(
-                    "timed out waiting for {what} (last: {last})\n{}",
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
+    fn wait(&self, what: &str, cond: impl FnMut() -> Result<(), String>) {
+        if let Err(last) = poll_until(HANG, Duration::from_millis(100), cond) {
+            panic!(
+                "timed out waiting for {what} (last: {last})\n{}",
+                self.logs()
+            );
         }
     }
 
@@ -665,21 +656,11 @@ fn zk_cluster(test: &str, nodes: usize, backup_clients: &str) -> (TestCluster, Z
             ..Options::default()
         },
     );
-    // Not one of the ports the cluster's config took (they are free until
-    // the nodes start).
-    let mut spare = SparePorts::of(&c);
-    let zk = ZookeeperServer::start_on_free_port(&c.dir.join("zk"), || spare.next_port())
-        .expect("start ZooKeeper");
-    c.use_zookeeper(&zk.addr().to_string(), SESSION_MS);
+    let zk = c.start_zookeeper(SESSION_MS);
     if backup_clients != "allow" {
         c.set_backup_clients(backup_clients);
     }
-    for id in 1..=nodes as u64 {
-        c.start_follower(id);
-    }
-    for id in 1..=nodes as u64 {
-        c.start_server(id);
-    }
+    c.start_nodes();
     (c, zk)
 }
 
@@ -690,22 +671,6 @@ fn kill_node(c: &mut TestCluster, id: u64) {
 
 fn without(ids: &[u64], gone: u64) -> Vec<u64> {
     ids.iter().copied().filter(|&i| i != gone).collect()
-}
-
-/// `lockstep status --config F --json`.
-fn cli_status(config: &Path) -> serde_json::Value {
-    let out = Command::new(bin_dir().join("lockstep"))
-        .args(["status", "--json", "--config"])
-        .arg(config)
-        .output()
-        .expect("run lockstep status");
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-        panic!(
-            "lockstep status --json printed no JSON ({e}): {text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 #[test]
@@ -1238,11 +1203,7 @@ impl NetnsCluster {
     }
 
     fn log(&self, what: &str, id: u64) -> File {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(format!("{what}-{id}.log")))
-            .unwrap()
+        open_log(&self.dir.join(format!("{what}-{id}.log")), true).unwrap()
     }
 
     /// Spawns `cmd` inside node `id`'s namespace.
@@ -1254,10 +1215,7 @@ impl NetnsCluster {
         let log = self.log("follower", id);
         let child = self.spawn_in(
             id,
-            Command::new(self.bins.join("lockstep-follower"))
-                .arg("--config")
-                .arg(&self.config_path)
-                .args(["--node", &id.to_string()])
+            follower_command(&self.bins.join("lockstep-follower"), &self.config_path, id)
                 .env("LOCKSTEP_LOG", "info")
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())

@@ -16,7 +16,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cluster::{bin_dir, Options, Reply, Resp, SparePorts, TestCluster, ZookeeperServer};
+use cluster::{bin_dir, Options, Reply, Resp, TestCluster, ZookeeperServer};
 use lockstep_common::control::{self, Request, Response};
 use lockstep_common::handshake::{self, Channel, HandshakeError};
 
@@ -284,16 +284,8 @@ fn a_view_change_naming_a_stranger_is_refused() {
 fn zk_started(test: &str) -> (TestCluster, ZookeeperServer) {
     let mut c = TestCluster::new(test, Options::default());
     keyless(&c);
-    let mut spare = SparePorts::of(&c);
-    let zk = ZookeeperServer::start_on_free_port(&c.dir.join("zk"), || spare.next_port())
-        .expect("start ZooKeeper");
-    c.use_zookeeper(&zk.addr().to_string(), 2000);
-    for id in 1..=3 {
-        c.start_follower(id);
-    }
-    for id in 1..=3 {
-        c.start_server(id);
-    }
+    let zk = c.start_zookeeper(2000);
+    c.start_nodes();
     c.wait("a leader", HANG, |c| leader(c).is_some());
     (c, zk)
 }

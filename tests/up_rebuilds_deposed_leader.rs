@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use cluster::*;
 use lockstep_common::control::NodeStatus;
 use lockstep_common::Config;
+use lockstep_testkit::poll::poll_until;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
@@ -285,11 +286,7 @@ impl Nodes {
     /// The leader of the highest view the nodes of `among` report, when
     /// it is among them and says itself that it leads that view.
     fn leader(&self, among: &[u64]) -> Option<(u64, u64)> {
-        let sts: Vec<NodeStatus> = among
-            .iter()
-            .filter_map(|&id| self.status(id).ok())
-            .collect();
-        leading(&sts)
+        find_leader(&self.config, among, Duration::from_secs(1))
     }
 
     /// One line per node and the tail of every log under data_dir/logs
@@ -330,21 +327,13 @@ impl Nodes {
 
     /// Polls `cond` until it holds; panics with the last reason, `up`'s
     /// output and the logs after [`HANG`].
-    fn wait(&self, up: &Up, what: &str, mut cond: impl FnMut() -> Result<(), String>) {
-        let start = Instant::now();
-        loop {
-            let last = match cond() {
-                Ok(()) => return,
-                Err(e) => e,
-            };
-            if start.elapsed() > HANG {
-                panic!(
-                    "timed out waiting for {what} (last: {last})\nlockstep up:\n{}\n{}",
-                    up.output(),
-                    self.describe()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
+    fn wait(&self, up: &Up, what: &str, cond: impl FnMut() -> Result<(), String>) {
+        if let Err(last) = poll_until(HANG, Duration::from_millis(100), cond) {
+            panic!(
+                "timed out waiting for {what} (last: {last})\nlockstep up:\n{}\n{}",
+                up.output(),
+                self.describe()
+            );
         }
     }
 }
@@ -389,23 +378,6 @@ fn acked_sets(addr: SocketAddr, prefix: &str, n: usize) -> Vec<(String, String)>
             (k, v)
         })
         .collect()
-}
-
-/// `lockstep status --json --config F`.
-fn cli_status(config: &std::path::Path) -> serde_json::Value {
-    let out = Command::new(bin_dir().join("lockstep"))
-        .args(["status", "--json", "--config"])
-        .arg(config)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run lockstep status");
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-        panic!(
-            "lockstep status --json printed no JSON ({e}): {text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 /// The client whose `SET dropped 1` can never commit: reads until a reply,

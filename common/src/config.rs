@@ -882,29 +882,24 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lockstep_testkit::config_fixture::ThreeNodeConfig;
+    use std::sync::LazyLock;
 
-    const GOOD: &str = r#"
-cluster = "demo"
+    /// A good config of three nodes, node 3 with a metrics endpoint.
+    static GOOD: LazyLock<String> = LazyLock::new(|| {
+        ThreeNodeConfig::new(
+            r#"cluster = "demo"
 transport = "shm"
 ring_size = "64MiB"
 data_dir = "/tmp/lockstep-demo"
 [election]
 mode = "static"
 leader = 1
-[[nodes]]
-id = 1
-app = "127.0.0.1:7001"
-control = "127.0.0.1:7101"
-[[nodes]]
-id = 2
-app = "127.0.0.1:7002"
-control = "127.0.0.1:7102"
-[[nodes]]
-id = 3
-app = "127.0.0.1:7003"
-control = "127.0.0.1:7103"
-metrics = "127.0.0.1:7203"
-"#;
+"#,
+        )
+        .metrics(3, "127.0.0.1:7203")
+        .text()
+    });
 
     fn bad(text: &str) -> String {
         Config::parse(text).unwrap_err().0
@@ -912,7 +907,7 @@ metrics = "127.0.0.1:7203"
 
     #[test]
     fn good_config_parses() {
-        let c = Config::parse(GOOD).unwrap();
+        let c = Config::parse(&GOOD).unwrap();
         assert_eq!(c.ring_size, 64 << 20);
         assert_eq!(c.nodes.len(), 3);
         assert_eq!(c.majority(), 2);
@@ -927,7 +922,7 @@ metrics = "127.0.0.1:7203"
 
     #[test]
     fn commit_mode_defaults_to_output_and_is_checked() {
-        assert_eq!(Config::parse(GOOD).unwrap().commit, CommitMode::Output);
+        assert_eq!(Config::parse(&GOOD).unwrap().commit, CommitMode::Output);
         let input = GOOD.replace(
             "cluster = \"demo\"",
             "cluster = \"demo\"\ncommit = \"input\"",
@@ -1003,7 +998,7 @@ metrics = "127.0.0.1:7203"
 
     #[test]
     fn node_lookup_and_leader() {
-        let c = Config::parse(GOOD).unwrap();
+        let c = Config::parse(&GOOD).unwrap();
         assert_eq!(
             c.node(5).unwrap_err().0,
             "node 5 is not in the config (ids: 1, 2, 3)"

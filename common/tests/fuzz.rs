@@ -34,6 +34,7 @@ use lockstep_common::region::{Region, RegionSpec};
 use lockstep_common::ring::{ReadOutcome, RingReader, RingWriter};
 use lockstep_common::transport::tcp::{FrameHeader, RegionServer, HEADER_LEN, MAX_WRITE};
 use lockstep_common::{words, Config};
+use lockstep_testkit::config_fixture::ThreeNodeConfig;
 
 // ---------------------------------------------------------------------
 // The largest allocation of the current thread.
@@ -536,8 +537,11 @@ fn fuzz_control_messages() {
     assert!(decoded.load(Ordering::Relaxed) > 0, "no message decoded");
 }
 
-const CONFIG: &str = r#"
-cluster = "demo"
+/// The config the mutator starts from: every option set, node 2 with a
+/// metrics endpoint, node 3 on IPv6.
+fn config_text() -> String {
+    ThreeNodeConfig::new(
+        r#"cluster = "demo"
 transport = "shm"
 ring_size = "64MiB"
 max_entry = "64KiB"
@@ -550,20 +554,12 @@ server = ["redis-server", "--port", "{port}"]
 mode = "static"
 leader = 1
 session_timeout_ms = 2000
-[[nodes]]
-id = 1
-app = "127.0.0.1:7001"
-control = "127.0.0.1:7101"
-[[nodes]]
-id = 2
-app = "127.0.0.1:7002"
-control = "127.0.0.1:7102"
-metrics = "127.0.0.1:7202"
-[[nodes]]
-id = 3
-app = "[::1]:7003"
-control = "127.0.0.1:7103"
-"#;
+"#,
+    )
+    .metrics(2, "127.0.0.1:7202")
+    .app(3, "[::1]:7003")
+    .text()
+}
 
 /// Tokens the config mutator splices in.
 const TOKENS: &[&str] = &[
@@ -613,7 +609,7 @@ const TOKENS: &[&str] = &[
 fn fuzz_config_parse() {
     let parsed = AtomicU64::new(0);
     fuzz("config parse", 5_000, |rng| {
-        let mut text = CONFIG.as_bytes().to_vec();
+        let mut text = config_text().into_bytes();
         for _ in 0..1 + rng.below(4) {
             let at = rng.below(text.len() as u64 + 1) as usize;
             match rng.below(4) {

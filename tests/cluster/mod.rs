@@ -4,24 +4,35 @@
 //! data) when dropped — also when a test fails.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 #[path = "../commit_mode/mod.rs"]
 mod commit_mode;
-#[path = "../ports/mod.rs"]
-mod ports;
 #[allow(unused_imports)]
 pub use commit_mode::{commit_line, commit_mode};
-#[path = "../resp/mod.rs"]
-mod resp;
+use lockstep_testkit::commands::{
+    follower_command, memcached_command, redis_command, under_preload,
+};
 #[allow(unused_imports)]
-pub use ports::free_port;
+pub use lockstep_testkit::leader::{find_leader, leading};
 #[allow(unused_imports)]
-pub use resp::{resp_encode, Reply, Resp};
+pub use lockstep_testkit::memcache::{McItem, Memcache};
+use lockstep_testkit::poll::poll_until;
+#[allow(unused_imports)]
+pub use lockstep_testkit::ports::free_port;
+#[allow(unused_imports)]
+pub use lockstep_testkit::process::processes_mentioning;
+use lockstep_testkit::process::{kill_and_reap, open_log, spawn_logged, Grouping};
+#[allow(unused_imports)]
+pub use lockstep_testkit::resp::{resp_encode, Reply, Resp};
+#[allow(unused_imports)]
+pub use lockstep_testkit::zookeeper::{
+    is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperServer,
+};
 
 use lockstep_common::control::NodeStatus;
 
@@ -158,23 +169,14 @@ impl TestCluster {
     }
 
     fn log(&self, what: &str, id: u64) -> std::fs::File {
-        let p = self.dir.join(format!("{what}-{id}.log"));
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-            .expect("log file")
+        open_log(&self.dir.join(format!("{what}-{id}.log")), true).expect("log file")
     }
 
     /// Starts node `id`'s follower and waits until it answers.
     pub fn start_follower(&mut self, id: u64) {
-        let mut cmd = Command::new(self.bins.join("lockstep-follower"));
-        cmd.arg("--config")
-            .arg(&self.config_path)
-            .arg("--node")
-            .arg(id.to_string())
-            .env("LOCKSTEP_LOG", "info");
-        let child = spawn_logged(cmd, self.log("follower", id));
+        let mut cmd = follower_command(&self.bins.join("lockstep-follower"), &self.config_path, id);
+        cmd.env("LOCKSTEP_LOG", "info");
+        let child = spawn(cmd, self.log("follower", id));
         let i = self.idx(id);
         self.followers[i] = Some(child);
         self.wait("follower answering", Duration::from_secs(30), |c| {
@@ -190,28 +192,23 @@ impl TestCluster {
         let _ = std::fs::remove_dir_all(&data);
         std::fs::create_dir_all(&data).expect("server dir");
         let mut cmd = match self.server {
-            Server::Redis => {
-                let mut c = Command::new("redis-server");
-                c.args(["--port", &n.app.port().to_string(), "--bind", "127.0.0.1"])
-                    .args(lockstep_common::config::REDIS_REPLICA_ARGS)
-                    .arg("--dir")
-                    .arg(&data);
-                c
-            }
-            Server::Memcached => {
-                let mut c = Command::new("memcached");
-                c.args(["-u", "root", "-t", "1", "-U", "0", "-l", "127.0.0.1"])
-                    .args(["-p", &n.app.port().to_string()]);
-                c
-            }
+            Server::Redis => redis_command(
+                n.app.port(),
+                &data,
+                &lockstep_common::config::REDIS_REPLICA_ARGS,
+            ),
+            Server::Memcached => memcached_command(n.app.port()),
         };
         if let Some(argv) = &self.command {
             cmd = templated_command(argv, n.app.port(), &data);
         }
-        cmd.env("LD_PRELOAD", self.bins.join("liblockstep.so"))
-            .env("LOCKSTEP_CONFIG", &self.config_path)
-            .env("LOCKSTEP_NODE", id.to_string());
-        let child = spawn_logged(cmd, self.log("server", id));
+        under_preload(
+            &mut cmd,
+            &self.bins.join("liblockstep.so"),
+            &self.config_path,
+            id,
+        );
+        let child = spawn(cmd, self.log("server", id));
         let i = self.idx(id);
         self.servers[i] = Some(child);
         self.wait(
@@ -227,13 +224,19 @@ impl TestCluster {
     /// Starts every follower, then every server; waits until the leader
     /// serves.
     pub fn start_all(&mut self) {
+        self.start_nodes();
+        self.wait_leader(1);
+    }
+
+    /// Starts every follower, then every server (each waited for as in
+    /// `start_follower` and `start_server`), not waiting for a leader.
+    pub fn start_nodes(&mut self) {
         for id in 1..=self.nodes.len() as u64 {
             self.start_follower(id);
         }
         for id in 1..=self.nodes.len() as u64 {
             self.start_server(id);
         }
-        self.wait_leader(1);
     }
 
     /// Waits until node `id` leads (its view change done, preload active).
@@ -248,8 +251,7 @@ impl TestCluster {
     pub fn wait_leader_among(&self, ids: &[u64], limit: Duration) -> u64 {
         let found = std::cell::Cell::new(0);
         self.wait("a leader", limit, |c| {
-            let statuses: Vec<_> = ids.iter().filter_map(|&i| c.status(i).ok()).collect();
-            match leading(&statuses) {
+            match find_leader(&c.config(), ids, Duration::from_secs(5)) {
                 Some((_, l)) if ids.contains(&l) => {
                     found.set(l);
                     true
@@ -263,19 +265,13 @@ impl TestCluster {
     /// SIGKILLs node `id`'s follower.
     pub fn kill_follower(&mut self, id: u64) {
         let i = self.idx(id);
-        if let Some(mut c) = self.followers[i].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.followers[i]);
     }
 
     /// SIGKILLs node `id`'s server.
     pub fn kill_server(&mut self, id: u64) {
         let i = self.idx(id);
-        if let Some(mut c) = self.servers[i].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.servers[i]);
     }
 
     /// Node `id`'s status over the control channel.
@@ -285,14 +281,10 @@ impl TestCluster {
 
     /// Polls `cond` until true; panics with the follower logs after `limit`.
     pub fn wait(&self, what: &str, limit: Duration, cond: impl Fn(&TestCluster) -> bool) {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if cond(self) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let holds = || cond(self).then_some(()).ok_or_else(String::new);
+        if poll_until(limit, Duration::from_millis(50), holds).is_err() {
+            panic!("timed out waiting for {what}\n{}", self.logs());
         }
-        panic!("timed out waiting for {what}\n{}", self.logs());
     }
 
     /// Waits until every node has applied everything the leader persisted.
@@ -337,10 +329,7 @@ impl TestCluster {
 impl Drop for TestCluster {
     fn drop(&mut self) {
         for c in self.servers.iter_mut().chain(self.followers.iter_mut()) {
-            if let Some(mut c) = c.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+            kill_and_reap(c);
         }
         for n in &self.nodes {
             let _ = std::fs::remove_file(lockstep_common::region::region_path(&self.name, n.id));
@@ -382,19 +371,6 @@ impl SparePorts {
     }
 }
 
-/// The (view, leader) of the highest view among `statuses`, when that
-/// view's leader is among them and itself says it leads that view.
-pub fn leading(statuses: &[NodeStatus]) -> Option<(u64, u64)> {
-    let top = statuses.iter().map(|s| s.view).max()?;
-    let leader = statuses
-        .iter()
-        .filter(|s| s.view == top)
-        .map(|s| s.leader)
-        .find(|&l| l != 0)?;
-    let ls = statuses.iter().find(|s| s.node == leader)?;
-    (ls.role == "leader" && ls.view == top).then_some((top, leader))
-}
-
 /// Collects a child's stdout and stderr (stderr lines tagged) into one
 /// shared string, line by line, on two threads.
 pub fn collect_output(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<String>> {
@@ -414,6 +390,22 @@ pub fn collect_output(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<Stri
         collect(Box::new(e), "stderr: ");
     }
     out
+}
+
+/// `lockstep status --json --config F`, parsed.
+pub fn cli_status(config: &Path) -> serde_json::Value {
+    let out = Command::new(bin_dir().join("lockstep"))
+        .args(["status", "--json", "--config"])
+        .arg(config)
+        .output()
+        .expect("run lockstep status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "lockstep status --json printed no JSON ({e}): {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 /// Status of node `id` over its control channel.
@@ -438,37 +430,7 @@ pub fn redis_mixed_workload(addr: SocketAddr, threads: usize, ops: usize) {
             std::thread::spawn(move || {
                 let mut c = Resp::connect(addr).expect("connect");
                 for i in 0..ops {
-                    let v = format!("{t}:{i}");
-                    let r = match i % 7 {
-                        0 => c.cmd(&[b"LPUSH", b"shared:list", v.as_bytes()]),
-                        1 => c.cmd(&[b"RPUSH", b"shared:list", v.as_bytes()]),
-                        2 => c.cmd(&[b"APPEND", b"shared:str", v.as_bytes()]),
-                        3 => c.cmd(&[b"INCR", b"shared:counter"]),
-                        4 => {
-                            c.send(&[b"MULTI"]).unwrap();
-                            c.send(&[b"INCRBY", b"shared:tx", b"3"]).unwrap();
-                            c.send(&[b"RPUSH", b"shared:txlist", v.as_bytes()]).unwrap();
-                            c.send(&[b"EXEC"]).unwrap();
-                            for _ in 0..3 {
-                                c.read().unwrap();
-                            }
-                            c.read()
-                        }
-                        5 => {
-                            c.cmd(&[b"SELECT", b"3"]).unwrap();
-                            let r = c.cmd(&[b"RPUSH", b"db3:list", v.as_bytes()]);
-                            c.cmd(&[b"SELECT", b"0"]).unwrap();
-                            r
-                        }
-                        _ => c.cmd(&[
-                            b"SET",
-                            format!("key:{t}:{}", i % 50).as_bytes(),
-                            v.as_bytes(),
-                        ]),
-                    };
-                    if let Reply::Error(e) = r.expect("command") {
-                        panic!("server error: {e}");
-                    }
+                    redis_mixed_op(&mut c, t, i).expect("command");
                 }
             })
         })
@@ -502,6 +464,17 @@ impl TestCluster {
         std::fs::write(&self.config_path, text.replacen(old, &new, 1)).expect("write config");
     }
 
+    /// Starts a private ZooKeeper on a port none of the nodes took and
+    /// switches the (not yet used) config to elect through it with the
+    /// given session timeout.
+    pub fn start_zookeeper(&mut self, session_timeout_ms: u64) -> ZookeeperServer {
+        let mut spare = SparePorts::of(self);
+        let zk = ZookeeperServer::start_on_free_port(&self.dir.join("zk"), || spare.next_port())
+            .expect("start ZooKeeper");
+        self.use_zookeeper(&zk.addr().to_string(), session_timeout_ms);
+        zk
+    }
+
     /// Sets `backup_clients` ("allow" | "deny") in the (not yet used) config.
     pub fn set_backup_clients(&mut self, value: &str) {
         let text = std::fs::read_to_string(&self.config_path).expect("read config");
@@ -516,176 +489,6 @@ impl TestCluster {
 }
 
 // ---- Helpers for `lockstep up` tests: private ZooKeeper, process scan, memcached.
-
-#[path = "../../src/zookeeper_server.rs"]
-mod zookeeper_server;
-#[allow(unused_imports)]
-pub use zookeeper_server::{
-    is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperServer,
-};
-
-/// Live processes (other than this one) whose command line or environment
-/// contains `needle`, as "pid: cmdline". Zombies have neither, so they do
-/// not count.
-/// Spawns `cmd` with no stdin and stdout and stderr into `log`.
-fn spawn_logged(mut cmd: Command, log: std::fs::File) -> Child {
-    cmd.stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot spawn {cmd:?}: {e}"))
-}
-
-pub fn processes_mentioning(needle: &str) -> Vec<String> {
-    let me = std::process::id().to_string();
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let pid = e.file_name().to_string_lossy().to_string();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
-            continue;
-        }
-        let read = |f: &str| std::fs::read(e.path().join(f)).unwrap_or_default();
-        let cmdline = read("cmdline");
-        let environ = read("environ");
-        let hit = |b: &[u8]| b.windows(needle.len()).any(|w| w == needle.as_bytes());
-        if !needle.is_empty() && (hit(&cmdline) || hit(&environ)) {
-            let cmd: Vec<String> = cmdline
-                .split(|&b| b == 0)
-                .map(|a| String::from_utf8_lossy(a).to_string())
-                .collect();
-            out.push(format!("{pid}: {}", cmd.join(" ").trim()));
-        }
-    }
-    out
-}
-
-/// A minimal memcached text-protocol client.
-pub struct Memcache {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
-
-/// One item as a key dump sees it: flags and value (no CAS id).
-pub type McItem = (u32, Vec<u8>);
-
-impl Memcache {
-    /// Connects to a memcached server.
-    pub fn connect(addr: SocketAddr) -> std::io::Result<Memcache> {
-        let s = TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(60)))?;
-        s.set_nodelay(true)?;
-        Ok(Memcache {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
-        })
-    }
-
-    /// Reads one reply line (without CRLF).
-    pub fn line(&mut self) -> std::io::Result<String> {
-        let mut l = String::new();
-        if self.r.read_line(&mut l)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        Ok(l.trim_end_matches("\r\n").to_string())
-    }
-
-    /// Sends `bytes` and reads one reply line.
-    pub fn request(&mut self, bytes: &[u8]) -> std::io::Result<String> {
-        self.w.write_all(bytes)?;
-        self.line()
-    }
-
-    /// `set`/`add`/`replace`/`append`/`prepend` (or `cas` with `cas`).
-    pub fn store(
-        &mut self,
-        cmd: &str,
-        key: &str,
-        flags: u32,
-        value: &[u8],
-        cas: Option<u64>,
-    ) -> std::io::Result<String> {
-        let cas = cas.map(|c| format!(" {c}")).unwrap_or_default();
-        let mut b = format!("{cmd} {key} {flags} 0 {}{cas}\r\n", value.len()).into_bytes();
-        b.extend_from_slice(value);
-        b.extend_from_slice(b"\r\n");
-        self.request(&b)
-    }
-
-    /// `gets key`: flags, value and CAS id, or None.
-    pub fn gets(&mut self, key: &str) -> std::io::Result<Option<(u32, Vec<u8>, u64)>> {
-        self.w.write_all(format!("gets {key}\r\n").as_bytes())?;
-        let l = self.line()?;
-        if l == "END" {
-            return Ok(None);
-        }
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, l.clone());
-        if f.len() < 5 || f[0] != "VALUE" {
-            return Err(bad());
-        }
-        let flags: u32 = f[2].parse().map_err(|_| bad())?;
-        let len: usize = f[3].parse().map_err(|_| bad())?;
-        let cas: u64 = f[4].parse().map_err(|_| bad())?;
-        let mut v = vec![0u8; len + 2];
-        self.r.read_exact(&mut v)?;
-        v.truncate(len);
-        let end = self.line()?;
-        if end != "END" {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, end));
-        }
-        Ok(Some((flags, v, cas)))
-    }
-
-    /// Every key, from `lru_crawler metadump all` (percent-decoded).
-    pub fn keys(&mut self) -> std::io::Result<Vec<String>> {
-        self.w.write_all(b"lru_crawler metadump all\r\n")?;
-        let mut keys = Vec::new();
-        loop {
-            let l = self.line()?;
-            if l == "END" {
-                return Ok(keys);
-            }
-            if l.starts_with("ERROR") || l.starts_with("BUSY") || l.starts_with("CLIENT_ERROR") {
-                return Err(std::io::Error::other(l));
-            }
-            if let Some(k) = l.split_whitespace().find_map(|f| f.strip_prefix("key=")) {
-                keys.push(percent_decode(k));
-            }
-        }
-    }
-
-    /// Every item: key → (flags, value), CAS ids left out.
-    pub fn dump(&mut self) -> std::io::Result<std::collections::BTreeMap<String, McItem>> {
-        let mut out = std::collections::BTreeMap::new();
-        for k in self.keys()? {
-            if let Some((flags, v, _)) = self.gets(&k)? {
-                out.insert(k, (flags, v));
-            }
-        }
-        Ok(out)
-    }
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(x) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(x);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).to_string()
-}
 
 /// Runs `threads` memcached clients against `addr`, each doing `ops`
 /// order-sensitive operations on shared keys: set (flags = thread),
@@ -1064,6 +867,12 @@ impl TestCluster {
         assert!(!argv.is_empty(), "empty server command");
         self.command = Some(argv.iter().map(|a| a.to_string()).collect());
     }
+}
+
+/// Spawns `cmd` with no stdin and stdout and stderr into `log`.
+fn spawn(mut cmd: Command, log: std::fs::File) -> Child {
+    spawn_logged(&mut cmd, log, Grouping::Inherit)
+        .unwrap_or_else(|e| panic!("cannot spawn {cmd:?}: {e}"))
 }
 
 /// `argv` with `{port}` and `{data}` filled in.

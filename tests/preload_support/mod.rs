@@ -21,16 +21,16 @@ use lockstep_common::Config;
 
 #[path = "../commit_mode/mod.rs"]
 mod commit_mode;
-#[path = "../ports/mod.rs"]
-mod ports;
-#[path = "../resp/mod.rs"]
-mod resp;
 #[allow(unused_imports)]
 pub use commit_mode::commit_mode;
 #[allow(unused_imports)]
-pub use ports::free_port;
+pub use lockstep_testkit::commands::memcached_command;
+use lockstep_testkit::commands::under_preload;
+use lockstep_testkit::poll::poll_until;
 #[allow(unused_imports)]
-pub use resp::{resp_encode, Reply, Resp};
+pub use lockstep_testkit::ports::free_port;
+#[allow(unused_imports)]
+pub use lockstep_testkit::resp::{resp_encode, Reply, Resp};
 
 /// Generous limit for anything a test waits for.
 pub const LIMIT: Duration = Duration::from_secs(60);
@@ -68,13 +68,9 @@ pub fn preload_lib() -> PathBuf {
 
 /// Polls `cond` every 10 ms until it holds or `limit` passes.
 pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
+    let holds = || cond().then_some(()).ok_or_else(String::new);
+    if poll_until(limit, Duration::from_millis(10), holds).is_err() {
+        panic!("timed out after {limit:?} waiting for {what}");
     }
 }
 
@@ -213,9 +209,7 @@ impl Fixture {
 
     /// Environment for a server under the preload as node 1.
     pub fn preload_env(&self, cmd: &mut Command) {
-        cmd.env("LD_PRELOAD", preload_lib())
-            .env("LOCKSTEP_CONFIG", &self.config_path)
-            .env("LOCKSTEP_NODE", "1")
+        under_preload(cmd, &preload_lib(), &self.config_path, 1)
             .env(
                 "LOCKSTEP_LOG",
                 format!("info:{}", self.dir.join("preload.log").display()),
@@ -598,20 +592,7 @@ impl Drop for Server {
 
 /// `redis-server` on `port` (loopback, no persistence) as a command.
 pub fn redis_command(port: u16, dir: &Path) -> Command {
-    let mut c = Command::new("redis-server");
-    c.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .arg("--dir")
-        .arg(dir);
-    c
-}
-
-/// `memcached -t 1` on `port` (loopback, TCP only) as a command.
-pub fn memcached_command(port: u16) -> Command {
-    let mut c = Command::new("memcached");
-    c.args(["-u", "root", "-t", "1", "-U", "0", "-l", "127.0.0.1"])
-        .args(["-p", &port.to_string()]);
-    c
+    lockstep_testkit::commands::redis_command(port, dir, &["--save", "", "--appendonly", "no"])
 }
 
 /// Runs a client program to completion, killing it after `limit`.
@@ -644,11 +625,7 @@ pub fn run_client(cmd: &mut Command, limit: Duration) -> Output {
 
 /// A TCP stream with generous timeouts.
 pub fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(LIMIT))?;
-    s.set_write_timeout(Some(LIMIT))?;
-    s.set_nodelay(true)?;
-    Ok(s)
+    lockstep_testkit::resp::connect_stream(addr, Duration::from_secs(5), LIMIT)
 }
 
 /// What a client of a refusing backup reads: connects, sends `request`

@@ -1,8 +1,7 @@
-//! Loopback ports for the servers tests start. Taken outside the kernel's
+//! Loopback ports for the servers that tests and benchmarks start. Taken outside the kernel's
 //! ephemeral range: a port from there (what binding port 0 hands out) can
 //! be the local end of some unrelated outgoing connection by the time the
 //! server binds it, and then the bind fails.
-#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -26,10 +25,10 @@ fn window_start() -> u32 {
     }
 }
 
-/// A loopback port nothing is bound to now. Within one test binary no port
-/// is handed out twice (until the window wraps); binaries start at
-/// different places in it.
-pub fn free_port() -> u16 {
+/// A loopback port nothing is bound to now, or None when the whole window
+/// is taken. Within one process no port is handed out twice (until the
+/// window wraps); processes start at different places in it.
+pub fn try_free_port() -> Option<u16> {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let start = window_start();
     let base = std::process::id() % WINDOW;
@@ -37,8 +36,13 @@ pub fn free_port() -> u16 {
         let i = NEXT.fetch_add(1, Ordering::Relaxed);
         let port = (start + (base + i) % WINDOW) as u16;
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
+            return Some(port);
         }
     }
-    panic!("no free loopback port from {start} on");
+    None
+}
+
+/// Like [`try_free_port`]; panics when the window is taken (tests).
+pub fn free_port() -> u16 {
+    try_free_port().unwrap_or_else(|| panic!("no free loopback port from {} on", window_start()))
 }

@@ -4,22 +4,18 @@
 //! It runs `zkServer.sh start-foreground` with its own `zoo.cfg` (never the
 //! system's `/etc/zookeeper/conf`, which would use port 2181) in its own
 //! process group, and stops that whole group when dropped.
-//!
-//! This file is also compiled into the integration tests with
-//! `#[path = "../../src/zookeeper_server.rs"]`, so it uses only std, anyhow,
-//! log and nix (all dependencies of the root package).
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+
+use crate::process::{open_log, spawn_logged, Grouping};
 
 /// The Debian package's start script.
 pub const ZK_SERVER_SCRIPT: &str = "/usr/share/zookeeper/bin/zkServer.sh";
@@ -54,7 +50,7 @@ pub fn is_serving(addr: SocketAddr) -> bool {
 
 /// Whether 127.0.0.1:`port` can be bound now.
 fn port_free(port: u16) -> bool {
-    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+    crate::process::port_free(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
 }
 
 impl ZookeeperServer {
@@ -116,31 +112,14 @@ impl ZookeeperServer {
         );
         std::fs::write(&cfg, text).with_context(|| format!("cannot write {}", cfg.display()))?;
         let log_path = dir.join("zookeeper.log");
-        let log = std::fs::File::create(&log_path)
+        let log = open_log(&log_path, false)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
         let mut cmd = Command::new(ZK_SERVER_SCRIPT);
-        cmd.arg("start-foreground")
-            .arg(&cfg)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            // Its own group: a terminal's Ctrl-C reaches only our process,
-            // and `stop` can signal the script and the JVM together.
-            .process_group(0);
-        // SAFETY: the closure runs in the forked child before exec and only
-        // makes the prctl(2) system call, which is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                // Stop with us if we die without dropping (e.g. SIGKILL).
-                // Linux sends it when the spawning *thread* exits: keep
-                // the server on a thread that outlives it.
-                nix::sys::prctl::set_pdeathsig(Some(Signal::SIGTERM))?;
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
+        cmd.arg("start-foreground").arg(&cfg).current_dir(dir);
+        // Its own group: a terminal's Ctrl-C reaches only our process, and
+        // `stop` can signal the script and the JVM together; it stops with
+        // us if we die without dropping (e.g. SIGKILL).
+        let child = spawn_logged(&mut cmd, log, Grouping::OwnGroup)
             .with_context(|| format!("cannot start {ZK_SERVER_SCRIPT}"))?;
         log::info!(
             "started ZooKeeper pid {} on {addr} (config {})",

@@ -1,4 +1,4 @@
-//! A minimal Redis load client for `lockstep bench redis`: N connections,
+//! The Redis load of `lockstep bench redis`: N connections,
 //! one thread each, every thread sending `SET` (optionally followed by
 //! `WAIT n 0`) and waiting for the reply before the next request, with
 //! every request's latency recorded in an HDR histogram.
@@ -7,7 +7,7 @@
 //! `WAIT` after each write: with one client of our own, the `WAIT` row is
 //! compared with the other systems under exactly the same load.
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
@@ -16,104 +16,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 
+use crate::resp::{connect_stream, encode, read_reply, Reply};
+
 /// How long one reply may take before the run is declared hung.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Largest latency the histogram holds (larger ones saturate): 60 s in ns.
 const MAX_LATENCY_NS: u64 = 60_000_000_000;
-
-/// A reply from Redis.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reply {
-    /// `+simple string`
-    Status(String),
-    /// `-error`
-    Error(String),
-    /// `:integer`
-    Int(i64),
-    /// `$bulk` (None: nil)
-    Bulk(Option<Vec<u8>>),
-    /// `*array` (None: nil)
-    Array(Option<Vec<Reply>>),
-}
-
-/// Encodes a command as a RESP array of bulk strings.
-pub fn encode(args: &[&[u8]], out: &mut Vec<u8>) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-}
-
-/// Reads one reply (nested arrays included).
-pub fn read_reply(r: &mut impl BufRead) -> io::Result<Reply> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "the server closed the connection",
-        ));
-    }
-    let line = line.trim_end_matches("\r\n");
-    let bad = || {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad reply line {line:?}"),
-        )
-    };
-    let (kind, rest) = line.split_at(1.min(line.len()));
-    Ok(match kind {
-        "+" => Reply::Status(rest.into()),
-        "-" => Reply::Error(rest.into()),
-        ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
-        "$" => {
-            let n: i64 = rest.parse().map_err(|_| bad())?;
-            if n < 0 {
-                Reply::Bulk(None)
-            } else {
-                let mut b = vec![0u8; n as usize + 2];
-                r.read_exact(&mut b)?;
-                b.truncate(n as usize);
-                Reply::Bulk(Some(b))
-            }
-        }
-        "*" => {
-            let n: i64 = rest.parse().map_err(|_| bad())?;
-            if n < 0 {
-                Reply::Array(None)
-            } else {
-                let mut v = Vec::with_capacity(n as usize);
-                for _ in 0..n {
-                    v.push(read_reply(r)?);
-                }
-                Reply::Array(Some(v))
-            }
-        }
-        _ => return Err(bad()),
-    })
-}
-
-/// Opens a connection with bounded connect and reply times.
-fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-    let s = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(5)))?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    s.set_nodelay(true)?;
-    Ok(s)
-}
-
-/// Sends one command on a fresh connection and returns its reply (setup
-/// and readiness checks, not load).
-pub fn command(addr: SocketAddr, args: &[&str], timeout: Duration) -> anyhow::Result<Reply> {
-    let mut s = connect(addr, timeout).with_context(|| format!("cannot connect to {addr}"))?;
-    let mut buf = Vec::new();
-    let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-    encode(&args, &mut buf);
-    s.write_all(&buf)?;
-    Ok(read_reply(&mut BufReader::new(s))?)
-}
 
 /// What one load run does.
 #[derive(Clone, Debug)]
@@ -182,7 +91,7 @@ pub fn run(spec: &LoadSpec, stop: &AtomicBool) -> anyhow::Result<LoadResult> {
     let clients = spec.clients as u64;
     let mut conns = Vec::with_capacity(spec.clients);
     for id in 0..spec.clients {
-        let stream = connect(spec.addr, REPLY_TIMEOUT)
+        let stream = connect_stream(spec.addr, Duration::from_secs(5), REPLY_TIMEOUT)
             .with_context(|| format!("load client {id}: cannot connect to {}", spec.addr))?;
         let quota = quota(spec.requests, clients, id as u64);
         conns.push(Client { stream, id, quota });
@@ -297,31 +206,6 @@ fn client(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn encodes_bulk_strings() {
-        let mut b = Vec::new();
-        encode(&[b"SET", b"k", b"xyz"], &mut b);
-        assert_eq!(b, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nxyz\r\n");
-    }
-
-    #[test]
-    fn reads_every_reply_kind() {
-        let mut r: &[u8] = b"+OK\r\n-ERR no\r\n:7\r\n$3\r\nabc\r\n$-1\r\n*2\r\n:1\r\n$0\r\n\r\n";
-        assert_eq!(read_reply(&mut r).unwrap(), Reply::Status("OK".into()));
-        assert_eq!(read_reply(&mut r).unwrap(), Reply::Error("ERR no".into()));
-        assert_eq!(read_reply(&mut r).unwrap(), Reply::Int(7));
-        assert_eq!(
-            read_reply(&mut r).unwrap(),
-            Reply::Bulk(Some(b"abc".to_vec()))
-        );
-        assert_eq!(read_reply(&mut r).unwrap(), Reply::Bulk(None));
-        assert_eq!(
-            read_reply(&mut r).unwrap(),
-            Reply::Array(Some(vec![Reply::Int(1), Reply::Bulk(Some(Vec::new()))]))
-        );
-        assert!(read_reply(&mut r).is_err());
-    }
 
     #[test]
     fn quotas_add_up() {

@@ -1,0 +1,48 @@
+//! The command lines of a local cluster's processes: a node's follower,
+//! the servers it replicates on a loopback port, and the environment that
+//! puts a server under the preload.
+
+use std::path::Path;
+use std::process::Command;
+
+/// `redis-server` on 127.0.0.1:`port` with its data in `dir` and the given
+/// settings (`lockstep_common::config::REDIS_REPLICA_ARGS` for a replica).
+pub fn redis_command(port: u16, dir: &Path, settings: &[&str]) -> Command {
+    let mut c = Command::new("redis-server");
+    c.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(settings)
+        .arg("--dir")
+        .arg(dir);
+    c
+}
+
+/// `memcached -t 1` on 127.0.0.1:`port` (TCP only).
+pub fn memcached_command(port: u16) -> Command {
+    let mut c = Command::new("memcached");
+    c.args(["-u", "root", "-t", "1", "-U", "0", "-l", "127.0.0.1"])
+        .args(["-p", &port.to_string()]);
+    c
+}
+
+/// The follower `program` of node `id` of the cluster configured in
+/// `config`.
+pub fn follower_command(program: &Path, config: &Path, id: u64) -> Command {
+    let mut c = Command::new(program);
+    c.arg("--config")
+        .arg(config)
+        .args(["--node", &id.to_string()]);
+    c
+}
+
+/// Runs `cmd` under the preload `lib` as node `id` of the cluster
+/// configured in `config`.
+pub fn under_preload<'a>(
+    cmd: &'a mut Command,
+    lib: &Path,
+    config: &Path,
+    id: u64,
+) -> &'a mut Command {
+    cmd.env("LD_PRELOAD", lib)
+        .env("LOCKSTEP_CONFIG", config)
+        .env("LOCKSTEP_NODE", id.to_string())
+}

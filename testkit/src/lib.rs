@@ -1,0 +1,30 @@
+//! What `lockstep up`, the benchmarks and the tests share to run a local
+//! cluster and look at it: launching processes with their logs
+//! ([`process`]), the processes' command lines ([`commands`]), a private
+//! ZooKeeper ([`zookeeper`]), loopback ports ([`ports`]), the Redis and
+//! memcached clients ([`resp`], [`memcache`]), the Redis load of the
+//! benchmark ([`redis_load`]), finding the leader ([`leader`]), waiting for a condition ([`poll`]) and the
+//! three-node config text of the unit tests ([`config_fixture`]).
+//!
+//! Quick start, a server under test with its output in a log:
+//!
+//! ```no_run
+//! use lockstep_testkit::{commands, ports, process};
+//! let port = ports::free_port();
+//! let mut cmd = commands::memcached_command(port);
+//! let log = process::open_log(std::path::Path::new("/tmp/mc.log"), false).unwrap();
+//! let mut child = Some(process::spawn_logged(&mut cmd, log, process::Grouping::Inherit).unwrap());
+//! process::kill_and_reap(&mut child);
+//! ```
+#![deny(missing_docs)]
+
+pub mod commands;
+pub mod config_fixture;
+pub mod leader;
+pub mod memcache;
+pub mod poll;
+pub mod ports;
+pub mod process;
+pub mod redis_load;
+pub mod resp;
+pub mod zookeeper;

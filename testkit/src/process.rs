@@ -1,0 +1,125 @@
+//! Launching the processes of a local cluster (followers, servers under the
+//! preload, ZooKeeper) with their output in log files, stopping them, and
+//! looking at what they left behind.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use nix::sys::signal::Signal;
+
+/// How a launched process is tied to the one that launched it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grouping {
+    /// In the launcher's process group, like any child (tests, benchmarks:
+    /// the owner kills it when dropped).
+    Inherit,
+    /// In a process group of its own (a terminal's Ctrl-C reaches only the
+    /// launcher, and the group can be signalled whole), sent SIGTERM when
+    /// the spawning thread ends, also by SIGKILL: no orphans.
+    OwnGroup,
+}
+
+/// Opens the log file of a launched process: appended to when `append` (a
+/// restarted process keeps its predecessor's last words), else new.
+pub fn open_log(path: &Path, append: bool) -> io::Result<File> {
+    if append {
+        OpenOptions::new().create(true).append(true).open(path)
+    } else {
+        File::create(path)
+    }
+}
+
+/// Spawns `cmd` with no stdin and stdout and stderr into `log`.
+pub fn spawn_logged(cmd: &mut Command, log: File, grouping: Grouping) -> io::Result<Child> {
+    cmd.stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    if grouping == Grouping::OwnGroup {
+        cmd.process_group(0);
+        // SAFETY: the closure runs in the forked child before exec and only
+        // makes the prctl(2) system call, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Linux sends it when the spawning *thread* exits: keep the
+                // process on a thread that outlives it.
+                nix::sys::prctl::set_pdeathsig(Some(Signal::SIGTERM))?;
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn()
+}
+
+/// SIGKILLs the child in `slot`, if any, and reaps it.
+pub fn kill_and_reap(slot: &mut Option<Child>) {
+    if let Some(mut c) = slot.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Whether `addr` can be bound now.
+pub fn port_free(addr: SocketAddr) -> bool {
+    TcpListener::bind(addr).is_ok()
+}
+
+/// The last non-empty line of a log file (why a child stopped, usually).
+pub fn last_line(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+/// Live processes (other than this one) whose command line or environment
+/// contains `needle`, as "pid: cmdline". Zombies have neither, so they do
+/// not count.
+pub fn processes_mentioning(needle: &str) -> Vec<String> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let pid = e.file_name().to_string_lossy().to_string();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
+            continue;
+        }
+        let read = |f: &str| std::fs::read(e.path().join(f)).unwrap_or_default();
+        let cmdline = read("cmdline");
+        let environ = read("environ");
+        let hit = |b: &[u8]| b.windows(needle.len()).any(|w| w == needle.as_bytes());
+        if !needle.is_empty() && (hit(&cmdline) || hit(&environ)) {
+            let cmd: Vec<String> = cmdline
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).to_string())
+                .collect();
+            out.push(format!("{pid}: {}", cmd.join(" ").trim()));
+        }
+    }
+    out
+}
+
+/// A flag raised by SIGINT, SIGTERM or SIGHUP: a launcher polls it to stop
+/// what it started and return instead of dying with its children running.
+pub fn stop_on_signals() -> io::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    Ok(stop)
+}
