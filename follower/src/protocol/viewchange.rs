@@ -177,6 +177,83 @@ impl NewerViews {
     }
 }
 
+/// What a node remembers across the steps of view changes: the view it led
+/// and the last input its server consumed when it stopped leading, when it
+/// last promised a view that has not started yet, and the newer views seen
+/// at peers. [`crate::protocol::Replica`] keeps one; the runtime keeps one
+/// behind a lock that its threads share.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ViewChangeState {
+    /// (the view it led, the last input its server consumed then), from
+    /// its demotion until the next view's log is known.
+    led: Option<(u64, u64)>,
+    /// When it last promised a view that has not started yet.
+    promised_at: Option<Millis>,
+    /// Views newer than its own that peers were seen in.
+    newer: NewerViews,
+}
+
+impl ViewChangeState {
+    /// A view was promised at `now`: a view change may be under way.
+    pub fn promised(&mut self, now: Millis) {
+        self.promised_at = Some(now);
+    }
+
+    /// The promised view started (here, or with this node following it).
+    pub fn settled(&mut self) {
+        self.promised_at = None;
+    }
+
+    /// Whether a view change this node promised may still be under way at
+    /// `now` ([`changing`]).
+    pub fn changing(&self, now: Millis) -> bool {
+        changing(self.promised_at, now)
+    }
+
+    /// This node stops leading its log view `log_view`. The first time
+    /// only (until [`ViewChangeState::take_led`]), `fence` stops every
+    /// further hand-over to the server and returns the last input the
+    /// server was handed: remembered, and returned (the server consumed
+    /// everything up to there: it is never replayed).
+    pub fn demoted(&mut self, log_view: u64, fence: impl FnOnce() -> u64) -> Option<u64> {
+        if self.led.is_some() {
+            return None;
+        }
+        let served = fence();
+        self.led = Some((log_view, served));
+        Some(served)
+    }
+
+    /// What this node led when it stopped leading, for its promise.
+    pub fn led(&self) -> Option<(u64, u64)> {
+        self.led
+    }
+
+    /// Takes what this node led, once the new view's log is known (its
+    /// server is judged against that log once).
+    pub fn take_led(&mut self) -> Option<(u64, u64)> {
+        self.led.take()
+    }
+
+    /// Node `node` (0: a peer the transport did not name) is in `view`,
+    /// this node in `own`, at `now` ([`NewerViews::observe`]).
+    pub fn observe(&mut self, node: u64, view: u64, own: u64, now: Millis) {
+        self.newer.observe(node, view, own, now);
+    }
+
+    /// For a leader of `own`: `(node, view)` once a peer has sat in a
+    /// newer view for `patience` ([`NewerViews::stalled`]).
+    pub fn stalled(&self, own: u64, now: Millis, patience: Millis) -> Option<(u64, u64)> {
+        self.newer.stalled(own, now, patience)
+    }
+
+    /// The highest view known to this node (its own views reach `own`)
+    /// and to every peer it saw: its next candidacy tries a view above.
+    pub fn view_floor(&self, own: u64) -> u64 {
+        self.newer.next_view(own) - 1
+    }
+}
+
 /// The highest view the peers that refused a view change as outdated
 /// promised, if any is at least `view` (the attempt cannot succeed: a
 /// leader of `view` would find those peers fenced against it).
@@ -247,6 +324,38 @@ pub fn follows_static(own: Views, view: u64, serving: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn view_change_state_remembers_the_first_demotion_until_taken() {
+        let mut s = ViewChangeState::default();
+        assert_eq!(s.demoted(3, || 17), Some(17));
+        assert_eq!(s.demoted(4, || panic!("fenced twice")), None);
+        assert_eq!(s.led(), Some((3, 17)));
+        assert_eq!(s.take_led(), Some((3, 17)));
+        assert_eq!(s.led(), None);
+        assert_eq!(s.demoted(5, || 20), Some(20));
+    }
+
+    #[test]
+    fn view_change_state_is_changing_from_a_promise_until_settled() {
+        let mut s = ViewChangeState::default();
+        assert!(!s.changing(10));
+        s.promised(10);
+        assert!(s.changing(10 + VIEW_CHANGE_PATIENCE_MS - 1));
+        assert!(!s.changing(10 + VIEW_CHANGE_PATIENCE_MS));
+        s.settled();
+        assert!(!s.changing(11));
+    }
+
+    #[test]
+    fn view_change_state_floor_passes_views_seen_at_peers() {
+        let mut s = ViewChangeState::default();
+        assert_eq!(s.view_floor(4), 4);
+        s.observe(2, 9, 4, 100);
+        assert_eq!(s.view_floor(4), 9);
+        assert_eq!(s.stalled(4, 150, 100), None);
+        assert_eq!(s.stalled(4, 200, 100), Some((2, 9)));
+    }
 
     fn p(node: u64, log_view: u64, last_seq: u64, committed: u64) -> Promise {
         Promise {

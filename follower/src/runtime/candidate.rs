@@ -22,11 +22,7 @@ impl Node {
             .region
             .view()
             .max(self.log_view.load(Ordering::Acquire));
-        self.newer_views
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .next_view(own)
-            - 1
+        self.view_change().view_floor(own)
     }
 
     /// The candidate's rounds for `view`. Returns the view started.
@@ -105,10 +101,7 @@ impl Node {
         // The apply loop replays up to the VIEW entry (closing every replay
         // connection), then flips the preload to active.
         self.region.set_role(Role::Joining);
-        *self
-            .view_change_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.view_change().settled();
         self.region.bell().ring();
         log::info!("view {view} started at seq {view_seq} with nodes {holders:?}");
         Ok(view)

@@ -40,10 +40,11 @@ impl Node {
 
     /// Remembers what the server consumed while this node led.
     pub(super) fn note_demotion(&self) {
-        let mut d = self.demoted.lock().unwrap_or_else(|p| p.into_inner());
-        if d.is_none() {
-            let served = self.region.fence_handover();
-            *d = Some((self.log_view.load(Ordering::Acquire), served));
+        let log_view = self.log_view.load(Ordering::Acquire);
+        let fenced = self
+            .view_change()
+            .demoted(log_view, || self.region.fence_handover());
+        if let Some(served) = fenced {
             // Its server consumed everything up to there: never replay it.
             self.applied.fetch_max(served, Ordering::AcqRel);
         }
@@ -51,11 +52,8 @@ impl Node {
 
     /// Notes that node `node` (0: some peer) is in `view`.
     pub(crate) fn observe_view(&self, node: u64, view: u64) {
-        let own = self.region.view();
-        self.newer_views
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .observe(node, view, own, self.clock());
+        let (own, now) = (self.region.view(), self.clock());
+        self.view_change().observe(node, view, own, now);
     }
 
     /// Notes the view a peer refused a write of this node's with.
@@ -76,11 +74,10 @@ impl Node {
         self.observe_view(0, self.transport.fenced_by());
         let own = self.region.view();
         let patience = Duration::from_millis(self.config.election.session_timeout_ms);
+        let now = self.clock();
         let stalled = self
-            .newer_views
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .stalled(own, self.clock(), patience.as_millis() as u64);
+            .view_change()
+            .stalled(own, now, patience.as_millis() as u64);
         let Some((node, view)) = stalled else {
             return false;
         };
@@ -100,12 +97,7 @@ impl Node {
     /// keeps its server only if the server consumed everything of its view
     /// that the new log kept; it then resumes applying from there.
     pub(super) fn check_demoted_server(&self, from: u64) -> anyhow::Result<()> {
-        let Some((led_view, served)) = self
-            .demoted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        else {
+        let Some((led_view, served)) = self.view_change().take_led() else {
             return Ok(());
         };
         let mut next = from.min(served) + 1;

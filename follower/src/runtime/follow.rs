@@ -15,16 +15,13 @@ use super::Node;
 impl Node {
     /// What this node knows of its views, for the protocol's decisions.
     pub(super) fn views(&self) -> Views {
-        let promised_at = *self
-            .view_change_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let changing = self.view_change().changing(self.clock());
         Views {
             me: self.me,
             promised: self.region.view(),
             log_view: self.log_view.load(Ordering::Acquire),
             leader: self.region.leader(),
-            changing: viewchange::changing(promised_at, self.clock()),
+            changing,
         }
     }
 
@@ -59,17 +56,15 @@ impl Node {
         store.set_view(view)?;
         self.region.raise_view(view);
         self.step_down();
-        *self
-            .view_change_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(self.clock());
+        let now = self.clock();
+        self.view_change().promised(now);
         self.region.bell().ring();
         let p = Promise {
             node: self.me,
             log_view: self.log_view.load(Ordering::Acquire),
             last_seq: store.last().seq,
             committed: self.committed.load(Ordering::Acquire),
-            led: *self.demoted.lock().unwrap_or_else(|p| p.into_inner()),
+            led: self.view_change().led(),
         };
         log::info!(
             "node {}: promised view {view} to node {candidate}: {p:?}",
@@ -112,10 +107,7 @@ impl Node {
         self.region.set_leader(leader);
         self.region.set_role(Role::Backup);
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        *self
-            .view_change_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.view_change().settled();
         self.region.bell().ring();
         self.ack(end);
         log::info!(

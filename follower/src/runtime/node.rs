@@ -12,6 +12,7 @@ use lockstep_common::ring::RingReader;
 use lockstep_common::transport::{tcp::RegionServer, Transport};
 
 use crate::metrics::Metrics;
+use crate::protocol::viewchange::ViewChangeState;
 use crate::protocol::Millis;
 use crate::store::LogStore;
 
@@ -34,13 +35,11 @@ pub struct Node {
     pub(crate) epoch: AtomicU64,
     /// Serialises log rewrites (catch-up, view change sync).
     pub(crate) sync_lock: Mutex<()>,
-    /// Set when this node stopped leading: (the view it led, its commit
-    /// word then = the last input its server consumed).
-    pub(crate) demoted: Mutex<Option<(u64, u64)>>,
-    /// When this node last promised a view it has not seen start yet.
-    pub(crate) view_change_at: Mutex<Option<Millis>>,
-    /// Views newer than this node's that peers were seen in.
-    pub(crate) newer_views: Mutex<crate::protocol::viewchange::NewerViews>,
+    /// What this node remembers across view changes (the view it led and
+    /// what its server consumed then, a promise not started yet, newer
+    /// views seen at peers): the protocol's own state, taken briefly and
+    /// never while another lock is taken.
+    pub(super) view_change: Mutex<ViewChangeState>,
     /// The origin of [`Node::clock`].
     pub(super) started: Instant,
     /// The server missed committed inputs while this node led: it must be
@@ -77,6 +76,11 @@ impl Node {
     /// Milliseconds since this node started: the protocol's clock.
     pub(crate) fn clock(&self) -> Millis {
         self.started.elapsed().as_millis() as Millis
+    }
+
+    /// The view change state ([`ViewChangeState`]); hold it briefly.
+    pub(super) fn view_change(&self) -> MutexGuard<'_, ViewChangeState> {
+        self.view_change.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn stopping(&self) -> bool {
