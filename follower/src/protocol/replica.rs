@@ -894,41 +894,36 @@ impl Replica {
         if self.stale.is_some() {
             return;
         }
-        match session {
-            Session::Expired => self.demote(host),
-            Session::Disconnected(d) => {
-                if d >= self.cfg.session_timeout {
-                    self.demote(host);
+        if viewchange::session_loss(session, self.cfg.session_timeout).is_some() {
+            self.demote(host);
+        }
+        if session == Session::Connected {
+            if candidate {
+                if viewchange::announces(self.views(), self.role == Role::Leader, announced) {
+                    self.out.push(Action::Announce {
+                        view: self.promised,
+                    });
                 }
-            }
-            Session::Connected => {
-                if candidate {
-                    if viewchange::announces(self.views(), self.role == Role::Leader, announced) {
-                        self.out.push(Action::Announce {
-                            view: self.promised,
-                        });
-                    }
-                    if !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
-                        && matches!(self.job, Job::Idle)
-                        && self.now >= self.next_attempt
-                    {
-                        self.out.push(Action::ClaimView {
-                            floor: self.view_floor(),
-                        });
-                        self.job = Job::Candidate(Candidacy {
-                            view: 0,
-                            phase: CandPhase::Claiming,
-                            waiting: BTreeSet::new(),
-                            outdated: Vec::new(),
-                            deadline: self.now + self.cfg.request_timeout,
-                        });
-                    }
-                } else if let Some((view, leader)) = announced {
-                    if viewchange::joins_announced(self.views(), view, leader)
-                        && matches!(self.job, Job::Idle)
-                    {
-                        self.follow(view, leader, None, host);
-                    }
+                if !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
+                    && matches!(self.job, Job::Idle)
+                    && self.now >= self.next_attempt
+                {
+                    self.out.push(Action::ClaimView {
+                        floor: self.view_floor(),
+                    });
+                    self.job = Job::Candidate(Candidacy {
+                        view: 0,
+                        phase: CandPhase::Claiming,
+                        waiting: BTreeSet::new(),
+                        outdated: Vec::new(),
+                        deadline: self.now + self.cfg.request_timeout,
+                    });
+                }
+            } else if let Some((view, leader)) = announced {
+                if viewchange::joins_announced(self.views(), view, leader)
+                    && matches!(self.job, Job::Idle)
+                {
+                    self.follow(view, leader, None, host);
                 }
             }
         }
@@ -1173,10 +1168,13 @@ impl Replica {
         if target > self.applied {
             self.out.push(Action::ApplyUpTo { seq: target });
         }
-        if rebuilding
-            && self.log_view == self.promised
-            && self.applied >= target
-            && matches!(self.job, Job::Idle)
+        if commit::rebuilt(
+            rebuilding,
+            self.log_view,
+            self.promised,
+            self.applied,
+            target,
+        ) && matches!(self.job, Job::Idle)
         {
             self.set_role(Role::Leader);
             if self.cfg.election == Election::Zookeeper {

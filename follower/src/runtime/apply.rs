@@ -94,11 +94,13 @@ impl Node {
                     continue;
                 }
             }
-            if role == Role::Joining
-                && self.is_leader_node()
-                && self.log_view.load(Ordering::Acquire) == self.region.view()
-                && applied >= target
-                && f.next() > target
+            if commit::rebuilt(
+                role == Role::Joining && self.is_leader_node(),
+                self.log_view.load(Ordering::Acquire),
+                self.region.view(),
+                applied,
+                target,
+            ) && f.next() > target
             {
                 log::info!(
                     "node {}: server rebuilt up to seq {applied}; serving as leader",

@@ -9,7 +9,8 @@ use anyhow::bail;
 use lockstep_common::region::Role;
 
 use crate::election::{Election, ElectionError, Session};
-use crate::protocol::viewchange;
+use crate::protocol::viewchange::{self, SessionLoss};
+use crate::protocol::{self, Millis};
 
 use super::Node;
 
@@ -45,7 +46,7 @@ impl Node {
                 .unwrap_or(Session::Expired);
             match session {
                 Session::Expired => {
-                    self.demote_self("the ZooKeeper session expired");
+                    self.demote_self(&SessionLoss::Expired.to_string());
                     *guard = None;
                     match Election::connect(
                         &self.config.election.zookeeper,
@@ -81,7 +82,7 @@ impl Node {
                         ) {
                             // Our znode is gone although the client still
                             // looks connected: start over with a new session.
-                            self.demote_self("the ZooKeeper session expired");
+                            self.demote_self(&SessionLoss::Expired.to_string());
                             *guard = None;
                             continue;
                         }
@@ -167,7 +168,6 @@ impl Node {
         if self.region.role() != Role::Leader {
             return;
         }
-        let timeout = Duration::from_millis(self.config.election.session_timeout_ms);
         let session = match self
             .session_watch
             .lock()
@@ -177,21 +177,10 @@ impl Node {
             Some(w) => w.session(),
             None => return,
         };
-        // A blip shorter than the session timeout changes nothing: the
-        // session (and the leader's znode) outlives it, and while the
-        // link is down the leader cannot commit anyway (the backups' acks
-        // do not reach it). Safety never rests on this demotion: a backup
-        // that promised a newer view stores no entry of an older one
-        // (`admits`, under the store lock), so a deposed leader reaches no
-        // majority. Demoting only makes its clients fail over instead of
-        // waiting; it happens once ZooKeeper has surely expired the
-        // session (it expires it a timeout after it last heard from us,
-        // which is before we noticed the silence).
-        match session {
-            Session::Connected => {}
-            Session::Disconnected(d) if d < timeout => {}
-            Session::Disconnected(_) => self.demote_self("lost ZooKeeper for a session timeout"),
-            Session::Expired => self.demote_self("the ZooKeeper session expired"),
+        // The rule and why: [`viewchange::session_loss`].
+        let timeout = self.config.election.session_timeout_ms as Millis;
+        if let Some(loss) = viewchange::session_loss(protocol_session(session), timeout) {
+            self.demote_self(&loss.to_string());
         }
     }
 
@@ -199,5 +188,14 @@ impl Node {
     pub(super) fn lead_new_view(&self, election: &Election) -> anyhow::Result<u64> {
         let view = election.claim_view(self.view_floor())?;
         self.start_view(view)
+    }
+}
+
+/// The election's session state as the protocol sees it.
+fn protocol_session(session: Session) -> protocol::Session {
+    match session {
+        Session::Connected => protocol::Session::Connected,
+        Session::Disconnected(d) => protocol::Session::Disconnected(d.as_millis() as Millis),
+        Session::Expired => protocol::Session::Expired,
     }
 }
