@@ -142,10 +142,12 @@ impl Node {
         let bytes = entry::encode(&hdr, &[]);
         store.append(&[(last.end_pos, &bytes)])?;
         store.set_log_view(view)?;
-        drop(store);
-        self.log_view.store(view, Ordering::Release);
-        self.persisted.store(hdr.seq, Ordering::Release);
+        // Under the store lock, the epoch before the log view (see
+        // `follow`): the poll loop stores nothing it read before.
         self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.log_view.store(view, Ordering::Release);
+        drop(store);
+        self.persisted.store(hdr.seq, Ordering::Release);
         drop(_sync);
         self.check_demoted_server(adopt.committed.min(committed))?;
         Ok(hdr.seq)

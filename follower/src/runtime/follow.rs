@@ -100,8 +100,19 @@ impl Node {
         let end = self.store().last().seq;
         sync::check_synced(leader, end, last)?;
         self.check_demoted_server(cut)?;
-        self.store().set_log_view(view)?;
-        self.log_view.store(view, Ordering::Release);
+        {
+            let store = self.store();
+            store.set_log_view(view)?;
+            // Under the store lock, the epoch before the log view: a poll
+            // loop whose reader predates the fetch either still finds the
+            // old log view (and stores none of this view's entries) or the
+            // new epoch (and reads again from the log's end). Publishing
+            // the log view first let it append a ring batch from before
+            // the fetch behind the fetched entries (a gap error that
+            // stopped the follower).
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            self.log_view.store(view, Ordering::Release);
+        }
         // The old leader's tail word would look like entries we missed.
         self.region.set_tail(self.store().last().end_pos);
         self.region.set_leader(leader);

@@ -87,8 +87,10 @@ impl Node {
                     {
                         drop(store);
                         batch.clear();
-                        reader = self.reader();
+                        // The epoch before the reader: a rewrite in
+                        // between makes the next check fail again.
                         epoch = self.epoch.load(Ordering::Acquire);
+                        reader = self.reader();
                         continue;
                     }
                     store.append(&refs)
