@@ -2,12 +2,14 @@
 //! benches and tests can drive them directly.
 
 pub mod election;
-mod failover;
 pub mod feed;
 pub mod health;
 pub mod membership;
 pub mod metrics;
-pub mod node;
 pub mod protocol;
+pub mod runtime;
 pub mod sentinel;
 pub mod store;
+
+/// The shared handle, where it always was: `lockstep_follower::node::Node`.
+pub use runtime::node;

@@ -60,9 +60,30 @@ pub fn apply_target(committed: u64, persisted: u64, rebuilding_leader: bool) -> 
     }
 }
 
+/// Whether a node rebuilding its server before leading serves now: its
+/// log follows the view it promised (the view started here) and its
+/// server applied everything up to `target` ([`apply_target`]).
+pub fn rebuilt(
+    rebuilding_leader: bool,
+    log_view: u64,
+    promised: u64,
+    applied: u64,
+    target: u64,
+) -> bool {
+    rebuilding_leader && log_view == promised && applied >= target
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rebuilding_leader_serves_once_its_view_started_and_its_server_caught_up() {
+        assert!(rebuilt(true, 4, 4, 10, 10));
+        assert!(!rebuilt(false, 4, 4, 10, 10));
+        assert!(!rebuilt(true, 3, 4, 10, 10));
+        assert!(!rebuilt(true, 4, 4, 9, 10));
+    }
 
     #[test]
     fn a_majority_of_acks_commits_but_never_past_what_was_served() {

@@ -4,9 +4,9 @@
 //! No sockets, files, threads, clocks, RocksDB, ZooKeeper or libc here:
 //! time comes in as [`Millis`] (monotonic, from the caller), the stored log
 //! is read through [`Host`], and everything the replica wants done comes
-//! out as an [`Action`]. The runtime (`crate::runtime`, `crate::node`,
-//! `crate::failover`) carries actions out; the simulated cluster
-//! (`follower/tests/sim`) carries them out over a deterministic network.
+//! out as an [`Action`]. The runtime ([`crate::runtime`]) carries actions
+//! out; the simulated cluster (`follower/tests/sim`) carries them out over
+//! a deterministic network.
 //!
 //! # Parts, one file each (tests beside them)
 //!

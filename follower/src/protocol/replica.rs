@@ -9,7 +9,7 @@ use super::commit;
 use super::fence::{self, ViewRefusal};
 use super::stale::{self, ServerFate};
 use super::sync::{self, PrefixSearch, Probe};
-use super::viewchange::{self, Adoption, Candidate, NewerViews, Promise, Views};
+use super::viewchange::{self, Adoption, Candidate, Promise, ViewChangeState, Views};
 use super::{Action, EntryMeta, Event, Host, Message, Millis, Role, Session, Words};
 
 /// How the leader is chosen.
@@ -119,9 +119,7 @@ pub struct Replica {
     leader: u64,
     role: Role,
     applied: u64,
-    demoted: Option<(u64, u64)>,
-    promised_at: Option<Millis>,
-    newer: NewerViews,
+    view_change: ViewChangeState,
     stale: Option<String>,
     gap: GapWatch,
     job: Job,
@@ -161,9 +159,7 @@ impl Replica {
             leader,
             role,
             applied: 0,
-            demoted: None,
-            promised_at: None,
-            newer: NewerViews::default(),
+            view_change: ViewChangeState::default(),
             stale: None,
             gap: GapWatch::default(),
             job: Job::Idle,
@@ -276,7 +272,7 @@ impl Replica {
             promised: self.promised,
             log_view: self.log_view,
             leader: self.leader,
-            changing: viewchange::changing(self.promised_at, self.now),
+            changing: self.view_change.changing(self.now),
         }
     }
 
@@ -338,7 +334,7 @@ impl Replica {
             }
             self.observe_view(0, w.fenced_by);
             if let Some((node, view)) =
-                self.newer
+                self.view_change
                     .stalled(self.promised, self.now, self.cfg.session_timeout)
             {
                 let _ = (node, view);
@@ -534,7 +530,8 @@ impl Replica {
     }
 
     fn observe_view(&mut self, node: u64, view: u64) {
-        self.newer.observe(node, view, self.promised, self.now);
+        self.view_change
+            .observe(node, view, self.promised, self.now);
     }
 
     /// Phase 1 here: fence every view below `view`, report the log.
@@ -551,13 +548,13 @@ impl Replica {
         }
         self.raise_view(view);
         self.step_down(host);
-        self.promised_at = Some(self.now);
+        self.view_change.promised(self.now);
         Ok(Promise {
             node: self.cfg.me,
             log_view: self.log_view,
             last_seq: host.last().0,
             committed: self.committed,
-            led: self.demoted,
+            led: self.view_change.led(),
         })
     }
 
@@ -574,9 +571,10 @@ impl Replica {
 
     fn step_down(&mut self, host: &mut impl Host) {
         if self.role == Role::Leader {
-            if self.demoted.is_none() {
-                let served = host.fence_handover();
-                self.demoted = Some((self.log_view, served));
+            if let Some(served) = self
+                .view_change
+                .demoted(self.log_view, || host.fence_handover())
+            {
                 self.applied = self.applied.max(served);
             }
             self.set_role(Role::Joining);
@@ -827,7 +825,7 @@ impl Replica {
         });
         self.set_leader(f.leader);
         self.set_role(Role::Backup);
-        self.promised_at = None;
+        self.view_change.settled();
         self.out.push(Action::ResetReader);
         self.ack(end);
         if f.want.is_some() {
@@ -848,7 +846,7 @@ impl Replica {
         above: &[EntryMeta],
         host: &mut impl Host,
     ) -> bool {
-        let Some((led_view, served)) = self.demoted.take() else {
+        let Some((led_view, served)) = self.view_change.take_led() else {
             return true;
         };
         let start = from.min(served) + 1;
@@ -882,7 +880,8 @@ impl Replica {
     }
 
     fn view_floor(&self) -> u64 {
-        self.newer.next_view(self.promised.max(self.log_view)) - 1
+        self.view_change
+            .view_floor(self.promised.max(self.log_view))
     }
 
     fn on_election(
@@ -895,41 +894,36 @@ impl Replica {
         if self.stale.is_some() {
             return;
         }
-        match session {
-            Session::Expired => self.demote(host),
-            Session::Disconnected(d) => {
-                if d >= self.cfg.session_timeout {
-                    self.demote(host);
+        if viewchange::session_loss(session, self.cfg.session_timeout).is_some() {
+            self.demote(host);
+        }
+        if session == Session::Connected {
+            if candidate {
+                if viewchange::announces(self.views(), self.role == Role::Leader, announced) {
+                    self.out.push(Action::Announce {
+                        view: self.promised,
+                    });
                 }
-            }
-            Session::Connected => {
-                if candidate {
-                    if viewchange::announces(self.views(), self.role == Role::Leader, announced) {
-                        self.out.push(Action::Announce {
-                            view: self.promised,
-                        });
-                    }
-                    if !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
-                        && matches!(self.job, Job::Idle)
-                        && self.now >= self.next_attempt
-                    {
-                        self.out.push(Action::ClaimView {
-                            floor: self.view_floor(),
-                        });
-                        self.job = Job::Candidate(Candidacy {
-                            view: 0,
-                            phase: CandPhase::Claiming,
-                            waiting: BTreeSet::new(),
-                            outdated: Vec::new(),
-                            deadline: self.now + self.cfg.request_timeout,
-                        });
-                    }
-                } else if let Some((view, leader)) = announced {
-                    if viewchange::joins_announced(self.views(), view, leader)
-                        && matches!(self.job, Job::Idle)
-                    {
-                        self.follow(view, leader, None, host);
-                    }
+                if !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
+                    && matches!(self.job, Job::Idle)
+                    && self.now >= self.next_attempt
+                {
+                    self.out.push(Action::ClaimView {
+                        floor: self.view_floor(),
+                    });
+                    self.job = Job::Candidate(Candidacy {
+                        view: 0,
+                        phase: CandPhase::Claiming,
+                        waiting: BTreeSet::new(),
+                        outdated: Vec::new(),
+                        deadline: self.now + self.cfg.request_timeout,
+                    });
+                }
+            } else if let Some((view, leader)) = announced {
+                if viewchange::joins_announced(self.views(), view, leader)
+                    && matches!(self.job, Job::Idle)
+                {
+                    self.follow(view, leader, None, host);
                 }
             }
         }
@@ -1041,7 +1035,7 @@ impl Replica {
                 });
                 self.set_leader(self.cfg.me);
                 self.set_role(Role::Joining);
-                self.promised_at = None;
+                self.view_change.settled();
             }
             _ => {}
         }
@@ -1174,10 +1168,13 @@ impl Replica {
         if target > self.applied {
             self.out.push(Action::ApplyUpTo { seq: target });
         }
-        if rebuilding
-            && self.log_view == self.promised
-            && self.applied >= target
-            && matches!(self.job, Job::Idle)
+        if commit::rebuilt(
+            rebuilding,
+            self.log_view,
+            self.promised,
+            self.applied,
+            target,
+        ) && matches!(self.job, Job::Idle)
         {
             self.set_role(Role::Leader);
             if self.cfg.election == Election::Zookeeper {

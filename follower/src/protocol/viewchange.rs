@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 
 use super::trim::trim_unserved;
-use super::Millis;
+use super::{Millis, Session};
 
 pub use lockstep_common::control::Promise;
 
@@ -177,6 +177,83 @@ impl NewerViews {
     }
 }
 
+/// What a node remembers across the steps of view changes: the view it led
+/// and the last input its server consumed when it stopped leading, when it
+/// last promised a view that has not started yet, and the newer views seen
+/// at peers. [`crate::protocol::Replica`] keeps one; the runtime keeps one
+/// behind a lock that its threads share.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ViewChangeState {
+    /// (the view it led, the last input its server consumed then), from
+    /// its demotion until the next view's log is known.
+    led: Option<(u64, u64)>,
+    /// When it last promised a view that has not started yet.
+    promised_at: Option<Millis>,
+    /// Views newer than its own that peers were seen in.
+    newer: NewerViews,
+}
+
+impl ViewChangeState {
+    /// A view was promised at `now`: a view change may be under way.
+    pub fn promised(&mut self, now: Millis) {
+        self.promised_at = Some(now);
+    }
+
+    /// The promised view started (here, or with this node following it).
+    pub fn settled(&mut self) {
+        self.promised_at = None;
+    }
+
+    /// Whether a view change this node promised may still be under way at
+    /// `now` ([`changing`]).
+    pub fn changing(&self, now: Millis) -> bool {
+        changing(self.promised_at, now)
+    }
+
+    /// This node stops leading its log view `log_view`. The first time
+    /// only (until [`ViewChangeState::take_led`]), `fence` stops every
+    /// further hand-over to the server and returns the last input the
+    /// server was handed: remembered, and returned (the server consumed
+    /// everything up to there: it is never replayed).
+    pub fn demoted(&mut self, log_view: u64, fence: impl FnOnce() -> u64) -> Option<u64> {
+        if self.led.is_some() {
+            return None;
+        }
+        let served = fence();
+        self.led = Some((log_view, served));
+        Some(served)
+    }
+
+    /// What this node led when it stopped leading, for its promise.
+    pub fn led(&self) -> Option<(u64, u64)> {
+        self.led
+    }
+
+    /// Takes what this node led, once the new view's log is known (its
+    /// server is judged against that log once).
+    pub fn take_led(&mut self) -> Option<(u64, u64)> {
+        self.led.take()
+    }
+
+    /// Node `node` (0: a peer the transport did not name) is in `view`,
+    /// this node in `own`, at `now` ([`NewerViews::observe`]).
+    pub fn observe(&mut self, node: u64, view: u64, own: u64, now: Millis) {
+        self.newer.observe(node, view, own, now);
+    }
+
+    /// For a leader of `own`: `(node, view)` once a peer has sat in a
+    /// newer view for `patience` ([`NewerViews::stalled`]).
+    pub fn stalled(&self, own: u64, now: Millis, patience: Millis) -> Option<(u64, u64)> {
+        self.newer.stalled(own, now, patience)
+    }
+
+    /// The highest view known to this node (its own views reach `own`)
+    /// and to every peer it saw: its next candidacy tries a view above.
+    pub fn view_floor(&self, own: u64) -> u64 {
+        self.newer.next_view(own) - 1
+    }
+}
+
 /// The highest view the peers that refused a view change as outdated
 /// promised, if any is at least `view` (the attempt cannot succeed: a
 /// leader of `view` would find those peers fenced against it).
@@ -192,6 +269,45 @@ pub const VIEW_CHANGE_PATIENCE_MS: Millis = 3000;
 /// be under way at `now`.
 pub fn changing(promised_at: Option<Millis>, now: Millis) -> bool {
     promised_at.is_some_and(|t| now.saturating_sub(t) < VIEW_CHANGE_PATIENCE_MS)
+}
+
+/// Why a leader stops serving on its ZooKeeper session's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionLoss {
+    /// Disconnected for a whole session timeout: ZooKeeper has surely
+    /// expired the session.
+    TimedOut,
+    /// The session expired.
+    Expired,
+}
+
+impl std::fmt::Display for SessionLoss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SessionLoss::TimedOut => "lost ZooKeeper for a session timeout",
+            SessionLoss::Expired => "the ZooKeeper session expired",
+        })
+    }
+}
+
+/// Whether (and why) a leader whose session is `session` stops serving,
+/// with a session timeout of `timeout`. A blip shorter than the timeout
+/// changes nothing: the session (and the leader's znode) outlives it, and
+/// while the link is down the leader cannot commit anyway (the backups'
+/// acks do not reach it). Safety never rests on this: a backup that
+/// promised a newer view stores no entry of an older one
+/// ([`super::fence::admits`]), so a deposed leader reaches no majority.
+/// Stopping only makes its clients fail over instead of waiting; it
+/// happens once ZooKeeper has surely expired the session (it expires it a
+/// timeout after it last heard from the leader, which is before the
+/// leader noticed the silence).
+pub fn session_loss(session: Session, timeout: Millis) -> Option<SessionLoss> {
+    match session {
+        Session::Connected => None,
+        Session::Disconnected(d) if d < timeout => None,
+        Session::Disconnected(_) => Some(SessionLoss::TimedOut),
+        Session::Expired => Some(SessionLoss::Expired),
+    }
 }
 
 /// Whether node `me` leads: it is its region's leader, and its log follows
@@ -247,6 +363,52 @@ pub fn follows_static(own: Views, view: u64, serving: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_blip_shorter_than_the_session_timeout_keeps_the_lead() {
+        assert_eq!(session_loss(Session::Connected, 100), None);
+        assert_eq!(session_loss(Session::Disconnected(99), 100), None);
+        assert_eq!(
+            session_loss(Session::Disconnected(100), 100),
+            Some(SessionLoss::TimedOut)
+        );
+        assert_eq!(
+            session_loss(Session::Expired, 100),
+            Some(SessionLoss::Expired)
+        );
+    }
+
+    #[test]
+    fn view_change_state_remembers_the_first_demotion_until_taken() {
+        let mut s = ViewChangeState::default();
+        assert_eq!(s.demoted(3, || 17), Some(17));
+        assert_eq!(s.demoted(4, || panic!("fenced twice")), None);
+        assert_eq!(s.led(), Some((3, 17)));
+        assert_eq!(s.take_led(), Some((3, 17)));
+        assert_eq!(s.led(), None);
+        assert_eq!(s.demoted(5, || 20), Some(20));
+    }
+
+    #[test]
+    fn view_change_state_is_changing_from_a_promise_until_settled() {
+        let mut s = ViewChangeState::default();
+        assert!(!s.changing(10));
+        s.promised(10);
+        assert!(s.changing(10 + VIEW_CHANGE_PATIENCE_MS - 1));
+        assert!(!s.changing(10 + VIEW_CHANGE_PATIENCE_MS));
+        s.settled();
+        assert!(!s.changing(11));
+    }
+
+    #[test]
+    fn view_change_state_floor_passes_views_seen_at_peers() {
+        let mut s = ViewChangeState::default();
+        assert_eq!(s.view_floor(4), 4);
+        s.observe(2, 9, 4, 100);
+        assert_eq!(s.view_floor(4), 9);
+        assert_eq!(s.stalled(4, 150, 100), None);
+        assert_eq!(s.stalled(4, 200, 100), Some((2, 9)));
+    }
 
     fn p(node: u64, log_view: u64, last_seq: u64, committed: u64) -> Promise {
         Promise {

@@ -1,0 +1,87 @@
+//! What a node reports of itself: `status`, the metrics text and the apply
+//! lag in seconds.
+
+use std::sync::atomic::Ordering;
+
+use lockstep_common::control::NodeStatus;
+use lockstep_common::region::Role;
+
+use crate::metrics;
+
+use super::Node;
+
+impl Node {
+    /// This node's status.
+    pub fn status(&self) -> NodeStatus {
+        let role = match self.region.role() {
+            _ if self.stale.load(Ordering::Relaxed) => "stale",
+            Role::Leader => "leader",
+            Role::Backup => "backup",
+            Role::Joining => "joining",
+        };
+        let persisted = self.persisted.load(Ordering::Acquire);
+        let applied = if self.region.role() == Role::Leader {
+            persisted
+        } else {
+            self.applied.load(Ordering::Acquire)
+        };
+        let committed = self.committed.load(Ordering::Acquire);
+        NodeStatus {
+            node: self.me,
+            view: self.region.view(),
+            leader: self.region.leader(),
+            role: role.into(),
+            stale_reason: self
+                .stale_reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            persisted,
+            committed,
+            applied,
+            divergences: self.metrics.divergences.load(Ordering::Relaxed),
+            lag_ms: (self.lag_seconds(committed.saturating_sub(applied)) * 1000.0) as u64,
+            server_pid: self.region.preload_pid(),
+            follower_pid: std::process::id() as u64,
+        }
+    }
+
+    pub(crate) fn render_metrics(&self) -> String {
+        let s = self.status();
+        let lag = s.committed.saturating_sub(s.applied);
+        let mut text = self.metrics.render(&[
+            ("lockstep_view", "Current view", s.view),
+            ("lockstep_leader", "Leader of the current view", s.leader),
+            ("lockstep_persisted_seq", "Highest seq stored", s.persisted),
+            (
+                "lockstep_committed_seq",
+                "Highest seq known committed",
+                s.committed,
+            ),
+            ("lockstep_applied_seq", "Highest seq applied", s.applied),
+        ]);
+        let zookeeper_connected = self
+            .session_watch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|w| w.session() == crate::election::Session::Connected);
+        metrics::NodeGauges {
+            role: &s.role,
+            server_up: self.region.server_attached(),
+            zookeeper_connected,
+            apply_lag_entries: lag,
+            apply_lag_seconds: self.lag_seconds(lag),
+        }
+        .render(&mut text);
+        text
+    }
+
+    /// Seconds the server needs to apply `lag` entries at its recent rate
+    /// (with no rate measured yet, a rate of 50k entries/s is assumed).
+    pub(crate) fn lag_seconds(&self, lag: u64) -> f64 {
+        let rate = self.apply_rate.load(Ordering::Relaxed).max(1);
+        let rate = if rate <= 1 { 50_000 } else { rate };
+        lag as f64 / rate as f64
+    }
+}
