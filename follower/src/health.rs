@@ -102,25 +102,11 @@ mod tests {
     }
 
     fn config() -> Config {
-        Config::parse(
-            r#"
-cluster = "h"
-data_dir = "/tmp/lockstep-health-test"
-[[nodes]]
-id = 1
-app = "127.0.0.1:7001"
-control = "127.0.0.1:7101"
-[[nodes]]
-id = 2
-app = "127.0.0.1:7002"
-control = "127.0.0.1:7102"
-[[nodes]]
-id = 3
-app = "127.0.0.1:7003"
-control = "127.0.0.1:7103"
-"#,
+        let text = lockstep_testkit::config_fixture::ThreeNodeConfig::new(
+            "cluster = \"h\"\ndata_dir = \"/tmp/lockstep-health-test\"\n",
         )
-        .unwrap()
+        .text();
+        Config::parse(&text).unwrap()
     }
 
     #[test]
