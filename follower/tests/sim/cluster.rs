@@ -946,6 +946,15 @@ impl Cluster {
         }
     }
 
+    /// Forgets what the checks covered, so that the next one looks at
+    /// everything again (the checker's own tests plant violations below
+    /// the marks, where no protocol step writes).
+    pub fn forget_checks(&mut self) {
+        for n in &mut self.nodes {
+            n.checked = Checked::default();
+        }
+    }
+
     /// Runs `ms` steps with a client input every `every` ms.
     pub fn run(&mut self, ms: u64, every: u64) {
         for _ in 0..ms {

@@ -254,3 +254,35 @@ fn bug6_a_lost_announcement_is_published_again() {
     c.run(100, 2);
     assert!(c.commit_point() > before);
 }
+
+/// The checker itself can fail: a backup's server that ran an input other
+/// than the committed entry of its seq is caught at the next check.
+#[test]
+#[should_panic(expected = "applied")]
+fn the_checker_catches_a_server_that_ran_another_input() {
+    let mut c = Cluster::new(3, ZK, 3);
+    let leader = settle(&mut c);
+    c.run(200, 2);
+    assert!(c.commit_point() > 10, "entries committed");
+    let backup = if leader == 2 { 3 } else { 2 };
+    let n = &mut c.nodes[backup as usize - 1];
+    let &(seq, view, value) = n.server.first().expect("the backup ran inputs");
+    n.server.push((seq, view, value + 1_000_000));
+    c.check();
+}
+
+/// The checker itself can fail: a serving leader that holds no committed
+/// entry is caught.
+#[test]
+#[should_panic(expected = "lost committed seq")]
+fn the_checker_catches_a_leader_that_lost_committed_entries() {
+    let mut c = Cluster::new(3, ZK, 4);
+    let leader = settle(&mut c);
+    c.run(200, 2);
+    assert!(c.commit_point() > 10, "entries committed");
+    let n = &mut c.nodes[leader as usize - 1];
+    n.storage.log.clear();
+    // A fresh cluster view of the marks: what a restart would do.
+    c.forget_checks();
+    c.check();
+}
