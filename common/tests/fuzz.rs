@@ -35,6 +35,7 @@ use lockstep_common::ring::{ReadOutcome, RingReader, RingWriter};
 use lockstep_common::transport::tcp::{FrameHeader, RegionServer, HEADER_LEN, MAX_WRITE};
 use lockstep_common::{words, Config};
 use lockstep_testkit::config_fixture::ThreeNodeConfig;
+use lockstep_testkit::rng::Rng;
 
 // ---------------------------------------------------------------------
 // The largest allocation of the current thread.
@@ -85,39 +86,31 @@ fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
 // ---------------------------------------------------------------------
 // Inputs
 
-/// xorshift64*: small, seedable, good enough to reach odd corners.
-struct Rng(u64);
+/// The generator of `target`'s inputs (the test kit's xorshift64*): each
+/// target its own stream of the seed (`LOCKSTEP_FUZZ_SEED`).
+fn rng_for(target: &str) -> Rng {
+    let seed: u64 = std::env::var("LOCKSTEP_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_1e55_0c4a_b1e5);
+    let mut h = seed ^ 0x9E37_79B9_7F4A_7C15;
+    for b in target.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    Rng::from_state(h)
+}
 
-impl Rng {
-    fn new(target: &str) -> Rng {
-        let seed: u64 = std::env::var("LOCKSTEP_FUZZ_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0x5eed_1e55_0c4a_b1e5);
-        // Each target its own stream.
-        let mut h = seed ^ 0x9E37_79B9_7F4A_7C15;
-        for b in target.bytes() {
-            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-        Rng(h | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
+/// Fuzz inputs drawn from the generator.
+trait Inputs {
+    fn chance(&mut self, one_in: u64) -> bool;
+    fn bytes(&mut self, n: usize) -> Vec<u8>;
+    fn edgy(&mut self) -> u64;
+    fn mutate(&mut self, v: &mut Vec<u8>);
+}
+
+impl Inputs for Rng {
     fn chance(&mut self, one_in: u64) -> bool {
-        self.below(one_in) == 0
+        self.one_in(one_in)
     }
     fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next() as u8).collect()
@@ -190,10 +183,10 @@ const HANG: Duration = Duration::from_secs(60);
 /// thread cannot be stopped).
 fn fuzz(target: &str, short: u64, mut one: impl FnMut(&mut Rng)) {
     let n = iterations(short);
-    let mut rng = Rng::new(target);
+    let mut rng = rng_for(target);
     let start = Instant::now();
     // (iteration, rng state at its start), for the watchdog.
-    let at = Mutex::new((0u64, rng.0, Instant::now()));
+    let at = Mutex::new((0u64, rng.state(), Instant::now()));
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -207,7 +200,7 @@ fn fuzz(target: &str, short: u64, mut one: impl FnMut(&mut Rng)) {
             }
         });
         for i in 0..n {
-            let seed = rng.0;
+            let seed = rng.state();
             *at.lock().unwrap_or_else(|p| p.into_inner()) = (i, seed, Instant::now());
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| one(&mut rng)));
             if let Err(e) = r {

@@ -3,8 +3,8 @@
 //! ([`process`]), the processes' command lines ([`commands`]), a private
 //! ZooKeeper ([`zookeeper`]), loopback ports ([`ports`]), the Redis and
 //! memcached clients ([`resp`], [`memcache`]), the Redis load of the
-//! benchmark ([`redis_load`]), finding the leader ([`leader`]), waiting for a condition ([`poll`]) and the
-//! three-node config text of the unit tests ([`config_fixture`]).
+//! benchmark ([`redis_load`]), finding the leader ([`leader`]), waiting for a condition ([`poll`]), a seeded generator ([`rng`]) and
+//! the three-node config text of the unit tests ([`config_fixture`]).
 //!
 //! Quick start, a server under test with its output in a log:
 //!
@@ -27,4 +27,5 @@ pub mod ports;
 pub mod process;
 pub mod redis_load;
 pub mod resp;
+pub mod rng;
 pub mod zookeeper;

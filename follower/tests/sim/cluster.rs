@@ -335,10 +335,10 @@ impl Cluster {
             return;
         }
         let f = self.faults;
-        if from != to && self.rng.chance(f.drop) {
+        if from != to && self.rng.percent(f.drop) {
             return;
         }
-        let copies = if from != to && self.rng.chance(f.duplicate) {
+        let copies = if from != to && self.rng.percent(f.duplicate) {
             2
         } else {
             1

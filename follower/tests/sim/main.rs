@@ -27,8 +27,8 @@ const LIVENESS_BOUND_MS: u64 = 3000;
 /// that the cluster commits again.
 pub fn run_seed(seed: u64) {
     let mut rng = rng::Rng::new(seed ^ 0x5eed);
-    let n = if rng.chance(70) { 3 } else { 5 };
-    let election = if rng.chance(50) {
+    let n = if rng.percent(70) { 3 } else { 5 };
+    let election = if rng.percent(50) {
         Election::Zookeeper
     } else {
         Election::Static { leader: 1 }
@@ -47,7 +47,7 @@ pub fn run_seed(seed: u64) {
         t += burst;
         let id = 1 + rng.below(n);
         match rng.below(12) {
-            0 => c.crash(id, rng.chance(50)),
+            0 => c.crash(id, rng.percent(50)),
             1 | 2 if c.nodes[id as usize - 1].replica.is_none() => c.start(id),
             3 => c.isolate(id),
             4 => {
@@ -57,7 +57,7 @@ pub fn run_seed(seed: u64) {
                 }
             }
             5 | 6 => c.heal(),
-            7 if rng.chance(20) => c.kill_server(id),
+            7 if rng.percent(20) => c.kill_server(id),
             _ => {}
         }
     }
