@@ -228,11 +228,7 @@ pub(super) unsafe fn poll_turn(
     // SAFETY: per the contract.
     unsafe { poll_interest(fds, n) };
     // SAFETY: per the contract.
-    event_loop_turn(
-        Wait::Scan,
-        0,
-        !crate::loops::any() && unsafe { poll_serves(fds, n) },
-    );
+    event_loop_turn(Wait::Scan, 0, unsafe { poll_serves(fds, n) });
     let (unread, k) = unread_fds();
     let tick = caught(|| crate::apply::tick_due(0)).unwrap_or(false);
     // SAFETY: per the contract.
@@ -262,11 +258,7 @@ pub(super) unsafe fn select_turn(
     // SAFETY: per the contract.
     unsafe { select_interest(n, w) };
     // SAFETY: per the contract.
-    event_loop_turn(
-        Wait::Scan,
-        0,
-        !crate::loops::any() && unsafe { select_serves(n, r) },
-    );
+    event_loop_turn(Wait::Scan, 0, unsafe { select_serves(n, r) });
     let (unread, k) = unread_fds();
     let tick = caught(|| crate::apply::tick_due(0)).unwrap_or(false);
     let asked = if r.is_null() {

@@ -12,11 +12,13 @@ use crate::sys::{errno, set_errno};
 use crate::turns::{Wait, MAX_WIDTH};
 
 /// The server is about to wait in its event loop (`max`: epoll's
-/// maxevents).
+/// maxevents; `serves`: the wait watches fds of the server's). A
+/// `poll`/`select` of a server that runs epoll loops is a wait of a
+/// thread's own, not a loop (see `loops::any`).
 pub(super) fn event_loop_turn(wait: Wait, max: c_int, serves: bool) {
     if dispatch::passive_hooked() {
         let e = errno();
-        if serves {
+        if serves && (wait == Wait::Epoll || !crate::loops::any()) {
             crate::clock::on_loop_thread();
         }
         if !GENERATORS_SEEDED.load(Ordering::Relaxed) {
