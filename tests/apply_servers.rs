@@ -11,7 +11,8 @@
 //! replaying the log through the same event loop.
 //!
 //! The small servers live in tests/apply_servers/: `kv.pl` (Perl, select or
-//! poll) and `kv_epoll_et.c` (compiled with `cc` into the test's temp dir).
+//! poll), `kv_epoll_et.c` and `two_loops.c` (compiled with `cc` into the
+//! test's temp dir).
 
 mod cluster;
 
@@ -313,20 +314,20 @@ fn perl_kv(test: &str, mode: &'static str) {
     assert_kv_replicas_identical(&c, &acked);
 }
 
-/// Compiles kv_epoll_et.c into `dir`; fails naming build-essential when
-/// there is no C compiler.
-fn build_epoll_et(dir: &Path) -> String {
+/// Compiles `name`.c of tests/apply_servers into `dir`; fails naming
+/// build-essential when there is no C compiler.
+fn build_c_server(dir: &Path, name: &str) -> String {
     require("cc", &["--version"], "build-essential");
-    let out = dir.join("kv_epoll_et");
+    let out = dir.join(name);
     let r = Command::new("cc")
-        .args(["-O1", "-Wall", "-o"])
+        .args(["-O1", "-Wall", "-pthread", "-o"])
         .arg(&out)
-        .arg(sources().join("kv_epoll_et.c"))
+        .arg(sources().join(format!("{name}.c")))
         .output()
         .expect("run cc");
     assert!(
         r.status.success(),
-        "cc failed to build kv_epoll_et.c:\n{}",
+        "cc failed to build {name}.c:\n{}",
         String::from_utf8_lossy(&r.stderr)
     );
     out.to_str().expect("utf-8 path").to_string()
@@ -345,7 +346,7 @@ fn poll_server_replicas_stay_identical() {
 #[test]
 fn edge_triggered_epoll_server_replicas_stay_identical() {
     let mut c = TestCluster::new("kvepollet", Options::default());
-    let bin = build_epoll_et(&c.dir);
+    let bin = build_c_server(&c.dir, "kv_epoll_et");
     c.use_server_command(&[&bin, "{port}"]);
     c.start_all();
     let acked = kv_workload(c.app(1), 0, 240);
@@ -359,7 +360,7 @@ fn edge_triggered_epoll_server_replicas_stay_identical() {
 #[test]
 fn edge_triggered_epoll_backup_restart_replays_the_log() {
     let mut c = TestCluster::new("kvetrestart", Options::default());
-    let bin = build_epoll_et(&c.dir);
+    let bin = build_c_server(&c.dir, "kv_epoll_et");
     c.use_server_command(&[&bin, "{port}"]);
     c.start_all();
     let mut acked = kv_workload(c.app(1), 0, 120);
@@ -377,6 +378,32 @@ fn edge_triggered_epoll_backup_restart_replays_the_log() {
     acked.merge(during.join().expect("workload during the restart"));
     acked.merge(kv_workload(c.app(1), 3, 120));
     assert_kv_replicas_identical(&c, &acked);
+}
+
+// ---------------------------------------------------------------------------
+// Two event loops on two threads (memcached's shape).
+
+/// A backup hands its server the next turn only once the threads that
+/// handled the last one went back to wait. What a listener loop does after
+/// an accept, in the same turn (memcached runs its clock timer there: the
+/// time its worker's commands read), comes before the worker loop reads
+/// the connection's first input, as on the leader, whose turns never
+/// overlap. `two_loops.c` marks an accept finished at the end of the
+/// listener's turn; every connection's first command must see its own
+/// accept finished, on every replica (each connection's close carries the
+/// digest of what it was answered).
+#[test]
+fn a_listeners_turn_ends_before_the_worker_reads_the_next_input() {
+    let mut c = TestCluster::new("twoloops", Options::default());
+    let bin = build_c_server(&c.dir, "two_loops");
+    c.use_server_command(&[&bin, "{port}"]);
+    c.start_all();
+    for _ in 0..8 {
+        let mut k = Client::connect(c.app(1));
+        assert_eq!(k.cmd("ACCEPTED\n"), "ACCEPTED yes");
+    }
+    c.wait_converged(LIMIT);
+    c.assert_no_divergence();
 }
 
 // ---------------------------------------------------------------------------

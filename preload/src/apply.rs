@@ -87,7 +87,9 @@ struct Conn {
     /// `Pump::payloads`) and how far it read them.
     inbox: (usize, usize),
     served: usize,
-    /// The thread that last read from it, and its turn count then.
+    /// The thread that last handled it (accepted it, read from it, read
+    /// its EOF or closed it), and its turn count then: the turn is over
+    /// when that thread waits again.
     read_slot: usize,
     read_turn: u64,
     /// The log ended the connection (CLOSE): its end is shut, the server
@@ -101,6 +103,15 @@ struct Conn {
     shown: [u8; SHOWN],
     /// Seq of the connection's last input (whose output `out` is).
     last_input: u64,
+}
+
+impl Conn {
+    /// The calling server thread handled this connection in its current
+    /// turn.
+    fn handled_here(&mut self) {
+        self.read_slot = turns::slot();
+        self.read_turn = turns::count(self.read_slot);
+    }
 }
 
 /// What a read of a replay connection gets.
@@ -254,6 +265,7 @@ pub fn on_accept(fd: i32, peer: SocketAddr) -> bool {
     };
     if let Some(c) = p.conns.get_mut(&conn) {
         c.server_fd = fd;
+        c.handled_here();
     }
     if let Some(slot) = fdtable::slot(fd) {
         slot.set_replay(conn);
@@ -280,8 +292,7 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
         let n = fill(&p.payloads[c.served..end]);
         if !peek && n > 0 {
             c.served += n;
-            c.read_slot = turns::slot();
-            c.read_turn = turns::count(c.read_slot);
+            c.handled_here();
             p.read_by = Some(c.read_slot);
             // The server handles this connection's input now: its time.
             if let Some(h) = p.turn.iter().find(|h| h.conn == conn) {
@@ -293,6 +304,7 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
     if c.closing || c.closed {
         if !peek {
             c.eof = true;
+            c.handled_here();
             p.run();
         }
         return Served::Eof;
@@ -423,6 +435,7 @@ pub fn on_close(conn: u64) {
     if let Some(c) = p.conns.get_mut(&conn) {
         c.closed = true;
         c.server_fd = -1;
+        c.handled_here();
     }
     p.run();
 }
@@ -716,19 +729,34 @@ impl Pump {
         self.clear_turn();
     }
 
-    /// Moves the turn on: true once the server handled all of it.
+    /// Moves the turn on: true once the server handled all of it and the
+    /// threads that handled it went back to wait. Like the leader's turn
+    /// lock, that keeps what the server does after the input in that turn
+    /// (memcached's listener runs its clock timer after the accept) before
+    /// anything of the next turn.
     fn progress(&mut self) -> bool {
+        let patience_over = self
+            .consumed_at
+            .is_some_and(|t| t.elapsed() >= TURN_PATIENCE);
+        // Handled by a thread that waited since (or long enough ago).
+        let waited = |c: &Conn| turns::count(c.read_slot) > c.read_turn || patience_over;
         let mut all_read = true;
         let mut done = true;
+        let mut ended = Vec::new();
         for &h in &self.turn {
             let item_done = match h.kind {
-                Kind::Accept => self
-                    .conns
-                    .get(&h.seq)
-                    .is_none_or(|c| c.server_fd >= 0 || c.closed),
+                Kind::Accept => match self.conns.get(&h.seq) {
+                    // It could not be opened: its inputs are skipped.
+                    None => true,
+                    Some(c) => {
+                        let accepted = c.server_fd >= 0 || c.closed;
+                        all_read &= accepted;
+                        accepted && waited(c)
+                    }
+                },
                 Kind::Data => match self.conns.get(&h.conn) {
                     None => true,
-                    Some(c) if c.closed => true,
+                    Some(c) if c.closed => waited(c),
                     Some(c) => {
                         let read = c.served >= c.inbox.1;
                         all_read &= read;
@@ -736,29 +764,32 @@ impl Pump {
                             // A reply sent over several turns is not
                             // complete while the server waits to write.
                             && !fdtable::slot(c.server_fd).is_some_and(|s| s.wants_write())
-                            && (turns::count(c.read_slot) > c.read_turn
-                                || self
-                                    .consumed_at
-                                    .is_some_and(|t| t.elapsed() >= TURN_PATIENCE))
+                            && waited(c)
                     }
                 },
-                Kind::Close => {
-                    let done = self.conns.get(&h.conn).is_none_or(|c| c.eof || c.closed);
-                    if done {
-                        self.conns.remove(&h.conn);
+                Kind::Close => match self.conns.get(&h.conn) {
+                    None => true,
+                    Some(c) => {
+                        let seen = c.eof || c.closed;
+                        all_read &= seen;
+                        let done = seen && waited(c);
+                        if done {
+                            ended.push(h.conn);
+                        }
+                        done
                     }
-                    done
-                }
+                },
                 // Its loop's thread went back to wait after the turn.
                 Kind::Tick => match self.tick {
                     Some((_, Some((slot, n)))) => turns::count(slot) > n,
-                    _ => self
-                        .consumed_at
-                        .is_some_and(|t| t.elapsed() >= TURN_PATIENCE),
+                    _ => patience_over,
                 },
                 Kind::View | Kind::Noop | Kind::Wrap => true,
             };
             done &= item_done;
+        }
+        for conn in ended {
+            self.conns.remove(&conn);
         }
         if all_read && self.consumed_at.is_none() {
             self.consumed_at = Some(Instant::now());
