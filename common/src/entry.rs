@@ -1,7 +1,7 @@
 //! Log entry codec: a 64-byte header, the payload, and a trailing canary.
 //!
 //! ```text
-//! 0  len u32 | kind u8 | flags u8 | pad u16
+//! 0  len u32 | kind u8 | flags u8 | turn loop u16 (0: none, else loop + 1)
 //! 8  view u64
 //! 16 seq u64
 //! 24 conn u64
@@ -82,6 +82,12 @@ pub struct EntryHeader {
     pub kind: Kind,
     /// Flag bits: [`SAME_TURN`]; the others are reserved (zero).
     pub flags: u8,
+    /// The event loop of the leader's server whose turn read the input
+    /// (loops are named alike on every replica): a backup's server moves
+    /// that loop's clock to the entry's time, no other. None for entries
+    /// no loop read (the follower's `VIEW`) and in logs written before
+    /// the field existed.
+    pub turn_loop: Option<u16>,
     /// View in which the entry was proposed.
     pub view: u64,
     /// Global, gap-free sequence number (starts at 1).
@@ -163,6 +169,7 @@ impl EntryHeader {
             len,
             kind,
             flags: 0,
+            turn_loop: None,
             view,
             seq,
             conn,
@@ -181,7 +188,8 @@ impl EntryHeader {
         out[0..4].copy_from_slice(&self.len.to_le_bytes());
         out[4] = self.kind as u8;
         out[5] = self.flags;
-        out[6..8].fill(0);
+        let turn_loop = self.turn_loop.map_or(0, |l| l.saturating_add(1));
+        out[6..8].copy_from_slice(&turn_loop.to_le_bytes());
         out[8..16].copy_from_slice(&self.view.to_le_bytes());
         out[16..24].copy_from_slice(&self.seq.to_le_bytes());
         out[24..32].copy_from_slice(&self.conn.to_le_bytes());
@@ -200,13 +208,15 @@ impl EntryHeader {
             });
         }
         let kind = Kind::from_u8(bytes[4]).ok_or(DecodeError::BadKind(bytes[4]))?;
-        if bytes[6] != 0 || bytes[7] != 0 || bytes[52..56].iter().any(|b| *b != 0) {
+        if bytes[52..56].iter().any(|b| *b != 0) {
             return Err(DecodeError::Padding);
         }
+        let turn_loop = u16::from_le_bytes([bytes[6], bytes[7]]).checked_sub(1);
         Ok(EntryHeader {
             len: u32_at(bytes, 0),
             kind,
             flags: bytes[5],
+            turn_loop,
             view: u64_at(bytes, 8),
             seq: u64_at(bytes, 16),
             conn: u64_at(bytes, 24),
@@ -373,6 +383,7 @@ mod tests {
         fn arb_entry()(kind in arb_kind(), view in any::<u64>(), seq in any::<u64>(),
                        conn in any::<u64>(), lc in any::<u64>(), oh in any::<u64>(),
                        flags in any::<u8>(), t in any::<u64>(),
+                       turn_loop in proptest::option::of(0..u16::MAX),
                        payload in proptest::collection::vec(any::<u8>(), 0..300))
             -> (EntryHeader, Vec<u8>) {
             let mut h = EntryHeader::new(kind, view, seq, conn, payload.len() as u32);
@@ -380,6 +391,7 @@ mod tests {
             h.out_hash = oh;
             h.time_us = t;
             h.flags = flags;
+            h.turn_loop = turn_loop;
             (h, payload)
         }
     }

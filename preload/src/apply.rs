@@ -223,12 +223,13 @@ pub fn tick_due(loop_id: u64) -> bool {
 }
 
 /// The server's wait in loop `loop_id` returned, on this thread: the turn
-/// in flight starts here when it is this thread's (a `TICK` of this loop,
-/// this turn is the tick's; DATA, when the wait reported the log's bytes
-/// (`delivers`) — a wait that returned for anything else must not run the
-/// server's timers at the turn's time before it read the turn's input;
-/// the kernel-reported ACCEPT/CLOSE/VIEW on any loop), and the thread's
-/// clock reads its time from now on.
+/// in flight starts here when it is this loop's, and the thread's clock
+/// reads its time from now on. A `TICK` of this loop: this turn is the
+/// tick's. DATA: when the wait reported the log's bytes (`delivers`) — a
+/// wait that returned for anything else must not run the server's timers
+/// at the turn's time before it read the turn's input. The kernel-reported
+/// ACCEPT and CLOSE: in the loop whose turn read them on the leader (any
+/// loop, for entries that do not name it). A `VIEW` is no loop's turn.
 pub fn turn_returned(loop_id: u64, delivers: bool) {
     let Some(mut p) = pump() else {
         return;
@@ -245,12 +246,21 @@ pub fn turn_returned(loop_id: u64, delivers: bool) {
             }
             _ => false,
         },
-        Kind::Data => delivers,
-        Kind::Accept | Kind::Close | Kind::View => true,
-        Kind::Noop | Kind::Wrap => false,
+        _ => runs_in(&first, loop_id, delivers),
     };
     if mine {
         crate::clock::enter_turn(first.time_us);
+    }
+}
+
+/// Whether a turn starting with `first` (not a `TICK`) runs in the wait of
+/// loop `loop_id` that just returned (`delivers`: it reported the log's
+/// bytes); see [`turn_returned`].
+fn runs_in(first: &EntryHeader, loop_id: u64, delivers: bool) -> bool {
+    match first.kind {
+        Kind::Data => delivers,
+        Kind::Accept | Kind::Close => first.turn_loop.is_none_or(|l| u64::from(l) == loop_id),
+        Kind::Tick | Kind::View | Kind::Noop | Kind::Wrap => false,
     }
 }
 
@@ -875,6 +885,30 @@ mod tests {
             h.flags = SAME_TURN;
         }
         h
+    }
+
+    #[test]
+    fn a_turn_runs_in_the_loop_that_ran_it_on_the_leader() {
+        let mut accept = EntryHeader::new(Kind::Accept, 1, 5, 5, 0);
+        accept.turn_loop = Some(1);
+        assert!(runs_in(&accept, 1, false), "the listener's wait");
+        assert!(!runs_in(&accept, 2, false), "not the worker's");
+        accept.turn_loop = None;
+        assert!(
+            runs_in(&accept, 2, false),
+            "a log that does not name it: any loop's"
+        );
+        let mut close = EntryHeader::new(Kind::Close, 1, 9, 5, 0);
+        close.turn_loop = Some(2);
+        assert!(runs_in(&close, 2, false) && !runs_in(&close, 1, false));
+        let data = data(6, 5, false, 0);
+        assert!(runs_in(&data, 2, true), "reported the log's bytes");
+        assert!(!runs_in(&data, 2, false), "returned for something else");
+        let view = EntryHeader::new(Kind::View, 2, 10, 0, 0);
+        assert!(
+            !runs_in(&view, 1, false),
+            "the follower's entry: no loop's turn"
+        );
     }
 
     #[test]

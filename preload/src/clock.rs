@@ -20,9 +20,17 @@
 //! read it on event-loop threads and the main thread (they time the
 //! timers). In a forked child every clock is real.
 //!
+//! A backup's loop thread takes the time of the turns the leader's same
+//! loop ran (entries carry their loop, `EntryHeader::turn_loop`); the
+//! follower's `VIEW` is no loop's turn. So a loop's timers fire in the
+//! same turns everywhere, whatever other loops' waits return meanwhile.
+//!
 //! Before the log has a time (the server starting up, before the leader's
 //! first turn or a backup's first entry) those clocks read [`ORIGIN_US`],
-//! the same instant on every replica, restarted ones included. So the
+//! the same instant on every replica, restarted ones included. So do the
+//! main and loop threads until their loop's first turn: a backup's pump
+//! may have begun entries while its server still starts up (a restarted
+//! node replays a whole log), and timers armed then must be armed alike. So the
 //! timers a server arms at start-up are due at the same point of the log
 //! everywhere (at its first turn), and what it derives from its start time
 //! agrees on every replica and with the log's time: memcached counts its
@@ -57,6 +65,8 @@ thread_local! {
     /// The leader's: the loop of this thread's current turn while no entry
     /// carried the turn's time yet.
     static UNLOGGED: Cell<Option<u64>> = const { Cell::new(None) };
+    /// The leader's: the loop of this thread's current turn.
+    static TURN_LOOP: Cell<Option<u64>> = const { Cell::new(None) };
     /// This thread runs an event loop of the server's.
     static LOOP_THREAD: Cell<bool> = const { Cell::new(false) };
 }
@@ -102,22 +112,18 @@ pub fn stop_signalled() {
     STOPPING.store(true, Ordering::Release);
 }
 
-/// The clock the calling server thread should read now: its turn's time
-/// on an event-loop thread, else the log's latest, else `ORIGIN_US`; once
-/// stopping, that time moving on in real time (`real_mono_us`).
-pub fn now_us(real_mono_us: impl FnOnce() -> u64) -> Option<u64> {
-    let mine = if is_loop_thread() {
+/// The clock the calling server thread should read now: a thread whose
+/// clocks move by turns (`turn_thread`: the server's loop threads and its
+/// main thread) reads its turn's time, else `ORIGIN_US`; any other thread
+/// the log's latest time, else `ORIGIN_US`. Once stopping, that time
+/// moving on in real time (`real_mono_us`).
+pub fn now_us(turn_thread: bool, real_mono_us: impl FnOnce() -> u64) -> Option<u64> {
+    let t = if turn_thread {
         TURN_TIME.try_with(|c| c.get()).unwrap_or(0)
     } else {
-        0
+        LOG_TIME_US.load(Ordering::Acquire)
     };
-    let t = match mine {
-        0 => match LOG_TIME_US.load(Ordering::Acquire) {
-            0 => ORIGIN_US,
-            t => t,
-        },
-        t => t,
-    };
+    let t = if t == 0 { ORIGIN_US } else { t };
     if !STOPPING.load(Ordering::Acquire) {
         return Some(t);
     }
@@ -146,11 +152,18 @@ pub fn turn_starts(now: u64, loop_id: u64) {
         LOG_TIME_US.fetch_max(now, Ordering::AcqRel);
     }
     let t = LOG_TIME_US.load(Ordering::Acquire);
+    let _ = TURN_LOOP.try_with(|c| c.set(Some(loop_id)));
     let _ = TURN_TIME.try_with(|c| {
         if c.replace(t) != t {
             let _ = UNLOGGED.try_with(|u| u.set(Some(loop_id)));
         }
     });
+}
+
+/// The leader's: the loop whose turn the calling thread runs (None: not
+/// a loop thread, or before its first turn).
+pub fn turn_loop() -> Option<u64> {
+    TURN_LOOP.try_with(|c| c.get()).ok().flatten()
 }
 
 /// The time an entry the leader appends now carries: the thread's turn's
@@ -194,12 +207,21 @@ mod tests {
     #[test]
     fn the_log_sets_the_time_and_zero_keeps_it() {
         assert!(stilled(), "no time yet");
-        assert_eq!(now_us(|| 0), Some(ORIGIN_US), "before the log's first time");
+        assert_eq!(
+            now_us(false, || 0),
+            Some(ORIGIN_US),
+            "before the log's first time"
+        );
         enter_input(1_700_000_000_123_456);
         assert!(!stilled());
-        assert_eq!(now_us(|| 0), Some(1_700_000_000_123_456));
+        assert_eq!(now_us(false, || 0), Some(1_700_000_000_123_456));
+        assert_eq!(
+            now_us(true, || 0),
+            Some(ORIGIN_US),
+            "a loop or main thread reads the origin until its loop's first turn"
+        );
         enter_input(0);
-        assert_eq!(now_us(|| 0), Some(1_700_000_000_123_456));
+        assert_eq!(now_us(false, || 0), Some(1_700_000_000_123_456));
         assert_eq!(split_us(1_700_000_000_123_456), (1_700_000_000, 123_456));
         std::thread::spawn(turns_move_the_time_by_grains_and_owe_a_tick)
             .join()
@@ -208,25 +230,28 @@ mod tests {
 
     fn turns_move_the_time_by_grains_and_owe_a_tick() {
         on_loop_thread();
-        let v = now_us(|| 0).unwrap();
+        let v = LOG_TIME_US.load(Ordering::Acquire);
+        assert_eq!(turn_loop(), None);
         turn_starts(v + GRAIN_US - 1, 1);
-        assert_eq!(now_us(|| 0), Some(v), "less than a grain: stands");
+        assert_eq!(turn_loop(), Some(1));
+        assert_eq!(now_us(true, || 0), Some(v), "less than a grain: stands");
         assert_eq!(take_unlogged(), Some((v, 1)), "the thread's first turn");
         turn_starts(v + GRAIN_US - 1, 1);
         assert_eq!(take_unlogged(), None, "same time: nothing to log");
         turn_starts(v + GRAIN_US, 2);
-        assert_eq!(now_us(|| 0), Some(v + GRAIN_US));
+        assert_eq!(turn_loop(), Some(2));
+        assert_eq!(now_us(true, || 0), Some(v + GRAIN_US));
         assert_eq!(take_unlogged(), Some((v + GRAIN_US, 2)));
         assert_eq!(take_unlogged(), None, "taken once");
         turn_starts(v + 5 * GRAIN_US, 1);
         assert_eq!(entry_time(0), v + 5 * GRAIN_US, "an entry carries the turn");
         assert_eq!(take_unlogged(), None);
         turn_starts(v, 1);
-        assert_eq!(now_us(|| 0), Some(v + 5 * GRAIN_US), "never back");
+        assert_eq!(now_us(true, || 0), Some(v + 5 * GRAIN_US), "never back");
         // Another loop's turn moves the log's time, not this thread's.
         enter_input(v + 9 * GRAIN_US);
-        assert_eq!(now_us(|| 0), Some(v + 5 * GRAIN_US));
+        assert_eq!(now_us(true, || 0), Some(v + 5 * GRAIN_US));
         enter_turn(v + 9 * GRAIN_US);
-        assert_eq!(now_us(|| 0), Some(v + 9 * GRAIN_US));
+        assert_eq!(now_us(true, || 0), Some(v + 9 * GRAIN_US));
     }
 }

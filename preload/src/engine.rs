@@ -292,13 +292,21 @@ impl Engine {
         };
         w.turn = here;
         let Writer { log, gather, .. } = w;
+        let mut fields = EntryHeader::new(kind, view, 0, conn, 0);
+        fields.time_us = time_us;
+        // The loop whose turn this is (a TICK names it).
+        fields.turn_loop = match kind {
+            Kind::Tick => Some(conn),
+            _ => crate::clock::turn_loop(),
+        }
+        .and_then(|l| u16::try_from(l).ok());
         // Only the input's first entry carries the output digest: a backup
         // checks it where the input begins.
         let mut digest = out_hash;
         let mut one = |payload: &[u8]| {
-            let out = std::mem::take(&mut digest);
-            let f = std::mem::replace(&mut flags, SAME_TURN);
-            self.append_one(log, view, kind, conn, out, f, time_us, payload)
+            fields.out_hash = std::mem::take(&mut digest);
+            fields.flags = std::mem::replace(&mut flags, SAME_TURN);
+            self.append_one(log, view, &fields, payload)
         };
         if kind == Kind::Data {
             for_each_chunk(segments, total, self.max_entry, gather, one)?;
@@ -311,34 +319,27 @@ impl Engine {
         Ok(Logged { first, last, view })
     }
 
-    /// Appends one entry through the writer, once the apply lag allows.
-    #[allow(clippy::too_many_arguments)]
+    /// Appends one entry (`fields`: its kind, conn, digest, flags, time
+    /// and loop) through the writer, once the apply lag allows.
     fn append_one(
         &self,
         log: &mut LeaderWriter,
         view: u64,
-        kind: Kind,
-        conn: u64,
-        out_hash: u64,
-        flags: u8,
-        time_us: u64,
+        fields: &EntryHeader,
         payload: &[u8],
     ) -> Result<(), Fail> {
         self.wait_applied(log.next_seq(), view)?;
-        let mut fields = EntryHeader::new(kind, view, 0, conn, 0);
-        fields.out_hash = out_hash;
-        fields.flags = flags;
-        fields.time_us = time_us;
         let mut hooks = LeaderHooks { engine: self, view };
         let posted = log
-            .append(&self.region, &*self.transport, &fields, payload, &mut hooks)
+            .append(&self.region, &*self.transport, fields, payload, &mut hooks)
             .map_err(|e| match e {
                 AppendError::Room(fail) => fail,
                 AppendError::Fenced(_) => Fail::Lost("a peer is in a newer view"),
                 e => Fail::Internal(e.to_string()),
             })?;
         log::trace!(
-            "appended {kind:?} seq {} conn {} ({} bytes)",
+            "appended {:?} seq {} conn {} ({} bytes)",
+            fields.kind,
             posted.seq,
             posted.conn,
             payload.len()

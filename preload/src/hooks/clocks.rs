@@ -19,7 +19,7 @@ pub(super) fn log_time() -> Option<u64> {
     if !dispatch::passive_hooked() && !starting_up() {
         return None;
     }
-    crate::clock::now_us(sys::monotonic_us)
+    crate::clock::now_us(monotonic_is_logged(), sys::monotonic_us)
 }
 
 /// Whether this process is a lockstep server that did not attach yet (its
