@@ -39,6 +39,48 @@ fn a_rate_limiter_leaves_identical_replicas() {
     c.assert_no_divergence();
 }
 
+/// Blocking pops with a timeout, the queue pattern: a consumer's `BLPOP`
+/// times out (Redis checks its blocked clients' deadlines before each wait,
+/// at the turn's time) or gets the element a producer pushed. Which of the
+/// two happened decides where every element goes, so a backup must time
+/// the consumer out in the same turn as the leader: the consumer's replies
+/// (compared entry by entry), the lists left and the digests agree.
+#[test]
+fn blocking_pops_time_out_at_the_same_point_everywhere() {
+    let mut c = TestCluster::new("det-bl", Options::default());
+    c.start_all();
+    let app = c.app(1);
+    let consumer = std::thread::spawn(move || {
+        let mut r = Resp::connect(app).unwrap();
+        let (mut got, mut timed_out) = (0, 0);
+        for _ in 0..120 {
+            match r.cmd(&[b"BLPOP", b"q", b"0.02"]).unwrap() {
+                Reply::Array(None) => timed_out += 1,
+                Reply::Array(Some(kv)) if kv.len() == 2 => {
+                    got += 1;
+                    r.cmd(&[b"RPUSH", b"done", b"x"]).unwrap();
+                }
+                other => panic!("BLPOP answered {other:?}"),
+            }
+        }
+        (got, timed_out)
+    });
+    let mut p = Resp::connect(app).unwrap();
+    for i in 0..150 {
+        p.cmd(&[b"RPUSH", b"q", format!("job{i}").as_bytes()])
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(5 + (i % 4) * 9));
+    }
+    let (got, timed_out) = consumer.join().expect("consumer");
+    assert!(
+        got > 0 && timed_out > 0,
+        "got {got}, timed out {timed_out}: both must happen for a test of timeouts"
+    );
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}
+
 /// Keys set with a TTL, then written again once expired: `SETNX` and
 /// `INCR` see an expired key as absent on every replica.
 #[test]
