@@ -157,6 +157,18 @@ fn lockstep(args: &[&str]) -> std::process::Output {
         .expect("run lockstep")
 }
 
+/// Ctrl-C stops `up` with exit status 0, and nothing of its cluster is
+/// left running.
+fn stop_cleanly(up: &mut Up, tc: &TestCluster) {
+    let st = up.interrupt();
+    assert!(
+        st.success(),
+        "lockstep up exited with {st} on Ctrl-C:\n{}",
+        up.output()
+    );
+    assert_nothing_left(tc, &[]);
+}
+
 /// Everything `lockstep up` started is gone: no process mentions the test
 /// dir (followers have the config path on their command line, servers in
 /// LOCKSTEP_CONFIG, ZooKeeper its zoo.cfg), no region file, and every port
@@ -357,13 +369,7 @@ fn redis_up_heals_a_backup_whose_server_died() {
         assert_eq!(s.role, if id == 1 { "leader" } else { "backup" }, "{s:?}");
     }
 
-    let st = up.interrupt();
-    assert!(
-        st.success(),
-        "lockstep up exited with {st}:\n{}",
-        up.output()
-    );
-    assert_nothing_left(&tc, &[]);
+    stop_cleanly(&mut up, &tc);
 }
 
 /// One node per host: three `lockstep up --node i` processes (one per
@@ -540,13 +546,7 @@ fn redis_up_retries_a_failing_restart() {
         );
     }
     drop(c);
-    let st = up.interrupt();
-    assert!(
-        st.success(),
-        "lockstep up exited with {st}:\n{}",
-        up.output()
-    );
-    assert_nothing_left(&tc, &[]);
+    stop_cleanly(&mut up, &tc);
 }
 
 #[test]
@@ -582,13 +582,7 @@ fn memcached_up_workload_dumps_agree() {
         );
     }
 
-    let st = up.interrupt();
-    assert!(
-        st.success(),
-        "lockstep up exited with {st} on Ctrl-C:\n{}",
-        up.output()
-    );
-    assert_nothing_left(&tc, &[]);
+    stop_cleanly(&mut up, &tc);
 }
 
 #[test]
@@ -658,8 +652,7 @@ fn up_killed_leaves_no_orphans_and_restarts() {
         Reply::Bulk(Some(b"yes".to_vec()))
     );
     drop(c);
-    assert!(up.interrupt().success(), "{}", up.output());
-    assert_nothing_left(&tc, &[]);
+    stop_cleanly(&mut up, &tc);
 }
 
 #[test]

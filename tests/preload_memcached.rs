@@ -198,13 +198,7 @@ fn memcached_backup_refuses_clients_and_counts_replay_bytes() {
         },
     );
     let acker = Acker::start(&f);
-    let mut cmd = memcached_command(f.port());
-    f.preload_env(&mut cmd);
-    let mut server = Server::spawn(cmd, f.port(), &f.dir, "memcached");
-    wait_for("the preload to attach", LIMIT, || {
-        server.assert_running();
-        f.region(1).preload_pid() == server.pid() as u64
-    });
+    let mut server = f.spawn_attached(memcached_command(f.port()), "memcached");
     for _ in 0..5 {
         let mut c = connect(f.app()).unwrap();
         let _ = c.write_all(b"set k 0 0 1\r\nx\r\n");
@@ -247,13 +241,7 @@ fn a_refused_client_of_a_memcached_backup_reads_server_error_naming_the_leader()
     f.region(1).set_leader(3);
     let leader = f.config.node(3).unwrap().app;
     let acker = Acker::start(&f);
-    let mut cmd = memcached_command(f.port());
-    f.preload_env(&mut cmd);
-    let mut server = Server::spawn(cmd, f.port(), &f.dir, "memcached");
-    wait_for("the preload to attach", LIMIT, || {
-        server.assert_running();
-        f.region(1).preload_pid() == server.pid() as u64
-    });
+    let mut server = f.spawn_attached(memcached_command(f.port()), "memcached");
     let want = format!("SERVER_ERROR lockstep backup; the leader is at {leader}\r\n");
     let (got, eof) = refusal(f.app(), b"");
     assert_eq!(String::from_utf8_lossy(&got), want);

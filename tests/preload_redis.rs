@@ -292,14 +292,7 @@ fn passive_backup_refuses_clients_but_serves_and_counts_replay_connections() {
         },
     );
     let acker = Acker::start(&f);
-    let mut cmd = redis_command(f.port(), &f.dir);
-    f.preload_env(&mut cmd);
-    let mut server = Server::spawn(cmd, f.port(), &f.dir, "redis");
-    // Attached at listen: the pid is in the region before any client.
-    wait_for("the preload to attach", LIMIT, || {
-        server.assert_running();
-        f.region(1).preload_pid() == server.pid() as u64
-    });
+    let mut server = f.spawn_attached(redis_command(f.port(), &f.dir), "redis");
 
     // An ordinary client is closed at once, without a reply.
     for _ in 0..3 {
@@ -367,13 +360,7 @@ fn a_refused_client_of_a_redis_backup_reads_readonly_naming_the_leader() {
     f.region(1).set_leader(2);
     let leader = f.config.node(2).unwrap().app;
     let acker = Acker::start(&f);
-    let mut cmd = redis_command(f.port(), &f.dir);
-    f.preload_env(&mut cmd);
-    let mut server = Server::spawn(cmd, f.port(), &f.dir, "redis");
-    wait_for("the preload to attach", LIMIT, || {
-        server.assert_running();
-        f.region(1).preload_pid() == server.pid() as u64
-    });
+    let mut server = f.spawn_attached(redis_command(f.port(), &f.dir), "redis");
     let want = format!("-READONLY lockstep backup; the leader is at {leader}\r\n");
     // A client that only listens reads the error, then EOF.
     let (got, eof) = refusal(f.app(), b"");

@@ -217,6 +217,19 @@ impl Fixture {
             .env_remove("LOCKSTEP_ALLOW_UNREPLICATED");
     }
 
+    /// Starts `cmd` (`tag` names its output files) under the preload as
+    /// node 1 and waits until the preload attached (at the server's
+    /// listen: its pid is in the region before any client).
+    pub fn spawn_attached(&self, mut cmd: Command, tag: &str) -> Server {
+        self.preload_env(&mut cmd);
+        let mut server = Server::spawn(cmd, self.port(), &self.dir, tag);
+        wait_for("the preload to attach", LIMIT, || {
+            server.assert_running();
+            self.region(1).preload_pid() == server.pid() as u64
+        });
+        server
+    }
+
     /// The preload's log file, for failure messages.
     pub fn preload_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("preload.log")).unwrap_or_default()
