@@ -50,7 +50,8 @@
 //! a commit record to a peer, apply up to a seq, truncate, append the
 //! view-start entry, send a control message (fetch and probe included),
 //! set the region's view, leader, role and writer start, open the
-//! hand-over to the server, go stale, claim a view.
+//! hand-over to the server, go stale, claim a view, note something for
+//! the log.
 
 pub mod catchup;
 pub mod commit;
@@ -196,7 +197,7 @@ pub enum Event {
         msg: Message,
     },
     /// A control request to `to` got no answer (timeout, refused
-    /// connection).
+    /// connection); `to` 0: ZooKeeper did not answer a view claim.
     Unanswered {
         /// The peer.
         to: u64,
@@ -351,5 +352,11 @@ pub enum Action {
     GoStale {
         /// Why.
         why: String,
+    },
+    /// Something an operator reads in the log: why a view change failed,
+    /// why leading stopped. Changes nothing.
+    Note {
+        /// What happened.
+        what: String,
     },
 }

@@ -337,7 +337,16 @@ impl Replica {
                 self.view_change
                     .stalled(self.promised, self.now, self.cfg.session_timeout)
             {
-                let _ = (node, view);
+                let who = if node == 0 {
+                    "a peer".to_string()
+                } else {
+                    format!("node {node}")
+                };
+                self.note(format!(
+                    "{who} has been in view {view} for {} ms, which did not replace view {} led here: \
+                     starting a view above it; no longer accepting writes",
+                    self.cfg.session_timeout, self.promised
+                ));
                 self.demote(host);
             }
         }
@@ -452,6 +461,8 @@ impl Replica {
             }
             Job::Follow(f) if f.leader == to => self.fail_follow(),
             Job::Candidate(c) => match &c.phase {
+                // ZooKeeper did not give the view.
+                CandPhase::Claiming if to == 0 => self.fail_candidacy(),
                 CandPhase::Preparing(_) | CandPhase::NewView { .. } => {
                     c.waiting.remove(&to);
                     if c.waiting.is_empty() {
@@ -679,6 +690,10 @@ impl Replica {
         }
     }
 
+    fn note(&mut self, what: String) {
+        self.out.push(Action::Note { what });
+    }
+
     fn fail_candidacy(&mut self) {
         self.job = Job::Idle;
         self.next_attempt = self.now + self.cfg.retry;
@@ -894,7 +909,10 @@ impl Replica {
         if self.stale.is_some() {
             return;
         }
-        if viewchange::session_loss(session, self.cfg.session_timeout).is_some() {
+        if let Some(loss) = viewchange::session_loss(session, self.cfg.session_timeout) {
+            if self.role == Role::Leader {
+                self.note(format!("{loss}: no longer accepting writes"));
+            }
             self.demote(host);
         }
         if session == Session::Connected {
@@ -957,6 +975,7 @@ impl Replica {
                 return;
             }
         };
+        self.note(format!("candidate for view {view}"));
         let mut cand = Candidate::new(view, self.cfg.me, &self.cfg.members);
         cand.promise(own);
         let peers = self.peers();
@@ -983,13 +1002,18 @@ impl Replica {
         let Job::Candidate(c) = std::mem::replace(&mut self.job, Job::Idle) else {
             return;
         };
-        if viewchange::superseded(c.view, c.outdated.iter().copied()).is_some() {
+        if let Some(p) = viewchange::superseded(c.view, c.outdated.iter().copied()) {
+            self.note(format!(
+                "view {}: a peer promised view {p} already; trying a view above it",
+                c.view
+            ));
             self.fail_candidacy();
             return;
         }
         match c.phase {
             CandPhase::Preparing(cand) => {
                 let Some(adopt) = cand.decide() else {
+                    self.note(format!("view {}: no majority promised", c.view));
                     self.fail_candidacy();
                     return;
                 };
@@ -1021,6 +1045,10 @@ impl Replica {
             }
             CandPhase::NewView { seq, holders } => {
                 if holders.len() < self.majority() {
+                    self.note(format!(
+                        "view {}: only nodes {holders:?} hold its log, no majority",
+                        c.view
+                    ));
                     self.fail_candidacy();
                     return;
                 }

@@ -510,6 +510,7 @@ impl Cluster {
             Action::GoStale { .. } => {
                 self.node(id).stale = true;
             }
+            Action::Note { .. } => {}
         }
     }
 
