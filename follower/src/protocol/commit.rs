@@ -25,6 +25,16 @@ pub fn leader_commit(
     quorum::reached_by(ids, majority, ack).min(served)
 }
 
+/// The leader's commit point: what the ack array proves (`computed`,
+/// [`leader_commit`]) or what its commit word says (`word`: its preload
+/// raises the word from the same ack array when an output waits, and a
+/// writer without a server, like the benchmark's, raises it alone),
+/// whichever is higher. The word holds only this view's points: the
+/// view's start sets it.
+pub fn leader_point(computed: u64, word: u64) -> u64 {
+    computed.max(word)
+}
+
 /// A backup's commit point after it learned that `seq` is committed, if
 /// its log follows the view it is in (`log_view == view`); else unchanged.
 pub fn learn(committed: u64, seq: u64, log_view: u64, view: u64) -> u64 {
@@ -83,6 +93,12 @@ mod tests {
         assert!(!rebuilt(false, 4, 4, 10, 10));
         assert!(!rebuilt(true, 3, 4, 10, 10));
         assert!(!rebuilt(true, 4, 4, 9, 10));
+    }
+
+    #[test]
+    fn a_commit_word_raised_by_the_preload_counts() {
+        assert_eq!(leader_point(7, 9), 9);
+        assert_eq!(leader_point(7, 3), 7);
     }
 
     #[test]

@@ -320,6 +320,9 @@ impl Replica {
                 w.served,
             );
             self.out.push(Action::RaiseCommit { seq: c });
+            // What the preload raised the word to counts as much (it
+            // commits by the same ack array): backups learn it too.
+            let c = commit::leader_point(c, w.commit);
             self.committed =
                 commit::learn(self.committed, c.min(last), self.log_view, self.promised);
             if c != self.commit_sent.0 || self.now.saturating_sub(self.commit_sent.1) > 100 {

@@ -91,7 +91,13 @@ impl Node {
                     }
                 }
             }
-            Action::ApplyUpTo { seq } => self.apply_target.store(seq, Ordering::Release),
+            Action::ApplyUpTo { seq } => {
+                if self.apply_target.swap(seq, Ordering::AcqRel) != seq {
+                    if let Some(t) = self.applier.get() {
+                        t.unpark();
+                    }
+                }
+            }
             Action::Send { to, msg } => self.send(to, msg),
             Action::SetView { view } => {
                 self.region.raise_view(view);

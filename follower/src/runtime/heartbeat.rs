@@ -51,7 +51,7 @@ impl Node {
     }
 
     /// The region words other processes write, for a tick.
-    fn words(&self) -> Words {
+    pub(super) fn words(&self) -> Words {
         let (seq, view) = self.region.commit_in_view();
         let stalled_at = self.stalled_at.load(Ordering::Relaxed);
         Words {
@@ -61,6 +61,7 @@ impl Node {
                 .map(|id| (id, self.region.ack(id)))
                 .collect(),
             served: self.region.served(),
+            commit: self.region.commit(),
             commit_record: (view, seq),
             fenced_by: self.transport.fenced_by(),
             tail_ahead: stalled_at != NOT_STALLED && self.region.tail() > stalled_at,

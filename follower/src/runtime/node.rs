@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use lockstep_common::config::Config;
@@ -87,6 +87,8 @@ pub struct Node {
     pub(super) stalled_at: AtomicU64,
     /// Where the replica asked the server to apply up to.
     pub(super) apply_target: AtomicU64,
+    /// The apply thread, unparked when that target moves.
+    pub(super) applier: OnceLock<std::thread::Thread>,
     /// Set once the replica went stale (the election thread then leaves
     /// the election).
     pub(crate) stale: AtomicBool,

@@ -31,6 +31,7 @@ impl Node {
         let mut batch: Vec<FetchedEntry> = Vec::with_capacity(BATCH);
         let mut metas: Vec<EntryMeta> = Vec::with_capacity(BATCH);
         let backoff = Backoff::new();
+        let mut seen_record = (0, 0);
         while !self.stopping() {
             let now_epoch = self.epoch.load(Ordering::Acquire);
             if now_epoch != epoch {
@@ -107,6 +108,14 @@ impl Node {
             self.stalled_at.store(reader.pos(), Ordering::Relaxed);
             if failed {
                 self.step(Event::ReadFailed, Carried::Nothing);
+            }
+            let record = self.region.commit_in_view();
+            if record != seen_record {
+                // A new commit record (it rings the bell): the replica
+                // learns it now rather than at the next heartbeat, so
+                // that an idle backup applies at once.
+                seen_record = record;
+                self.step(Event::Tick(self.words()), Carried::Nothing);
             }
             if backoff.is_completed() {
                 // Writers ring after writing: a write since `seen` makes

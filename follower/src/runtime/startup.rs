@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -119,6 +119,7 @@ impl Node {
             epoch: AtomicU64::new(0),
             stalled_at: AtomicU64::new(NOT_STALLED),
             apply_target: AtomicU64::new(0),
+            applier: OnceLock::new(),
             stale: AtomicBool::new(false),
             started: Instant::now(),
             session_watch: Mutex::new(election.as_ref().map(|e| e.watch())),
