@@ -4,9 +4,11 @@
 //! No sockets, files, threads, clocks, RocksDB, ZooKeeper or libc here:
 //! time comes in as [`Millis`] (monotonic, from the caller), the stored log
 //! is read through [`Host`], and everything the replica wants done comes
-//! out as an [`Action`]. The runtime ([`crate::runtime`]) carries actions
-//! out; the simulated cluster (`follower/tests/sim`) carries them out over
-//! a deterministic network.
+//! out as an [`Action`]. The follower process runs one [`Replica`]: the
+//! runtime ([`crate::runtime`]) feeds it what its threads observe and
+//! carries its actions out, deciding nothing itself; the simulated cluster
+//! (`follower/tests/sim`) feeds the same `Replica`s and carries their
+//! actions out over a deterministic network.
 //!
 //! # Parts, one file each (tests beside them)
 //!

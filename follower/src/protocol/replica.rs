@@ -1,6 +1,7 @@
 //! [`Replica`]: one node's protocol state, stepped by [`Event`]s into
-//! [`Action`]s. The rules it applies are the ones in the sibling modules,
-//! which the runtime calls too.
+//! [`Action`]s. The rules it applies are the ones in the sibling modules;
+//! the runtime ([`crate::runtime`]) and the simulated cluster feed it
+//! events and carry out its actions, and decide nothing themselves.
 
 use std::collections::BTreeSet;
 

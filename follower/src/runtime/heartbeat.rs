@@ -32,11 +32,12 @@ impl Node {
     /// replica.
     pub(super) fn heartbeat_loop(&self) {
         let mut server_checked = Instant::now();
+        let mut server_gone = false;
         while !self.stopping() {
             self.region.set_heartbeat(now_ms());
             self.check_session();
             if server_checked.elapsed() >= SERVER_CHECK {
-                self.check_server();
+                self.check_server(&mut server_gone);
                 server_checked = Instant::now();
             }
             self.step(Event::Tick(self.words()), Carried::Nothing);
@@ -98,18 +99,16 @@ impl Node {
         }
     }
 
-    /// Tells the replica once a server that attached in this follower's
-    /// life exited (its lock is gone).
-    fn check_server(&self) {
+    /// Tells the replica, once, that the server that attached in this
+    /// follower's life (its pid word is set) exited (its lock is gone).
+    fn check_server(&self, reported: &mut bool) {
         let pid = self.region.preload_pid();
-        if crate::protocol::stale::server_exited(
-            pid,
-            self.region.server_attached(),
-            self.stale.load(Ordering::Relaxed),
-        ) {
-            log::error!("node {}: its server (pid {pid}) exited", self.me);
-            self.step(Event::ServerExited, Carried::Nothing);
+        if *reported || pid == 0 || self.region.server_attached() {
+            return;
         }
+        *reported = true;
+        log::error!("node {}: its server (pid {pid}) exited", self.me);
+        self.step(Event::ServerExited, Carried::Nothing);
     }
 }
 
