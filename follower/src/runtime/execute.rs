@@ -219,10 +219,15 @@ impl Node {
     }
 
     fn zookeeper(&self, req: ZkRequest) {
-        self.zk_requests
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(req);
+        {
+            let mut q = self.zk_requests.lock().unwrap_or_else(|p| p.into_inner());
+            // The same request asked again before the election thread got
+            // to it (an announcement, by two steps): once is enough.
+            if q.contains(&req) {
+                return;
+            }
+            q.push(req);
+        }
         if let Some(w) = self
             .session_watch
             .lock()
