@@ -1230,3 +1230,168 @@ fn refusal(e: ViewRefusal) -> Message {
         ViewRefusal::Implausible { .. } => Message::Refused,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stored log in memory (the views of seq 1, 2, …) that carries out
+    /// the actions that change it, and the entries read but not stored.
+    #[derive(Default)]
+    struct Log {
+        views: Vec<u64>,
+        read: Vec<EntryMeta>,
+    }
+
+    impl Host for Log {
+        fn last(&self) -> (u64, u64) {
+            (
+                self.views.len() as u64,
+                self.views.last().copied().unwrap_or(0),
+            )
+        }
+        fn view_at(&self, seq: u64) -> Option<u64> {
+            self.views.get((seq as usize).wrapping_sub(1)).copied()
+        }
+        fn fence_handover(&mut self) -> u64 {
+            0
+        }
+    }
+
+    impl Log {
+        fn step(&mut self, r: &mut Replica, now: Millis, e: Event) -> Vec<Action> {
+            if let Event::Read(es) = &e {
+                self.read = es.clone();
+            }
+            let actions = r.step(now, e, self);
+            for a in &actions {
+                match *a {
+                    Action::Persist { last } => {
+                        for e in std::mem::take(&mut self.read) {
+                            if e.seq <= last && e.seq == self.views.len() as u64 + 1 {
+                                self.views.push(e.view);
+                            }
+                        }
+                    }
+                    Action::Truncate { after } => self.views.truncate(after as usize),
+                    Action::AppendView { view, .. } => self.views.push(view),
+                    _ => {}
+                }
+            }
+            actions
+        }
+    }
+
+    fn config(election: Election) -> Config {
+        Config {
+            me: 1,
+            members: vec![1, 2, 3],
+            election,
+            session_timeout: 1000,
+            request_timeout: 500,
+            retry: 200,
+        }
+    }
+
+    fn promise(node: u64) -> Message {
+        Message::Promise(Promise {
+            node,
+            log_view: 0,
+            last_seq: 0,
+            committed: 0,
+            led: None,
+        })
+    }
+
+    #[test]
+    fn a_view_claim_zookeeper_does_not_answer_is_tried_again_after_the_pause() {
+        let (mut r, _) = Replica::new(config(Election::Zookeeper), Restored::default(), 0);
+        let mut log = Log::default();
+        let candidate = Event::Election {
+            session: Session::Connected,
+            candidate: true,
+            announced: None,
+        };
+        let claims = |a: Vec<Action>| {
+            a.iter()
+                .filter(|a| matches!(a, Action::ClaimView { .. }))
+                .count()
+        };
+        assert_eq!(claims(log.step(&mut r, 0, candidate.clone())), 1);
+        assert_eq!(
+            claims(log.step(&mut r, 1, candidate.clone())),
+            0,
+            "one at a time"
+        );
+        log.step(&mut r, 2, Event::Unanswered { to: 0 });
+        assert_eq!(
+            claims(log.step(&mut r, 3, candidate.clone())),
+            0,
+            "a pause first"
+        );
+        assert_eq!(claims(log.step(&mut r, 202, candidate)), 1);
+    }
+
+    #[test]
+    fn a_commit_word_the_leaders_preload_raised_goes_to_the_backups() {
+        let (mut r, _) = Replica::new(
+            config(Election::Static { leader: 1 }),
+            Restored::default(),
+            0,
+        );
+        let mut log = Log::default();
+        // The configured leader starts view 2 with both peers.
+        log.step(&mut r, 0, Event::Tick(Words::default()));
+        for from in [2, 3] {
+            log.step(
+                &mut r,
+                1,
+                Event::Message {
+                    from,
+                    msg: promise(from),
+                },
+            );
+        }
+        for from in [2, 3] {
+            log.step(
+                &mut r,
+                2,
+                Event::Message {
+                    from,
+                    msg: Message::Synced { last: 1 },
+                },
+            );
+        }
+        log.step(&mut r, 3, Event::Applied { seq: 1 });
+        assert!(r.serving());
+        // Its preload appends 2..=5 and raises the commit word to 4 (an
+        // output waited); the ack array says 3, the server was handed 5.
+        let es = (2..=5)
+            .map(|seq| EntryMeta {
+                seq,
+                view: 2,
+                last_committed: 1,
+            })
+            .collect();
+        log.step(&mut r, 4, Event::Read(es));
+        let words = Words {
+            acks: vec![(1, 5), (2, 3), (3, 1)],
+            served: 5,
+            commit: 4,
+            ..Words::default()
+        };
+        let actions = log.step(&mut r, 5, Event::Tick(words));
+        assert!(actions.contains(&Action::RaiseCommit { seq: 3 }));
+        for to in [2, 3] {
+            assert!(
+                actions.contains(&Action::CommitRecord {
+                    to,
+                    view: 2,
+                    seq: 4
+                }),
+                "{actions:?}"
+            );
+        }
+        assert_eq!(r.committed(), 4);
+    }
+}
