@@ -26,11 +26,7 @@ pub(super) const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) const ROUND_CONNECT: Duration = Duration::from_millis(500);
 
 impl Node {
-    pub(crate) fn control_connect(
-        &self,
-        peer: u64,
-        connect_timeout: Duration,
-    ) -> anyhow::Result<TcpStream> {
+    fn control_connect(&self, peer: u64, connect_timeout: Duration) -> anyhow::Result<TcpStream> {
         let addr = self.config.node(peer)?.control;
         let s = handshake::connect(
             addr,

@@ -143,7 +143,6 @@ impl Node {
                     "node {}: {why}; this node serves nothing until its server and follower are restarted",
                     self.me
                 );
-                self.stale.store(true, Ordering::Relaxed);
             }
         }
         None

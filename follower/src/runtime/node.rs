@@ -89,9 +89,6 @@ pub struct Node {
     pub(super) apply_target: AtomicU64,
     /// The apply thread, unparked when that target moves.
     pub(super) applier: OnceLock<std::thread::Thread>,
-    /// Set once the replica went stale (the election thread then leaves
-    /// the election).
-    pub(crate) stale: AtomicBool,
     /// The origin of [`Node::clock`].
     pub(super) started: Instant,
     /// ZooKeeper membership (election mode "zookeeper").

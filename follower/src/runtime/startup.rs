@@ -120,7 +120,6 @@ impl Node {
             stalled_at: AtomicU64::new(NOT_STALLED),
             apply_target: AtomicU64::new(0),
             applier: OnceLock::new(),
-            stale: AtomicBool::new(false),
             started: Instant::now(),
             session_watch: Mutex::new(election.as_ref().map(|e| e.watch())),
             election: Mutex::new(election),

@@ -3,7 +3,6 @@
 //! ([`crate::protocol::Event::Election`]) and carries out its ZooKeeper
 //! requests (claiming a view, announcing the leader).
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::election::{Election, ElectionError, Session};
@@ -22,7 +21,7 @@ impl Node {
         let timeout = Duration::from_millis(self.config.election.session_timeout_ms);
         while !self.stopping() {
             let mut guard = self.election.lock().unwrap_or_else(|p| p.into_inner());
-            if self.stale.load(Ordering::Relaxed) {
+            if self.replica().stale().is_some() {
                 // A node whose server must be rebuilt cannot lead: leave the
                 // election (closing the session frees the znode at once) so
                 // that the lowest znode is never one that cannot serve.
