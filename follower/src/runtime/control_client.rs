@@ -21,6 +21,11 @@ use super::Node;
 
 /// Timeout of one control-channel exchange.
 pub(super) const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the replica waits for a request's outcome before it drops
+/// the job that sent it. A backstop: every request ends in an answer or
+/// `Unanswered` by its own timeouts (connect, [`CONTROL_TIMEOUT`] per
+/// read), but a fetch of a long log reads many times.
+pub(super) const REQUEST_PATIENCE: Duration = Duration::from_secs(60);
 /// Connect timeout of a view change's requests: a dead or cut-off peer
 /// must not hold the candidate up for long.
 pub(super) const ROUND_CONNECT: Duration = Duration::from_millis(500);

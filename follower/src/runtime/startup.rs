@@ -19,7 +19,7 @@ use crate::protocol::replica::Restored;
 use crate::protocol::{self, Millis, Replica};
 use crate::store::LogStore;
 
-use super::control_client::CONTROL_TIMEOUT;
+use super::control_client::REQUEST_PATIENCE;
 use super::heartbeat::now_ms;
 use super::node::Carried;
 use super::poll::NOT_STALLED;
@@ -93,7 +93,7 @@ impl Node {
             members: config.ids().collect(),
             election: election_mode,
             session_timeout: config.election.session_timeout_ms,
-            request_timeout: CONTROL_TIMEOUT.as_millis() as Millis,
+            request_timeout: REQUEST_PATIENCE.as_millis() as Millis,
             retry: RETRY.as_millis() as Millis,
         };
         // Static: the configured leader leads; it opens a new view first
