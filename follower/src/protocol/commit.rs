@@ -25,14 +25,22 @@ pub fn leader_commit(
     quorum::reached_by(ids, majority, ack).min(served)
 }
 
-/// The leader's commit point: what the ack array proves (`computed`,
-/// [`leader_commit`]) or what its commit word says (`word`: its preload
-/// raises the word from the same ack array when an output waits, and a
-/// writer without a server, like the benchmark's, raises it alone),
-/// whichever is higher. The word holds only this view's points: the
-/// view's start sets it.
-pub fn leader_point(computed: u64, word: u64) -> u64 {
-    computed.max(word)
+/// The commit point of the leader of `view`: what the ack array proves
+/// (`computed`, [`leader_commit`]) or what its region's commit word says,
+/// whichever is higher. The word is `(record view, seq)`: the view's start
+/// sets its seq, and the leader's preload raises it from the same ack
+/// array when an output waits (a writer without a server, like the
+/// benchmark's, raises it alone) — but a newer view's leader writes its
+/// own commit records there too, into the region of a leader that has
+/// not noticed it was deposed: a word whose record view is above `view`
+/// is that one's, and says nothing of this log.
+pub fn leader_point(computed: u64, word: (u64, u64), view: u64) -> u64 {
+    let (record_view, seq) = word;
+    if record_view <= view {
+        computed.max(seq)
+    } else {
+        computed
+    }
 }
 
 /// A backup's commit point after it learned that `seq` is committed, if
@@ -97,8 +105,10 @@ mod tests {
 
     #[test]
     fn a_commit_word_raised_by_the_preload_counts() {
-        assert_eq!(leader_point(7, 9), 9);
-        assert_eq!(leader_point(7, 3), 7);
+        assert_eq!(leader_point(7, (0, 9), 2), 9);
+        assert_eq!(leader_point(7, (2, 9), 2), 9);
+        assert_eq!(leader_point(7, (1, 3), 2), 7);
+        assert_eq!(leader_point(7, (3, 40), 2), 7, "a newer view's record");
     }
 
     #[test]

@@ -173,9 +173,10 @@ pub struct Words {
     pub acks: Vec<(u64, u64)>,
     /// The highest seq the leader's server was handed.
     pub served: u64,
-    /// The region's commit word (a leader's preload raises it too, when
-    /// an output waits for the commit).
-    pub commit: u64,
+    /// The region's commit word and the view word beside it: (view, seq).
+    /// A leader's preload raises the seq (when an output waits for the
+    /// commit) and leaves the view; a commit record sets both.
+    pub commit: (u64, u64),
     /// The commit record a leader wrote here: (view, seq).
     pub commit_record: (u64, u64),
     /// The highest view a peer refused one of this node's writes with.

@@ -323,7 +323,7 @@ impl Replica {
             self.out.push(Action::RaiseCommit { seq: c });
             // What the preload raised the word to counts as much (it
             // commits by the same ack array): backups learn it too.
-            let c = commit::leader_point(c, w.commit);
+            let c = commit::leader_point(c, w.commit, self.promised);
             self.committed =
                 commit::learn(self.committed, c.min(last), self.log_view, self.promised);
             if c != self.commit_sent.0 || self.now.saturating_sub(self.commit_sent.1) > 100 {
@@ -1333,7 +1333,7 @@ mod tests {
     }
 
     #[test]
-    fn a_commit_word_the_leaders_preload_raised_goes_to_the_backups() {
+    fn a_commit_word_the_leaders_preload_raised_goes_to_the_backups_a_newer_views_does_not() {
         let (mut r, _) = Replica::new(
             config(Election::Static { leader: 1 }),
             Restored::default(),
@@ -1377,7 +1377,7 @@ mod tests {
         let words = Words {
             acks: vec![(1, 5), (2, 3), (3, 1)],
             served: 5,
-            commit: 4,
+            commit: (0, 4),
             ..Words::default()
         };
         let actions = log.step(&mut r, 5, Event::Tick(words));
@@ -1392,6 +1392,17 @@ mod tests {
                 "{actions:?}"
             );
         }
+        assert_eq!(r.committed(), 4);
+        // A newer view's leader wrote its commit record into this region
+        // (this one has not noticed it was deposed): not this log's point.
+        let words = Words {
+            acks: vec![(1, 5), (2, 3), (3, 1)],
+            served: 5,
+            commit: (3, 40),
+            commit_record: (3, 40),
+            ..Words::default()
+        };
+        log.step(&mut r, 6, Event::Tick(words));
         assert_eq!(r.committed(), 4);
     }
 }

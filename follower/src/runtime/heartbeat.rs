@@ -62,7 +62,7 @@ impl Node {
                 .map(|id| (id, self.region.ack(id)))
                 .collect(),
             served: self.region.served(),
-            commit: self.region.commit(),
+            commit: (view, seq),
             commit_record: (view, seq),
             fenced_by: self.transport.fenced_by(),
             tail_ahead: stalled_at != NOT_STALLED && self.region.tail() > stalled_at,

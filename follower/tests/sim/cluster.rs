@@ -720,7 +720,9 @@ impl Cluster {
         let words = Words {
             acks: n.region.acks.iter().map(|(&k, &v)| (k, v)).collect(),
             served: n.region.served,
-            commit: n.region.commit,
+            // The sim keeps the record apart from the word the preload
+            // raises; the word's view is the last record's, as in a region.
+            commit: (n.region.commit_record.0, n.region.commit),
             commit_record: n.region.commit_record,
             fenced_by: n.region.fenced_by,
             tail_ahead: tail_ahead(&n.region, last),
