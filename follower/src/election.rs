@@ -130,6 +130,12 @@ impl SessionWatch {
             _ => Session::Disconnected(since.elapsed()),
         }
     }
+
+    /// Wakes [`Election::wait`] (another thread has work for the election
+    /// thread: a view to claim, a leader to announce).
+    pub fn wake(&self) {
+        self.0.bump();
+    }
 }
 
 /// One follower's membership in the election.

@@ -61,7 +61,7 @@ pub struct Metrics {
     pub applied_entries: AtomicU64,
     /// Output divergences detected.
     pub divergences: AtomicU64,
-    /// Catch-ups from a peer.
+    /// Fetches from a peer (catch-ups, and a view change's log syncs).
     pub catchups: AtomicU64,
     /// Entries fetched from peers.
     pub fetched_entries: AtomicU64,
@@ -100,7 +100,7 @@ impl Metrics {
             ),
             (
                 "lockstep_catchups_total",
-                "Catch-ups from a peer",
+                "Fetches from a peer (catch-ups, view change log syncs)",
                 &self.catchups,
             ),
             (

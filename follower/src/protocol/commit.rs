@@ -25,6 +25,24 @@ pub fn leader_commit(
     quorum::reached_by(ids, majority, ack).min(served)
 }
 
+/// The commit point of the leader of `view`: what the ack array proves
+/// (`computed`, [`leader_commit`]) or what its region's commit word says,
+/// whichever is higher. The word is `(record view, seq)`: the view's start
+/// sets its seq, and the leader's preload raises it from the same ack
+/// array when an output waits (a writer without a server, like the
+/// benchmark's, raises it alone) — but a newer view's leader writes its
+/// own commit records there too, into the region of a leader that has
+/// not noticed it was deposed: a word whose record view is above `view`
+/// is that one's, and says nothing of this log.
+pub fn leader_point(computed: u64, word: (u64, u64), view: u64) -> u64 {
+    let (record_view, seq) = word;
+    if record_view <= view {
+        computed.max(seq)
+    } else {
+        computed
+    }
+}
+
 /// A backup's commit point after it learned that `seq` is committed, if
 /// its log follows the view it is in (`log_view == view`); else unchanged.
 pub fn learn(committed: u64, seq: u64, log_view: u64, view: u64) -> u64 {
@@ -83,6 +101,14 @@ mod tests {
         assert!(!rebuilt(false, 4, 4, 10, 10));
         assert!(!rebuilt(true, 3, 4, 10, 10));
         assert!(!rebuilt(true, 4, 4, 9, 10));
+    }
+
+    #[test]
+    fn a_commit_word_raised_by_the_preload_counts() {
+        assert_eq!(leader_point(7, (0, 9), 2), 9);
+        assert_eq!(leader_point(7, (2, 9), 2), 9);
+        assert_eq!(leader_point(7, (1, 3), 2), 7);
+        assert_eq!(leader_point(7, (3, 40), 2), 7, "a newer view's record");
     }
 
     #[test]

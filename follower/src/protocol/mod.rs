@@ -4,9 +4,11 @@
 //! No sockets, files, threads, clocks, RocksDB, ZooKeeper or libc here:
 //! time comes in as [`Millis`] (monotonic, from the caller), the stored log
 //! is read through [`Host`], and everything the replica wants done comes
-//! out as an [`Action`]. The runtime ([`crate::runtime`]) carries actions
-//! out; the simulated cluster (`follower/tests/sim`) carries them out over
-//! a deterministic network.
+//! out as an [`Action`]. The follower process runs one [`Replica`]: the
+//! runtime ([`crate::runtime`]) feeds it what its threads observe and
+//! carries its actions out, deciding nothing itself; the simulated cluster
+//! (`follower/tests/sim`) feeds the same `Replica`s and carries their
+//! actions out over a deterministic network.
 //!
 //! # Parts, one file each (tests beside them)
 //!
@@ -50,7 +52,8 @@
 //! a commit record to a peer, apply up to a seq, truncate, append the
 //! view-start entry, send a control message (fetch and probe included),
 //! set the region's view, leader, role and writer start, open the
-//! hand-over to the server, go stale, claim a view.
+//! hand-over to the server, go stale, claim a view, note something for
+//! the log.
 
 pub mod catchup;
 pub mod commit;
@@ -170,6 +173,10 @@ pub struct Words {
     pub acks: Vec<(u64, u64)>,
     /// The highest seq the leader's server was handed.
     pub served: u64,
+    /// The region's commit word and the view word beside it: (view, seq).
+    /// A leader's preload raises the seq (when an output waits for the
+    /// commit) and leaves the view; a commit record sets both.
+    pub commit: (u64, u64),
     /// The commit record a leader wrote here: (view, seq).
     pub commit_record: (u64, u64),
     /// The highest view a peer refused one of this node's writes with.
@@ -196,7 +203,7 @@ pub enum Event {
         msg: Message,
     },
     /// A control request to `to` got no answer (timeout, refused
-    /// connection).
+    /// connection); `to` 0: ZooKeeper did not answer a view claim.
     Unanswered {
         /// The peer.
         to: u64,
@@ -351,5 +358,11 @@ pub enum Action {
     GoStale {
         /// Why.
         why: String,
+    },
+    /// Something an operator reads in the log: why a view change failed,
+    /// why leading stopped. Changes nothing.
+    Note {
+        /// What happened.
+        what: String,
     },
 }

@@ -1,6 +1,7 @@
 //! [`Replica`]: one node's protocol state, stepped by [`Event`]s into
-//! [`Action`]s. The rules it applies are the ones in the sibling modules,
-//! which the runtime calls too.
+//! [`Action`]s. The rules it applies are the ones in the sibling modules;
+//! the runtime ([`crate::runtime`]) and the simulated cluster feed it
+//! events and carry out its actions, and decide nothing themselves.
 
 use std::collections::BTreeSet;
 
@@ -320,6 +321,9 @@ impl Replica {
                 w.served,
             );
             self.out.push(Action::RaiseCommit { seq: c });
+            // What the preload raised the word to counts as much (it
+            // commits by the same ack array): backups learn it too.
+            let c = commit::leader_point(c, w.commit, self.promised);
             self.committed =
                 commit::learn(self.committed, c.min(last), self.log_view, self.promised);
             if c != self.commit_sent.0 || self.now.saturating_sub(self.commit_sent.1) > 100 {
@@ -337,7 +341,16 @@ impl Replica {
                 self.view_change
                     .stalled(self.promised, self.now, self.cfg.session_timeout)
             {
-                let _ = (node, view);
+                let who = if node == 0 {
+                    "a peer".to_string()
+                } else {
+                    format!("node {node}")
+                };
+                self.note(format!(
+                    "{who} has been in view {view} for {} ms, which did not replace view {} led here: \
+                     starting a view above it; no longer accepting writes",
+                    self.cfg.session_timeout, self.promised
+                ));
                 self.demote(host);
             }
         }
@@ -452,6 +465,8 @@ impl Replica {
             }
             Job::Follow(f) if f.leader == to => self.fail_follow(),
             Job::Candidate(c) => match &c.phase {
+                // ZooKeeper did not give the view.
+                CandPhase::Claiming if to == 0 => self.fail_candidacy(),
                 CandPhase::Preparing(_) | CandPhase::NewView { .. } => {
                     c.waiting.remove(&to);
                     if c.waiting.is_empty() {
@@ -679,6 +694,10 @@ impl Replica {
         }
     }
 
+    fn note(&mut self, what: String) {
+        self.out.push(Action::Note { what });
+    }
+
     fn fail_candidacy(&mut self) {
         self.job = Job::Idle;
         self.next_attempt = self.now + self.cfg.retry;
@@ -894,7 +913,10 @@ impl Replica {
         if self.stale.is_some() {
             return;
         }
-        if viewchange::session_loss(session, self.cfg.session_timeout).is_some() {
+        if let Some(loss) = viewchange::session_loss(session, self.cfg.session_timeout) {
+            if self.role == Role::Leader {
+                self.note(format!("{loss}: no longer accepting writes"));
+            }
             self.demote(host);
         }
         if session == Session::Connected {
@@ -957,6 +979,7 @@ impl Replica {
                 return;
             }
         };
+        self.note(format!("candidate for view {view}"));
         let mut cand = Candidate::new(view, self.cfg.me, &self.cfg.members);
         cand.promise(own);
         let peers = self.peers();
@@ -983,13 +1006,18 @@ impl Replica {
         let Job::Candidate(c) = std::mem::replace(&mut self.job, Job::Idle) else {
             return;
         };
-        if viewchange::superseded(c.view, c.outdated.iter().copied()).is_some() {
+        if let Some(p) = viewchange::superseded(c.view, c.outdated.iter().copied()) {
+            self.note(format!(
+                "view {}: a peer promised view {p} already; trying a view above it",
+                c.view
+            ));
             self.fail_candidacy();
             return;
         }
         match c.phase {
             CandPhase::Preparing(cand) => {
                 let Some(adopt) = cand.decide() else {
+                    self.note(format!("view {}: no majority promised", c.view));
                     self.fail_candidacy();
                     return;
                 };
@@ -1021,6 +1049,10 @@ impl Replica {
             }
             CandPhase::NewView { seq, holders } => {
                 if holders.len() < self.majority() {
+                    self.note(format!(
+                        "view {}: only nodes {holders:?} hold its log, no majority",
+                        c.view
+                    ));
                     self.fail_candidacy();
                     return;
                 }
@@ -1196,5 +1228,181 @@ fn refusal(e: ViewRefusal) -> Message {
     match e {
         ViewRefusal::Outdated { promised, .. } => Message::Outdated { promised },
         ViewRefusal::Implausible { .. } => Message::Refused,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stored log in memory (the views of seq 1, 2, …) that carries out
+    /// the actions that change it, and the entries read but not stored.
+    #[derive(Default)]
+    struct Log {
+        views: Vec<u64>,
+        read: Vec<EntryMeta>,
+    }
+
+    impl Host for Log {
+        fn last(&self) -> (u64, u64) {
+            (
+                self.views.len() as u64,
+                self.views.last().copied().unwrap_or(0),
+            )
+        }
+        fn view_at(&self, seq: u64) -> Option<u64> {
+            self.views.get((seq as usize).wrapping_sub(1)).copied()
+        }
+        fn fence_handover(&mut self) -> u64 {
+            0
+        }
+    }
+
+    impl Log {
+        fn step(&mut self, r: &mut Replica, now: Millis, e: Event) -> Vec<Action> {
+            if let Event::Read(es) = &e {
+                self.read = es.clone();
+            }
+            let actions = r.step(now, e, self);
+            for a in &actions {
+                match *a {
+                    Action::Persist { last } => {
+                        for e in std::mem::take(&mut self.read) {
+                            if e.seq <= last && e.seq == self.views.len() as u64 + 1 {
+                                self.views.push(e.view);
+                            }
+                        }
+                    }
+                    Action::Truncate { after } => self.views.truncate(after as usize),
+                    Action::AppendView { view, .. } => self.views.push(view),
+                    _ => {}
+                }
+            }
+            actions
+        }
+    }
+
+    fn config(election: Election) -> Config {
+        Config {
+            me: 1,
+            members: vec![1, 2, 3],
+            election,
+            session_timeout: 1000,
+            request_timeout: 500,
+            retry: 200,
+        }
+    }
+
+    fn promise(node: u64) -> Message {
+        Message::Promise(Promise {
+            node,
+            log_view: 0,
+            last_seq: 0,
+            committed: 0,
+            led: None,
+        })
+    }
+
+    #[test]
+    fn a_view_claim_zookeeper_does_not_answer_is_tried_again_after_the_pause() {
+        let (mut r, _) = Replica::new(config(Election::Zookeeper), Restored::default(), 0);
+        let mut log = Log::default();
+        let candidate = Event::Election {
+            session: Session::Connected,
+            candidate: true,
+            announced: None,
+        };
+        let claims = |a: Vec<Action>| {
+            a.iter()
+                .filter(|a| matches!(a, Action::ClaimView { .. }))
+                .count()
+        };
+        assert_eq!(claims(log.step(&mut r, 0, candidate.clone())), 1);
+        assert_eq!(
+            claims(log.step(&mut r, 1, candidate.clone())),
+            0,
+            "one at a time"
+        );
+        log.step(&mut r, 2, Event::Unanswered { to: 0 });
+        assert_eq!(
+            claims(log.step(&mut r, 3, candidate.clone())),
+            0,
+            "a pause first"
+        );
+        assert_eq!(claims(log.step(&mut r, 202, candidate)), 1);
+    }
+
+    #[test]
+    fn a_commit_word_the_leaders_preload_raised_goes_to_the_backups_a_newer_views_does_not() {
+        let (mut r, _) = Replica::new(
+            config(Election::Static { leader: 1 }),
+            Restored::default(),
+            0,
+        );
+        let mut log = Log::default();
+        // The configured leader starts view 2 with both peers.
+        log.step(&mut r, 0, Event::Tick(Words::default()));
+        for from in [2, 3] {
+            log.step(
+                &mut r,
+                1,
+                Event::Message {
+                    from,
+                    msg: promise(from),
+                },
+            );
+        }
+        for from in [2, 3] {
+            log.step(
+                &mut r,
+                2,
+                Event::Message {
+                    from,
+                    msg: Message::Synced { last: 1 },
+                },
+            );
+        }
+        log.step(&mut r, 3, Event::Applied { seq: 1 });
+        assert!(r.serving());
+        // Its preload appends 2..=5 and raises the commit word to 4 (an
+        // output waited); the ack array says 3, the server was handed 5.
+        let es = (2..=5)
+            .map(|seq| EntryMeta {
+                seq,
+                view: 2,
+                last_committed: 1,
+            })
+            .collect();
+        log.step(&mut r, 4, Event::Read(es));
+        let words = Words {
+            acks: vec![(1, 5), (2, 3), (3, 1)],
+            served: 5,
+            commit: (0, 4),
+            ..Words::default()
+        };
+        let actions = log.step(&mut r, 5, Event::Tick(words));
+        assert!(actions.contains(&Action::RaiseCommit { seq: 3 }));
+        for to in [2, 3] {
+            assert!(
+                actions.contains(&Action::CommitRecord {
+                    to,
+                    view: 2,
+                    seq: 4
+                }),
+                "{actions:?}"
+            );
+        }
+        assert_eq!(r.committed(), 4);
+        // A newer view's leader wrote its commit record into this region
+        // (this one has not noticed it was deposed): not this log's point.
+        let words = Words {
+            acks: vec![(1, 5), (2, 3), (3, 1)],
+            served: 5,
+            commit: (3, 40),
+            commit_record: (3, 40),
+            ..Words::default()
+        };
+        log.step(&mut r, 6, Event::Tick(words));
+        assert_eq!(r.committed(), 4);
     }
 }

@@ -139,14 +139,6 @@ pub enum SyncError {
         /// Where it must reach.
         want: u64,
     },
-    /// Adopting left the log at another length.
-    #[error("adopting the log up to {want} left it at {end}")]
-    Adopted {
-        /// Where the log ends now.
-        end: u64,
-        /// The adopted log's end.
-        want: u64,
-    },
 }
 
 /// Checks the end of a synced log against what a `NewView` announced.

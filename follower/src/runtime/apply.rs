@@ -1,15 +1,18 @@
-//! The apply thread: hands committed entries to the local server's
-//! passive preload in log order (see [`crate::feed`]), and turns a
-//! restarted leader's rebuilt server active.
+//! The apply thread: hands the entries the replica says are applicable
+//! ([`crate::protocol::Action::ApplyUpTo`]) to the local server's passive
+//! preload in log order (see [`crate::feed`]), and tells the replica how
+//! far the server got ([`crate::protocol::Event::Applied`]: a restarted
+//! leader's rebuilt server then serves).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use lockstep_common::region::Role;
+use lockstep_common::region::{self, Role};
 
 use crate::feed::Feeder;
-use crate::protocol::commit;
+use crate::protocol::Event;
 
+use super::node::Carried;
 use super::Node;
 
 /// A backup tells the leader how far it applied at least this often (and
@@ -24,10 +27,15 @@ impl Node {
         let mut feeder: Option<Feeder> = None;
         let mut last_saved = Instant::now();
         let mut reported = (0u64, Instant::now());
+        let mut stepped = 0u64;
         let mut rate = ApplyRate::default();
+        let _ = self.applier.set(std::thread::current());
         while !self.stopping() {
-            let role = self.region.role();
-            if role == Role::Leader || self.stale.load(Ordering::Relaxed) {
+            let (role, stale, from) = {
+                let r = self.replica();
+                (r.role(), r.stale().is_some(), r.applied())
+            };
+            if role == Role::Leader || stale {
                 // The leader's server consumed its inputs itself; a demoted
                 // one resumes after what it consumed (a new stream).
                 feeder = None;
@@ -35,9 +43,9 @@ impl Node {
                 continue;
             }
             let f = feeder.get_or_insert_with(|| {
-                let next = self.applied.load(Ordering::Acquire) + 1;
-                log::info!("node {}: applying from seq {next}", self.me);
-                Feeder::start(self.region.clone(), next, self.config.max_entry)
+                log::info!("node {}: applying from seq {}", self.me, from + 1);
+                stepped = from;
+                Feeder::start(self.region.clone(), from + 1, self.config.max_entry)
             });
             let applied = f.applied();
             if applied != reported.0 || reported.1.elapsed() >= APPLIED_REPORT {
@@ -46,34 +54,34 @@ impl Node {
             }
             rate.observe(applied);
             self.apply_rate.store(rate.per_second(), Ordering::Relaxed);
-            let before = self.applied.swap(applied, Ordering::AcqRel);
-            self.metrics
-                .applied_entries
-                .fetch_add(applied.saturating_sub(before), Ordering::Relaxed);
+            if applied > stepped {
+                self.metrics
+                    .applied_entries
+                    .fetch_add(applied - stepped, Ordering::Relaxed);
+                stepped = applied;
+                self.step(Event::Applied { seq: applied }, Carried::Nothing);
+            }
             self.metrics
                 .divergences
                 .store(self.region.apply().diverged(), Ordering::Relaxed);
-            let persisted = self.persisted.load(Ordering::Acquire);
-            let target = commit::apply_target(
-                self.committed.load(Ordering::Acquire),
-                persisted,
-                role == Role::Joining && self.is_leader_node(),
-            );
+            // Never past the stored log (the replica's target is).
+            let target = self
+                .apply_target
+                .load(Ordering::Acquire)
+                .min(self.store().last().seq);
             let mut full = false;
             if f.next() <= target {
                 let want = ((target + 1 - f.next()) as usize).min(256);
                 let entries = match self.store().range(f.next(), want) {
                     Ok(e) => e,
                     Err(e) => {
-                        log::error!("cannot read the log: {e}; stopping");
-                        self.stop.store(true, Ordering::Relaxed);
+                        self.fail(&format!("cannot read the log: {e}"));
                         return;
                     }
                 };
                 for (seq, e) in entries {
                     if seq != f.next() {
-                        log::error!("log gap at seq {} while applying; stopping", f.next());
-                        self.stop.store(true, Ordering::Relaxed);
+                        self.fail(&format!("log gap at seq {} while applying", f.next()));
                         return;
                     }
                     match f.feed(&e.header(), e.payload()) {
@@ -83,8 +91,7 @@ impl Node {
                             break;
                         }
                         Err(err) => {
-                            log::error!("cannot hand seq {seq} to the server: {err}; stopping");
-                            self.stop.store(true, Ordering::Relaxed);
+                            self.fail(&format!("cannot hand seq {seq} to the server: {err}"));
                             return;
                         }
                     }
@@ -94,45 +101,41 @@ impl Node {
                     continue;
                 }
             }
-            if commit::rebuilt(
-                role == Role::Joining && self.is_leader_node(),
-                self.log_view.load(Ordering::Acquire),
-                self.region.view(),
-                applied,
-                target,
-            ) && f.next() > target
-            {
-                log::info!(
-                    "node {}: server rebuilt up to seq {applied}; serving as leader",
-                    self.me
-                );
-                self.region.set_role(Role::Leader);
-                continue;
-            }
             if last_saved.elapsed() > Duration::from_secs(1) {
-                let _ = self.store().set_applied(applied);
-                let _ = self
-                    .store()
-                    .set_commit(self.committed.load(Ordering::Acquire));
+                let committed = self.replica().committed();
+                let store = self.store();
+                let _ = store.set_applied(applied);
+                let _ = store.set_commit(committed);
                 last_saved = Instant::now();
             }
             if full || applied + 1 < f.next() {
                 // The server is working through what was fed: its progress
                 // rings no bell here.
                 std::thread::sleep(Duration::from_micros(500));
-            } else {
-                let bell = self.region.bell();
-                let seen = bell.value();
-                if self
-                    .committed
-                    .load(Ordering::Acquire)
-                    .min(self.persisted.load(Ordering::Acquire))
-                    < f.next()
-                {
-                    bell.wait(seen, Duration::from_millis(2));
-                }
+            } else if self.apply_target.load(Ordering::Acquire) < f.next() {
+                // Unparked when the replica moves the target.
+                std::thread::park_timeout(Duration::from_millis(2));
             }
         }
+    }
+
+    /// Tells the leader how far this node's server applied (the leader
+    /// bounds the backups' apply lag with it: `max_apply_lag`).
+    fn report_applied(&self, seq: u64) {
+        let leader = self.region.leader();
+        if leader == 0 || leader == self.me {
+            return;
+        }
+        let view = self.region.view();
+        if let Err(e) = self.transport.write(
+            leader,
+            view,
+            region::applied_by_offset(self.me),
+            &seq.to_le_bytes(),
+        ) {
+            log::debug!("applied {seq} to node {leader}: {e}");
+        }
+        self.transport.flush();
     }
 }
 

@@ -1,26 +1,37 @@
-//! The client side of the control channel: connecting to a peer, and a
-//! view change round sent to every peer at once.
+//! The client side of the control channel: the replica's requests to
+//! peers ([`crate::protocol::Action::Send`]), each carried out in a thread
+//! of its own; the answer comes back to the replica as an
+//! [`Event::Message`], a failure as [`Event::Unanswered`].
 
 use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use lockstep_common::control::{self, Request, Response};
+use anyhow::bail;
+use lockstep_common::control::{self, FetchedEntry, Request, Response};
+use lockstep_common::entry::EntryHeader;
 use lockstep_common::handshake::{self, Channel};
 
+use crate::protocol::{EntryMeta, Event, Message};
+
+use super::node::Carried;
 use super::Node;
 
 /// Timeout of one control-channel exchange.
 pub(super) const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the replica waits for a request's outcome before it drops
+/// the job that sent it. A backstop: every request ends in an answer or
+/// `Unanswered` by its own timeouts (connect, [`CONTROL_TIMEOUT`] per
+/// read), but a fetch of a long log reads many times.
+pub(super) const REQUEST_PATIENCE: Duration = Duration::from_secs(60);
 /// Connect timeout of a view change's requests: a dead or cut-off peer
 /// must not hold the candidate up for long.
 pub(super) const ROUND_CONNECT: Duration = Duration::from_millis(500);
 
 impl Node {
-    pub(crate) fn control_connect(
-        &self,
-        peer: u64,
-        connect_timeout: Duration,
-    ) -> anyhow::Result<TcpStream> {
+    fn control_connect(&self, peer: u64, connect_timeout: Duration) -> anyhow::Result<TcpStream> {
         let addr = self.config.node(peer)?.control;
         let s = handshake::connect(
             addr,
@@ -35,33 +46,123 @@ impl Node {
         Ok(s)
     }
 
-    /// Sends `req` to every other node at once; their answers.
-    pub(super) fn round(&self, req: &Request) -> Vec<(u64, anyhow::Result<Response>)> {
-        let peers: Vec<u64> = self.config.ids().filter(|&i| i != self.me).collect();
-        std::thread::scope(|s| {
-            let handles: Vec<_> = peers
-                .iter()
-                .map(|&peer| {
-                    (
-                        peer,
-                        s.spawn(move || -> anyhow::Result<Response> {
-                            let mut c = self.control_connect(peer, ROUND_CONNECT)?;
-                            control::send_json(&mut c, req)?;
-                            Ok(control::recv_json::<Response>(&mut c)?)
-                        }),
-                    )
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(peer, h)| {
-                    (
-                        peer,
-                        h.join()
-                            .unwrap_or_else(|_| Err(anyhow::anyhow!("request thread panicked"))),
-                    )
-                })
-                .collect()
-        })
+    /// Runs each request the replica sends in a thread of its own (the
+    /// replica's requests to different peers run at once: a round).
+    pub(super) fn dispatch_loop(self: Arc<Self>, requests: Receiver<(u64, Message)>) {
+        while !self.stopping() {
+            match requests.recv_timeout(Duration::from_millis(100)) {
+                Ok((to, msg)) => {
+                    let n = self.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("request".into())
+                        .spawn(move || n.request(to, msg));
+                    if let Err(e) = spawned {
+                        log::warn!("cannot start a request to node {to}: {e}");
+                        self.step(Event::Unanswered { to }, Carried::Nothing);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Sends `msg` to `to` and steps the replica with the outcome.
+    fn request(&self, to: u64, msg: Message) {
+        match self.exchange(to, &msg) {
+            Ok((answer, entries)) => self.step(
+                Event::Message {
+                    from: to,
+                    msg: answer,
+                },
+                Carried::Fetched {
+                    peer: to,
+                    entries: &entries,
+                },
+            ),
+            Err(e) => {
+                log::info!("node {}: {msg:?} to node {to}: {e:#}", self.me);
+                self.step(Event::Unanswered { to }, Carried::Nothing);
+            }
+        }
+    }
+
+    /// One request and its answer (with the entries a fetch brought).
+    fn exchange(&self, to: u64, msg: &Message) -> anyhow::Result<(Message, Vec<FetchedEntry>)> {
+        let simple = |req: Request| -> anyhow::Result<(Message, Vec<FetchedEntry>)> {
+            let mut s = self.control_connect(to, ROUND_CONNECT)?;
+            control::send_json(&mut s, &req)?;
+            let answer = control::recv_json::<Response>(&mut s)?;
+            Ok((message_of(answer), Vec::new()))
+        };
+        match *msg {
+            Message::Prepare { view, candidate } => simple(Request::Prepare { view, candidate }),
+            Message::NewView { view, leader, last } => {
+                simple(Request::NewView { view, leader, last })
+            }
+            Message::Peek { seq } => {
+                let es = self.fetch(to, seq, seq)?;
+                let view = es
+                    .iter()
+                    .find(|e| e.seq == seq)
+                    .and_then(|e| EntryHeader::parse(&e.bytes).ok())
+                    .map(|h| h.view);
+                Ok((Message::PeekAnswer { seq, view }, Vec::new()))
+            }
+            Message::Fetch { from, to: upto } => {
+                self.metrics.catchups.fetch_add(1, Ordering::Relaxed);
+                let es = self.fetch(to, from, upto)?;
+                let mut metas = Vec::with_capacity(es.len());
+                for e in &es {
+                    let h = match e.check(self.config.max_entry) {
+                        Ok(h) => h,
+                        Err(why) => bail!("node {to} sent a bad entry {}: {why}", e.seq),
+                    };
+                    metas.push(EntryMeta {
+                        seq: e.seq,
+                        view: h.view,
+                        last_committed: h.last_committed,
+                    });
+                }
+                Ok((Message::Entries(metas), es))
+            }
+            _ => bail!("{msg:?} is no request"),
+        }
+    }
+
+    /// `peer`'s entries `from..=to` (to = 0: all it has).
+    fn fetch(&self, peer: u64, from: u64, to: u64) -> anyhow::Result<Vec<FetchedEntry>> {
+        let mut s = self.control_connect(peer, CONTROL_TIMEOUT)?;
+        control::send_json(&mut s, &Request::Fetch { from, to })?;
+        match control::recv_json::<Response>(&mut s)? {
+            Response::Entries => {}
+            Response::Error(e) => bail!("node {peer} refused: {e}"),
+            other => bail!("node {peer} answered {other:?}"),
+        }
+        let mut all = Vec::new();
+        loop {
+            let batch = control::recv_entries(&mut s)?;
+            if batch.is_empty() {
+                return Ok(all);
+            }
+            all.extend(batch);
+        }
+    }
+}
+
+/// A peer's answer to `Prepare` or `NewView`, as the replica reads it.
+fn message_of(r: Response) -> Message {
+    match r {
+        Response::Promise(p) => Message::Promise(p),
+        Response::Synced { last } => Message::Synced { last },
+        Response::Outdated { promised } => Message::Outdated { promised },
+        Response::Error(e) => {
+            log::info!("a peer refused: {e}");
+            Message::Refused
+        }
+        other => {
+            log::info!("a peer answered {other:?}");
+            Message::Refused
+        }
     }
 }

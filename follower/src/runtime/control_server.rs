@@ -3,19 +3,24 @@
 //! change requests and fetches.
 
 use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use lockstep_common::control::{self, FetchedEntry, Request, Response};
 use lockstep_common::handshake::{self, Channel};
 
 use crate::membership;
-use crate::protocol::fence::ViewRefusal;
+use crate::protocol::{Event, Message};
 
+use super::node::Carried;
 use super::Node;
 
 /// Entries per catch-up batch.
 pub(super) const FETCH_BATCH: usize = 1024;
+/// How long a peer's view change request waits for the replica's answer:
+/// less than the requester's own read timeout, so that it hears a refusal
+/// rather than nothing.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(9);
 
 impl Node {
     pub(super) fn accept_loop(self: Arc<Self>, listener: TcpListener) {
@@ -89,10 +94,12 @@ impl Node {
             match req {
                 Request::Status => control::send_json(s, &Response::Status(self.status()))?,
                 Request::Prepare { view, candidate } => {
-                    control::send_json(s, &self.answer_prepare(view, candidate))?
+                    let msg = Message::Prepare { view, candidate };
+                    control::send_json(s, &self.answer(peer, candidate, msg))?
                 }
                 Request::NewView { view, leader, last } => {
-                    control::send_json(s, &self.answer_new_view(view, leader, last))?
+                    let msg = Message::NewView { view, leader, last };
+                    control::send_json(s, &self.answer(peer, leader, msg))?
                 }
                 Request::Fetch { from, to } => {
                     control::send_json(s, &Response::Entries)?;
@@ -161,30 +168,23 @@ impl Node {
         }
     }
 
-    /// Answers a `Prepare` (its sender was admitted).
-    pub(crate) fn answer_prepare(&self, view: u64, candidate: u64) -> Response {
-        match self.promise(view, candidate) {
-            Ok(p) => Response::Promise(p),
-            Err(e) => refusal(e),
+    /// Hands a view change request of node `peer` (admitted) to the
+    /// replica and waits for its answer to `to` (the request's candidate
+    /// or leader): at once for a `Prepare`, after the log sync for a
+    /// `NewView`.
+    fn answer(&self, peer: u64, to: u64, msg: Message) -> Response {
+        let (tx, rx) = mpsc::channel();
+        self.waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(to, tx);
+        self.step(Event::Message { from: peer, msg }, Carried::Nothing);
+        match rx.recv_timeout(ANSWER_TIMEOUT) {
+            Ok(Message::Promise(p)) => Response::Promise(p),
+            Ok(Message::Synced { last }) => Response::Synced { last },
+            Ok(Message::Outdated { promised }) => Response::Outdated { promised },
+            Ok(other) => Response::Error(format!("refused: {other:?}")),
+            Err(_) => Response::Error("the request came to nothing".into()),
         }
-    }
-
-    /// Answers a `NewView` (its sender was admitted).
-    pub(crate) fn answer_new_view(&self, view: u64, leader: u64, last: u64) -> Response {
-        match self.follow(view, leader, Some(last)) {
-            Ok(last) => Response::Synced { last },
-            Err(e) => refusal(e),
-        }
-    }
-}
-
-/// The answer to a view change request this node refused: `Outdated`
-/// when it promised a newer view (the candidate then tries above it).
-fn refusal(e: anyhow::Error) -> Response {
-    match e.downcast_ref::<ViewRefusal>() {
-        Some(ViewRefusal::Outdated { promised, .. }) => Response::Outdated {
-            promised: *promised,
-        },
-        _ => Response::Error(format!("{e:#}")),
     }
 }

@@ -1,13 +1,18 @@
 //! The heartbeat thread: refreshes the heartbeat word for the preload,
-//! checks the ZooKeeper session and the server, and (leader) raises and
-//! sends the commit point.
+//! ticks the replica with the region words others write (the leader's
+//! commit point and commit records come out of that tick), and tells it
+//! when the ZooKeeper session wavers or the server exited.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use lockstep_common::region::{self, Role};
+use lockstep_common::region::Role;
 
-use super::node::now_ms;
+use crate::election;
+use crate::protocol::{Event, Millis, Session, Words};
+
+use super::node::Carried;
+use super::poll::NOT_STALLED;
 use super::Node;
 
 /// Period of the heartbeat (and of the leader's commit writes when idle).
@@ -15,41 +20,27 @@ pub(super) const HEARTBEAT: Duration = Duration::from_millis(2);
 /// How often the heartbeat thread checks that this node's server runs.
 pub(super) const SERVER_CHECK: Duration = Duration::from_millis(100);
 
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 impl Node {
-    /// Leader: keeps backups' commit words fresh, so idle backups apply.
-    /// Every node: refreshes its heartbeat for the preload.
+    /// Every node: refreshes its heartbeat for the preload and ticks the
+    /// replica.
     pub(super) fn heartbeat_loop(&self) {
-        let mut sent = 0u64;
-        let mut last_send = Instant::now();
         let mut server_checked = Instant::now();
+        let mut server_gone = false;
         while !self.stopping() {
             self.region.set_heartbeat(now_ms());
             self.check_session();
             if server_checked.elapsed() >= SERVER_CHECK {
-                self.check_server();
+                self.check_server(&mut server_gone);
                 server_checked = Instant::now();
             }
-            if self.region.role() == Role::Leader {
-                let c = self.raise_leader_commit();
-                self.learn_commit(c.min(self.persisted.load(Ordering::Acquire)));
-                if c != sent || last_send.elapsed() > Duration::from_millis(100) {
-                    let view = self.region.view();
-                    for peer in self.config.ids().filter(|&i| i != self.me) {
-                        if let Err(e) = self.transport.write(
-                            peer,
-                            view,
-                            region::commit_record_offset(),
-                            &region::commit_record(view, c),
-                        ) {
-                            self.note_refused_write(peer, &e);
-                            log::debug!("commit heartbeat to node {peer}: {e}");
-                        }
-                    }
-                    self.transport.flush();
-                    sent = c;
-                    last_send = Instant::now();
-                }
-            }
+            self.step(Event::Tick(self.words()), Carried::Nothing);
             // A timer, not the doorbell: under load the commit rides on
             // every entry's header, and waking on each entry would cost a
             // context switch here and, through the commit write, in every
@@ -60,28 +51,72 @@ impl Node {
         }
     }
 
-    /// A node whose server exited can neither serve clients nor apply the
-    /// log: it steps down and goes stale (leaving the election, so that
-    /// another node leads at once) until its server and follower are
-    /// restarted and rebuild the server from the log.
-    pub(super) fn check_server(&self) {
-        // A server attached once in this follower's life (its pid word is
-        // set), and its lock is gone.
-        let pid = self.region.preload_pid();
-        if !crate::protocol::stale::server_exited(
-            pid,
-            self.region.server_attached(),
-            self.stale.load(Ordering::Relaxed),
-        ) {
+    /// The region words other processes write, for a tick.
+    pub(super) fn words(&self) -> Words {
+        let (seq, view) = self.region.commit_in_view();
+        let stalled_at = self.stalled_at.load(Ordering::Relaxed);
+        Words {
+            acks: self
+                .config
+                .ids()
+                .map(|id| (id, self.region.ack(id)))
+                .collect(),
+            served: self.region.served(),
+            commit: (view, seq),
+            commit_record: (view, seq),
+            fenced_by: self.transport.fenced_by(),
+            tail_ahead: stalled_at != NOT_STALLED && self.region.tail() > stalled_at,
+        }
+    }
+
+    /// A leader whose ZooKeeper session wavers: the replica decides
+    /// whether it stops serving (checked here, every heartbeat, because
+    /// the election thread may be waiting on ZooKeeper meanwhile).
+    fn check_session(&self) {
+        if self.region.role() != Role::Leader {
             return;
         }
-        log::error!(
-            "node {}: its server (pid {pid}) exited; this node serves nothing until its server and follower are restarted",
-            self.me
-        );
-        // Stale first: once demoted, the election thread must not find a
-        // non-stale candidate that no longer leads and start a view for it.
-        self.go_stale(format!("its server (pid {pid}) exited"));
-        self.demote_self("its server exited");
+        let session = match self
+            .session_watch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            Some(w) => protocol_session(w.session()),
+            None => return,
+        };
+        if session != Session::Connected {
+            // Not connected: nothing is known of the candidacy or the
+            // announced leader, and the replica reads neither then.
+            self.step(
+                Event::Election {
+                    session,
+                    candidate: false,
+                    announced: None,
+                },
+                Carried::Nothing,
+            );
+        }
+    }
+
+    /// Tells the replica, once, that the server that attached in this
+    /// follower's life (its pid word is set) exited (its lock is gone).
+    fn check_server(&self, reported: &mut bool) {
+        let pid = self.region.preload_pid();
+        if *reported || pid == 0 || self.region.server_attached() {
+            return;
+        }
+        *reported = true;
+        log::error!("node {}: its server (pid {pid}) exited", self.me);
+        self.step(Event::ServerExited, Carried::Nothing);
+    }
+}
+
+/// The election's session state as the protocol sees it.
+pub(super) fn protocol_session(session: election::Session) -> Session {
+    match session {
+        election::Session::Connected => Session::Connected,
+        election::Session::Disconnected(d) => Session::Disconnected(d.as_millis() as Millis),
+        election::Session::Expired => Session::Expired,
     }
 }

@@ -1,34 +1,39 @@
-//! The follower's runtime: the threads and I/O that carry out what
-//! [`crate::protocol`] decides — polling the ring, storing, acking,
-//! applying, the control channel, the heartbeat and the election.
+//! The follower's runtime: the threads and I/O that feed
+//! [`crate::protocol::Replica`] what they observe and carry out what it
+//! decides. It makes no protocol decision of its own.
+//!
+//! One [`Replica`](crate::protocol::Replica) per node, behind a lock on
+//! [`Node`]: a thread that observes something steps it ([`Node::step`])
+//! and carries out the actions it returns under the same lock, so that
+//! the stored log every step reads is the one the previous step left.
+//! Blocking work never runs under that lock: control requests to peers
+//! run in threads of their own and come back as events (the answer, or
+//! `Unanswered`), ZooKeeper requests run on the election thread and come
+//! back as `ViewClaimed`.
 //!
 //! # Parts, one job each
 //!
-//! - [`node`]: [`Node`], the handle every thread shares.
-//! - `startup`: opening everything and starting the threads.
-//! - `poll`: the backup's ingest loop (ring → store → ack).
-//! - `commit`: learning and raising the commit point.
-//! - `ack`: what a backup writes into its leader's region.
-//! - `apply`: handing committed entries to the local server.
-//! - `catchup`: fetching entries from peers.
-//! - `control_client`, `control_server`: the control channel's two sides.
-//! - `heartbeat`: the heartbeat word, session and server checks, commit
-//!   records.
-//! - `zookeeper`, `static_leader`: the two election threads.
-//! - `follow`, `candidate`: a node's and a candidate's side of a view
-//!   change; `demotion`: stopping leading.
+//! - [`node`]: [`Node`], the handle every thread shares, and stepping.
+//! - `host`: the log and region reads a step makes.
+//! - `execute`: carrying out actions (store, region, one-sided writes,
+//!   handing requests to the threads that make them).
+//! - `startup`: opening everything, starting the replica and the threads.
+//! - `poll`: the ingest loop (ring → `Read`).
+//! - `heartbeat`: the heartbeat word, `Tick` with the region's words, the
+//!   session and server checks.
+//! - `apply`: handing applicable entries to the local server (`Applied`).
+//! - `control_client`: the replica's requests to peers.
+//! - `control_server`: peers' requests (view change requests go to the
+//!   replica; fetches and status are served from the store).
+//! - `zookeeper`, `static_leader`: the two elections' threads.
 //! - `status`: status, metrics text and lag.
 
-mod ack;
 mod apply;
-mod candidate;
-mod catchup;
-mod commit;
 mod control_client;
 mod control_server;
-mod demotion;
-mod follow;
+mod execute;
 mod heartbeat;
+mod host;
 pub mod node;
 mod poll;
 mod startup;

@@ -1,20 +1,67 @@
 //! [`Node`]: the handle every thread of the follower shares — its config,
-//! region, transport, store, protocol words and metrics.
+//! region, transport, store, its one [`Replica`] and metrics — and
+//! [`Node::step`], the one way a thread hands the protocol an event.
 
+use std::collections::{HashMap, VecDeque};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
 
 use lockstep_common::config::Config;
+use lockstep_common::control::FetchedEntry;
 use lockstep_common::region::Region;
 use lockstep_common::ring::RingReader;
 use lockstep_common::transport::{tcp::RegionServer, Transport};
 
 use crate::metrics::Metrics;
-use crate::protocol::viewchange::ViewChangeState;
-use crate::protocol::Millis;
+use crate::protocol::{Event, Message, Millis, Replica};
 use crate::store::LogStore;
+
+use super::host::StoreHost;
+
+/// Entries an event carries the bytes of (a ring batch, a fetch's
+/// answer): [`crate::protocol::Action::Persist`] stores them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Carried<'a> {
+    /// None.
+    Nothing,
+    /// Read from the own ring.
+    Ring(&'a [FetchedEntry]),
+    /// Fetched from `peer`.
+    Fetched {
+        /// The peer.
+        peer: u64,
+        /// The entries.
+        entries: &'a [FetchedEntry],
+    },
+}
+
+impl Carried<'_> {
+    pub(super) fn entries(&self) -> &[FetchedEntry] {
+        match self {
+            Carried::Nothing => &[],
+            Carried::Ring(e) => e,
+            Carried::Fetched { entries, .. } => entries,
+        }
+    }
+}
+
+/// A ZooKeeper request the replica made, carried out by the election
+/// thread (the only one that talks to ZooKeeper).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ZkRequest {
+    /// Claim a view above `floor`.
+    Claim {
+        /// Views up to it are known.
+        floor: u64,
+    },
+    /// Publish this node as the leader of `view`.
+    Announce {
+        /// The view.
+        view: u64,
+    },
+}
 
 /// State shared by the follower's threads.
 pub struct Node {
@@ -23,35 +70,41 @@ pub struct Node {
     pub(crate) region: Arc<Region>,
     pub(crate) transport: Box<dyn Transport>,
     pub(super) store: Mutex<LogStore>,
-    pub(crate) persisted: AtomicU64,
-    pub(crate) committed: AtomicU64,
-    pub(crate) applied: AtomicU64,
+    /// The protocol: every decision is [`Replica::step`]'s. Stepped (and
+    /// its actions carried out) under this lock, so that the log a step
+    /// reads through [`crate::protocol::Host`] is the one the previous
+    /// step's actions left. Lock order: this, then the store.
+    pub(super) replica: Mutex<Replica>,
     /// Entries this node's server applied per second, lately.
     pub(crate) apply_rate: AtomicU64,
-    /// The view whose leader the stored log follows.
-    pub(crate) log_view: AtomicU64,
-    /// Bumped whenever another thread rewrites the log (view change sync):
-    /// the poll loop then rebuilds its reader and drops what it read.
-    pub(crate) epoch: AtomicU64,
-    /// Serialises log rewrites (catch-up, view change sync).
-    pub(crate) sync_lock: Mutex<()>,
-    /// What this node remembers across view changes (the view it led and
-    /// what its server consumed then, a promise not started yet, newer
-    /// views seen at peers): the protocol's own state, taken briefly and
-    /// never while another lock is taken.
-    pub(super) view_change: Mutex<ViewChangeState>,
+    /// Bumped whenever the log is cut or the replica drops what was read
+    /// ([`crate::protocol::Action::ResetReader`]): the poll loop then
+    /// rebuilds its reader from the log's end and drops its batch.
+    pub(super) epoch: AtomicU64,
+    /// The ring position where the poll loop last found nothing to read
+    /// (`poll::NOT_STALLED` after it read entries): the tick's
+    /// `tail_ahead` compares it with the writer's tail.
+    pub(super) stalled_at: AtomicU64,
+    /// Where the replica asked the server to apply up to.
+    pub(super) apply_target: AtomicU64,
+    /// The apply thread, unparked when that target moves.
+    pub(super) applier: OnceLock<std::thread::Thread>,
     /// The origin of [`Node::clock`].
     pub(super) started: Instant,
-    /// The server missed committed inputs while this node led: it must be
-    /// restarted (fresh) before this node can serve again.
-    pub(crate) stale: AtomicBool,
-    /// Why it is stale (for `status`).
-    pub(super) stale_reason: Mutex<Option<String>>,
     /// ZooKeeper membership (election mode "zookeeper").
     pub(crate) election: Mutex<Option<crate::election::Election>>,
     /// The election's session state, readable while the election thread
     /// waits on ZooKeeper.
     pub(crate) session_watch: Mutex<Option<crate::election::SessionWatch>>,
+    /// ZooKeeper requests of the replica, for the election thread.
+    pub(super) zk_requests: Mutex<Vec<ZkRequest>>,
+    /// Control requests to peers, for the dispatcher thread.
+    pub(super) outbox: Mutex<mpsc::Sender<(u64, Message)>>,
+    /// Its other end, taken by [`Node::run`].
+    pub(super) outbox_rx: Mutex<Option<mpsc::Receiver<(u64, Message)>>>,
+    /// Peers' control requests waiting for the replica's answer, by the
+    /// peer the answer goes to.
+    pub(super) waiting: Mutex<HashMap<u64, mpsc::Sender<Message>>>,
     /// Counters and histograms.
     pub metrics: Metrics,
     pub(crate) stop: Arc<AtomicBool>,
@@ -61,16 +114,14 @@ pub struct Node {
     pub(super) control_listener: Mutex<Option<TcpListener>>,
 }
 
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 impl Node {
     pub(crate) fn store(&self) -> MutexGuard<'_, LogStore> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The replica, for reading its state (status, metrics).
+    pub(crate) fn replica(&self) -> MutexGuard<'_, Replica> {
+        self.replica.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Milliseconds since this node started: the protocol's clock.
@@ -78,19 +129,32 @@ impl Node {
         self.started.elapsed().as_millis() as Millis
     }
 
-    /// The view change state ([`ViewChangeState`]); hold it briefly.
-    pub(super) fn view_change(&self) -> MutexGuard<'_, ViewChangeState> {
-        self.view_change.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     pub(crate) fn stopping(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
 
-    pub(super) fn is_leader_node(&self) -> bool {
-        self.region.leader() == self.me
+    /// Steps the replica with `event` (whose entries' bytes are
+    /// `carried`) and carries out what it decides; events that carrying
+    /// out produces (a refused write) are stepped next, in order.
+    pub(crate) fn step(&self, event: Event, carried: Carried<'_>) {
+        let mut replica = self.replica();
+        self.step_locked(&mut replica, event, carried);
     }
 
+    /// [`Node::step`] with the replica locked already.
+    pub(super) fn step_locked(&self, replica: &mut Replica, event: Event, carried: Carried<'_>) {
+        let mut queue = VecDeque::from([(event, carried)]);
+        while let Some((event, carried)) = queue.pop_front() {
+            let actions = replica.step(self.clock(), event, &mut StoreHost::new(self));
+            for action in actions {
+                if let Some(next) = self.carry_out(action, carried) {
+                    queue.push_back((next, Carried::Nothing));
+                }
+            }
+        }
+    }
+
+    /// A ring reader from the stored log's end.
     pub(crate) fn reader(&self) -> RingReader {
         let last = self.store().last();
         let mut r = RingReader::new(
@@ -101,11 +165,5 @@ impl Node {
         );
         r.set_min_view(self.region.view());
         r
-    }
-
-    /// Marks this node stale (it leaves the election; `status` says why).
-    pub(crate) fn go_stale(&self, why: String) {
-        *self.stale_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-        self.stale.store(true, Ordering::Relaxed);
     }
 }

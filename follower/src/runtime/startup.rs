@@ -1,23 +1,29 @@
 //! Start-up: binds the control address, opens ZooKeeper, the store and
-//! the region, takes this node's role ([`Node::start`]), then runs every
+//! the region, starts the replica from the stored views ([`Node::start`]), then runs every
 //! thread ([`Node::run`]) and saves the apply and commit points on the way
 //! out.
 
+use std::collections::HashMap;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use lockstep_common::config::{Config, ElectionMode};
-use lockstep_common::control;
-use lockstep_common::region::{Region, Role};
+use lockstep_common::region::Region;
 use lockstep_common::transport::{self, tcp::RegionServer};
 
 use crate::metrics::{self, Metrics};
+use crate::protocol::replica::Restored;
+use crate::protocol::{self, Millis, Replica};
 use crate::store::LogStore;
 
-use super::node::now_ms;
+use super::control_client::REQUEST_PATIENCE;
+use super::heartbeat::now_ms;
+use super::node::Carried;
+use super::poll::NOT_STALLED;
+use super::zookeeper::RETRY;
 use super::Node;
 
 impl Node {
@@ -70,66 +76,57 @@ impl Node {
         let region = Arc::new(region);
         let transport = transport::open(&config, me, region.clone())?;
         let last = store.last();
-        let view = store.view()?.max(1);
-        store.set_view(view)?;
-        // Static: the configured leader leads; it opens a new view first
-        // (see `static_loop`), until then it is nobody's leader. ZooKeeper:
-        // nobody leads until a view change says so.
-        let stored_log_view = store.log_view()?;
-        let (leader, log_view) = if zookeeper {
-            (0, stored_log_view)
-        } else if config.election.leader == me {
-            (
-                0,
-                if stored_log_view == 0 {
-                    view
-                } else {
-                    stored_log_view
-                },
-            )
-        } else {
-            (
-                config.election.leader,
-                if stored_log_view == 0 {
-                    view
-                } else {
-                    stored_log_view
-                },
-            )
+        let restored = Restored {
+            view: store.view()?,
+            log_view: store.log_view()?,
+            committed: store.commit()?,
         };
-        store.set_log_view(log_view)?;
-        region.set_view(view);
-        region.set_leader(leader);
+        let election_mode = if zookeeper {
+            protocol::Election::Zookeeper
+        } else {
+            protocol::Election::Static {
+                leader: config.election.leader,
+            }
+        };
+        let cfg = protocol::Config {
+            me,
+            members: config.ids().collect(),
+            election: election_mode,
+            session_timeout: config.election.session_timeout_ms,
+            request_timeout: REQUEST_PATIENCE.as_millis() as Millis,
+            retry: RETRY.as_millis() as Millis,
+        };
+        // Static: the configured leader leads; it opens a new view first
+        // (on the replica's ticks), until then it is nobody's leader.
+        // ZooKeeper: nobody leads until a view change says so.
+        let (replica, actions) = Replica::new(cfg, restored, 0);
         region.clear_acks();
         region.set_heartbeat(now_ms());
-        let committed = store.commit()?;
-        region.set_commit(committed);
-        if zookeeper || config.election.leader == me {
-            region.set_role(Role::Joining);
-        } else {
-            region.set_role(Role::Backup);
-        }
+        region.set_commit(restored.committed);
         log::info!(
-            "node {me}: view {view}, leader {leader}, log ends at seq {} (pos {}), region {}",
+            "node {me}: view {}, leader {}, log ends at seq {} (pos {}), region {}",
+            replica.promised(),
+            replica.leader(),
             last.seq,
             last.end_pos,
             path.display()
         );
         let region_server = RegionServer::new(region.clone());
-        Ok(Arc::new(Node {
-            persisted: AtomicU64::new(last.seq),
-            committed: AtomicU64::new(committed),
-            applied: AtomicU64::new(0),
+        let (outbox, outbox_rx) = mpsc::channel();
+        let node = Arc::new(Node {
+            replica: Mutex::new(replica),
             apply_rate: AtomicU64::new(0),
-            log_view: AtomicU64::new(log_view),
             epoch: AtomicU64::new(0),
-            sync_lock: Mutex::new(()),
-            view_change: Mutex::new(Default::default()),
+            stalled_at: AtomicU64::new(NOT_STALLED),
+            apply_target: AtomicU64::new(0),
+            applier: OnceLock::new(),
             started: Instant::now(),
-            stale: AtomicBool::new(false),
-            stale_reason: Mutex::new(None),
             session_watch: Mutex::new(election.as_ref().map(|e| e.watch())),
             election: Mutex::new(election),
+            zk_requests: Mutex::new(Vec::new()),
+            outbox: Mutex::new(outbox),
+            outbox_rx: Mutex::new(Some(outbox_rx)),
+            waiting: Mutex::new(HashMap::new()),
             config,
             me,
             region,
@@ -139,7 +136,11 @@ impl Node {
             stop,
             region_server,
             control_listener: Mutex::new(Some(control_listener)),
-        }))
+        });
+        for a in actions {
+            node.carry_out(a, Carried::Nothing);
+        }
+        Ok(node)
     }
 
     /// Runs every thread; returns when `stop` is set.
@@ -191,30 +192,25 @@ impl Node {
                 .name("static".into())
                 .spawn(move || n.static_loop())?;
         }
-        // A node that starts behind (or late) asks the leader for what it
-        // missed — only when it follows the leader's view already (else the
-        // view change or the join does that).
-        let leader_view = control::query_status(
-            &self.config,
-            self.config.election.leader,
-            Duration::from_secs(1),
-        )
-        .map(|s| s.view)
-        .unwrap_or(0);
-        if !zookeeper
-            && self.config.election.leader != self.me
-            && leader_view == self.log_view.load(Ordering::Acquire)
-        {
-            let mut r = self.reader();
-            self.catch_up(&mut r);
-            self.poll_loop(r);
-        } else {
-            self.poll_loop(self.reader());
-        }
+        let requests = self
+            .outbox_rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .context("the node runs already")?;
+        let n = self.clone();
+        std::thread::Builder::new()
+            .name("dispatch".into())
+            .spawn(move || n.dispatch_loop(requests))?;
+        self.poll_loop();
         let _ = applier.join();
+        let (applied, committed) = {
+            let r = self.replica();
+            (r.applied(), r.committed())
+        };
         let store = self.store();
-        store.set_applied(self.applied.load(Ordering::Acquire))?;
-        store.set_commit(self.committed.load(Ordering::Acquire))?;
+        store.set_applied(applied)?;
+        store.set_commit(committed)?;
         store.flush()?;
         log::info!("node {}: stopped cleanly", self.me);
         Ok(())

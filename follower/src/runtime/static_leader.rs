@@ -1,45 +1,34 @@
-//! The static election's thread: the configured leader opens a view of
-//! its own; a backup follows the leader's view when it missed it.
+//! The static election's thread: a backup tells the replica the configured
+//! leader's view and whether it serves
+//! ([`crate::protocol::Event::LeaderStatus`]); the replica follows it when
+//! it missed its view change, and catches up once at start. (The
+//! configured leader starts its views on the replica's ticks.)
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use lockstep_common::control;
 
-use crate::protocol::viewchange;
+use crate::protocol::Event;
 
+use super::node::Carried;
 use super::Node;
 
 impl Node {
-    /// Static election: the configured leader opens every run with a view
-    /// change of its own (it alone starts views, so no ZooKeeper is needed):
-    /// a restarted leader thereby adopts entries the backups stored and
-    /// acked that its own log lacks, instead of reusing their seqs. A backup
-    /// that missed such a view change follows the leader's view when it
-    /// sees it.
+    /// Asks the configured leader for its status until `stop`.
     pub(crate) fn static_loop(&self) {
         let leader = self.config.election.leader;
+        if leader == self.me {
+            return;
+        }
         while !self.stopping() {
-            if leader == self.me {
-                self.step_down_if_superseded();
-                if !self.leading() && !self.stale.load(Ordering::Relaxed) {
-                    match self.start_view(self.view_floor() + 1) {
-                        Ok(v) => log::info!("node {}: leading view {v} (static election)", self.me),
-                        Err(e) => log::warn!("node {}: {e:#}; retrying", self.me),
-                    }
-                }
-            } else if let Ok(s) =
-                control::query_status(&self.config, leader, Duration::from_secs(1))
-            {
-                if viewchange::follows_static(self.views(), s.view, s.role == "leader") {
-                    if let Err(e) = self.follow(s.view, leader, None) {
-                        log::warn!(
-                            "node {}: following node {leader} in view {}: {e:#}",
-                            self.me,
-                            s.view
-                        );
-                    }
-                }
+            if let Ok(s) = control::query_status(&self.config, leader, Duration::from_secs(1)) {
+                self.step(
+                    Event::LeaderStatus {
+                        view: s.view,
+                        serving: s.role == "leader",
+                    },
+                    Carried::Nothing,
+                );
             }
             std::thread::sleep(Duration::from_millis(300));
         }

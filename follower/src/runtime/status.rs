@@ -1,5 +1,5 @@
-//! What a node reports of itself: `status`, the metrics text and the apply
-//! lag in seconds.
+//! What a node reports of itself (read from its replica): `status`, the
+//! metrics text and the apply lag in seconds.
 
 use std::sync::atomic::Ordering;
 
@@ -13,29 +13,36 @@ use super::Node;
 impl Node {
     /// This node's status.
     pub fn status(&self) -> NodeStatus {
-        let role = match self.region.role() {
-            _ if self.stale.load(Ordering::Relaxed) => "stale",
+        let (view, leader, role, stale_reason, committed, applied) = {
+            let r = self.replica();
+            (
+                r.promised(),
+                r.leader(),
+                r.role(),
+                r.stale().map(str::to_string),
+                r.committed(),
+                r.applied(),
+            )
+        };
+        let persisted = self.store().last().seq;
+        let role_name = match role {
+            _ if stale_reason.is_some() => "stale",
             Role::Leader => "leader",
             Role::Backup => "backup",
             Role::Joining => "joining",
         };
-        let persisted = self.persisted.load(Ordering::Acquire);
-        let applied = if self.region.role() == Role::Leader {
+        // The leader's server consumed what it was handed itself.
+        let applied = if role == Role::Leader {
             persisted
         } else {
-            self.applied.load(Ordering::Acquire)
+            applied
         };
-        let committed = self.committed.load(Ordering::Acquire);
         NodeStatus {
             node: self.me,
-            view: self.region.view(),
-            leader: self.region.leader(),
-            role: role.into(),
-            stale_reason: self
-                .stale_reason
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            view,
+            leader,
+            role: role_name.into(),
+            stale_reason,
             persisted,
             committed,
             applied,

@@ -510,6 +510,7 @@ impl Cluster {
             Action::GoStale { .. } => {
                 self.node(id).stale = true;
             }
+            Action::Note { .. } => {}
         }
     }
 
@@ -704,14 +705,6 @@ impl Cluster {
 
     fn tick(&mut self, id: u64) {
         let n = &self.nodes[id as usize - 1];
-        let last = n.storage.log.len() as u64;
-        let words = Words {
-            acks: n.region.acks.iter().map(|(&k, &v)| (k, v)).collect(),
-            served: n.region.served,
-            commit_record: n.region.commit_record,
-            fenced_by: n.region.fenced_by,
-            tail_ahead: tail_ahead(&n.region, last),
-        };
         // The leader's preload raises the commit word too.
         if n.region.role == Some(Role::Leader) {
             let c = commit::leader_commit(
@@ -722,6 +715,18 @@ impl Cluster {
             );
             self.raise_commit(id, c);
         }
+        let n = &self.nodes[id as usize - 1];
+        let last = n.storage.log.len() as u64;
+        let words = Words {
+            acks: n.region.acks.iter().map(|(&k, &v)| (k, v)).collect(),
+            served: n.region.served,
+            // The sim keeps the record apart from the word the preload
+            // raises; the word's view is the last record's, as in a region.
+            commit: (n.region.commit_record.0, n.region.commit),
+            commit_record: n.region.commit_record,
+            fenced_by: n.region.fenced_by,
+            tail_ahead: tail_ahead(&n.region, last),
+        };
         self.step_node(id, Event::Tick(words));
     }
 
