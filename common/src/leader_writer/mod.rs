@@ -107,6 +107,9 @@ pub struct LeaderWriter {
     scratch: Vec<u8>,
     /// Bit per peer id whose failed write was reported.
     missed: u64,
+    /// The commit point the entries carry: this view's (see
+    /// [`LeaderWriter::header_commit`]).
+    header_commit: u64,
 }
 
 impl LeaderWriter {
@@ -127,6 +130,7 @@ impl LeaderWriter {
             safe: 0,
             scratch: vec![0; entry::footprint(max_entry)],
             missed: 0,
+            header_commit: 0,
         }
     }
 
@@ -141,6 +145,7 @@ impl LeaderWriter {
     /// Everything before `pos` counts as stored by a majority.
     pub fn start(&mut self, view: u64, next_seq: u64, pos: u64) {
         self.view = view;
+        self.header_commit = 0;
         self.next_seq = next_seq.max(1);
         self.ring = RingWriter::new(self.ring_size, pos);
         self.safe = pos;
@@ -149,6 +154,20 @@ impl LeaderWriter {
     /// The view the writer was started in (0: not started).
     pub fn view(&self) -> u64 {
         self.view
+    }
+
+    /// The commit point an entry carries: the region's commit word, unless
+    /// a newer view's leader wrote it (a commit record reaching this
+    /// writer after it was deposed): that point is of another log, and a
+    /// backup still following this writer would take its own uncommitted
+    /// tail as committed. Then the last point of this view stands.
+    fn header_commit(&mut self, region: &Region) -> u64 {
+        // The word first, then its tag: the tag of that write or a newer.
+        let (seq, tag) = region.commit_in_view();
+        if tag <= self.view {
+            self.header_commit = self.header_commit.max(seq);
+        }
+        self.header_commit
     }
 
     /// Seq of the next entry.
@@ -202,7 +221,7 @@ impl LeaderWriter {
         };
         let mut waited = false;
         let a = loop {
-            hdr.last_committed = region.commit();
+            hdr.last_committed = self.header_commit(region);
             hooks.writing_to(self.me);
             match self
                 .ring

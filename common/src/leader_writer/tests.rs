@@ -304,6 +304,51 @@ fn accepts_fencing_lost_peers_and_restarts() {
     assert_eq!((w.view(), w.next_seq(), w.pos()), (4, 1, 8192));
 }
 
+/// The header of each entry carries the writer's commit point; a commit
+/// record a newer view's leader wrote into a deposed writer's region is
+/// not passed on to the backups still following it.
+#[test]
+fn entries_carry_this_views_commit_point_only() {
+    let regions = Regions::new(1 << 16);
+    let mut w = LeaderWriter::new(&IDS, ME, 1 << 16, MAX);
+    w.start(2, 1, 0);
+    let mut rec = Recorder::default();
+    let mut reader = RingReader::new(1 << 16, 0, 1, MAX as u32);
+    let mut buf = Vec::new();
+    let mut append_and_read_commit = |w: &mut LeaderWriter| {
+        w.append(
+            regions.leader(),
+            &regions,
+            &data(7),
+            &[1, 2, 3],
+            &mut WithRegions(&mut rec, &regions),
+        )
+        .unwrap();
+        let r = regions.node(2);
+        match reader.poll(r.ring(), r.tail(), &mut buf) {
+            ReadOutcome::Entry { header, .. } => header.last_committed,
+            other => panic!("{other:?}"),
+        }
+    };
+    regions.leader().raise_commit(1);
+    assert_eq!(append_and_read_commit(&mut w), 1, "its own raise");
+    // A record of this view (or an older one) counts.
+    regions
+        .leader()
+        .write(region::commit_record_offset(), &region::commit_record(2, 2))
+        .unwrap();
+    assert_eq!(append_and_read_commit(&mut w), 2);
+    // View 3's leader commits 40 of its own log here: not this log's.
+    regions
+        .leader()
+        .write(
+            region::commit_record_offset(),
+            &region::commit_record(3, 40),
+        )
+        .unwrap();
+    assert_eq!(append_and_read_commit(&mut w), 2, "a newer view's point");
+}
+
 #[test]
 fn the_majority_reads_the_ack_array() {
     let regions = Regions::new(1 << 16);

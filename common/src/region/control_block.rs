@@ -64,7 +64,6 @@ impl Region {
     pub fn commit(&self) -> u64 {
         self.word(W_COMMIT).load(Ordering::Acquire)
     }
-    /// Leader's preload: records that the input up to `seq` goes to the
     /// The commit word and the view of the leader that wrote it (a view
     /// at least that new: see `commit_record`). A commit point is only
     /// meaningful for a log that follows that view.
