@@ -43,38 +43,45 @@ fn a_rate_limiter_leaves_identical_replicas() {
 /// times out (Redis checks its blocked clients' deadlines before each wait,
 /// at the turn's time) or gets the element a producer pushed. Which of the
 /// two happened decides where every element goes, so a backup must time
-/// the consumer out in the same turn as the leader: the consumer's replies
-/// (compared entry by entry), the lists left and the digests agree.
+/// the consumer out in the same turn as the leader. Rounds of three kinds:
+/// a pop of a pushed element, a pop of an empty list (always times out),
+/// and a push racing the pop's deadline (either; replicas must agree). The
+/// consumer's replies (compared entry by entry) and the digests agree.
 #[test]
 fn blocking_pops_time_out_at_the_same_point_everywhere() {
     let mut c = TestCluster::new("det-bl", Options::default());
     c.start_all();
-    let app = c.app(1);
-    let consumer = std::thread::spawn(move || {
-        let mut r = Resp::connect(app).unwrap();
-        let (mut got, mut timed_out) = (0, 0);
-        for _ in 0..120 {
-            match r.cmd(&[b"BLPOP", b"q", b"0.02"]).unwrap() {
-                Reply::Array(None) => timed_out += 1,
-                Reply::Array(Some(kv)) if kv.len() == 2 => {
-                    got += 1;
-                    r.cmd(&[b"RPUSH", b"done", b"x"]).unwrap();
-                }
-                other => panic!("BLPOP answered {other:?}"),
+    let mut consumer = Resp::connect(c.app(1)).unwrap();
+    let mut producer = Resp::connect(c.app(1)).unwrap();
+    let (mut got, mut timed_out) = (0, 0);
+    for round in 0..60u64 {
+        let job = format!("job{round}");
+        let reply = match round % 3 {
+            0 => {
+                producer.cmd(&[b"RPUSH", b"q", job.as_bytes()]).unwrap();
+                consumer.cmd(&[b"BLPOP", b"q", b"1"]).unwrap()
             }
+            1 => consumer.cmd(&[b"BLPOP", b"q", b"0.02"]).unwrap(),
+            _ => {
+                consumer.send(&[b"BLPOP", b"q", b"0.02"]).unwrap();
+                std::thread::sleep(Duration::from_millis(round % 5 * 6));
+                producer.cmd(&[b"RPUSH", b"q", job.as_bytes()]).unwrap();
+                let r = consumer.read().unwrap();
+                // What the pop missed goes elsewhere: the list is empty
+                // for the next round.
+                producer.cmd(&[b"RPOPLPUSH", b"q", b"missed"]).unwrap();
+                r
+            }
+        };
+        match reply {
+            Reply::Array(None) => timed_out += 1,
+            Reply::Array(Some(kv)) if kv.len() == 2 => got += 1,
+            other => panic!("BLPOP answered {other:?}"),
         }
-        (got, timed_out)
-    });
-    let mut p = Resp::connect(app).unwrap();
-    for i in 0..150 {
-        p.cmd(&[b"RPUSH", b"q", format!("job{i}").as_bytes()])
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(5 + (i % 4) * 9));
     }
-    let (got, timed_out) = consumer.join().expect("consumer");
     assert!(
-        got > 0 && timed_out > 0,
-        "got {got}, timed out {timed_out}: both must happen for a test of timeouts"
+        got >= 20 && timed_out >= 20,
+        "got {got}, timed out {timed_out}"
     );
     c.wait_converged(LIMIT);
     c.assert_same_digest();

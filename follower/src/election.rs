@@ -27,6 +27,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use zookeeper::{Acl, CreateMode, WatchedEvent, ZkError, ZkState, ZooKeeper};
 
+/// How long a session may take to start when ZooKeeper accepts the
+/// connection (at least; a longer session timeout waits that long).
+const SESSION_START: Duration = Duration::from_secs(10);
+
 /// Errors talking to ZooKeeper.
 #[derive(Debug, thiserror::Error)]
 pub enum ElectionError {
@@ -203,7 +207,12 @@ impl Election {
             *s.state.lock().unwrap_or_else(|p| p.into_inner()) = (st, now);
             s.bump();
         });
-        let deadline = Instant::now() + timeout.max(Duration::from_millis(500));
+        // Something accepts connections there: give the session longer
+        // than one session timeout to start (a loaded ZooKeeper can take
+        // seconds), so that a node does not give up on a slow but live
+        // ensemble at start.
+        let waited = timeout.max(SESSION_START);
+        let deadline = Instant::now() + waited;
         loop {
             let st = shared.state.lock().unwrap_or_else(|p| p.into_inner()).0;
             match st {
@@ -211,7 +220,7 @@ impl Election {
                 ZkState::Closed | ZkState::AuthFailed => {
                     return Err(ElectionError::Unreachable {
                         addr: addr.to_string(),
-                        waited_ms: timeout.as_millis() as u64,
+                        waited_ms: waited.as_millis() as u64,
                     })
                 }
                 _ => {}
@@ -220,7 +229,7 @@ impl Election {
                 let _ = zk.close();
                 return Err(ElectionError::Unreachable {
                     addr: addr.to_string(),
-                    waited_ms: timeout.as_millis() as u64,
+                    waited_ms: waited.as_millis() as u64,
                 });
             }
             std::thread::sleep(Duration::from_millis(20));
