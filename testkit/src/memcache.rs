@@ -99,10 +99,24 @@ impl Memcache {
         }
     }
 
-    /// Every item: key → (flags, value), CAS ids left out.
+    /// Every item: key → (flags, value), CAS ids left out. The keys come
+    /// from memcached's crawler, which may miss items its LRU maintainer
+    /// moves meanwhile: to compare replicas, read known keys ([`items`]).
+    ///
+    /// [`items`]: Memcache::items
     pub fn dump(&mut self) -> std::io::Result<std::collections::BTreeMap<String, McItem>> {
+        let keys = self.keys()?;
+        self.items(keys)
+    }
+
+    /// The items of `keys` that exist: key → (flags, value), CAS ids left
+    /// out.
+    pub fn items(
+        &mut self,
+        keys: impl IntoIterator<Item = String>,
+    ) -> std::io::Result<std::collections::BTreeMap<String, McItem>> {
         let mut out = std::collections::BTreeMap::new();
-        for k in self.keys()? {
+        for k in keys {
             if let Some((flags, v, _)) = self.gets(&k)? {
                 out.insert(k, (flags, v));
             }
