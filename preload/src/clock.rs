@@ -27,10 +27,10 @@
 //!
 //! Before the log has a time (the server starting up, before the leader's
 //! first turn or a backup's first entry) those clocks read [`ORIGIN_US`],
-//! the same instant on every replica, restarted ones included. So do the
-//! main and loop threads until their loop's first turn: a backup's pump
-//! may have begun entries while its server still starts up (a restarted
-//! node replays a whole log), and timers armed then must be armed alike. So the
+//! the same instant on every replica, restarted ones included; so do the
+//! main and loop threads until their loop's first turn (a backup's pump
+//! may have begun entries while its server still starts up: a restarted
+//! node replays a whole log). So the
 //! timers a server arms at start-up are due at the same point of the log
 //! everywhere (at its first turn), and what it derives from its start time
 //! agrees on every replica and with the log's time: memcached counts its
