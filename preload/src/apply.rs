@@ -90,8 +90,8 @@ struct Conn {
     /// The thread that last handled it (accepted it, read from it, read
     /// its EOF or closed it), and its turn count then: the turn is over
     /// when that thread waits again.
-    read_slot: usize,
-    read_turn: u64,
+    handled_slot: usize,
+    handled_turn: u64,
     /// The log ended the connection (CLOSE): its end is shut, the server
     /// reads EOF once the inbox is empty.
     closing: bool,
@@ -109,8 +109,8 @@ impl Conn {
     /// The calling server thread handled this connection in its current
     /// turn.
     fn handled_here(&mut self) {
-        self.read_slot = turns::slot();
-        self.read_turn = turns::count(self.read_slot);
+        self.handled_slot = turns::slot();
+        self.handled_turn = turns::count(self.handled_slot);
     }
 }
 
@@ -303,7 +303,7 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
         if !peek && n > 0 {
             c.served += n;
             c.handled_here();
-            p.read_by = Some(c.read_slot);
+            p.read_by = Some(c.handled_slot);
             // The server handles this connection's input now: its time.
             if let Some(h) = p.turn.iter().find(|h| h.conn == conn) {
                 crate::clock::enter_turn(h.time_us);
@@ -749,7 +749,7 @@ impl Pump {
             .consumed_at
             .is_some_and(|t| t.elapsed() >= TURN_PATIENCE);
         // Handled by a thread that waited since (or long enough ago).
-        let waited = |c: &Conn| turns::count(c.read_slot) > c.read_turn || patience_over;
+        let waited = |c: &Conn| turns::count(c.handled_slot) > c.handled_turn || patience_over;
         let mut all_read = true;
         let mut done = true;
         let mut ended = Vec::new();
@@ -834,8 +834,8 @@ impl Pump {
                 inbox: (0, 0),
                 served: 0,
                 closing: false,
-                read_slot: 0,
-                read_turn: 0,
+                handled_slot: 0,
+                handled_turn: 0,
                 eof: false,
                 closed: false,
                 out: OutputDigest::default(),

@@ -62,11 +62,10 @@ thread_local! {
     /// thread's clock moves only when its own turn starts, so another
     /// loop's turn never fires its timers early.
     static TURN_TIME: Cell<u64> = const { Cell::new(0) };
-    /// The leader's: the loop of this thread's current turn while no entry
-    /// carried the turn's time yet.
-    static UNLOGGED: Cell<Option<u64>> = const { Cell::new(None) };
     /// The leader's: the loop of this thread's current turn.
     static TURN_LOOP: Cell<Option<u64>> = const { Cell::new(None) };
+    /// The leader's: no entry carried this thread's turn's time yet.
+    static OWES_TICK: Cell<bool> = const { Cell::new(false) };
     /// This thread runs an event loop of the server's.
     static LOOP_THREAD: Cell<bool> = const { Cell::new(false) };
 }
@@ -155,7 +154,7 @@ pub fn turn_starts(now: u64, loop_id: u64) {
     let _ = TURN_LOOP.try_with(|c| c.set(Some(loop_id)));
     let _ = TURN_TIME.try_with(|c| {
         if c.replace(t) != t {
-            let _ = UNLOGGED.try_with(|u| u.set(Some(loop_id)));
+            let _ = OWES_TICK.try_with(|o| o.set(true));
         }
     });
 }
@@ -170,7 +169,7 @@ pub fn turn_loop() -> Option<u64> {
 /// (the real time `now` for the very first entry). The entry carries the
 /// turn: it owes no `TICK`.
 pub fn entry_time(now: u64) -> u64 {
-    let _ = UNLOGGED.try_with(|u| u.set(None));
+    let _ = OWES_TICK.try_with(|o| o.set(false));
     let mine = TURN_TIME.try_with(|c| c.get()).unwrap_or(0);
     if mine != 0 {
         return mine;
@@ -182,9 +181,11 @@ pub fn entry_time(now: u64) -> u64 {
 /// The time and loop of this thread's turn when no entry carried them yet
 /// (then the caller logs a `TICK`); clears it.
 pub fn take_unlogged() -> Option<(u64, u64)> {
-    let loop_id = UNLOGGED.try_with(|u| u.take()).ok().flatten()?;
+    if !OWES_TICK.try_with(|o| o.replace(false)).unwrap_or(false) {
+        return None;
+    }
     let t = TURN_TIME.try_with(|c| c.get()).unwrap_or(0);
-    (t != 0).then_some((t, loop_id))
+    (t != 0).then_some((t, turn_loop()?))
 }
 
 /// Whether the log has no time yet (the server reads `ORIGIN_US`) and
