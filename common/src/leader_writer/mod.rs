@@ -157,14 +157,13 @@ impl LeaderWriter {
     }
 
     /// The commit point an entry carries: the region's commit word, unless
-    /// a newer view's leader wrote it (a commit record reaching this
-    /// writer after it was deposed): that point is of another log, and a
+    /// a newer view's leader wrote it ([`region::commit_of_view`]): a
     /// backup still following this writer would take its own uncommitted
     /// tail as committed. Then the last point of this view stands.
     fn header_commit(&mut self, region: &Region) -> u64 {
         // The word first, then its tag: the tag of that write or a newer.
         let (seq, tag) = region.commit_in_view();
-        if tag <= self.view {
+        if let Some(seq) = region::commit_of_view(tag, seq, self.view) {
             self.header_commit = self.header_commit.max(seq);
         }
         self.header_commit

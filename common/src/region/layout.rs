@@ -101,6 +101,13 @@ pub fn commit_record(view: u64, seq: u64) -> [u8; 16] {
     b[8..].copy_from_slice(&seq.to_le_bytes());
     b
 }
+/// The point of a commit word (`seq`, tagged `record_view`) that a log of
+/// `view` may take: None when a newer view's leader wrote it (its commit
+/// record reaches the region of a leader that has not noticed it was
+/// deposed); that point is of another log.
+pub fn commit_of_view(record_view: u64, seq: u64, view: u64) -> Option<u64> {
+    (record_view <= view).then_some(seq)
+}
 /// Region offset of the tail word.
 pub fn tail_offset() -> u64 {
     word_offset(W_TAIL)

@@ -37,9 +37,9 @@ pub use apply_stream::ApplyStream;
 pub use control_block::Role;
 pub use doorbell::Doorbell;
 pub use layout::{
-    ack_offset, applied_by_offset, apply_ring_size, bell_offset, cluster_hash, commit_offset,
-    commit_record, commit_record_offset, region_path, ring_offset, tail_offset, view_offset,
-    word_offset, RegionSpec, CONTROL_SIZE, LAYOUT_VERSION, MAGIC, MAX_NODES,
+    ack_offset, applied_by_offset, apply_ring_size, bell_offset, cluster_hash, commit_of_view,
+    commit_offset, commit_record, commit_record_offset, region_path, ring_offset, tail_offset,
+    view_offset, word_offset, RegionSpec, CONTROL_SIZE, LAYOUT_VERSION, MAGIC, MAX_NODES,
 };
 #[cfg(feature = "rdma")]
 pub(crate) use mapping::map_shared;

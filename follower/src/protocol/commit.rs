@@ -13,6 +13,7 @@
 //! uncommitted tail of the old view.
 
 use lockstep_common::quorum;
+use lockstep_common::region::commit_of_view;
 
 /// The commit point a leader's ack array proves: the highest seq a
 /// majority of `ids` acknowledged (`ack(id)`), never past `served`.
@@ -31,16 +32,11 @@ pub fn leader_commit(
 /// sets its seq, and the leader's preload raises it from the same ack
 /// array when an output waits (a writer without a server, like the
 /// benchmark's, raises it alone) — but a newer view's leader writes its
-/// own commit records there too, into the region of a leader that has
-/// not noticed it was deposed: a word whose record view is above `view`
-/// is that one's, and says nothing of this log.
+/// own commit records there too, which say nothing of this log
+/// ([`commit_of_view`]).
 pub fn leader_point(computed: u64, word: (u64, u64), view: u64) -> u64 {
     let (record_view, seq) = word;
-    if record_view <= view {
-        computed.max(seq)
-    } else {
-        computed
-    }
+    commit_of_view(record_view, seq, view).map_or(computed, |seq| computed.max(seq))
 }
 
 /// A backup's commit point after it learned that `seq` is committed, if
