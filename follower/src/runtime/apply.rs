@@ -127,15 +127,10 @@ impl Node {
             return;
         }
         let view = self.region.view();
-        if let Err(e) = self.transport.write(
-            leader,
-            view,
-            region::applied_by_offset(self.me),
-            &seq.to_le_bytes(),
-        ) {
+        let mark = region::applied_by_offset(self.me);
+        if let Err(e) = self.write_now(leader, view, mark, &seq.to_le_bytes()) {
             log::debug!("applied {seq} to node {leader}: {e}");
         }
-        self.transport.flush();
     }
 }
 

@@ -24,10 +24,16 @@ impl Node {
                 self.epoch.fetch_add(1, Ordering::AcqRel);
             }
             Action::Truncate { after } => {
-                if self.store().last().seq > after {
-                    if let Err(e) = self.store().truncate_after(after) {
-                        self.fail(&format!("cannot cut the log after seq {after}: {e}"));
+                let cut = {
+                    let mut store = self.store();
+                    if store.last().seq > after {
+                        store.truncate_after(after)
+                    } else {
+                        Ok(())
                     }
+                };
+                if let Err(e) = cut {
+                    self.fail(&format!("cannot cut the log after seq {after}: {e}"));
                 }
                 self.epoch.fetch_add(1, Ordering::AcqRel);
             }
@@ -63,28 +69,17 @@ impl Node {
             }
             Action::Ack { leader, view, seq } => {
                 if leader != 0 {
-                    if let Err(e) = self.transport.write(
-                        leader,
-                        view,
-                        region::ack_offset(self.me),
-                        &seq.to_le_bytes(),
-                    ) {
+                    let ack = region::ack_offset(self.me);
+                    if let Err(e) = self.write_now(leader, view, ack, &seq.to_le_bytes()) {
                         log::warn!("ack {seq} to node {leader} failed: {e}");
                     }
-                    self.transport.flush();
                     self.metrics.acks.fetch_add(1, Ordering::Relaxed);
                 }
             }
             Action::RaiseCommit { seq } => self.region.raise_commit(seq),
             Action::CommitRecord { to, view, seq } => {
-                let res = self.transport.write(
-                    to,
-                    view,
-                    region::commit_record_offset(),
-                    &region::commit_record(view, seq),
-                );
-                self.transport.flush();
-                if let Err(e) = res {
+                let record = region::commit_record(view, seq);
+                if let Err(e) = self.write_now(to, view, region::commit_record_offset(), &record) {
                     log::debug!("commit record to node {to}: {e}");
                     if let TransportError::Fenced { theirs, .. } = e {
                         return Some(Event::WriteRefused { peer: to, theirs });
@@ -235,6 +230,21 @@ impl Node {
         {
             w.wake();
         }
+    }
+
+    /// A one-sided write of `bytes` at `offset` of node `to`'s region (as
+    /// a writer of `view`), flushed: acks, commit records and the applied
+    /// mark must not wait for a later write.
+    pub(super) fn write_now(
+        &self,
+        to: u64,
+        view: u64,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), TransportError> {
+        let res = self.transport.write(to, view, offset, bytes);
+        self.transport.flush();
+        res
     }
 
     /// The store failed: the follower cannot go on.
