@@ -7,7 +7,7 @@
 //! 24 conn u64
 //! 32 last_committed u64
 //! 40 out_hash u64
-//! 48 crc32c u32 (header with this field zeroed, then payload) | pad u32
+//! 48 crc32c u32 (header with this field zeroed, then payload) | waits u32
 //! 56 time_us u64 (the leader's wall clock when its server read the input)
 //! 64 payload (len bytes), zero padding
 //! .. canary u64 = canary(seq, view), the last 8 bytes of the footprint
@@ -55,6 +55,15 @@ pub enum Kind {
     /// runs one turn of the same event loop at this entry's time. `conn`
     /// names the loop (see the preload's `loops`).
     Tick = 7,
+    /// A clock read inside a turn of the leader's server: its `conn`-th
+    /// read since the turn's last input (or since the turn began, before
+    /// its first input) read `time_us`, and so must every backup's. Time
+    /// moves inside a turn only through these (a busy script sees its
+    /// clock run), identically everywhere. `conn` 0 ends the leader's last
+    /// logged turn: no more records of it follow (a backup's server that
+    /// reads the clock after the turn's last record need not wait for the
+    /// next turn's entries to know that).
+    Time = 8,
 }
 
 impl Kind {
@@ -68,6 +77,7 @@ impl Kind {
             5 => Kind::Wrap,
             6 => Kind::View,
             7 => Kind::Tick,
+            8 => Kind::Time,
             _ => return None,
         })
     }
@@ -102,6 +112,14 @@ pub struct EntryHeader {
     /// the input: the time every replica's server sees while it handles
     /// the input (0: not recorded).
     pub time_us: u64,
+    /// On the first entry of a leader's turn: how many times the turn's
+    /// thread entered its event loop's wait since its previous logged turn
+    /// began (0: not known). The waits between are turns the log does not
+    /// hold (nothing read, the clock did not move); a backup's server runs
+    /// as many before it is handed this turn, so a loop that polls without
+    /// blocking (Redis serving other clients during a busy script) reads
+    /// each input in the same wait as the leader's.
+    pub waits: u32,
 }
 
 /// Why bytes are not a valid entry.
@@ -176,6 +194,7 @@ impl EntryHeader {
             last_committed: 0,
             out_hash: 0,
             time_us: 0,
+            waits: 0,
         }
     }
 
@@ -195,7 +214,8 @@ impl EntryHeader {
         out[24..32].copy_from_slice(&self.conn.to_le_bytes());
         out[32..40].copy_from_slice(&self.last_committed.to_le_bytes());
         out[40..48].copy_from_slice(&self.out_hash.to_le_bytes());
-        out[48..56].fill(0);
+        out[48..52].fill(0);
+        out[52..56].copy_from_slice(&self.waits.to_le_bytes());
         out[56..64].copy_from_slice(&self.time_us.to_le_bytes());
     }
 
@@ -208,9 +228,6 @@ impl EntryHeader {
             });
         }
         let kind = Kind::from_u8(bytes[4]).ok_or(DecodeError::BadKind(bytes[4]))?;
-        if bytes[52..56].iter().any(|b| *b != 0) {
-            return Err(DecodeError::Padding);
-        }
         let turn_loop = u16::from_le_bytes([bytes[6], bytes[7]]).checked_sub(1);
         Ok(EntryHeader {
             len: u32_at(bytes, 0),
@@ -223,6 +240,7 @@ impl EntryHeader {
             last_committed: u64_at(bytes, 32),
             out_hash: u64_at(bytes, 40),
             time_us: u64_at(bytes, 56),
+            waits: u32_at(bytes, 52),
         })
     }
 }
@@ -376,13 +394,14 @@ mod tests {
             Just(Kind::Wrap),
             Just(Kind::View),
             Just(Kind::Tick),
+            Just(Kind::Time),
         ]
     }
 
     prop_compose! {
         fn arb_entry()(kind in arb_kind(), view in any::<u64>(), seq in any::<u64>(),
                        conn in any::<u64>(), lc in any::<u64>(), oh in any::<u64>(),
-                       flags in any::<u8>(), t in any::<u64>(),
+                       flags in any::<u8>(), t in any::<u64>(), waits in any::<u32>(),
                        turn_loop in proptest::option::of(0..u16::MAX),
                        payload in proptest::collection::vec(any::<u8>(), 0..300))
             -> (EntryHeader, Vec<u8>) {
@@ -390,6 +409,7 @@ mod tests {
             h.last_committed = lc;
             h.out_hash = oh;
             h.time_us = t;
+            h.waits = waits;
             h.flags = flags;
             h.turn_loop = turn_loop;
             (h, payload)

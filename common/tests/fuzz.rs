@@ -226,7 +226,9 @@ fn arb_kind(rng: &mut Rng) -> Kind {
         Kind::Noop,
         Kind::Wrap,
         Kind::View,
-    ][rng.below(6) as usize]
+        Kind::Tick,
+        Kind::Time,
+    ][rng.below(8) as usize]
 }
 
 fn arb_entry(rng: &mut Rng, max_payload: u64) -> (EntryHeader, Vec<u8>) {

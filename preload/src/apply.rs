@@ -56,7 +56,7 @@
 //! names the connection, the seq whose output differed and the first bytes
 //! this server wrote.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -68,7 +68,9 @@ use lockstep_common::region::{apply_ring_size, Region, Role};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use once_cell::sync::OnceCell;
 
+use crate::clock::TurnReads;
 use crate::fdtable;
+use crate::turn_time::{self, Record};
 use crate::turns::{self, MAX_WIDTH};
 
 /// Bytes of a replay connection's output kept to show in a divergence.
@@ -76,6 +78,9 @@ const SHOWN: usize = 48;
 /// A consumed turn counts as handled after this long even when the server
 /// did not re-enter an event-loop wait the hooks see.
 const TURN_PATIENCE: Duration = Duration::from_millis(500);
+/// A clock read that waits this long for the log to say what it reads
+/// gets a warning (once per read).
+const SLOW_CLOCK: Duration = Duration::from_secs(5);
 
 /// One replay connection.
 struct Conn {
@@ -150,6 +155,26 @@ pub struct Pump {
     consumed_at: Option<Instant>,
     /// The turns slot of the thread that read a replay connection last.
     read_by: Option<usize>,
+    /// The seq of the entry read last (clock records included).
+    prev_seq: u64,
+    /// The clock records of the turn in flight not read yet (see
+    /// `turn_time`), the input the next one counts from, and whether the
+    /// log already says no more of them come.
+    times: VecDeque<Record>,
+    anchor: u64,
+    closed: bool,
+    /// Clock records read before their turn's first input (or `TICK`):
+    /// the start of a leader's turn whose kind is not known yet.
+    stash: Vec<Record>,
+    /// The highest seq the turn in flight took from the log.
+    turn_last: u64,
+    /// The waits the leader's thread entered before the turn in flight
+    /// (`EntryHeader::waits` of its first entry, or of its first clock
+    /// record), those of the stash's turn, and whether a server thread
+    /// started handling the turn.
+    turn_waits: u32,
+    stash_waits: u32,
+    started: bool,
     /// The `TICK` being handed over: its loop, and the thread (slot) whose
     /// wait of that loop returned for it with its wait count then.
     tick: Option<(u64, Option<(usize, u64)>)>,
@@ -213,12 +238,21 @@ pub fn on_loop() {
     }
 }
 
-/// Whether a `TICK` of loop `loop_id` waits for that loop's next turn
-/// (then its wait must not block).
-pub fn tick_due(loop_id: u64) -> bool {
+/// Whether a wait of loop `loop_id` must not block: a `TICK` of that loop
+/// waits for the loop's next turn, or a turn of that loop waits for the
+/// calling thread to enter as many waits as the leader's did before it
+/// (`EntryHeader::waits`; the server runs them without blocking).
+pub fn must_not_block(loop_id: u64) -> bool {
     pump().is_some_and(|p| {
-        p.tick
-            .is_some_and(|(id, taken)| id == loop_id && taken.is_none())
+        let tick = p
+            .tick
+            .is_some_and(|(id, taken)| id == loop_id && taken.is_none());
+        let held_back = !p.started
+            && p.turn.first().is_some_and(|f| {
+                f.kind == Kind::Data && f.turn_loop.map(u64::from) == Some(loop_id)
+            })
+            && !p.due();
+        tick || held_back
     })
 }
 
@@ -237,9 +271,13 @@ pub fn turn_returned(loop_id: u64, delivers: bool) {
     let Some(first) = p.turn.first().copied() else {
         return;
     };
+    if p.started && first.kind != Kind::Tick {
+        return;
+    }
+    let due = p.due();
     let mine = match first.kind {
         Kind::Tick => match &mut p.tick {
-            Some((id, taken @ None)) if *id == loop_id => {
+            Some((id, taken @ None)) if *id == loop_id && due => {
                 let slot = turns::slot();
                 *taken = Some((slot, turns::count(slot)));
                 true
@@ -249,7 +287,46 @@ pub fn turn_returned(loop_id: u64, delivers: bool) {
         _ => runs_in(&first, loop_id, delivers),
     };
     if mine {
+        p.started = true;
+        turns::handed(first.view);
         crate::clock::enter_turn(first.time_us);
+    }
+}
+
+/// A backup's server thread reads the clock inside its turn (`at`: its
+/// window and count; it reads `now` so far): the time the leader's
+/// server read at the same read. Waits while the log does not say yet
+/// (the record, a later one, or the end of the leader's turn is not in
+/// the apply ring), as the server's wait would for its next input; not
+/// once this node leads or its server is stopping.
+pub fn time_at(at: TurnReads, now: u64) -> u64 {
+    let mut now = now;
+    let mut since = None;
+    loop {
+        let Some(mut p) = pump() else {
+            return now;
+        };
+        let region = p.region.clone();
+        let seen = region.apply().bell().value();
+        match p.time_lookup(at, now) {
+            Ok(us) => return us,
+            Err(us) => now = us,
+        }
+        drop(p);
+        if region.role() == Role::Leader || crate::clock::stopping() {
+            return now;
+        }
+        let started: &mut Instant = since.get_or_insert_with(Instant::now);
+        if started.elapsed() >= SLOW_CLOCK {
+            log::warn!(
+                "a clock read of the server's turn waits {:.0?} for the log (read {} after seq {})",
+                started.elapsed(),
+                at.count,
+                at.anchor
+            );
+            *started = Instant::now();
+        }
+        region.apply().bell().wait(seen, Duration::from_millis(20));
     }
 }
 
@@ -260,7 +337,7 @@ fn runs_in(first: &EntryHeader, loop_id: u64, delivers: bool) -> bool {
     match first.kind {
         Kind::Data => delivers,
         Kind::Accept | Kind::Close => first.turn_loop.is_none_or(|l| u64::from(l) == loop_id),
-        Kind::Tick | Kind::View | Kind::Noop | Kind::Wrap => false,
+        Kind::Tick | Kind::View | Kind::Noop | Kind::Wrap | Kind::Time => false,
     }
 }
 
@@ -276,6 +353,10 @@ pub fn on_accept(fd: i32, peer: SocketAddr) -> bool {
     if let Some(c) = p.conns.get_mut(&conn) {
         c.server_fd = fd;
         c.handled_here();
+    }
+    // The server's clock reads count from the accept, as the leader's did.
+    if let Some(h) = p.turn.iter().find(|h| h.kind == Kind::Accept && h.seq == conn) {
+        crate::clock::enter_window(h.seq, h.time_us);
     }
     if let Some(slot) = fdtable::slot(fd) {
         slot.set_replay(conn);
@@ -304,9 +385,10 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
             c.served += n;
             c.handled_here();
             p.read_by = Some(c.handled_slot);
-            // The server handles this connection's input now: its time.
-            if let Some(h) = p.turn.iter().find(|h| h.conn == conn) {
-                crate::clock::enter_turn(h.time_us);
+            // The server handles this connection's input now: its time,
+            // and its clock reads count from its last entry.
+            if let Some(h) = p.turn.iter().rev().find(|h| h.conn == conn) {
+                crate::clock::enter_window(h.seq, h.time_us);
             }
         }
         return Served::Bytes(n);
@@ -315,6 +397,7 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
         if !peek {
             c.eof = true;
             c.handled_here();
+            p.enter_close_window(conn);
             p.run();
         }
         return Served::Eof;
@@ -329,6 +412,10 @@ pub fn unread() -> [i32; MAX_WIDTH] {
     let Some(p) = pump() else {
         return fds;
     };
+    if !p.started && !p.due() {
+        // The leader's server read this turn some waits later.
+        return fds;
+    }
     let mut n = 0;
     for h in &p.turn {
         let Some(c) = p.conns.get(&h.conn) else {
@@ -447,6 +534,7 @@ pub fn on_close(conn: u64) {
         c.server_fd = -1;
         c.handled_here();
     }
+    p.enter_close_window(conn);
     p.run();
 }
 
@@ -499,14 +587,16 @@ fn ring_bell_in(c: Option<&mut Conn>) {
 /// digest of the output since the last one, checked when the turn starts:
 /// a second input of the connection in the same turn would be checked
 /// before the server answered the first).
-fn joins(turn: &[EntryHeader], next: &EntryHeader, width: usize) -> bool {
+/// `prev_seq`: the entry read just before `next` (a clock record between
+/// them belongs to the turn).
+fn joins(turn: &[EntryHeader], next: &EntryHeader, prev_seq: u64, width: usize) -> bool {
     let Some(last) = turn.last() else {
         return true;
     };
     if next.flags & SAME_TURN == 0
         || next.kind != Kind::Data
         || last.kind != Kind::Data
-        || next.seq != last.seq + 1
+        || next.seq != prev_seq + 1
     {
         return false;
     }
@@ -538,6 +628,15 @@ impl Pump {
             held: None,
             turn: Vec::new(),
             read_by: None,
+            prev_seq: 0,
+            times: VecDeque::new(),
+            anchor: 0,
+            closed: false,
+            stash: Vec::new(),
+            turn_last: 0,
+            turn_waits: 0,
+            stash_waits: 0,
+            started: false,
             tick: None,
             payloads: Vec::new(),
             turn_end: 0,
@@ -604,9 +703,32 @@ impl Pump {
     fn take_turn(&mut self, from_server: bool) -> bool {
         let width = turns::batch_width();
         while let Some((h, end)) = self.next_entry() {
-            if !joins(&self.turn, &h, width) {
+            if h.kind == Kind::Time {
+                if self.absorb_time(h, end) {
+                    continue;
+                }
+                break;
+            }
+            if !joins(&self.turn, &h, self.prev_seq, width) {
                 self.held = Some((h, end));
                 break;
+            }
+            if self.turn.is_empty() {
+                self.turn_waits = if self.adopt_stash(&h) {
+                    self.stash_waits
+                } else {
+                    h.waits
+                };
+            }
+            self.prev_seq = h.seq;
+            self.turn_last = h.seq;
+            if matches!(h.kind, Kind::Data | Kind::Accept | Kind::Close) {
+                // The turn's clock records from here count from this input.
+                self.anchor = h.seq;
+            }
+            if h.kind == Kind::Tick {
+                // A TICK is logged as the turn ends: its records came first.
+                self.closed = true;
             }
             if h.kind == Kind::Data {
                 // A connection's entries in a turn are consecutive (see
@@ -685,6 +807,8 @@ impl Pump {
         self.end_all();
         self.clear_turn();
         self.held = None;
+        self.stash.clear();
+        self.prev_seq = start.saturating_sub(1);
         let size = apply_ring_size(self.region.ring_size());
         self.reader = RingReader::new(size, 0, start, self.max_entry);
     }
@@ -705,7 +829,7 @@ impl Pump {
             Kind::Data | Kind::Close => self.check_output(&h),
             Kind::View => self.end_all(),
             Kind::Tick => self.tick = Some((h.conn, None)),
-            Kind::Noop | Kind::Wrap => {}
+            Kind::Noop | Kind::Wrap | Kind::Time => {}
         }
         if h.kind == Kind::Close {
             if let Some(c) = self.conns.get_mut(&h.conn) {
@@ -727,13 +851,18 @@ impl Pump {
         self.payloads.clear();
         self.consumed_at = None;
         self.tick = None;
+        self.times.clear();
+        self.anchor = 0;
+        self.closed = false;
+        self.started = false;
+        self.turn_waits = 0;
     }
 
     /// The server handled the whole turn: the follower may reuse its space.
     fn finish(&mut self) {
         if let Some(last) = self.turn.last() {
             let a = self.region.apply();
-            a.set_applied(last.seq);
+            a.set_applied(last.seq.max(self.turn_last));
             a.set_head(self.turn_end);
         }
         self.clear_turn();
@@ -794,7 +923,7 @@ impl Pump {
                     Some((_, Some((slot, n)))) => turns::count(slot) > n,
                     _ => patience_over,
                 },
-                Kind::View | Kind::Noop | Kind::Wrap => true,
+                Kind::View | Kind::Noop | Kind::Wrap | Kind::Time => true,
             };
             done &= item_done;
         }
@@ -805,6 +934,123 @@ impl Pump {
             self.consumed_at = Some(Instant::now());
         }
         done
+    }
+
+    /// Takes clock record `h` (ending at ring position `end`) from the
+    /// log: into the turn in flight when it is that turn's, else into the
+    /// stash of a turn still to come. False when it is the next turn's
+    /// and the turn in flight is not done (then it is held).
+    fn absorb_time(&mut self, h: EntryHeader, end: u64) -> bool {
+        let k = u32::try_from(h.conn).unwrap_or(u32::MAX);
+        let continues = h.flags & SAME_TURN != 0 && h.seq == self.prev_seq + 1;
+        if !self.turn.is_empty() {
+            if self.closed || !continues {
+                self.held = Some((h, end));
+                self.closed = true;
+                return false;
+            }
+            if k == 0 {
+                self.closed = true;
+            } else {
+                self.times.push_back(Record {
+                    anchor: self.anchor,
+                    k,
+                    us: h.time_us,
+                });
+            }
+            self.prev_seq = h.seq;
+            self.turn_last = h.seq;
+            self.turn_end = end;
+            return true;
+        }
+        let starts = h.flags & SAME_TURN == 0;
+        if k != 0 && (starts || (continues && !self.stash.is_empty())) {
+            if starts {
+                self.stash.clear();
+                self.stash_waits = h.waits;
+            }
+            self.stash.push(Record {
+                anchor: 0,
+                k,
+                us: h.time_us,
+            });
+            self.prev_seq = h.seq;
+            self.region.apply().set_head(end);
+            return true;
+        }
+        // The end, or a record, of a turn this server already finished
+        // (its reads did not need it).
+        self.stash.clear();
+        self.prev_seq = h.seq;
+        let a = self.region.apply();
+        a.set_applied(h.seq);
+        a.set_head(end);
+        true
+    }
+
+    /// The first entry `h` of a turn: the stashed clock records are that
+    /// turn's when it continues them (the leader's same turn), else they
+    /// were a turn that never came (its leader stopped).
+    fn adopt_stash(&mut self, h: &EntryHeader) -> bool {
+        let stash = std::mem::take(&mut self.stash);
+        let adopted = !stash.is_empty() && h.flags & SAME_TURN != 0 && h.seq == self.prev_seq + 1;
+        if adopted {
+            self.times.extend(stash);
+        }
+        adopted
+    }
+
+    /// Whether the calling server thread entered as many waits since its
+    /// last turn as the leader's thread did before the turn in flight.
+    fn due(&self) -> bool {
+        self.turn
+            .first()
+            .is_none_or(|f| turns::due(f.view, self.turn_waits))
+    }
+
+    /// The server read the EOF of, or closed, connection `conn`: its clock
+    /// reads count from the connection's CLOSE when the turn has it.
+    fn enter_close_window(&self, conn: u64) {
+        if let Some(h) = self
+            .turn
+            .iter()
+            .find(|h| h.kind == Kind::Close && h.conn == conn)
+        {
+            crate::clock::enter_window(h.seq, h.time_us);
+        }
+    }
+
+    /// What a clock read `at` of the turn in flight reads (see
+    /// [`time_at`]): Err with the time so far when the log does not say
+    /// yet.
+    fn time_lookup(&mut self, at: TurnReads, mut now: u64) -> Result<u64, u64> {
+        loop {
+            let s = turn_time::settle(self.times.make_contiguous(), at, now);
+            self.times.drain(..s.passed);
+            now = s.us;
+            if s.decided || self.closed || self.turn.is_empty() || self.window_closed(at.anchor) {
+                return Ok(now);
+            }
+            match self.next_entry() {
+                None => return Err(now),
+                Some((h, end)) if h.kind == Kind::Time => {
+                    self.absorb_time(h, end);
+                }
+                Some(next) => {
+                    // A later input or turn: this window is over.
+                    self.held = Some(next);
+                    self.closed = true;
+                }
+            }
+        }
+    }
+
+    /// Whether the turn in flight holds an input after `anchor` (the
+    /// window of reads counted from `anchor` ended there).
+    fn window_closed(&self, anchor: u64) -> bool {
+        self.turn.iter().any(|h| {
+            h.seq > anchor && matches!(h.kind, Kind::Data | Kind::Accept | Kind::Close)
+        })
     }
 
     /// ACCEPT: connects to the server (it accepts in its event loop).
@@ -911,52 +1157,67 @@ mod tests {
         );
     }
 
+    /// `joins` for a `next` read right after the turn's last entry.
+    fn joins_last(turn: &[EntryHeader], next: &EntryHeader, width: usize) -> bool {
+        joins(turn, next, turn.last().map_or(0, |l| l.seq), width)
+    }
+
+    #[test]
+    fn a_clock_record_between_two_inputs_keeps_them_in_one_turn() {
+        let t = [data(10, 1, false, 7)];
+        assert!(
+            joins(&t, &data(12, 2, true, 7), 11, 4),
+            "seq 11 was a clock record of the turn"
+        );
+        assert!(!joins(&t, &data(12, 2, true, 7), 10, 4), "a gap");
+    }
+
     #[test]
     fn entries_of_one_leader_turn_join_up_to_the_width() {
         let t = [data(10, 1, false, 7), data(11, 2, true, 7)];
         assert!(
-            joins(&[], &data(10, 1, false, 7), 4),
+            joins_last(&[], &data(10, 1, false, 7), 4),
             "a turn starts anywhere"
         );
-        assert!(joins(&t[..1], &t[1], 4));
-        assert!(joins(&t, &data(12, 3, true, 7), 4));
+        assert!(joins_last(&t[..1], &t[1], 4));
+        assert!(joins_last(&t, &data(12, 3, true, 7), 4));
         assert!(
-            !joins(&t, &data(12, 3, true, 7), 2),
+            !joins_last(&t, &data(12, 3, true, 7), 2),
             "two connections at most"
         );
         assert!(
-            !joins(&t, &data(12, 3, false, 7), 4),
+            !joins_last(&t, &data(12, 3, false, 7), 4),
             "the leader's next turn"
         );
-        assert!(!joins(&t, &data(13, 3, true, 7), 4), "not the next seq");
+        assert!(!joins_last(&t, &data(13, 3, true, 7), 4), "not the next seq");
     }
 
     #[test]
     fn a_connection_comes_back_only_with_a_later_chunk_of_its_read() {
         let t = [data(10, 1, false, 7), data(11, 2, true, 7)];
         assert!(
-            joins(&t, &data(12, 2, true, 0), 4),
+            joins_last(&t, &data(12, 2, true, 0), 4),
             "a later chunk of one read"
         );
         assert!(
-            !joins(&t, &data(12, 2, true, 9), 4),
+            !joins_last(&t, &data(12, 2, true, 9), 4),
             "a second input of conn 2"
         );
-        assert!(!joins(&t, &data(12, 1, true, 0), 4), "conn 1 after another");
+        assert!(!joins_last(&t, &data(12, 1, true, 0), 4), "conn 1 after another");
         let mut close = data(12, 3, true, 5);
         close.kind = Kind::Close;
-        assert!(!joins(&t, &close, 4), "an EOF is a turn of its own");
+        assert!(!joins_last(&t, &close, 4), "an EOF is a turn of its own");
     }
 
     #[test]
     fn only_inputs_join() {
         let mut accept = data(11, 0, true, 0);
         accept.kind = Kind::Accept;
-        assert!(!joins(&[data(10, 1, false, 7)], &accept, 4));
-        assert!(!joins(&[accept], &data(12, 1, true, 7), 4));
+        assert!(!joins_last(&[data(10, 1, false, 7)], &accept, 4));
+        assert!(!joins_last(&[accept], &data(12, 1, true, 7), 4));
         let mut view = data(11, 0, true, 0);
         view.kind = Kind::View;
-        assert!(!joins(&[data(10, 1, false, 7)], &view, 4));
+        assert!(!joins_last(&[data(10, 1, false, 7)], &view, 4));
     }
 
     #[test]

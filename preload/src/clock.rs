@@ -58,10 +58,19 @@ static LOG_TIME_US: AtomicU64 = AtomicU64::new(0);
 pub const ORIGIN_US: u64 = 946_684_800_000_000;
 
 thread_local! {
-    /// The time of this thread's current event-loop turn (0: none): a
-    /// thread's clock moves only when its own turn starts, so another
-    /// loop's turn never fires its timers early.
+    /// The time of this thread's current event-loop turn when it started
+    /// (0: none): what its entries carry. A thread's clock moves only in
+    /// its own turns, so another loop's turn never fires its timers early.
     static TURN_TIME: Cell<u64> = const { Cell::new(0) };
+    /// What this thread's clocks read now (0: none): the turn's time,
+    /// moved on inside the turn by the turn's clock records (see
+    /// `turn_time`).
+    static TURN_NOW: Cell<u64> = const { Cell::new(0) };
+    /// The clock reads of this thread's turn (see `turn_time`).
+    static READS: Cell<TurnReads> = const { Cell::new(TurnReads::IDLE) };
+    /// The leader's: an entry of this thread's turn carried its time (an
+    /// input or the turn's `TICK`).
+    static TURN_LOGGED: Cell<bool> = const { Cell::new(false) };
     /// The leader's: the loop of this thread's current turn.
     static TURN_LOOP: Cell<Option<u64>> = const { Cell::new(None) };
     /// The leader's: no entry carried this thread's turn's time yet.
@@ -89,10 +98,122 @@ pub fn enter_input(us: u64) {
     }
 }
 
-/// A backup's server thread handles a turn of time `us` (0 ignored).
+/// A backup's server thread starts handling a turn of time `us` (0:
+/// the time stays): its clock reads count from here (see `turn_time`).
 pub fn enter_turn(us: u64) {
     if us != 0 {
         let _ = TURN_TIME.try_with(|c| c.set(us));
+        let _ = TURN_NOW.try_with(|c| c.set(c.get().max(us)));
+    }
+    let _ = READS.try_with(|c| c.set(c.get().started()));
+}
+
+/// A backup's server thread consumed the input whose last entry is
+/// `anchor` (its bytes, its accept or its EOF), in a turn of time `us`:
+/// its clock reads count from here. Starts the turn when no wait of its
+/// started it (a server that reads without waiting first).
+pub fn enter_window(anchor: u64, us: u64) {
+    let reads = READS.try_with(|c| c.get()).unwrap_or(TurnReads::IDLE);
+    if !reads.in_turn {
+        enter_turn(us);
+    }
+    let _ = READS.try_with(|c| c.set(c.get().after_input(anchor)));
+}
+
+/// The calling thread's turn ends (it waits again): its clock reads no
+/// longer count.
+pub fn leave_turn() {
+    let _ = READS.try_with(|c| c.set(TurnReads::IDLE));
+}
+
+/// The leader's: an input of the calling thread's turn was logged (its
+/// reads count from here, as a backup's will from where its server
+/// consumes it).
+pub fn input_logged() {
+    let _ = READS.try_with(|c| c.set(c.get().after_input(0)));
+}
+
+/// The calling thread's clock reads of its turn so far.
+pub fn turn_reads() -> TurnReads {
+    READS.try_with(|c| c.get()).unwrap_or(TurnReads::IDLE)
+}
+
+/// A counted clock read of the calling thread's turn: the read is
+/// counted and reads `decide(reads, now)`, which becomes the thread's
+/// time (never back). None outside a turn.
+pub fn counted_read(decide: impl FnOnce(TurnReads, u64) -> u64) -> Option<u64> {
+    let reads = READS.try_with(|c| c.get()).ok()?;
+    if !reads.in_turn {
+        return None;
+    }
+    let reads = reads.counted();
+    let _ = READS.try_with(|c| c.set(reads));
+    let now = TURN_NOW.try_with(|c| c.get()).ok()?;
+    let us = decide(reads, now).max(now);
+    let _ = TURN_NOW.try_with(|c| c.set(us));
+    LOG_TIME_US.fetch_max(us, Ordering::AcqRel);
+    Some(us)
+}
+
+/// The leader's: a clock record was logged in the calling thread's turn;
+/// a turn that logged no input owes its `TICK` (a backup runs its
+/// records in it).
+pub fn record_logged() {
+    if !TURN_LOGGED.try_with(|c| c.get()).unwrap_or(true) {
+        let _ = OWES_TICK.try_with(|o| o.set(true));
+    }
+}
+
+/// Where a thread's clock reads of its turn stand: whether it runs a turn,
+/// the input its reads count from (its last entry's seq; 0: the turn's
+/// start), and how many reads since.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TurnReads {
+    /// The thread runs a turn.
+    pub in_turn: bool,
+    /// The last entry of the input the reads count from (0: the turn's
+    /// start; the leader does not track it).
+    pub anchor: u64,
+    /// Reads counted since.
+    pub count: u32,
+}
+
+impl TurnReads {
+    /// No turn.
+    pub const IDLE: TurnReads = TurnReads {
+        in_turn: false,
+        anchor: 0,
+        count: 0,
+    };
+
+    /// A turn starts.
+    fn started(self) -> TurnReads {
+        TurnReads {
+            in_turn: true,
+            anchor: 0,
+            count: 0,
+        }
+    }
+
+    /// Input `anchor` was consumed: reads count from it (a second report
+    /// of the same input, as its EOF and then its close, changes nothing).
+    fn after_input(self, anchor: u64) -> TurnReads {
+        if self.anchor == anchor && anchor != 0 {
+            return self;
+        }
+        TurnReads {
+            in_turn: self.in_turn,
+            anchor,
+            count: 0,
+        }
+    }
+
+    /// One more read.
+    fn counted(self) -> TurnReads {
+        TurnReads {
+            count: self.count.saturating_add(1),
+            ..self
+        }
     }
 }
 
@@ -118,7 +239,7 @@ pub fn stop_signalled() {
 /// moving on in real time (`real_mono_us`).
 pub fn now_us(turn_thread: bool, real_mono_us: impl FnOnce() -> u64) -> Option<u64> {
     let t = if turn_thread {
-        TURN_TIME.try_with(|c| c.get()).unwrap_or(0)
+        TURN_NOW.try_with(|c| c.get()).unwrap_or(0)
     } else {
         LOG_TIME_US.load(Ordering::Acquire)
     };
@@ -152,6 +273,9 @@ pub fn turn_starts(now: u64, loop_id: u64) {
     }
     let t = LOG_TIME_US.load(Ordering::Acquire);
     let _ = TURN_LOOP.try_with(|c| c.set(Some(loop_id)));
+    let _ = TURN_LOGGED.try_with(|c| c.set(false));
+    let _ = TURN_NOW.try_with(|c| c.set(c.get().max(t)));
+    let _ = READS.try_with(|c| c.set(c.get().started()));
     let _ = TURN_TIME.try_with(|c| {
         if c.replace(t) != t {
             let _ = OWES_TICK.try_with(|o| o.set(true));
@@ -170,6 +294,7 @@ pub fn turn_loop() -> Option<u64> {
 /// turn: it owes no `TICK`.
 pub fn entry_time(now: u64) -> u64 {
     let _ = OWES_TICK.try_with(|o| o.set(false));
+    let _ = TURN_LOGGED.try_with(|c| c.set(true));
     let mine = TURN_TIME.try_with(|c| c.get()).unwrap_or(0);
     if mine != 0 {
         return mine;
@@ -185,7 +310,13 @@ pub fn take_unlogged() -> Option<(u64, u64)> {
         return None;
     }
     let t = TURN_TIME.try_with(|c| c.get()).unwrap_or(0);
+    let _ = TURN_LOGGED.try_with(|c| c.set(true));
     (t != 0).then_some((t, turn_loop()?))
+}
+
+/// Whether the server was told to stop (its clock runs free).
+pub fn stopping() -> bool {
+    STOPPING.load(Ordering::Acquire)
 }
 
 /// Whether the log has no time yet (the server reads `ORIGIN_US`) and

@@ -98,12 +98,61 @@ pub fn passive_hooked() -> bool {
 /// Before the server waits in its event loop: its turn ends (both roles
 /// count), and a backup's pump may move on.
 pub fn before_wait(wait: crate::turns::Wait, max: i32) {
-    crate::turns::enter_wait(wait, max);
-    if let Some(engine) = setup::engine() {
+    let engine = setup::engine();
+    // The turn's TICK is the turn's last entry: logged before the wait
+    // counts (it is the turn's, and may continue its clock records).
+    if let Some(engine) = engine {
         log_turn_time(engine);
     }
-    crate::turn_lock::end();
+    crate::turns::enter_wait(wait, max);
+    crate::clock::leave_turn();
+    let mut closing = false;
+    if let Some(engine) = engine {
+        if engine.region.role() == Role::Leader && crate::turn_lock::held() && engine.turn_open() {
+            // The log must say where the turn ends before the loop blocks
+            // (see `turn_time`). An epoll wait looks first (`closing_probe`):
+            // under load the next turn's entries say it for free.
+            match wait {
+                crate::turns::Wait::Epoll => closing = true,
+                crate::turns::Wait::Scan => {
+                    engine.close_turn();
+                }
+            }
+        }
+    }
+    let _ = CLOSING.try_with(|c| c.set(closing));
+    if !closing {
+        crate::turn_lock::end();
+    }
     apply::on_loop();
+}
+
+thread_local! {
+    /// The leader's loop thread is about to wait with its turn's end not
+    /// logged, holding the turn lock (see `closing_probe`).
+    static CLOSING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The leader's loop thread is about to wait `timeout` ms with its last
+/// turn's end not logged (see `before_wait`): `probe()` waits without
+/// blocking first. Events (or an error): that is the wait's result (the
+/// next turn starts at once, still under the turn lock, and its entries
+/// end the last one). None: the turn's end is logged, the lock let go,
+/// and the caller waits for real — or, for a zero timeout, Some(0).
+/// None at once when nothing was pending.
+pub fn closing_probe(timeout: i32, probe: impl FnOnce() -> i32) -> Option<i32> {
+    if !CLOSING.try_with(|c| c.replace(false)).unwrap_or(false) {
+        return None;
+    }
+    let n = probe();
+    if n != 0 {
+        return Some(n);
+    }
+    if let Some(engine) = setup::engine() {
+        engine.close_turn();
+    }
+    crate::turn_lock::end();
+    (timeout == 0).then_some(0)
 }
 
 /// The server's wait in loop `loop_id` returned: on the leader its turn
@@ -116,6 +165,11 @@ pub fn after_wait(loop_id: u64, delivers: bool) {
     };
     if engine.region.role() == Role::Leader {
         // Only an event loop's turns are the log's (and run one at a time).
+        // A wait that returned without a `closing_probe` (an odd path of a
+        // hook) lets no turn lock linger.
+        if CLOSING.try_with(|c| c.replace(false)).unwrap_or(false) {
+            crate::turn_lock::end();
+        }
         if crate::clock::is_loop_thread() {
             crate::turn_lock::begin();
             crate::clock::turn_starts(sys::realtime_us(), loop_id);
@@ -139,6 +193,15 @@ fn log_turn_time(engine: &Engine) {
     if let Err(f) = engine.replicate_tick(time_us, loop_id) {
         log::debug!("turn of loop {loop_id} at {time_us}: not logged: {f}");
     }
+}
+
+/// A counted clock read of a server loop thread inside its turn (see
+/// `turn_time`): None outside one, for the preload's own reads, or when
+/// not attached.
+pub fn turn_clock_read() -> Option<u64> {
+    let _reentry = crate::reentry::Reentry::enter()?;
+    let engine = setup::engine()?;
+    crate::turn_time::read(engine)
 }
 
 /// Whether accept/listen need the slow path.

@@ -92,6 +92,10 @@ struct Writer {
     /// The server thread's event-loop turn at the last append (see
     /// `entry::SAME_TURN`).
     turn: Option<(usize, u64)>,
+    /// The last entry belongs to a turn whose end is not logged (a turn's
+    /// `TICK` or a `TIME` end marker closes it, and so does any entry of a
+    /// later turn).
+    open: bool,
 }
 
 /// A node's attached preload: config, region, transport and the writer.
@@ -132,6 +136,7 @@ impl Engine {
             log,
             gather: vec![0; max_entry],
             turn: None,
+            open: false,
         };
         Ok(Engine {
             me,
@@ -186,6 +191,7 @@ impl Engine {
             let (seq, pos) = self.region.writer_start();
             w.log.start(view, seq, pos);
             w.turn = None;
+            w.open = false;
             self.released.store(0, Ordering::Release);
             log::info!(
                 "leading view {view}: next seq {} at ring position {pos}",
@@ -217,6 +223,50 @@ impl Engine {
     pub fn replicate_tick(&self, time_us: u64, loop_id: u64) -> Result<Logged, Fail> {
         let logged = self.append(Kind::Tick, loop_id, 0, &[], 0, Some(time_us))?;
         self.hand_over(logged)
+    }
+
+    /// Replicates a clock record of the calling thread's turn: its `k`-th
+    /// read of the current window reads `time_us` (see `turn_time`). The
+    /// server reads that value once this returns, as it would an input.
+    pub fn replicate_time(&self, k: u32, time_us: u64) -> Result<Logged, Fail> {
+        let logged = self.append(Kind::Time, u64::from(k), 0, &[], 0, Some(time_us))?;
+        self.hand_over(logged)
+    }
+
+    /// The calling loop thread is about to block: when the last logged
+    /// turn's end is not in the log yet, logs it (a `TIME` entry with read
+    /// index 0), so that a backup's server knows no more clock records of
+    /// that turn come. The caller holds the turn lock: no other turn's
+    /// entry can come between. Returns whether it logged one.
+    pub fn close_turn(&self) -> bool {
+        let mut guard = self.lock();
+        let w = &mut *guard;
+        if !w.open || self.writer_view(w).is_err() {
+            return false;
+        }
+        let view = w.log.view();
+        let mut fields = EntryHeader::new(Kind::Time, view, 0, 0, 0);
+        fields.flags = SAME_TURN;
+        fields.time_us = crate::clock::now_us(true, || 0).unwrap_or(0);
+        fields.turn_loop = crate::clock::turn_loop().and_then(|l| u16::try_from(l).ok());
+        if self.append_one(&mut w.log, view, &fields, &[]).is_err() {
+            return false;
+        }
+        w.open = false;
+        let last = w.log.next_seq() - 1;
+        self.appended_view.store(view, Ordering::Release);
+        self.appended.store(last, Ordering::Release);
+        let _ = self.hand_over(Logged {
+            first: last,
+            last,
+            view,
+        });
+        true
+    }
+
+    /// Whether the last logged turn's end is not in the log yet.
+    pub fn turn_open(&self) -> bool {
+        self.lock().open
     }
 
     /// The server may have what was `logged` once this returns (see
@@ -294,6 +344,10 @@ impl Engine {
         let Writer { log, gather, .. } = w;
         let mut fields = EntryHeader::new(kind, view, 0, conn, 0);
         fields.time_us = time_us;
+        if flags == 0 && here.is_some() {
+            // A turn's first entry: the waits since the thread's last one.
+            fields.waits = crate::turns::log_turn(view);
+        }
         // The loop whose turn this is (a TICK names it).
         fields.turn_loop = match kind {
             Kind::Tick => Some(conn),
@@ -303,9 +357,12 @@ impl Engine {
         // Only the input's first entry carries the output digest: a backup
         // checks it where the input begins.
         let mut digest = out_hash;
+        let mut waits = fields.waits;
         let mut one = |payload: &[u8]| {
             fields.out_hash = std::mem::take(&mut digest);
             fields.flags = std::mem::replace(&mut flags, SAME_TURN);
+            // Only the turn's first entry counts its waits.
+            fields.waits = std::mem::take(&mut waits);
             self.append_one(log, view, &fields, payload)
         };
         if kind == Kind::Data {
@@ -314,8 +371,14 @@ impl Engine {
             one(&[])?;
         }
         let last = w.log.next_seq() - 1;
+        // A turn's TICK is appended as it ends: it closes the turn.
+        w.open = kind != Kind::Tick;
         self.appended_view.store(view, Ordering::Release);
         self.appended.store(last, Ordering::Release);
+        if matches!(kind, Kind::Accept | Kind::Data | Kind::Close) {
+            // The server's clock reads count from this input on.
+            crate::clock::input_logged();
+        }
         Ok(Logged { first, last, view })
     }
 

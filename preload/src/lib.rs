@@ -61,4 +61,5 @@ pub mod setup;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod turn_lock;
+pub mod turn_time;
 pub mod turns;

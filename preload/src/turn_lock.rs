@@ -53,8 +53,7 @@ pub fn end() {
 }
 
 /// Whether the calling thread's turn holds the lock.
-#[cfg(test)]
-fn held() -> bool {
+pub fn held() -> bool {
     HELD.try_with(|h| h.borrow().is_some()).unwrap_or(false)
 }
 

@@ -20,6 +20,12 @@ static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// The leader's: (view, waits entered) at this thread's last logged
+    /// turn.
+    static LOGGED: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// A backup's: (view, waits entered) at the last turn this thread was
+    /// handed.
+    static HANDED: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// Which call a server thread waits in.
@@ -73,6 +79,32 @@ pub fn current() -> Option<(usize, u64)> {
     (s != SHARED && n > 0).then_some((s, n))
 }
 
+/// The leader's: the calling thread's current turn is logged in `view`
+/// (its first entry). Returns how many waits it entered since its last
+/// logged turn of that view (`EntryHeader::waits`; 0: none logged yet).
+pub fn log_turn(view: u64) -> u32 {
+    let n = count(slot());
+    let (v, prev) = LOGGED.try_with(|c| c.replace((view, n))).unwrap_or((0, 0));
+    if v != view || prev == 0 {
+        return 0;
+    }
+    u32::try_from(n.saturating_sub(prev)).unwrap_or(u32::MAX)
+}
+
+/// A backup's: whether the calling thread entered `waits` waits since the
+/// last turn it was handed in `view` (the leader's thread did as many
+/// between its two logged turns). True when either is not known.
+pub fn due(view: u64, waits: u32) -> bool {
+    let (v, at) = HANDED.try_with(|c| c.get()).unwrap_or((0, 0));
+    waits == 0 || v != view || at == 0 || count(slot()) >= at + u64::from(waits)
+}
+
+/// A backup's: the calling thread starts a turn of `view` it was handed.
+pub fn handed(view: u64) {
+    let n = count(slot());
+    let _ = HANDED.try_with(|c| c.set((view, n)));
+}
+
 /// How many distinct connections a backup may hand its server in one
 /// turn: one when the server scans its own fd order (`poll`/`select`),
 /// else a part of its smallest `maxevents`, so that other ready fds
@@ -101,6 +133,38 @@ mod tests {
             assert_eq!(n, 1);
             enter_wait(Wait::Epoll, 64);
             assert_eq!(current(), Some((s, 2)));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_backup_runs_as_many_waits_between_turns_as_the_leader() {
+        std::thread::spawn(|| {
+            // The leader: turns logged at waits 1 and 4 of view 3.
+            enter_wait(Wait::Epoll, 64);
+            assert_eq!(log_turn(3), 0, "the first logged turn");
+            for _ in 0..3 {
+                enter_wait(Wait::Epoll, 64);
+            }
+            assert_eq!(log_turn(3), 3);
+            enter_wait(Wait::Epoll, 64);
+            assert_eq!(log_turn(4), 0, "a new view counts anew");
+        })
+        .join()
+        .unwrap();
+        std::thread::spawn(|| {
+            // A backup handed a turn at its wait 1 of view 3.
+            enter_wait(Wait::Epoll, 64);
+            assert!(due(3, 5), "nothing handed yet");
+            handed(3);
+            enter_wait(Wait::Epoll, 64);
+            assert!(!due(3, 3), "one wait of three");
+            assert!(due(3, 0), "waits not known");
+            assert!(due(2, 3), "another view");
+            enter_wait(Wait::Epoll, 64);
+            enter_wait(Wait::Epoll, 64);
+            assert!(due(3, 3));
         })
         .join()
         .unwrap();

@@ -4,6 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 
+use super::guards::caught;
 use crate::dispatch;
 use crate::reentry::in_hook;
 use crate::sys;
@@ -12,14 +13,24 @@ use crate::sys::real::{real_clock_gettime, real_gettimeofday, real_time};
 /// The log's time for a clock read of the server (see `clock`): None
 /// for the preload's own calls, a forked child, or a process that is not
 /// a lockstep server (no usable config).
-pub(super) fn log_time() -> Option<u64> {
+///
+/// `counted`: a clock the server's logic reads (not a coarse one): inside
+/// a turn of a loop thread it is one of the turn's counted reads (see
+/// `turn_time`).
+pub(super) fn log_time(counted: bool) -> Option<u64> {
     if in_hook() {
         return None;
     }
     if !dispatch::passive_hooked() && !starting_up() {
         return None;
     }
-    crate::clock::now_us(monotonic_is_logged(), sys::monotonic_us)
+    let turn_thread = monotonic_is_logged();
+    if counted && turn_thread {
+        if let Some(us) = caught(dispatch::turn_clock_read).flatten() {
+            return Some(us);
+        }
+    }
+    crate::clock::now_us(turn_thread, sys::monotonic_us)
 }
 
 /// Whether this process is a lockstep server that did not attach yet (its
@@ -45,11 +56,12 @@ pub(super) fn monotonic_is_logged() -> bool {
 /// Same contract as libc's `clock_gettime`.
 pub(super) unsafe fn clock_gettime(clk: libc::clockid_t, ts: *mut libc::timespec) -> c_int {
     let logged = match clk {
-        libc::CLOCK_REALTIME | libc::CLOCK_REALTIME_COARSE => log_time(),
-        libc::CLOCK_MONOTONIC
-        | libc::CLOCK_MONOTONIC_COARSE
-        | libc::CLOCK_MONOTONIC_RAW
-        | libc::CLOCK_BOOTTIME => log_time().filter(|_| monotonic_is_logged()),
+        libc::CLOCK_REALTIME => log_time(true),
+        libc::CLOCK_REALTIME_COARSE => log_time(false),
+        libc::CLOCK_MONOTONIC | libc::CLOCK_MONOTONIC_RAW | libc::CLOCK_BOOTTIME => {
+            log_time(true).filter(|_| monotonic_is_logged())
+        }
+        libc::CLOCK_MONOTONIC_COARSE => log_time(false).filter(|_| monotonic_is_logged()),
         _ => None,
     };
     if !ts.is_null() {
@@ -75,7 +87,7 @@ pub(super) unsafe fn gettimeofday(tv: *mut libc::timeval, tz: *mut c_void) -> c_
     // SAFETY: forwarding the caller's arguments (the time zone, if asked).
     let r = unsafe { real_gettimeofday(tv, tz) };
     if r == 0 && !tv.is_null() {
-        if let Some(us) = log_time() {
+        if let Some(us) = log_time(true) {
             let (s, u) = crate::clock::split_us(us);
             // SAFETY: `tv` is the caller's non-null timeval.
             unsafe {
@@ -92,7 +104,7 @@ pub(super) unsafe fn gettimeofday(tv: *mut libc::timeval, tz: *mut c_void) -> c_
 /// # Safety
 /// Same contract as libc's `time`.
 pub(super) unsafe fn time(t: *mut libc::time_t) -> libc::time_t {
-    let Some(us) = log_time() else {
+    let Some(us) = log_time(true) else {
         // SAFETY: forwarding the caller's argument.
         return unsafe { real_time(t) };
     };

@@ -21,7 +21,7 @@ pub(super) unsafe fn epoll_turn(
     ev: *mut libc::epoll_event,
     max: c_int,
     timeout: c_int,
-    real: impl FnOnce(c_int, c_int) -> c_int,
+    mut real: impl FnMut(c_int, c_int) -> c_int,
 ) -> c_int {
     // The preload's work below reads real clocks, and its own calls pass.
     let Some(_reentry) = Reentry::enter() else {
@@ -30,7 +30,7 @@ pub(super) unsafe fn epoll_turn(
     let loop_id = crate::loops::of_epfd(epfd);
     event_loop_turn(Wait::Epoll, max, loop_id != 0);
     if !dispatch::passive_hooked() || ev.is_null() || max <= 0 {
-        let n = real(max, timeout);
+        let n = probed(timeout, |t| real(max, t));
         let _errno = KeptErrno::now();
         turn_returned(loop_id, false);
         return n;
@@ -38,9 +38,9 @@ pub(super) unsafe fn epoll_turn(
     let (keys, k) = caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
     let k = k.min(max as usize);
     // A TICK of this loop is due: this wait is its turn.
-    let tick = caught(|| crate::apply::tick_due(loop_id)).unwrap_or(false);
+    let tick = caught(|| crate::apply::must_not_block(loop_id)).unwrap_or(false);
     let n = match k {
-        0 => real(max, wait_timeout(tick, timeout)),
+        0 => probed(wait_timeout(tick, timeout), |t| real(max, t)),
         // No room left for the kernel's events: they wait for the next
         // call (a level-triggered fd is reported again).
         k if k == max as usize => 0,
@@ -83,6 +83,16 @@ pub(super) unsafe fn epoll_turn(
     let events = unsafe { std::slice::from_raw_parts_mut(ev, real_n + k) };
     caught(|| crate::apply::merge_events(events, real_n, &keys[..k], bell_key))
         .map_or(n, |m| m as c_int)
+}
+
+/// Waits `timeout` with `wait(timeout)`, a leader's loop looking without
+/// blocking first when its last turn's end is not logged yet (see
+/// `dispatch::closing_probe`).
+fn probed(timeout: c_int, mut wait: impl FnMut(c_int) -> c_int) -> c_int {
+    match caught(|| dispatch::closing_probe(timeout, || wait(0))).flatten() {
+        Some(n) => n,
+        None => wait(timeout),
+    }
 }
 
 /// A backup's epoll timeout: none when a tick is due (this wait is its

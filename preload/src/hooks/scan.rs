@@ -230,7 +230,7 @@ pub(super) unsafe fn poll_turn(
     // SAFETY: per the contract.
     event_loop_turn(Wait::Scan, 0, unsafe { poll_serves(fds, n) });
     let (unread, k) = unread_fds();
-    let tick = caught(|| crate::apply::tick_due(0)).unwrap_or(false);
+    let tick = caught(|| crate::apply::must_not_block(0)).unwrap_or(false);
     // SAFETY: per the contract.
     let r = real(tick || unsafe { poll_unread(fds, n, &unread[..k]) });
     let _errno = KeptErrno::now();
@@ -260,7 +260,7 @@ pub(super) unsafe fn select_turn(
     // SAFETY: per the contract.
     event_loop_turn(Wait::Scan, 0, unsafe { select_serves(n, r) });
     let (unread, k) = unread_fds();
-    let tick = caught(|| crate::apply::tick_due(0)).unwrap_or(false);
+    let tick = caught(|| crate::apply::must_not_block(0)).unwrap_or(false);
     let asked = if r.is_null() {
         None
     } else {

@@ -1,0 +1,189 @@
+//! Time inside a turn: the server's clock moves while it works, the same
+//! on every replica.
+//!
+//! `clock` moves the log's time between turns. Inside a turn the leader's
+//! server reads its real clock too, so a busy script runs past
+//! `busy-reply-threshold` (other clients get `-BUSY`, `SCRIPT KILL` can
+//! stop it) and `SLOWLOG`/`LATENCY` see real durations. Each such read
+//! must read the same value on every replica, so:
+//!
+//! - The leader counts its server's clock reads of a turn, from the
+//!   turn's start and again from each input it logs (its *window*). A read
+//!   that finds the real clock a grain ([`clock::GRAIN_US`]) past the
+//!   thread's time moves it there and logs a `TIME` record: "read `k` of
+//!   this window reads `us`". Most turns log none (they take less than a
+//!   grain); a 5 s busy script logs about one a millisecond.
+//! - A backup's server counts its reads the same way (windows start where
+//!   it consumes the same inputs) and its `k`-th read of a window reads
+//!   what the leader logged for it, or the time before it.
+//! - A record is in the log before the leader's server can act on what it
+//!   read (output commit covers it like an input; input mode commits it
+//!   first), and a backup's read waits until the log says what it reads:
+//!   a record for it, a later record, a later input, or the end of the
+//!   turn. The leader logs that end (`TIME` with `k` 0) when its loop is
+//!   about to block with the turn still open, so an idle leader does not
+//!   leave a backup's last turn waiting for the next one.
+//!
+//! Only the clocks a server's logic reads are counted (the wall clock and
+//! `CLOCK_MONOTONIC`): the coarse clocks, which allocators read at moments
+//! of their own (jemalloc's decay), read the thread's time without
+//! counting.
+
+use crate::clock::{self, TurnReads, GRAIN_US};
+
+/// One clock record of a turn: read `k` since input `anchor` (the last
+/// entry of that input; 0: since the turn's start) reads `us`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The input the reads count from (0: the turn's start).
+    pub anchor: u64,
+    /// The read's index since then (from 1).
+    pub k: u32,
+    /// What it reads (µs since the epoch).
+    pub us: u64,
+}
+
+/// The leader's rule: what a read at real time `real` reads, the thread
+/// reading `now`, and whether it moves the time (then it is logged).
+pub fn leader_value(real: u64, now: u64) -> (u64, bool) {
+    if now != 0 && real >= now.saturating_add(GRAIN_US) {
+        (real, true)
+    } else {
+        (now, false)
+    }
+}
+
+/// What a backup's read learns from the records of its turn not consumed
+/// yet (`records`, log order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settled {
+    /// The time the read reads as far as the records go.
+    pub us: u64,
+    /// Records the read passed (consumed, front first).
+    pub passed: usize,
+    /// A later record exists: no record still to come can be this read's.
+    pub decided: bool,
+}
+
+/// A backup's read `at` (its window and count), the thread reading `now`:
+/// the records it passed (earlier windows, or this one up to its count)
+/// set its time, in log order.
+pub fn settle(records: &[Record], at: TurnReads, now: u64) -> Settled {
+    let mut us = now;
+    for (i, r) in records.iter().enumerate() {
+        let passed = r.anchor < at.anchor || (r.anchor == at.anchor && r.k <= at.count);
+        if !passed {
+            return Settled {
+                us,
+                passed: i,
+                decided: true,
+            };
+        }
+        us = us.max(r.us);
+    }
+    Settled {
+        us,
+        passed: records.len(),
+        decided: false,
+    }
+}
+
+/// A counted clock read of a server thread inside its turn: the time it
+/// reads, or None outside a turn (then `clock::now_us` answers). The
+/// leader logs a record when the read moves the time; a backup reads the
+/// log's records (and may wait for the log to say).
+pub fn read(engine: &crate::engine::Engine) -> Option<u64> {
+    if clock::stopping() {
+        return None;
+    }
+    if engine.region.role() == lockstep_common::region::Role::Leader {
+        let mut moved = None;
+        let us = clock::counted_read(|reads, now| {
+            let (us, logs) = leader_value(crate::sys::realtime_us(), now);
+            if logs {
+                moved = Some(reads.count);
+            }
+            us
+        })?;
+        if let Some(k) = moved {
+            if let Err(f) = engine.replicate_time(k, us) {
+                log::debug!("clock record {k} at {us}: not logged: {f}");
+            }
+            clock::record_logged();
+        }
+        Some(us)
+    } else {
+        clock::counted_read(|reads, now| crate::apply::time_at(reads, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(anchor: u64, count: u32) -> TurnReads {
+        TurnReads {
+            in_turn: true,
+            anchor,
+            count,
+        }
+    }
+
+    #[test]
+    fn the_leader_moves_the_time_by_grains() {
+        assert_eq!(leader_value(1_000 + GRAIN_US - 1, 1_000), (1_000, false));
+        assert_eq!(
+            leader_value(1_000 + GRAIN_US, 1_000),
+            (1_000 + GRAIN_US, true)
+        );
+        assert_eq!(leader_value(500, 1_000), (1_000, false), "never back");
+        assert_eq!(leader_value(5_000, 0), (0, false), "no turn time: no record");
+    }
+
+    #[test]
+    fn a_read_takes_the_records_up_to_it() {
+        let r = |anchor, k, us| Record { anchor, k, us };
+        let records = [r(0, 2, 20), r(7, 1, 30), r(7, 4, 40), r(9, 1, 50)];
+        // Read 1 of the turn's start: before the first record.
+        assert_eq!(
+            settle(&records, at(0, 1), 10),
+            Settled {
+                us: 10,
+                passed: 0,
+                decided: true
+            }
+        );
+        // Read 3 of the start: the record of read 2 holds.
+        assert_eq!(settle(&records, at(0, 3), 10).us, 20);
+        // Read 2 after input 7: the start's record and read 1's.
+        let s = settle(&records, at(7, 2), 10);
+        assert_eq!((s.us, s.passed, s.decided), (30, 2, true));
+        // Read 9 after input 7: everything of that window, decided by 9's.
+        let s = settle(&records, at(7, 9), 10);
+        assert_eq!((s.us, s.passed, s.decided), (40, 3, true));
+        // After input 9, beyond its last record: not decided yet.
+        let s = settle(&records, at(9, 2), 10);
+        assert_eq!((s.us, s.passed, s.decided), (50, 4, false));
+        assert_eq!(
+            settle(&[], at(0, 1), 10),
+            Settled {
+                us: 10,
+                passed: 0,
+                decided: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_later_window_counts_from_zero() {
+        // The same count in a later window is another read.
+        let records = [Record {
+            anchor: 12,
+            k: 1,
+            us: 99,
+        }];
+        assert_eq!(settle(&records, at(11, 5), 10).us, 10);
+        assert!(settle(&records, at(11, 5), 10).decided);
+        assert_eq!(settle(&records, at(12, 1), 10).us, 99);
+    }
+}
