@@ -154,12 +154,13 @@ fn redis_cli_and_benchmark_through_the_leader_are_logged_in_order() {
     // Every benchmark client connected: 4 tests x 50 clients at least.
     assert!(s.accepted.len() >= 200, "{} connections", s.accepted.len());
     // The acker acked everything: the commit index followed (up to the
-    // last input; TICKs logged after it have no output waiting on them).
+    // last input; TICKs and clock records logged after it have no output
+    // waiting on them).
     let last = acker
         .entries()
         .iter()
         .rev()
-        .find(|r| r.header.kind != Kind::Tick)
+        .find(|r| !matches!(r.header.kind, Kind::Tick | Kind::Time))
         .unwrap()
         .header
         .seq;

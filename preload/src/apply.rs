@@ -289,7 +289,7 @@ pub fn turn_returned(loop_id: u64, delivers: bool) {
     if mine {
         p.started = true;
         turns::handed(first.view);
-        crate::clock::enter_turn(first.time_us);
+        crate::clock::enter_turn(first.seq, first.time_us);
     }
 }
 
@@ -356,7 +356,7 @@ pub fn on_accept(fd: i32, peer: SocketAddr) -> bool {
     }
     // The server's clock reads count from the accept, as the leader's did.
     if let Some(h) = p.turn.iter().find(|h| h.kind == Kind::Accept && h.seq == conn) {
-        crate::clock::enter_window(h.seq, h.time_us);
+        crate::clock::enter_window(h.seq, h.seq, h.time_us);
     }
     if let Some(slot) = fdtable::slot(fd) {
         slot.set_replay(conn);
@@ -387,8 +387,9 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
             p.read_by = Some(c.handled_slot);
             // The server handles this connection's input now: its time,
             // and its clock reads count from its last entry.
+            let turn = p.turn_start();
             if let Some(h) = p.turn.iter().rev().find(|h| h.conn == conn) {
-                crate::clock::enter_window(h.seq, h.time_us);
+                crate::clock::enter_window(turn, h.seq, h.time_us);
             }
         }
         return Served::Bytes(n);
@@ -726,8 +727,9 @@ impl Pump {
                 // The turn's clock records from here count from this input.
                 self.anchor = h.seq;
             }
-            if h.kind == Kind::Tick {
-                // A TICK is logged as the turn ends: its records came first.
+            if h.kind == Kind::Tick || (self.turn.is_empty() && h.time_us == 0) {
+                // A TICK is logged as the turn ends: its records came
+                // first. A turn whose leader recorded no time logs none.
                 self.closed = true;
             }
             if h.kind == Kind::Data {
@@ -878,7 +880,13 @@ impl Pump {
             .consumed_at
             .is_some_and(|t| t.elapsed() >= TURN_PATIENCE);
         // Handled by a thread that waited since (or long enough ago).
-        let waited = |c: &Conn| turns::count(c.handled_slot) > c.handled_turn || patience_over;
+        // Patience is for a server whose waits the hooks do not see: a
+        // thread still running the turn (slow, on a loaded machine) is in
+        // it, and its clock reads belong to it.
+        let waited = |c: &Conn| {
+            turns::count(c.handled_slot) > c.handled_turn
+                || (patience_over && !turns::running(c.handled_slot))
+        };
         let mut all_read = true;
         let mut done = true;
         let mut ended = Vec::new();
@@ -1016,14 +1024,24 @@ impl Pump {
             .iter()
             .find(|h| h.kind == Kind::Close && h.conn == conn)
         {
-            crate::clock::enter_window(h.seq, h.time_us);
+            crate::clock::enter_window(self.turn_start(), h.seq, h.time_us);
         }
+    }
+
+    /// The seq the turn in flight begins at (0: none).
+    fn turn_start(&self) -> u64 {
+        self.turn.first().map_or(0, |f| f.seq)
     }
 
     /// What a clock read `at` of the turn in flight reads (see
     /// [`time_at`]): Err with the time so far when the log does not say
     /// yet.
     fn time_lookup(&mut self, at: TurnReads, mut now: u64) -> Result<u64, u64> {
+        if at.turn != self.turn_start() {
+            // A read of a turn that is over (or not begun): nothing of the
+            // log is its.
+            return Ok(now);
+        }
         loop {
             let s = turn_time::settle(self.times.make_contiguous(), at, now);
             self.times.drain(..s.passed);

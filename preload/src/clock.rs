@@ -20,6 +20,10 @@
 //! read it on event-loop threads and the main thread (they time the
 //! timers). In a forked child every clock is real.
 //!
+//! Inside a turn the time moves too, by clock records the leader logs
+//! and every backup reads at the same read of the turn (see `turn_time`):
+//! a thread reads `TURN_NOW`, its turn's time moved on by those records.
+//!
 //! A backup's loop thread takes the time of the turns the leader's same
 //! loop ran (entries carry their loop, `EntryHeader::turn_loop`); the
 //! follower's `VIEW` is no loop's turn. So a loop's timers fire in the
@@ -98,24 +102,25 @@ pub fn enter_input(us: u64) {
     }
 }
 
-/// A backup's server thread starts handling a turn of time `us` (0:
-/// the time stays): its clock reads count from here (see `turn_time`).
-pub fn enter_turn(us: u64) {
+/// A backup's server thread starts handling the turn that begins at seq
+/// `turn`, of time `us` (0: the time stays): its clock reads count from
+/// here (see `turn_time`).
+pub fn enter_turn(turn: u64, us: u64) {
     if us != 0 {
         let _ = TURN_TIME.try_with(|c| c.set(us));
         let _ = TURN_NOW.try_with(|c| c.set(c.get().max(us)));
     }
-    let _ = READS.try_with(|c| c.set(c.get().started()));
+    let _ = READS.try_with(|c| c.set(c.get().started(turn)));
 }
 
 /// A backup's server thread consumed the input whose last entry is
 /// `anchor` (its bytes, its accept or its EOF), in a turn of time `us`:
 /// its clock reads count from here. Starts the turn when no wait of its
 /// started it (a server that reads without waiting first).
-pub fn enter_window(anchor: u64, us: u64) {
+pub fn enter_window(turn: u64, anchor: u64, us: u64) {
     let reads = READS.try_with(|c| c.get()).unwrap_or(TurnReads::IDLE);
-    if !reads.in_turn {
-        enter_turn(us);
+    if !reads.in_turn || reads.turn != turn {
+        enter_turn(turn, us);
     }
     let _ = READS.try_with(|c| c.set(c.get().after_input(anchor)));
 }
@@ -171,6 +176,9 @@ pub fn record_logged() {
 pub struct TurnReads {
     /// The thread runs a turn.
     pub in_turn: bool,
+    /// A backup's: the seq the turn it runs begins at (its reads belong to
+    /// that turn only).
+    pub turn: u64,
     /// The last entry of the input the reads count from (0: the turn's
     /// start; the leader does not track it).
     pub anchor: u64,
@@ -182,14 +190,16 @@ impl TurnReads {
     /// No turn.
     pub const IDLE: TurnReads = TurnReads {
         in_turn: false,
+        turn: 0,
         anchor: 0,
         count: 0,
     };
 
-    /// A turn starts.
-    fn started(self) -> TurnReads {
+    /// A turn starts (`turn`: where, on a backup).
+    fn started(self, turn: u64) -> TurnReads {
         TurnReads {
             in_turn: true,
+            turn,
             anchor: 0,
             count: 0,
         }
@@ -202,9 +212,9 @@ impl TurnReads {
             return self;
         }
         TurnReads {
-            in_turn: self.in_turn,
             anchor,
             count: 0,
+            ..self
         }
     }
 
@@ -275,7 +285,7 @@ pub fn turn_starts(now: u64, loop_id: u64) {
     let _ = TURN_LOOP.try_with(|c| c.set(Some(loop_id)));
     let _ = TURN_LOGGED.try_with(|c| c.set(false));
     let _ = TURN_NOW.try_with(|c| c.set(c.get().max(t)));
-    let _ = READS.try_with(|c| c.set(c.get().started()));
+    let _ = READS.try_with(|c| c.set(c.get().started(0)));
     let _ = TURN_TIME.try_with(|c| {
         if c.replace(t) != t {
             let _ = OWES_TICK.try_with(|o| o.set(true));

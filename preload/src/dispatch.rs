@@ -160,6 +160,7 @@ pub fn closing_probe(timeout: i32, probe: impl FnOnce() -> i32) -> Option<i32> {
 /// the turn a `TICK` of that loop is handed over in, or (`delivers`) the
 /// one that reports the log's DATA.
 pub fn after_wait(loop_id: u64, delivers: bool) {
+    crate::turns::wait_returned();
     let Some(engine) = setup::engine() else {
         return;
     };

@@ -124,6 +124,7 @@ mod tests {
     fn at(anchor: u64, count: u32) -> TurnReads {
         TurnReads {
             in_turn: true,
+            turn: 1,
             anchor,
             count,
         }

@@ -8,7 +8,7 @@
 //! at a read to know the server finished handling what it read.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// Threads with a counter of their own (more share the last one, whose
 /// count proves nothing about a single thread).
@@ -16,6 +16,8 @@ const THREADS: usize = 32;
 const SHARED: usize = THREADS - 1;
 
 static COUNTS: [AtomicU64; THREADS] = [const { AtomicU64::new(0) }; THREADS];
+/// Whether each thread runs between a wait's return and its next wait.
+static RUNNING: [AtomicBool; THREADS] = [const { AtomicBool::new(false) }; THREADS];
 static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
@@ -58,11 +60,28 @@ pub fn slot() -> usize {
 
 /// The calling thread enters a wait of kind `w` (`max`: epoll's maxevents).
 pub fn enter_wait(w: Wait, max: i32) {
-    COUNTS[slot()].fetch_add(1, Ordering::AcqRel);
+    let s = slot();
+    RUNNING[s].store(false, Ordering::Release);
+    COUNTS[s].fetch_add(1, Ordering::AcqRel);
     WAITS_SEEN.fetch_or(w as u8, Ordering::Relaxed);
     if w == Wait::Epoll {
         MIN_EVENTS.fetch_min(max.max(1), Ordering::Relaxed);
     }
+}
+
+/// The calling thread's wait returned: it runs (a turn) until it waits
+/// again.
+pub fn wait_returned() {
+    let s = slot();
+    if s != SHARED {
+        RUNNING[s].store(true, Ordering::Release);
+    }
+}
+
+/// Whether the thread of `slot` runs between a wait's return and its next
+/// wait (false for threads whose waits the hooks never saw).
+pub fn running(slot: usize) -> bool {
+    slot != SHARED && RUNNING[slot].load(Ordering::Acquire)
 }
 
 /// Waits entered by the thread of `slot`.

@@ -441,6 +441,9 @@ pub struct Summary {
     pub longest: usize,
     /// TICK entries (event-loop turns without input that moved the clock).
     pub ticks: usize,
+    /// TIME records of clock reads inside a turn, and of turns' ends.
+    pub clock_records: usize,
+    pub turn_ends: usize,
 }
 
 /// Checks the invariants of a leader's log: seqs 1.. without gaps in view
@@ -503,6 +506,19 @@ pub fn check_log(entries: &[Rec], all_closed: bool) -> Summary {
                 );
                 assert_ne!(h.time_us, 0, "seq {}: a TICK carries its time", h.seq);
                 s.ticks += 1;
+            }
+            Kind::Time => {
+                assert!(
+                    r.payload.is_empty(),
+                    "seq {}: a TIME record carries no bytes",
+                    h.seq
+                );
+                if h.conn == 0 {
+                    s.turn_ends += 1;
+                } else {
+                    assert_ne!(h.time_us, 0, "seq {}: a clock record carries its time", h.seq);
+                    s.clock_records += 1;
+                }
             }
             other => panic!("seq {}: unexpected {other:?} entry from the preload", h.seq),
         }
