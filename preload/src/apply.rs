@@ -105,6 +105,11 @@ struct Conn {
     closed: bool,
     /// Output since the connection's last input, and its first bytes.
     out: OutputDigest,
+    /// `out` as the last leader turn began, and the output since: what the
+    /// leader's digest of an input covers is the output before the turn
+    /// that read it (see `Pump::cut`).
+    at_cut: OutputDigest,
+    since_cut: OutputDigest,
     shown: [u8; SHOWN],
     /// Seq of the connection's last input (whose output `out` is).
     last_input: u64,
@@ -516,6 +521,7 @@ pub fn on_output(conn: u64, segments: &[&[u8]]) {
     if let Some(c) = p.conns.get_mut(&conn) {
         for s in segments {
             let at = c.out.len as usize;
+            c.since_cut.update(s);
             if at < SHOWN {
                 let n = (SHOWN - at).min(s.len());
                 c.shown[at..at + n].copy_from_slice(&s[..n]);
@@ -715,11 +721,11 @@ impl Pump {
                 break;
             }
             if self.turn.is_empty() {
-                self.turn_waits = if self.adopt_stash(&h) {
-                    self.stash_waits
-                } else {
-                    h.waits
-                };
+                let adopted = self.adopt_stash(&h);
+                self.turn_waits = if adopted { self.stash_waits } else { h.waits };
+                if adopted || h.flags & SAME_TURN == 0 {
+                    self.cut();
+                }
             }
             self.prev_seq = h.seq;
             self.turn_last = h.seq;
@@ -1028,6 +1034,19 @@ impl Pump {
         }
     }
 
+    /// A turn of the leader's begins (not the rest of one this server takes
+    /// in parts): each connection's output so far is what the leader's
+    /// digests of the turn's inputs cover. The leader's server writes what
+    /// a turn causes (replies, pub/sub deliveries to other connections) as
+    /// the turn ends, after reading all of its inputs; a backup that took
+    /// the turn in parts wrote some of it between them.
+    fn cut(&mut self) {
+        for c in self.conns.values_mut() {
+            c.at_cut = c.out;
+            c.since_cut = OutputDigest::default();
+        }
+    }
+
     /// The seq the turn in flight begins at (0: none).
     fn turn_start(&self) -> u64 {
         self.turn.first().map_or(0, |f| f.seq)
@@ -1103,6 +1122,8 @@ impl Pump {
                 eof: false,
                 closed: false,
                 out: OutputDigest::default(),
+                at_cut: OutputDigest::default(),
+                since_cut: OutputDigest::default(),
                 shown: [0; SHOWN],
                 last_input: conn,
             },
@@ -1120,7 +1141,11 @@ impl Pump {
         let Some(c) = self.conns.get_mut(&h.conn) else {
             return;
         };
-        let mine = std::mem::take(&mut c.out);
+        // What the leader's server wrote before the turn that read this
+        // input; what this server wrote since (in parts of that turn it
+        // took apart) starts the next interval, as it does on the leader.
+        let mine = std::mem::take(&mut c.at_cut);
+        c.out = c.since_cut;
         let prev = std::mem::replace(&mut c.last_input, h.seq);
         if mine.pack() == h.out_hash {
             return;

@@ -1,0 +1,80 @@
+//! The divergence count means divergence: output one connection's input
+//! causes on another (pub/sub deliveries) is compared where the leader's
+//! turns put it, not where a backup that took the leader's turn in parts
+//! happened to write it. Real followers, real redis-server, both commit
+//! modes (the suite's).
+
+mod cluster;
+
+use std::time::Duration;
+
+use cluster::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Subscribers that also send commands of their own (a `PING` each time
+/// they read a message, as clients acknowledging deliveries do) while
+/// another connection publishes: every replica writes the same bytes to
+/// each subscriber, so nothing is counted — though a delivery lands on a
+/// subscriber's connection in the same turn as that subscriber's `PING`.
+#[test]
+fn pubsub_subscribers_that_send_commands_count_no_divergence() {
+    let mut c = TestCluster::new("div-pubsub", Options::default());
+    c.start_all();
+    const SUBSCRIBERS: usize = 40;
+    const MESSAGES: usize = 200;
+    let app = c.app(1);
+    let subs: Vec<_> = (0..SUBSCRIBERS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut s = Resp::connect(app).unwrap();
+                s.set_read_timeout(LIMIT).unwrap();
+                s.cmd(&[b"SUBSCRIBE", b"news"]).unwrap();
+                let (mut messages, mut pongs) = (0, 0);
+                while messages < MESSAGES {
+                    match s.read().unwrap() {
+                        Reply::Array(Some(m)) if m.first() == Some(&Reply::Bulk(Some(b"message".to_vec()))) => {
+                            messages += 1;
+                            s.send(&[b"PING"]).unwrap();
+                        }
+                        Reply::Array(Some(m)) if m.first() == Some(&Reply::Bulk(Some(b"pong".to_vec()))) => {
+                            pongs += 1;
+                        }
+                        other => panic!("a subscriber read {other:?}"),
+                    }
+                }
+                s.cmd(&[b"UNSUBSCRIBE"]).unwrap();
+                (messages, pongs)
+            })
+        })
+        .collect();
+    // Every subscriber is subscribed before the first message.
+    let mut p = Resp::connect(app).unwrap();
+    let all = Reply::Array(Some(vec![
+        Reply::Bulk(Some(b"news".to_vec())),
+        Reply::Int(SUBSCRIBERS as i64),
+    ]));
+    let start = std::time::Instant::now();
+    while p.cmd(&[b"PUBSUB", b"NUMSUB", b"news"]).unwrap() != all {
+        assert!(start.elapsed() < LIMIT, "the subscribers never subscribed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Published in pipelined bursts: a turn of the leader's reads a burst
+    // and subscribers' PINGs together.
+    for burst in 0..MESSAGES / 20 {
+        for i in 0..20 {
+            let m = format!("m{}", burst * 20 + i);
+            p.send(&[b"PUBLISH", b"news", m.as_bytes()]).unwrap();
+        }
+        for _ in 0..20 {
+            assert_eq!(p.read().unwrap(), Reply::Int(SUBSCRIBERS as i64));
+        }
+    }
+    for s in subs {
+        let (messages, _) = s.join().unwrap();
+        assert_eq!(messages, MESSAGES);
+    }
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}
