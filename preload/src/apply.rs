@@ -158,8 +158,6 @@ pub struct Pump {
     payloads: Vec<u8>,
     turn_end: u64,
     consumed_at: Option<Instant>,
-    /// The turns slot of the thread that read a replay connection last.
-    read_by: Option<usize>,
     /// The seq of the entry read last (clock records included).
     prev_seq: u64,
     /// The clock records of the turn in flight not read yet (see
@@ -389,7 +387,6 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
         if !peek && n > 0 {
             c.served += n;
             c.handled_here();
-            p.read_by = Some(c.handled_slot);
             // The server handles this connection's input now: its time,
             // and its clock reads count from its last entry.
             let turn = p.turn_start();
@@ -537,6 +534,8 @@ pub fn on_close(conn: u64) {
         return;
     };
     if let Some(c) = p.conns.get_mut(&conn) {
+        // A bell rung into it is gone with it: the next one may ring.
+        let _ = BELL_FD.compare_exchange(c.server_fd, -1, Ordering::AcqRel, Ordering::Acquire);
         c.closed = true;
         c.server_fd = -1;
         c.handled_here();
@@ -634,7 +633,6 @@ impl Pump {
             buf: Vec::new(),
             held: None,
             turn: Vec::new(),
-            read_by: None,
             prev_seq: 0,
             times: VecDeque::new(),
             anchor: 0,
@@ -657,9 +655,6 @@ impl Pump {
     /// Hands over turns until one is in flight or none is left
     /// (`from_server`: on the server thread, about to wait).
     fn run_from(&mut self, from_server: bool) {
-        // Only the thread that reads the replay connections will see the
-        // turn in its own wait; any other wakes it with the bell.
-        let from_server = from_server && self.read_by == Some(turns::slot());
         if self.region.role() == Role::Leader {
             return;
         }
@@ -765,7 +760,7 @@ impl Pump {
         }
         if self.tick.is_some() {
             self.wake_tick_loop();
-        } else if !from_server {
+        } else if !(from_server && self.read_here()) {
             self.ring_bell();
         }
         true
@@ -788,6 +783,18 @@ impl Pump {
             .values_mut()
             .find(|c| c.server_fd >= 0 && !c.closing && !c.closed);
         ring_bell_in(any);
+    }
+
+    /// Whether the calling server thread (about to wait) is the one that
+    /// reads the turn's first connection: then its own wait sees the turn,
+    /// else the bell must wake that connection's thread (a server with
+    /// several loops reads each connection on its own one).
+    fn read_here(&self) -> bool {
+        self.turn
+            .iter()
+            .find(|h| h.kind == Kind::Data)
+            .and_then(|h| self.conns.get(&h.conn))
+            .is_some_and(|c| c.handled_slot == turns::slot())
     }
 
     /// The server may be blocked in its wait, and the log's bytes make no
