@@ -168,7 +168,12 @@ enum Phase {
     StartingFollower { since: Instant },
     /// Its server was started; waiting until the node serves its role.
     /// `applied`/`progress_at`: the log replay's last progress.
-    StartingServer { applied: u64, progress_at: Instant },
+    /// `told_catching_up`: its catch-up progress was said.
+    StartingServer {
+        applied: u64,
+        progress_at: Instant,
+        told_catching_up: bool,
+    },
 }
 
 /// One node's healing state.
@@ -742,6 +747,7 @@ impl Cluster {
                         Ok(()) => Phase::StartingServer {
                             applied: 0,
                             progress_at: now,
+                            told_catching_up: false,
                         },
                         Err(e) => self.restart_failed(id, format!("{e:#}"), say),
                     };
@@ -758,6 +764,7 @@ impl Cluster {
             Phase::StartingServer {
                 mut applied,
                 mut progress_at,
+                mut told_catching_up,
             } => {
                 if let Some(why) = self.exit_why(id) {
                     return self.restart_failed(id, why, say);
@@ -774,8 +781,15 @@ impl Cluster {
                         applied = s.applied;
                         progress_at = now;
                     }
+                    if s.role == "catching-up" && !told_catching_up {
+                        say(&format!("node {id} {}", status::catching_up_line(&s)));
+                        told_catching_up = true;
+                    }
+                    // Back only once it is a member that a failover may
+                    // land on: caught up, not joining a view.
                     let serves = s.server_pid != 0
                         && s.role != "joining"
+                        && s.role != "catching-up"
                         && self.config.node(id).is_ok_and(|n| {
                             TcpStream::connect_timeout(&n.app, Duration::from_millis(300)).is_ok()
                         });
@@ -799,6 +813,7 @@ impl Cluster {
                 Phase::StartingServer {
                     applied,
                     progress_at,
+                    told_catching_up,
                 }
             }
         }

@@ -196,7 +196,8 @@ pub fn attach() -> Result<&'static Engine, Unattached> {
     region
         .attach_server()
         .map_err(|e| Unattached::Failed(e.to_string()))?;
-    let engine = Engine::new(s.config.clone(), s.me, Arc::new(region)).map_err(Unattached::Failed)?;
+    let engine =
+        Engine::new(s.config.clone(), s.me, Arc::new(region)).map_err(Unattached::Failed)?;
     engine.region.set_preload_pid(std::process::id() as u64);
     // From now on a forked child (Redis BGSAVE) must not act for us. A
     // fork before this point (a daemonising server) keeps a working copy.
