@@ -809,7 +809,11 @@ fn leader_death_while_a_backup_has_no_server_keeps_writes_going() {
     assert_eq!(s.failover_backlog, None, "node {other} applies: {s:?}");
 
     kill_node(&mut c, old);
-    let new = f.wait_leader(&[other, 3], &[old], "a new leader after SIGKILL of the leader");
+    let new = f.wait_leader(
+        &[other, 3],
+        &[old],
+        "a new leader after SIGKILL of the leader",
+    );
     assert_eq!(new, other, "node 3 (no server) was elected");
     // Far more than max_apply_lag entries: none may wait for node 3.
     load.wait_progress(&f, 100, "writes to go on with no backup applying");
@@ -834,12 +838,13 @@ fn leader_death_while_a_backup_has_no_server_keeps_writes_going() {
 
     // Node 3's server comes: it applies everything, the warning goes.
     c.start_server(3);
-    f.wait(&format!("node {new} to count node 3 as applying"), || {
-        match f.status(new)?.failover_backlog {
+    f.wait(
+        &format!("node {new} to count node 3 as applying"),
+        || match f.status(new)?.failover_backlog {
             Some(w) if w.contains("nodes 1, 3") => Err(w),
             _ => Ok(()),
-        }
-    });
+        },
+    );
     load.wait_progress(&f, 30, "load with node 3 applying");
     let (logs, _) = load.finish();
     check_history(&f, new, &logs);

@@ -555,18 +555,29 @@ fn a_rejoining_node_is_catching_up_and_unhealthy_until_it_applied_its_backlog() 
     let s = c.status(3).expect("node 3 status");
     assert_eq!(s.role, "catching-up", "{s:?}");
     assert!(s.committed - s.applied > LAG as u64, "{s:?}");
-    let body = wait_http(&c, metrics[2], "/health", "a 503 while catching up", |code, b| {
-        code == 503 && b.contains("\"role\":\"catching-up\"")
-    });
+    let body = wait_http(
+        &c,
+        metrics[2],
+        "/health",
+        "a 503 while catching up",
+        |code, b| code == 503 && b.contains("\"role\":\"catching-up\""),
+    );
     assert!(body.contains("\"server_up\":true"), "{body}");
-    let m = wait_http(&c, metrics[2], "/metrics", "the catching-up role", |code, b| {
-        code == 200 && b.contains("lockstep_role{role=\"catching-up\"} 1\n")
-    });
+    let m = wait_http(
+        &c,
+        metrics[2],
+        "/metrics",
+        "the catching-up role",
+        |code, b| code == 200 && b.contains("lockstep_role{role=\"catching-up\"} 1\n"),
+    );
     assert!(m.contains("lockstep_role{role=\"backup\"} 0\n"), "{m}");
     let (code, json) = cli_status_json(&c.config_path);
     assert_eq!(code, 0, "a catching-up node still acks: {json}");
     assert_eq!(json["nodes"][2]["role"], "catching-up", "{json}");
-    assert!(json["nodes"][2]["lag"].as_u64() > Some(LAG as u64), "{json}");
+    assert!(
+        json["nodes"][2]["lag"].as_u64() > Some(LAG as u64),
+        "{json}"
+    );
     let (_, text) = cli_status(&c.config_path, false);
     assert!(
         text.contains("node 3: catching up: ") && text.contains("entries left to apply"),
@@ -575,9 +586,13 @@ fn a_rejoining_node_is_catching_up_and_unhealthy_until_it_applied_its_backlog() 
 
     // Thawed, it applies its backlog: then it is a backup, healthy.
     kill(pid, Signal::SIGCONT).expect("SIGCONT node 3's server");
-    wait_http(&c, metrics[2], "/health", "a 200 once caught up", |code, b| {
-        code == 200 && b.contains("\"role\":\"backup\"")
-    });
+    wait_http(
+        &c,
+        metrics[2],
+        "/health",
+        "a 200 once caught up",
+        |code, b| code == 200 && b.contains("\"role\":\"backup\""),
+    );
     c.wait_converged(HANG);
     assert_eq!(c.status(3).expect("node 3 status").role, "backup");
     c.assert_same_digest();
