@@ -180,10 +180,7 @@ pub fn attach() -> Result<&'static Engine, Unattached> {
     };
     let spec = s.config.region_spec(s.me);
     let path = spec.default_path();
-    let region = Region::open(&path, &spec).map_err(|e| match e {
-        RegionError::Missing(_) => Unattached::NotYet(e.to_string()),
-        e => Unattached::Failed(e.to_string()),
-    })?;
+    let region = Region::open(&path, &spec).map_err(unattached)?;
     if !region.owner_alive() {
         // Left behind by a follower that is gone: the next one resets or
         // replaces it, and would refuse to start beside a server on it.
@@ -213,6 +210,17 @@ pub fn attach() -> Result<&'static Engine, Unattached> {
     let _ = ENGINE.set(engine);
     MODE.store(MODE_ATTACHED, Ordering::Relaxed);
     Ok(ENGINE.get().expect("just set"))
+}
+
+/// Why a region could not be opened, as a reason to wait or to give up.
+fn unattached(e: RegionError) -> Unattached {
+    match e {
+        // Not there yet, or its follower is creating it just now.
+        RegionError::Missing(_) | RegionError::Unfinished { .. } => {
+            Unattached::NotYet(e.to_string())
+        }
+        e => Unattached::Failed(e.to_string()),
+    }
 }
 
 /// The region is not ready at `listen` (`why`): a small thread of the
@@ -303,6 +311,29 @@ mod tests {
         assert!(is_app_addr(a("10.0.0.5:7001"), a("0.0.0.0:7001")));
         assert!(!is_app_addr(a("127.0.0.1:7002"), a("127.0.0.1:7001")));
         assert!(!is_app_addr(a("10.0.0.5:7001"), a("127.0.0.1:7001")));
+    }
+
+    #[test]
+    fn a_region_not_there_or_half_created_is_waited_for_any_other_is_not() {
+        let dir = std::env::temp_dir().join(format!("lockstep-setup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = |node| lockstep_common::RegionSpec {
+            cluster: "setup-test".into(),
+            node,
+            ring_size: 1 << 20,
+        };
+        let path = dir.join("region");
+        let open = |node| Region::open(&path, &spec(node)).map_err(unattached);
+        assert!(matches!(open(1), Err(Unattached::NotYet(_))));
+        // Created, not yet sized (the follower is between the two steps).
+        std::fs::write(&path, b"").unwrap();
+        assert!(matches!(open(1), Err(Unattached::NotYet(_))));
+        std::fs::remove_file(&path).unwrap();
+        let created = Region::create(&path, &spec(1)).unwrap();
+        assert!(open(1).is_ok());
+        assert!(matches!(open(2), Err(Unattached::Failed(e)) if e.contains("belongs to node 1")));
+        drop(created);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
