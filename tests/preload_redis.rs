@@ -598,8 +598,12 @@ fn a_server_started_before_its_region_waits_for_it_and_attaches_when_it_comes() 
     // attaches by itself, with no client and no restart, and serves.
     f.create_regions(Role::Leader);
     let acker = Acker::start(&f);
+    let mut heartbeat = 0;
     wait_for("the preload to attach", LIMIT, || {
         server.assert_running();
+        // The follower's heartbeat moves (attaching waits for that).
+        heartbeat += 1;
+        f.region(1).set_heartbeat(heartbeat);
         f.region(1).preload_pid() == server.pid() as u64
     });
     assert_eq!(redis_cli(f.port(), &["SET", "a", "b"]), "OK");

@@ -7,7 +7,8 @@
 //! order does not matter: a region that is not there yet at `listen` (its
 //! follower starts later, or the file is one a dead follower left behind)
 //! is waited for by a small thread that looks again every
-//! [`ATTACH_RETRY`] and attaches as soon as a running follower owns it,
+//! [`ATTACH_RETRY`] and attaches as soon as a running follower owns it
+//! and is past its start-up (its heartbeat moves),
 //! while the server starts and runs its event loop (clients it accepts
 //! meanwhile are refused: nothing could replicate them). Any other failure
 //! to attach, or an unusable config, stops the server with one line on
@@ -166,6 +167,12 @@ pub fn is_app_addr(local: SocketAddr, app: SocketAddr) -> bool {
 
 /// Attaches to this node's region (once; retried after a failure).
 pub fn attach() -> Result<&'static Engine, Unattached> {
+    attach_when(|_| true)
+}
+
+/// [`attach`], once `ready` says the region (owned by a running follower)
+/// may be attached to.
+fn attach_when(ready: impl FnOnce(&Region) -> bool) -> Result<&'static Engine, Unattached> {
     if let Some(e) = ENGINE.get() {
         return Ok(e);
     }
@@ -186,6 +193,12 @@ pub fn attach() -> Result<&'static Engine, Unattached> {
         // replaces it, and would refuse to start beside a server on it.
         return Err(Unattached::NotYet(format!(
             "region file {} has no running follower",
+            path.display()
+        )));
+    }
+    if !ready(&region) {
+        return Err(Unattached::NotYet(format!(
+            "the follower of region file {} is starting",
             path.display()
         )));
     }
@@ -238,13 +251,22 @@ pub fn attach_when_ready(why: &str) {
         .spawn(|| {
             // Its own calls (open, mmap, the applier's start) pass through.
             crate::reentry::own_thread();
+            let mut heartbeat = None;
             loop {
                 std::thread::sleep(ATTACH_RETRY);
                 // A forked child, or serving unreplicated by choice now.
                 if !active() {
                     return;
                 }
-                match attach() {
+                // Only once its follower's heartbeat moved: a starting
+                // follower resets a region it reuses just after claiming it
+                // (and refuses a server attached before), and its heartbeat
+                // moves only after that.
+                let moved = |r: &Region| {
+                    let now = r.heartbeat();
+                    heartbeat.replace(now).is_some_and(|before| before != now)
+                };
+                match attach_when(moved) {
                     Ok(_) => return,
                     Err(Unattached::NotYet(_)) => {}
                     Err(Unattached::Failed(e)) => {
