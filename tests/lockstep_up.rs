@@ -391,15 +391,7 @@ fn up_says_a_rebuilt_node_is_back_only_once_caught_up() {
     );
     let mut up = Up::spawn(&tc.config_path, &[]);
     up.wait_line("ready", READY_LIMIT);
-    let mut client = Resp::connect(tc.app(1)).expect("connect to the leader");
-    let mut write = |tag: &str, n: usize| {
-        for i in 0..n {
-            let key = format!("catchup:{tag}:{i}");
-            let reply = client.cmd(&[b"SET", key.as_bytes(), b"v"]).expect("SET");
-            assert_eq!(reply, Reply::Status("OK".into()), "SET {key}");
-        }
-    };
-    write("before", 10 * LAG);
+    set_keys(tc.app(1), "catchup:before", 10 * LAG);
 
     let hold = tc.config().data_dir.join("server-3.hold");
     std::fs::write(&hold, b"").expect("gate file");
@@ -407,7 +399,7 @@ fn up_says_a_rebuilt_node_is_back_only_once_caught_up() {
     let mark = up.mark();
     kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("SIGKILL node 3's server");
     up.wait_line_from(mark, "starting server of node 3", READY_LIMIT);
-    write("during", 2 * LAG);
+    set_keys(tc.app(1), "catchup:during", 2 * LAG);
     let line = up.wait_line_from(mark, "node 3 catching up: ", READY_LIMIT);
     assert!(line.contains("entries left to apply"), "{line}");
     assert!(

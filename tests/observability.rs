@@ -507,18 +507,6 @@ fn haproxy_clients_follow_a_leader_kill() {
     );
 }
 
-/// `n` SETs on the leader at `addr` (keys `rejoin:<tag>:<i>`).
-fn write_entries(addr: SocketAddr, tag: &str, n: usize) {
-    let mut r = Resp::connect(addr).expect("connect to the leader");
-    for i in 0..n {
-        let key = format!("rejoin:{tag}:{i}");
-        match r.cmd(&[b"SET", key.as_bytes(), b"v"]).expect("SET") {
-            Reply::Status(s) if s == "OK" => {}
-            other => panic!("SET {key}: {other:?}"),
-        }
-    }
-}
-
 #[test]
 fn a_rejoining_node_is_catching_up_and_unhealthy_until_it_applied_its_backlog() {
     use nix::sys::signal::{kill, Signal};
@@ -537,7 +525,7 @@ fn a_rejoining_node_is_catching_up_and_unhealthy_until_it_applied_its_backlog() 
     // Node 3 goes away; the log grows long meanwhile.
     c.kill_server(3);
     c.kill_follower(3);
-    write_entries(c.app(1), "away", 10 * LAG);
+    set_keys(c.app(1), "rejoin:away", 10 * LAG);
     // It comes back (its data dir kept, a fresh server), and its server is
     // frozen as soon as it attached: whatever it replayed by then, the
     // entries written next are more than max_apply_lag that it has not.
@@ -545,7 +533,7 @@ fn a_rejoining_node_is_catching_up_and_unhealthy_until_it_applied_its_backlog() 
     c.start_server(3);
     let pid = Pid::from_raw(c.server_pid(3) as i32);
     kill(pid, Signal::SIGSTOP).expect("SIGSTOP node 3's server");
-    write_entries(c.app(1), "behind", 2 * LAG);
+    set_keys(c.app(1), "rejoin:behind", 2 * LAG);
     c.wait("node 3 to store the leader's log", HANG, |c| {
         let (Ok(l), Ok(s)) = (c.status(1), c.status(3)) else {
             return false;

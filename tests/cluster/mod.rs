@@ -461,6 +461,19 @@ pub fn redis_mixed_workload(addr: SocketAddr, threads: usize, ops: usize) {
     }
 }
 
+/// `n` SETs, one at a time, on the leader at `addr`: keys `<prefix>:<i>`,
+/// each answered OK (one log entry each).
+pub fn set_keys(addr: SocketAddr, prefix: &str, n: usize) {
+    let mut r = Resp::connect(addr).expect("connect to the leader");
+    for i in 0..n {
+        let key = format!("{prefix}:{i}");
+        match r.cmd(&[b"SET", key.as_bytes(), b"v"]).expect("SET") {
+            Reply::Status(s) if s == "OK" => {}
+            other => panic!("SET {key}: {other:?}"),
+        }
+    }
+}
+
 /// Removes a path if it exists.
 pub fn remove(p: &Path) {
     let _ = std::fs::remove_dir_all(p);
