@@ -12,7 +12,8 @@
 //!
 //! Backups report into the leader's region, every [`REPORT_PERIOD`] at
 //! least: how far they applied, and a [`report_word`] (a count that moves
-//! with each report, and whether a server is attached). [`Appliers`] turns
+//! with each report, and whether it can apply: a server attached, not
+//! stale). [`Appliers`] turns
 //! what the leader's follower reads there into the set of backups that can
 //! apply, which it publishes for the leader's preload; [`gate`] is the rule.
 
@@ -139,17 +140,16 @@ pub fn caught_up(lag: u64, max_apply_lag: u64) -> bool {
 /// the nodes can apply (`appliers`: the backups that can, as a mask): who
 /// cannot, and that the failover backlog grows. None while a majority can.
 pub fn backlog_warning(me: u64, members: &[u64], appliers: u64) -> Option<String> {
-    let able = 1 + members
-        .iter()
-        .filter(|&&id| id != me && appliers & bit(id) != 0)
-        .count();
+    let backups = members.iter().filter(|&&id| id != me);
+    let able = |id: u64| appliers & bit(id) != 0;
     let need = crate::quorum::majority(members.len());
-    if able >= need {
+    // The rule itself says when (its seq and bound play no part here).
+    if gate(1, 0, need, backups.clone().map(|&id| (0, able(id)))) != Gate::Unbounded {
         return None;
     }
-    let cannot: Vec<String> = members
-        .iter()
-        .filter(|&&id| id != me && appliers & bit(id) == 0)
+    let able = 1 + backups.clone().filter(|&&id| able(id)).count();
+    let cannot: Vec<String> = backups
+        .filter(|&&id| appliers & bit(id) == 0)
         .map(|id| id.to_string())
         .collect();
     let who = match cannot.as_slice() {
