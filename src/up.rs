@@ -1047,6 +1047,26 @@ fn shell_words(args: &[String]) -> String {
         .join(" ")
 }
 
+/// The leader that goes on although fewer than a majority can apply, and
+/// what it says (see `apply_lag`).
+fn failover_backlog(nodes: &[status::NodeView]) -> Option<(u64, String)> {
+    nodes.iter().find_map(|n| {
+        let s = n.status.as_ref().ok()?;
+        Some((n.id, s.failover_backlog.clone()?))
+    })
+}
+
+/// The line to print when the failover backlog warning changed.
+fn backlog_change(before: &Option<(u64, String)>, now: &Option<(u64, String)>) -> Option<String> {
+    match (before, now) {
+        (b, Some((id, why))) if b.as_ref() != now.as_ref() => Some(format!("node {id} leads: {why}")),
+        (Some((id, _)), None) => Some(format!(
+            "node {id} leads with a majority able to apply again: the failover backlog is bounded (max_apply_lag)"
+        )),
+        _ => None,
+    }
+}
+
 /// One compact progress line: view, leader, and per node its role,
 /// commit/applied and divergences.
 fn progress_line(nodes: &[status::NodeView]) -> String {
@@ -1132,6 +1152,7 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
     ));
     say("a node whose server or follower exits, or that turns stale, is restarted by itself");
     let mut last_line = String::new();
+    let mut last_backlog = None;
     let mut last_print = Instant::now() - Duration::from_secs(60);
     let mut last_query = Instant::now() - Duration::from_secs(60);
     while !stop.load(Ordering::Relaxed) {
@@ -1146,6 +1167,11 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
         });
         cluster.heal(fresh.as_deref(), &say);
         if let Some(nodes) = &fresh {
+            let backlog = failover_backlog(nodes);
+            if let Some(line) = backlog_change(&last_backlog, &backlog) {
+                say(&line);
+            }
+            last_backlog = backlog;
             if last_print.elapsed() >= Duration::from_secs(2) {
                 let line = progress_line(nodes);
                 if line != last_line {
@@ -1251,6 +1277,35 @@ mod tests {
         let secs: Vec<u64> = (0..8).map(|f| backoff(f).as_secs()).collect();
         assert_eq!(secs, [0, 1, 2, 4, 8, 16, 30, 30]);
         assert_eq!(backoff(u32::MAX), BACKOFF_CAP);
+    }
+
+    #[test]
+    fn the_failover_backlog_is_said_when_it_starts_changes_and_ends() {
+        let grows = Some((2, "only 1 of 3 nodes can apply (…)".to_string()));
+        assert_eq!(backlog_change(&None, &None), None);
+        assert_eq!(
+            backlog_change(&None, &grows).as_deref(),
+            Some("node 2 leads: only 1 of 3 nodes can apply (…)")
+        );
+        assert_eq!(backlog_change(&grows, &grows), None);
+        let other = Some((3, "only 1 of 3 nodes can apply (…)".to_string()));
+        assert!(backlog_change(&grows, &other).is_some_and(|l| l.starts_with("node 3 leads: ")));
+        assert!(backlog_change(&grows, &None)
+            .is_some_and(|l| l.starts_with("node 2 leads with a majority able to apply again")));
+        let nodes = [
+            status::NodeView {
+                id: 1,
+                status: Err("down".into()),
+            },
+            status::NodeView {
+                id: 2,
+                status: Ok(NodeStatus {
+                    failover_backlog: grows.as_ref().map(|g| g.1.clone()),
+                    ..NodeStatus::default()
+                }),
+            },
+        ];
+        assert_eq!(failover_backlog(&nodes), grows);
     }
 
     #[test]
