@@ -95,7 +95,9 @@ pub fn health(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
         .iter()
         .filter_map(|n| n.status.as_ref().ok())
         .filter(|s| {
-            s.view == view && s.leader == leader && (s.role == "leader" || s.role == "backup")
+            s.view == view
+                && s.leader == leader
+                && matches!(s.role.as_str(), "leader" | "backup" | "catching-up")
         })
         .count();
     let majority = config.majority();
@@ -106,6 +108,20 @@ pub fn health(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// A catching-up node's progress: entries left, apply rate and ETA.
+pub fn catching_up_line(s: &NodeStatus) -> String {
+    let left = s.committed.saturating_sub(s.applied);
+    if s.apply_rate == 0 {
+        format!("catching up: {left} entries left to apply (no rate measured yet); `backup` once within max_apply_lag")
+    } else {
+        format!(
+            "catching up: {left} entries left to apply at {} entries/s, about {:.1} s; `backup` once within max_apply_lag",
+            s.apply_rate,
+            s.lag_ms as f64 / 1000.0
+        )
+    }
 }
 
 /// How to bring node `id` back by hand.
@@ -131,7 +147,8 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
                 "applied": s.applied, "lag": s.committed.saturating_sub(s.applied),
                 "lag_seconds": s.lag_ms as f64 / 1000.0,
                 "divergences": s.divergences, "server_pid": s.server_pid,
-                "stale_reason": s.stale_reason,
+                "stale_reason": s.stale_reason, "apply_rate": s.apply_rate,
+                "failover_backlog": s.failover_backlog,
             }),
             Err(e) => json!({
                 "node": n.id, "up": false, "app": app(n.id), "role": "down", "error": e,
@@ -156,7 +173,7 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
     let (view, leader) = cluster_view(nodes);
     let mut out = format!("cluster {}  view {view}  leader {leader}\n", config.cluster);
     out.push_str(&format!(
-        "{:>4}  {:<8} {:>5} {:>10} {:>10} {:>10} {:>6} {:>7} {:>5}  {}\n",
+        "{:>4}  {:<11} {:>5} {:>10} {:>10} {:>10} {:>6} {:>7} {:>5}  {}\n",
         "node", "role", "view", "persisted", "committed", "applied", "lag", "lag s", "div", "app"
     ));
     for n in nodes {
@@ -166,7 +183,7 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
             .unwrap_or_default();
         match &n.status {
             Ok(s) => out.push_str(&format!(
-                "{:>4}  {:<8} {:>5} {:>10} {:>10} {:>10} {:>6} {:>7.3} {:>5}  {}\n",
+                "{:>4}  {:<11} {:>5} {:>10} {:>10} {:>10} {:>6} {:>7.3} {:>5}  {}\n",
                 n.id,
                 s.role,
                 s.view,
@@ -179,7 +196,7 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
                 app
             )),
             Err(_) => out.push_str(&format!(
-                "{:>4}  {:<8} {:>5} {:>10} {:>10} {:>10} {:>6} {:>5}  {app}\n",
+                "{:>4}  {:<11} {:>5} {:>10} {:>10} {:>10} {:>6} {:>5}  {app}\n",
                 n.id, "down", "-", "-", "-", "-", "-", "-"
             )),
         }
@@ -204,6 +221,13 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
                 config_path.display(),
                 n.id
             )),
+            Ok(s) if s.role == "catching-up" => {
+                out.push_str(&format!("node {}: {}\n", n.id, catching_up_line(s)))
+            }
+            Ok(NodeStatus {
+                failover_backlog: Some(why),
+                ..
+            }) => out.push_str(&format!("node {} leads: {why}\n", n.id)),
             Ok(_) => {}
         }
     }
@@ -278,6 +302,40 @@ mod tests {
         );
         assert!(t.contains("ok: node 1 leads view 2"), "{t}");
         assert!(!t.contains("handshake"), "{t}");
+    }
+
+    #[test]
+    fn a_catching_up_node_and_a_growing_failover_backlog_are_shown() {
+        let c = Config::parse(&config_text()).unwrap();
+        let mut leader = up(1, "leader", 2, 1);
+        if let Ok(s) = &mut leader.status {
+            s.failover_backlog = Some("only 1 of 3 nodes can apply (nodes 2, 3 have …)".into());
+        }
+        let mut rejoining = up(2, "catching-up", 2, 1);
+        if let Ok(s) = &mut rejoining.status {
+            (s.committed, s.applied, s.apply_rate, s.lag_ms) = (150_000, 30_000, 120_000, 1000);
+        }
+        let nodes = [leader, rejoining, up(3, "backup", 2, 1)];
+        // A catching-up node acks: it is a live member, not a healthy backup.
+        assert_eq!(health(&c, &nodes), Ok(()));
+        let t = to_table(&c, Path::new("c.toml"), &nodes);
+        assert!(
+            t.contains("node 2: catching up: 120000 entries left to apply at 120000 entries/s, about 1.0 s"),
+            "{t}"
+        );
+        assert!(
+            t.contains("node 1 leads: only 1 of 3 nodes can apply"),
+            "{t}"
+        );
+        let j = to_json(&c, Path::new("c.toml"), &nodes);
+        assert_eq!(j["nodes"][1]["role"], "catching-up");
+        assert_eq!(j["nodes"][1]["lag"], 120_000);
+        assert_eq!(j["nodes"][1]["apply_rate"], 120_000);
+        assert_eq!(j["nodes"][1]["lag_seconds"], 1.0);
+        assert!(j["nodes"][0]["failover_backlog"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("only 1 of 3")));
+        assert!(j["nodes"][2]["failover_backlog"].is_null());
     }
 
     #[test]

@@ -168,7 +168,12 @@ enum Phase {
     StartingFollower { since: Instant },
     /// Its server was started; waiting until the node serves its role.
     /// `applied`/`progress_at`: the log replay's last progress.
-    StartingServer { applied: u64, progress_at: Instant },
+    /// `told_catching_up`: its catch-up progress was said.
+    StartingServer {
+        applied: u64,
+        progress_at: Instant,
+        told_catching_up: bool,
+    },
 }
 
 /// One node's healing state.
@@ -742,6 +747,7 @@ impl Cluster {
                         Ok(()) => Phase::StartingServer {
                             applied: 0,
                             progress_at: now,
+                            told_catching_up: false,
                         },
                         Err(e) => self.restart_failed(id, format!("{e:#}"), say),
                     };
@@ -758,6 +764,7 @@ impl Cluster {
             Phase::StartingServer {
                 mut applied,
                 mut progress_at,
+                mut told_catching_up,
             } => {
                 if let Some(why) = self.exit_why(id) {
                     return self.restart_failed(id, why, say);
@@ -774,8 +781,15 @@ impl Cluster {
                         applied = s.applied;
                         progress_at = now;
                     }
+                    if s.role == "catching-up" && !told_catching_up {
+                        say(&format!("node {id} {}", status::catching_up_line(&s)));
+                        told_catching_up = true;
+                    }
+                    // Back only once it is a member that a failover may
+                    // land on: caught up, not joining a view.
                     let serves = s.server_pid != 0
                         && s.role != "joining"
+                        && s.role != "catching-up"
                         && self.config.node(id).is_ok_and(|n| {
                             TcpStream::connect_timeout(&n.app, Duration::from_millis(300)).is_ok()
                         });
@@ -799,6 +813,7 @@ impl Cluster {
                 Phase::StartingServer {
                     applied,
                     progress_at,
+                    told_catching_up,
                 }
             }
         }
@@ -1032,6 +1047,26 @@ fn shell_words(args: &[String]) -> String {
         .join(" ")
 }
 
+/// The leader that goes on although fewer than a majority can apply, and
+/// what it says (see `apply_lag`).
+fn failover_backlog(nodes: &[status::NodeView]) -> Option<(u64, String)> {
+    nodes.iter().find_map(|n| {
+        let s = n.status.as_ref().ok()?;
+        Some((n.id, s.failover_backlog.clone()?))
+    })
+}
+
+/// The line to print when the failover backlog warning changed.
+fn backlog_change(before: &Option<(u64, String)>, now: &Option<(u64, String)>) -> Option<String> {
+    match (before, now) {
+        (b, Some((id, why))) if b.as_ref() != now.as_ref() => Some(format!("node {id} leads: {why}")),
+        (Some((id, _)), None) => Some(format!(
+            "node {id} leads with a majority able to apply again: the failover backlog is bounded (max_apply_lag)"
+        )),
+        _ => None,
+    }
+}
+
 /// One compact progress line: view, leader, and per node its role,
 /// commit/applied and divergences.
 fn progress_line(nodes: &[status::NodeView]) -> String {
@@ -1117,6 +1152,7 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
     ));
     say("a node whose server or follower exits, or that turns stale, is restarted by itself");
     let mut last_line = String::new();
+    let mut last_backlog = None;
     let mut last_print = Instant::now() - Duration::from_secs(60);
     let mut last_query = Instant::now() - Duration::from_secs(60);
     while !stop.load(Ordering::Relaxed) {
@@ -1131,6 +1167,11 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
         });
         cluster.heal(fresh.as_deref(), &say);
         if let Some(nodes) = &fresh {
+            let backlog = failover_backlog(nodes);
+            if let Some(line) = backlog_change(&last_backlog, &backlog) {
+                say(&line);
+            }
+            last_backlog = backlog;
             if last_print.elapsed() >= Duration::from_secs(2) {
                 let line = progress_line(nodes);
                 if line != last_line {
@@ -1236,6 +1277,35 @@ mod tests {
         let secs: Vec<u64> = (0..8).map(|f| backoff(f).as_secs()).collect();
         assert_eq!(secs, [0, 1, 2, 4, 8, 16, 30, 30]);
         assert_eq!(backoff(u32::MAX), BACKOFF_CAP);
+    }
+
+    #[test]
+    fn the_failover_backlog_is_said_when_it_starts_changes_and_ends() {
+        let grows = Some((2, "only 1 of 3 nodes can apply (…)".to_string()));
+        assert_eq!(backlog_change(&None, &None), None);
+        assert_eq!(
+            backlog_change(&None, &grows).as_deref(),
+            Some("node 2 leads: only 1 of 3 nodes can apply (…)")
+        );
+        assert_eq!(backlog_change(&grows, &grows), None);
+        let other = Some((3, "only 1 of 3 nodes can apply (…)".to_string()));
+        assert!(backlog_change(&grows, &other).is_some_and(|l| l.starts_with("node 3 leads: ")));
+        assert!(backlog_change(&grows, &None)
+            .is_some_and(|l| l.starts_with("node 2 leads with a majority able to apply again")));
+        let nodes = [
+            status::NodeView {
+                id: 1,
+                status: Err("down".into()),
+            },
+            status::NodeView {
+                id: 2,
+                status: Ok(NodeStatus {
+                    failover_backlog: grows.as_ref().map(|g| g.1.clone()),
+                    ..NodeStatus::default()
+                }),
+            },
+        ];
+        assert_eq!(failover_backlog(&nodes), grows);
     }
 
     #[test]

@@ -772,6 +772,86 @@ fn leader_server_killed_alone_fails_over() {
     f.assert_digests_agree(&all);
 }
 
+/// A backup whose server never runs must not make a new leader hold
+/// writes (`max_apply_lag` counts only backups that can apply): with the
+/// old leader dead and the other backup serverless, writes go on, status
+/// says the failover backlog grows, and once the server comes it catches
+/// up with nothing acknowledged lost.
+#[test]
+fn leader_death_while_a_backup_has_no_server_keeps_writes_going() {
+    let _serial = serial();
+    let mut c = TestCluster::new(
+        "fo-noserver",
+        Options {
+            // Small, so that holding writes would show within a few.
+            extra: "max_apply_lag = 50\n".into(),
+            ..Options::default()
+        },
+    );
+    // A longer session than the other tests': a spurious session loss on
+    // a loaded machine could hand the lead to node 3, which has no server.
+    let _zk = c.start_zookeeper(3 * SESSION_MS);
+    // Nodes 1 and 2 elect a leader; node 3's follower joins later (its
+    // election turn comes last) and its server does not run at all.
+    c.start_follower(1);
+    c.start_follower(2);
+    c.start_server(1);
+    c.start_server(2);
+    let f = Finder::new(&c.config_path, &c.dir);
+    let all = f.ids();
+    let old = f.wait_leader(&[1, 2], &[], "a first leader among nodes 1 and 2");
+    let other = 3 - old;
+    c.start_follower(3);
+    f.wait_role_any(3, &["backup", "catching-up"], old);
+    let load = Load::start(&f, &all, 0..4, OnError::Reconnect, Duration::from_secs(20));
+    load.wait_progress(&f, 30, "load on the first leader");
+    let s = f.status(old).expect("leader status");
+    assert_eq!(s.failover_backlog, None, "node {other} applies: {s:?}");
+
+    kill_node(&mut c, old);
+    let new = f.wait_leader(
+        &[other, 3],
+        &[old],
+        "a new leader after SIGKILL of the leader",
+    );
+    assert_eq!(new, other, "node 3 (no server) was elected");
+    // Far more than max_apply_lag entries: none may wait for node 3.
+    load.wait_progress(&f, 100, "writes to go on with no backup applying");
+    // `lockstep status` (JSON and text) says why a failover now would
+    // inherit a growing backlog.
+    f.wait("status to say the failover backlog grows", || {
+        let json = cli_status(&c.config_path);
+        let me = &json["nodes"][(new - 1) as usize];
+        let why = me["failover_backlog"].as_str().unwrap_or_default();
+        if !(why.starts_with("only 1 of 3 nodes can apply") && why.contains("nodes 1, 3 have")) {
+            return Err(format!("{json}"));
+        }
+        let table = Command::new(bin_dir().join("lockstep"))
+            .args(["status", "--config"])
+            .arg(&c.config_path)
+            .output()
+            .map_err(|e| e.to_string())?;
+        let table = String::from_utf8_lossy(&table.stdout).into_owned();
+        let line = format!("node {new} leads: only 1 of 3 nodes can apply");
+        table.contains(&line).then_some(()).ok_or(table)
+    });
+
+    // Node 3's server comes: it applies everything, the warning goes.
+    c.start_server(3);
+    f.wait(
+        &format!("node {new} to count node 3 as applying"),
+        || match f.status(new)?.failover_backlog {
+            Some(w) if w.contains("nodes 1, 3") => Err(w),
+            _ => Ok(()),
+        },
+    );
+    load.wait_progress(&f, 30, "load with node 3 applying");
+    let (logs, _) = load.finish();
+    check_history(&f, new, &logs);
+    f.wait_converged(new, &[new, 3]);
+    f.assert_digests_agree(&[new, 3]);
+}
+
 #[test]
 fn three_leader_kills_in_a_row() {
     leader_kills_in_a_row("fo-kill3", 5, 3);

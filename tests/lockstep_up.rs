@@ -372,6 +372,58 @@ fn redis_up_heals_a_backup_whose_server_died() {
     stop_cleanly(&mut up, &tc);
 }
 
+/// A rebuilt node is back only once it has caught up: while it has a long
+/// log to replay, `up` says it is catching up (entries left), and `node N
+/// back as backup` comes after. The server command waits on a gate file
+/// (`<data>.hold`) before it becomes redis-server, so the test decides
+/// when the rebuilt node's server starts: meanwhile its follower stores
+/// the whole log and applies none of it.
+#[test]
+fn up_says_a_rebuilt_node_is_back_only_once_caught_up() {
+    const LAG: usize = 200;
+    let gated = r#"server = ["sh", "-c", "while [ -e {data}.hold ]; do sleep 0.05; done; exec redis-server --port {port} --bind {host} --save '' --appendonly no --dir {data} --enable-debug-command yes"]"#;
+    let tc = TestCluster::new(
+        "upcatchup",
+        Options {
+            extra: format!("{gated}\nmax_apply_lag = {LAG}\n"),
+            ..Options::default()
+        },
+    );
+    let mut up = Up::spawn(&tc.config_path, &[]);
+    up.wait_line("ready", READY_LIMIT);
+    set_keys(tc.app(1), "catchup:before", 10 * LAG);
+
+    let hold = tc.config().data_dir.join("server-3.hold");
+    std::fs::write(&hold, b"").expect("gate file");
+    let pid = tc.status(3).expect("status of node 3").server_pid;
+    let mark = up.mark();
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("SIGKILL node 3's server");
+    up.wait_line_from(mark, "starting server of node 3", READY_LIMIT);
+    set_keys(tc.app(1), "catchup:during", 2 * LAG);
+    let line = up.wait_line_from(mark, "node 3 catching up: ", READY_LIMIT);
+    assert!(line.contains("entries left to apply"), "{line}");
+    assert!(
+        !up.output()[mark..].contains("node 3 back as"),
+        "back before its server even started:\n{}",
+        up.output()
+    );
+    let s = tc.status(3).expect("status of node 3");
+    assert_eq!(s.role, "catching-up", "{s:?}");
+
+    std::fs::remove_file(&hold).expect("open the gate");
+    up.wait_line_from(mark, "node 3 back as backup", READY_LIMIT);
+    let out = up.output()[mark..].to_string();
+    assert!(
+        out.find("node 3 catching up") < out.find("node 3 back as backup"),
+        "{out}"
+    );
+    let s = tc.status(3).expect("status of node 3");
+    assert_eq!(s.role, "backup", "back while still behind: {s:?}");
+    let ds = converged(&tc, &[1, 2, 3], redis_digest);
+    assert!(ds.iter().all(|d| *d == ds[0]), "replicas differ: {ds:?}");
+    stop_cleanly(&mut up, &tc);
+}
+
 /// One node per host: three `lockstep up --node i` processes (one per
 /// node, static election) form a working cluster; writes go through the
 /// leader and every replica agrees; a node whose server is SIGKILLed is

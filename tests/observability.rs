@@ -506,3 +506,83 @@ fn haproxy_clients_follow_a_leader_kill() {
         logs.iter().map(|l| l.reconnects).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn a_rejoining_node_is_catching_up_and_unhealthy_until_it_applied_its_backlog() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+
+    const LAG: usize = 200;
+    let mut c = TestCluster::new(
+        "obs-catchup",
+        Options {
+            extra: format!("max_apply_lag = {LAG}\n"),
+            ..Options::default()
+        },
+    );
+    let metrics = with_metrics(&c);
+    c.start_all();
+    // Node 3 goes away; the log grows long meanwhile.
+    c.kill_server(3);
+    c.kill_follower(3);
+    set_keys(c.app(1), "rejoin:away", 10 * LAG);
+    // It comes back (its data dir kept, a fresh server), and its server is
+    // frozen as soon as it attached: whatever it replayed by then, the
+    // entries written next are more than max_apply_lag that it has not.
+    c.start_follower(3);
+    c.start_server(3);
+    let pid = Pid::from_raw(c.server_pid(3) as i32);
+    kill(pid, Signal::SIGSTOP).expect("SIGSTOP node 3's server");
+    set_keys(c.app(1), "rejoin:behind", 2 * LAG);
+    c.wait("node 3 to store the leader's log", HANG, |c| {
+        let (Ok(l), Ok(s)) = (c.status(1), c.status(3)) else {
+            return false;
+        };
+        s.committed >= l.persisted
+    });
+    let s = c.status(3).expect("node 3 status");
+    assert_eq!(s.role, "catching-up", "{s:?}");
+    assert!(s.committed - s.applied > LAG as u64, "{s:?}");
+    let body = wait_http(
+        &c,
+        metrics[2],
+        "/health",
+        "a 503 while catching up",
+        |code, b| code == 503 && b.contains("\"role\":\"catching-up\""),
+    );
+    assert!(body.contains("\"server_up\":true"), "{body}");
+    let m = wait_http(
+        &c,
+        metrics[2],
+        "/metrics",
+        "the catching-up role",
+        |code, b| code == 200 && b.contains("lockstep_role{role=\"catching-up\"} 1\n"),
+    );
+    assert!(m.contains("lockstep_role{role=\"backup\"} 0\n"), "{m}");
+    let (code, json) = cli_status_json(&c.config_path);
+    assert_eq!(code, 0, "a catching-up node still acks: {json}");
+    assert_eq!(json["nodes"][2]["role"], "catching-up", "{json}");
+    assert!(
+        json["nodes"][2]["lag"].as_u64() > Some(LAG as u64),
+        "{json}"
+    );
+    let (_, text) = cli_status(&c.config_path, false);
+    assert!(
+        text.contains("node 3: catching up: ") && text.contains("entries left to apply"),
+        "{text}"
+    );
+
+    // Thawed, it applies its backlog: then it is a backup, healthy.
+    kill(pid, Signal::SIGCONT).expect("SIGCONT node 3's server");
+    wait_http(
+        &c,
+        metrics[2],
+        "/health",
+        "a 200 once caught up",
+        |code, b| code == 200 && b.contains("\"role\":\"backup\""),
+    );
+    c.wait_converged(HANG);
+    assert_eq!(c.status(3).expect("node 3 status").role, "backup");
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}

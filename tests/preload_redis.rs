@@ -391,14 +391,18 @@ fn a_refused_client_of_a_redis_backup_reads_readonly_naming_the_leader() {
     server.assert_running();
     assert!(acker.entries().is_empty(), "a backup logged entries");
     assert_eq!(f.region(1).tail(), 0);
-    // No leader known: the line says so.
-    f.region(1).set_leader(0);
-    let (got, eof) = refusal(f.app(), b"");
-    assert_eq!(
-        String::from_utf8_lossy(&got),
-        "-READONLY lockstep backup; no leader is known now\r\n"
-    );
-    assert!(eof);
+    // No leader known, or this node itself (a leader whose server is
+    // being rebuilt): the line names no address.
+    for leader in [0, 1] {
+        f.region(1).set_leader(leader);
+        let (got, eof) = refusal(f.app(), b"");
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "-READONLY lockstep backup; no leader is known now\r\n",
+            "leader {leader}"
+        );
+        assert!(eof);
+    }
     assert!(acker.entries().is_empty(), "a backup logged entries");
 }
 
@@ -553,12 +557,13 @@ fn leader_whose_follower_died_fails_the_waiting_input_and_still_stops() {
 }
 
 #[test]
-fn missing_region_or_bad_config_stops_the_server_at_its_first_accept() {
-    // No region files: the follower is not running.
-    let f = Fixture::new(
+fn a_server_started_before_its_region_waits_for_it_and_attaches_when_it_comes() {
+    // No region files yet: the follower has not started.
+    let mut f = Fixture::new(
         "noregion",
         Options {
             regions: false,
+            protocol: "redis",
             ..Options::default()
         },
     );
@@ -569,21 +574,73 @@ fn missing_region_or_bad_config_stops_the_server_at_its_first_accept() {
         server.assert_running();
         std::net::TcpStream::connect(f.app()).is_ok()
     });
-    let st = server
-        .wait_exit(LIMIT)
-        .expect("server still running after a client connected");
-    assert_eq!(st.code(), Some(1), "{}", server.output());
-    let err = server.stderr();
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("lockstep:")).collect();
-    assert_eq!(lines.len(), 1, "{err}");
+    // Clients that come meanwhile are refused; the server runs on.
+    for _ in 0..3 {
+        let (got, eof) = refusal(f.app(), &resp_encode(&[b"SET", b"k", b"v"]));
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "-READONLY lockstep backup; no leader is known now\r\n"
+        );
+        assert!(eof);
+    }
+    server.assert_running();
+    let waits = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("waiting for this node's follower"))
+            .count()
+    };
+    assert_eq!(waits(&f.preload_log()), 1, "{}", f.preload_log());
     assert!(
-        lines[0].starts_with("lockstep: cannot replicate: region file")
-            && lines[0].contains("does not exist")
-            && lines[0].contains("LOCKSTEP_ALLOW_UNREPLICATED=1"),
+        !server.stderr().contains("cannot replicate"),
         "{}",
-        lines[0]
+        server.stderr()
     );
+    // The follower comes (regions created, node 1 leads): the server
+    // attaches by itself, with no client and no restart, and serves.
+    f.create_regions(Role::Leader);
+    let acker = Acker::start(&f);
+    let mut heartbeat = 0;
+    wait_for("the preload to attach", LIMIT, || {
+        server.assert_running();
+        // The follower's heartbeat moves (attaching waits for that).
+        heartbeat += 1;
+        f.region(1).set_heartbeat(heartbeat);
+        f.region(1).preload_pid() == server.pid() as u64
+    });
+    assert_eq!(redis_cli(f.port(), &["SET", "a", "b"]), "OK");
+    assert_eq!(redis_cli(f.port(), &["GET", "a"]), "b");
+    assert!(
+        acker.entries().iter().any(|r| r.header.kind == Kind::Data),
+        "the write was not logged"
+    );
+    assert_eq!(waits(&f.preload_log()), 1, "{}", f.preload_log());
+    drop(acker);
+    drop(server);
 
+    // A region file left behind by a follower that is gone is not
+    // attached to (the next follower would refuse to start beside it).
+    f.kill_follower();
+    let mut cmd = redis_command(f.port(), &f.dir);
+    f.preload_env(&mut cmd);
+    let mut server = Server::spawn(cmd, f.port(), &f.dir, "redis-leftover");
+    wait_for("the preload to wait", LIMIT, || {
+        server.assert_running();
+        f.preload_log().contains("has no running follower")
+    });
+    let pid = f.region(1).preload_pid();
+    assert_ne!(pid, server.pid() as u64, "attached to a left-behind region");
+    drop(server);
+}
+
+#[test]
+fn a_bad_config_stops_the_server_at_its_first_accept() {
+    let f = Fixture::new(
+        "badconfig",
+        Options {
+            regions: false,
+            ..Options::default()
+        },
+    );
     // A config that does not parse.
     let bad = f.dir.join("bad.toml");
     std::fs::write(&bad, "cluster = \"x\"\nring_size = [\n").unwrap();

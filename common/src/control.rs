@@ -56,7 +56,8 @@ pub struct NodeStatus {
     pub view: u64,
     /// Leader of the current view (0: none).
     pub leader: u64,
-    /// "leader", "backup", "joining" or "stale".
+    /// "leader", "backup", "catching-up" (a backup whose apply lag is
+    /// beyond `max_apply_lag`), "joining" or "stale".
     pub role: String,
     /// Why a stale node must be restarted (None unless stale).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -74,6 +75,14 @@ pub struct NodeStatus {
     /// not applied) at its recent apply rate.
     #[serde(default)]
     pub lag_ms: u64,
+    /// Entries per second the server applied recently (0 on the leader).
+    #[serde(default)]
+    pub apply_rate: u64,
+    /// On a leader that goes on although fewer than a majority of the
+    /// nodes can apply: which cannot, and that a failover now inherits a
+    /// backlog that grows (None otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover_backlog: Option<String>,
     /// Pid of the server attached to the region (0: none).
     pub server_pid: u64,
     /// Pid of the follower process answering.

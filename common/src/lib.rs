@@ -3,6 +3,7 @@
 //! leader's writer.
 #![deny(missing_docs)]
 
+pub mod apply_lag;
 pub mod config;
 pub mod control;
 pub mod entry;

@@ -20,7 +20,9 @@ pub fn leads(s: &NodeStatus, server_up: bool) -> bool {
 
 /// Whether the node of `s` is a healthy member: its follower answers (it
 /// does, if this runs), its server is attached, it is not stale, and it
-/// leads or follows a leader (not still joining a view).
+/// leads or follows a leader (not still joining a view, and caught up: a
+/// `catching-up` backup is not healthy until its apply lag is within
+/// `max_apply_lag`).
 pub fn healthy(s: &NodeStatus, server_up: bool) -> bool {
     server_up && s.stale_reason.is_none() && (s.role == "leader" || s.role == "backup")
 }
@@ -60,6 +62,9 @@ pub fn health_reply(s: &NodeStatus, server_up: bool) -> Reply {
             "leader": s.leader,
             "server_up": server_up,
             "stale_reason": s.stale_reason,
+            "lag": s.committed.saturating_sub(s.applied),
+            "apply_rate": s.apply_rate,
+            "eta_seconds": s.lag_ms as f64 / 1000.0,
         }),
     )
 }
@@ -140,6 +145,13 @@ mod tests {
         assert_eq!(health_reply(&status(2, "backup", 1), true).status, 200);
         assert_eq!(health_reply(&status(2, "backup", 1), false).status, 503);
         assert_eq!(health_reply(&status(2, "joining", 1), true).status, 503);
+        let catching_up = health_reply(&status(2, "catching-up", 1), true);
+        assert_eq!(catching_up.status, 503);
+        assert!(
+            catching_up.body.contains("\"role\":\"catching-up\""),
+            "{}",
+            catching_up.body
+        );
         let stale = health_reply(&status(2, "stale", 1), true);
         assert_eq!(stale.status, 503);
         assert!(

@@ -139,12 +139,12 @@ impl Metrics {
 }
 
 /// The roles `lockstep_role` has a series for (one is 1, the others 0).
-pub const ROLES: [&str; 4] = ["leader", "backup", "joining", "stale"];
+pub const ROLES: [&str; 5] = ["leader", "backup", "catching-up", "joining", "stale"];
 
 /// The node's state as gauges, for [`Metrics::render`]'s caller.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeGauges<'a> {
-    /// "leader", "backup", "joining" or "stale".
+    /// "leader", "backup", "catching-up", "joining" or "stale".
     pub role: &'a str,
     /// The server holds its lock on the region file (it runs and is attached).
     pub server_up: bool,
@@ -155,6 +155,10 @@ pub struct NodeGauges<'a> {
     pub apply_lag_entries: u64,
     /// Time the server needs to apply them at its recent rate.
     pub apply_lag_seconds: f64,
+    /// Entries per second the server applied recently.
+    pub apply_rate: u64,
+    /// A leader going on although fewer than a majority can apply.
+    pub failover_backlog_grows: bool,
 }
 
 impl NodeGauges<'_> {
@@ -197,6 +201,20 @@ impl NodeGauges<'_> {
             out,
             "# HELP lockstep_apply_lag_seconds Time the node's server needs to apply its backlog at its recent rate\n# TYPE lockstep_apply_lag_seconds gauge\nlockstep_apply_lag_seconds {:.3}",
             self.apply_lag_seconds
+        );
+        let _ = writeln!(
+            out,
+            "# HELP lockstep_apply_rate_entries_per_second Entries the node's server applied per second recently
+# TYPE lockstep_apply_rate_entries_per_second gauge
+lockstep_apply_rate_entries_per_second {}",
+            self.apply_rate
+        );
+        let _ = writeln!(
+            out,
+            "# HELP lockstep_failover_backlog_grows 1 on a leader that goes on writing although fewer than a majority of the nodes can apply (a failover inherits a growing backlog), 0 otherwise
+# TYPE lockstep_failover_backlog_grows gauge
+lockstep_failover_backlog_grows {}",
+            u8::from(self.failover_backlog_grows)
         );
     }
 }
@@ -346,6 +364,8 @@ mod tests {
             zookeeper_connected: None,
             apply_lag_entries: 7,
             apply_lag_seconds: 0.25,
+            apply_rate: 1200,
+            failover_backlog_grows: false,
         };
         let mut text = String::new();
         g.render(&mut text);
@@ -366,6 +386,14 @@ mod tests {
         assert!(text.contains("lockstep_server_up 1\n"), "{text}");
         assert!(!text.contains("lockstep_zookeeper_connected"), "{text}");
         assert!(text.contains("lockstep_apply_lag_entries 7\n"), "{text}");
+        assert!(
+            text.contains("lockstep_apply_rate_entries_per_second 1200\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lockstep_failover_backlog_grows 0\n"),
+            "{text}"
+        );
         assert!(
             text.contains("lockstep_apply_lag_seconds 0.250\n"),
             "{text}"

@@ -46,7 +46,7 @@ impl Snapshot {
     /// knew of. A node that leads or follows a leader (not joining a view,
     /// not stale) names that leader; otherwise there is none.
     pub fn of(config: &Config, me: u64, status: &NodeStatus, last: Option<SocketAddr>) -> Self {
-        let following = (status.role == "leader" || status.role == "backup")
+        let following = matches!(status.role.as_str(), "leader" | "backup" | "catching-up")
             && status.stale_reason.is_none()
             && status.leader != 0;
         let leader_id = if following { status.leader } else { 0 };

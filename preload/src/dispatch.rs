@@ -508,8 +508,12 @@ pub fn after_listen(fd: i32) {
     if !is_app_listener(fd, s.app) {
         return;
     }
-    if let Err(e) = setup::attach() {
-        log::info!("not attached yet ({e}); trying again at the first accept");
+    match setup::attach() {
+        Ok(_) => {}
+        Err(setup::Unattached::NotYet(why)) => setup::attach_when_ready(&why),
+        Err(setup::Unattached::Failed(e)) => {
+            log::info!("not attached yet ({e}); trying again at the first accept");
+        }
     }
 }
 
@@ -538,8 +542,13 @@ pub fn accept(lfd: i32, real: &mut dyn FnMut() -> (i32, i32)) -> Ret {
     }
     let engine = match setup::attach() {
         Ok(e) => e,
-        Err(reason) => {
-            setup::cannot_replicate(&reason);
+        Err(setup::Unattached::NotYet(_))
+            if setup::waiting_for_region() && !setup::unreplicated_allowed() =>
+        {
+            return refuse_unattached(lfd, settings, real);
+        }
+        Err(why) => {
+            setup::cannot_replicate(why.reason());
             return pass(real);
         }
     };
@@ -588,6 +597,31 @@ pub fn accept(lfd: i32, real: &mut dyn FnMut() -> (i32, i32)) -> Ret {
     }
 }
 
+/// A client came before the region (the server started before its
+/// follower): nothing can replicate it yet, so it is told so and closed,
+/// as a backup refuses clients; the server runs on and attaches later.
+fn refuse_unattached(
+    lfd: i32,
+    settings: &setup::Settings,
+    real: &mut dyn FnMut() -> (i32, i32),
+) -> Ret {
+    let (fd, e) = real();
+    if fd < 0 {
+        return Ret::err(e);
+    }
+    log::debug!("refusing a client on fd {fd}: not attached to the region yet");
+    if let Some(line) = settings.config.protocol.refusal(None) {
+        sys::send_nonblocking(fd, &line);
+        sys::discard_input(fd);
+    }
+    sys::close(fd);
+    Ret::err(if sys::is_nonblocking(lfd) {
+        libc::EAGAIN
+    } else {
+        libc::ECONNABORTED
+    })
+}
+
 /// A backup or joining node accepted `fd`: keep it when it is one of the
 /// pump's replay connections (or, on a backup, when other clients
 /// are allowed).
@@ -609,8 +643,10 @@ fn passive_accept(engine: &Engine, role: Role, fd: i32, slot: &Slot) -> bool {
     // One reply in the server's own protocol naming the leader, when the
     // config says which protocol that is: a single non-blocking send on
     // the fresh socket (its buffer is empty), never a wait.
+    // Never this node itself: a leader whose server is being rebuilt
+    // refuses clients too, and sending them back here would loop.
     let leader = engine.region.leader();
-    let leader_app = (leader != 0)
+    let leader_app = (leader != 0 && leader != engine.me)
         .then(|| engine.config.node(leader).ok().map(|n| n.app))
         .flatten();
     if let Some(line) = engine.config.protocol.refusal(leader_app) {

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use lockstep_common::apply_lag::{self, Gate};
 use lockstep_common::config::CommitMode;
 use lockstep_common::entry::{EntryHeader, Kind, SAME_TURN};
 use lockstep_common::leader_writer::{
@@ -424,28 +425,34 @@ impl Engine {
     /// Bounded apply lag: before appending `seq`, waits until a majority of
     /// the cluster (this node, whose server has everything, included) has
     /// applied up to `seq - max_apply_lag`, so a failover never inherits a
-    /// longer backlog. Backups report how far they applied into this
-    /// region.
+    /// longer backlog. Only backups that can apply count (a server
+    /// attached, reports coming: see `apply_lag`); when fewer than a
+    /// majority can, nothing is held (the follower says the backlog grows).
     fn wait_applied(&self, seq: u64, view: u64) -> Result<(), Fail> {
         let lag = self.config.max_apply_lag;
         if lag == 0 || seq <= lag {
             return Ok(());
         }
-        let floor = seq - lag;
+        let Gate::Hold(floor) = self.apply_gate(seq) else {
+            return Ok(());
+        };
         self.wait_until(floor, view, Waiting::Apply, || {
-            self.applied_majority(seq) >= floor
+            !matches!(self.apply_gate(seq), Gate::Hold(_))
         })
     }
 
-    /// The highest seq a majority applied, this node counting as `seq`.
-    fn applied_majority(&self, seq: u64) -> u64 {
-        self.majority.reached_by(|id| {
-            if id == self.me {
-                seq
-            } else {
-                self.region.applied_by(id)
-            }
-        })
+    /// The `max_apply_lag` rule for appending `seq`, over the backups'
+    /// applied marks and which of them can apply (published by this node's
+    /// follower).
+    fn apply_gate(&self, seq: u64) -> Gate {
+        let able = self.region.appliers();
+        let backups = self.majority.ids().iter().filter(|&&id| id != self.me);
+        apply_lag::gate(
+            seq,
+            self.config.max_apply_lag,
+            self.majority.need(),
+            backups.map(|&id| (self.region.applied_by(id), able & apply_lag::bit(id) != 0)),
+        )
     }
 
     /// Waits until `done()`, failing when this node stops leading `view`

@@ -3,17 +3,24 @@
 //!
 //! Nothing happens at load time beyond resolving symbols (see `hooks`).
 //! The environment is read at the first `listen` or `accept`; the region
-//! is attached at the first `listen`/`accept` on the app address. A region
-//! that is not there yet at `listen` (the follower starts later) is tried
-//! again at the first `accept` — and if it is still missing then, or the
-//! config is unusable, the server is stopped with one line on stderr
-//! rather than serving clients unreplicated.
+//! is attached at the first `listen`/`accept` on the app address. Start
+//! order does not matter: a region that is not there yet at `listen` (its
+//! follower starts later, or the file is one a dead follower left behind)
+//! is waited for by a small thread that looks again every
+//! [`ATTACH_RETRY`] and attaches as soon as a running follower owns it
+//! and is past its start-up (its heartbeat moves),
+//! while the server starts and runs its event loop (clients it accepts
+//! meanwhile are refused: nothing could replicate them). Any other failure
+//! to attach, or an unusable config, stops the server with one line on
+//! stderr at its first accept rather than serving clients unreplicated.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use lockstep_common::region::RegionError;
 use lockstep_common::{Config, Region};
 use once_cell::sync::OnceCell;
 
@@ -47,6 +54,31 @@ pub struct Settings {
 static SETTINGS: OnceCell<Option<Result<Settings, String>>> = OnceCell::new();
 static ENGINE: OnceCell<Engine> = OnceCell::new();
 static ATTACHING: Mutex<()> = Mutex::new(());
+/// Set once a thread waits for the region (see [`attach_when_ready`]).
+static WAITING: AtomicBool = AtomicBool::new(false);
+
+/// How often a server started before its region looks for it again.
+pub const ATTACH_RETRY: Duration = Duration::from_millis(100);
+
+/// Why this process is not attached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unattached {
+    /// The region is not ready yet (no file, or no running follower owns
+    /// it): worth waiting for.
+    NotYet(String),
+    /// Attaching cannot work (a bad config, a region of another layout,
+    /// another server attached, ...).
+    Failed(String),
+}
+
+impl Unattached {
+    /// The reason, in one line.
+    pub fn reason(&self) -> &str {
+        match self {
+            Unattached::NotYet(r) | Unattached::Failed(r) => r,
+        }
+    }
+}
 
 /// Whether this process is a forked child of the server.
 #[inline]
@@ -134,7 +166,13 @@ pub fn is_app_addr(local: SocketAddr, app: SocketAddr) -> bool {
 }
 
 /// Attaches to this node's region (once; retried after a failure).
-pub fn attach() -> Result<&'static Engine, String> {
+pub fn attach() -> Result<&'static Engine, Unattached> {
+    attach_when(|_| true)
+}
+
+/// [`attach`], once `ready` says the region (owned by a running follower)
+/// may be attached to.
+fn attach_when(ready: impl FnOnce(&Region) -> bool) -> Result<&'static Engine, Unattached> {
     if let Some(e) = ENGINE.get() {
         return Ok(e);
     }
@@ -144,14 +182,32 @@ pub fn attach() -> Result<&'static Engine, String> {
     }
     let s = match settings() {
         Some(Ok(s)) => s,
-        Some(Err(e)) => return Err(e.clone()),
-        None => return Err("LOCKSTEP_CONFIG is not set".into()),
+        Some(Err(e)) => return Err(Unattached::Failed(e.clone())),
+        None => return Err(Unattached::Failed("LOCKSTEP_CONFIG is not set".into())),
     };
     let spec = s.config.region_spec(s.me);
-    let region = Region::open(&spec.default_path(), &spec).map_err(|e| e.to_string())?;
+    let path = spec.default_path();
+    let region = Region::open(&path, &spec).map_err(unattached)?;
+    if !region.owner_alive() {
+        // Left behind by a follower that is gone: the next one resets or
+        // replaces it, and would refuse to start beside a server on it.
+        return Err(Unattached::NotYet(format!(
+            "region file {} has no running follower",
+            path.display()
+        )));
+    }
+    if !ready(&region) {
+        return Err(Unattached::NotYet(format!(
+            "the follower of region file {} is starting",
+            path.display()
+        )));
+    }
     // Held until this process exits: the follower watches it.
-    region.attach_server().map_err(|e| e.to_string())?;
-    let engine = Engine::new(s.config.clone(), s.me, Arc::new(region))?;
+    region
+        .attach_server()
+        .map_err(|e| Unattached::Failed(e.to_string()))?;
+    let engine =
+        Engine::new(s.config.clone(), s.me, Arc::new(region)).map_err(Unattached::Failed)?;
     engine.region.set_preload_pid(std::process::id() as u64);
     // From now on a forked child (Redis BGSAVE) must not act for us. A
     // fork before this point (a daemonising server) keeps a working copy.
@@ -169,11 +225,80 @@ pub fn attach() -> Result<&'static Engine, String> {
     Ok(ENGINE.get().expect("just set"))
 }
 
+/// Why a region could not be opened, as a reason to wait or to give up.
+fn unattached(e: RegionError) -> Unattached {
+    match e {
+        // Not there yet, or its follower is creating it just now.
+        RegionError::Missing(_) | RegionError::Unfinished { .. } => {
+            Unattached::NotYet(e.to_string())
+        }
+        e => Unattached::Failed(e.to_string()),
+    }
+}
+
+/// The region is not ready at `listen` (`why`): a small thread of the
+/// preload's own attaches as soon as it is, so that a server started
+/// before its follower joins the cluster without a restart. One line says
+/// so; the thread ends once attached (or when attaching fails for another
+/// reason, which the first accept then reports).
+pub fn attach_when_ready(why: &str) {
+    if WAITING.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    log::warn!("{why}: waiting for this node's follower; the server attaches when it is ready (its clients are refused until then)");
+    let spawned = std::thread::Builder::new()
+        .name("lockstep-attach".into())
+        .spawn(|| {
+            // Its own calls (open, mmap, the applier's start) pass through.
+            crate::reentry::own_thread();
+            let mut heartbeat = None;
+            loop {
+                std::thread::sleep(ATTACH_RETRY);
+                // A forked child, or serving unreplicated by choice now.
+                if !active() {
+                    return;
+                }
+                // Only once its follower's heartbeat moved: a starting
+                // follower resets a region it reuses just after claiming it
+                // (and refuses a server attached before), and its heartbeat
+                // moves only after that.
+                let moved = |r: &Region| {
+                    let now = r.heartbeat();
+                    heartbeat.replace(now).is_some_and(|before| before != now)
+                };
+                match attach_when(moved) {
+                    Ok(_) => return,
+                    Err(Unattached::NotYet(_)) => {}
+                    Err(Unattached::Failed(e)) => {
+                        log::error!("cannot attach: {e}");
+                        WAITING.store(false, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        WAITING.store(false, Ordering::Relaxed);
+        log::error!("cannot start the thread that waits for the region: {e}");
+    }
+}
+
+/// Whether a thread waits for the region (see [`attach_when_ready`]).
+pub fn waiting_for_region() -> bool {
+    WAITING.load(Ordering::Relaxed) && ENGINE.get().is_none()
+}
+
+/// Whether `LOCKSTEP_ALLOW_UNREPLICATED=1`: the server serves clients
+/// unreplicated when replication is impossible.
+pub fn unreplicated_allowed() -> bool {
+    std::env::var("LOCKSTEP_ALLOW_UNREPLICATED").is_ok_and(|v| v.trim() == "1")
+}
+
 /// Replication is impossible for `reason`. Stops the server with one line
 /// on stderr, unless `LOCKSTEP_ALLOW_UNREPLICATED=1`: then warns once and
 /// lets everything through from now on.
 pub fn cannot_replicate(reason: &str) {
-    let allow = std::env::var("LOCKSTEP_ALLOW_UNREPLICATED").is_ok_and(|v| v.trim() == "1");
+    let allow = unreplicated_allowed();
     let mut line = String::with_capacity(256);
     if allow {
         if MODE.swap(MODE_UNREPLICATED, Ordering::Relaxed) != MODE_UNREPLICATED {
@@ -208,6 +333,29 @@ mod tests {
         assert!(is_app_addr(a("10.0.0.5:7001"), a("0.0.0.0:7001")));
         assert!(!is_app_addr(a("127.0.0.1:7002"), a("127.0.0.1:7001")));
         assert!(!is_app_addr(a("10.0.0.5:7001"), a("127.0.0.1:7001")));
+    }
+
+    #[test]
+    fn a_region_not_there_or_half_created_is_waited_for_any_other_is_not() {
+        let dir = std::env::temp_dir().join(format!("lockstep-setup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = |node| lockstep_common::RegionSpec {
+            cluster: "setup-test".into(),
+            node,
+            ring_size: 1 << 20,
+        };
+        let path = dir.join("region");
+        let open = |node| Region::open(&path, &spec(node)).map_err(unattached);
+        assert!(matches!(open(1), Err(Unattached::NotYet(_))));
+        // Created, not yet sized (the follower is between the two steps).
+        std::fs::write(&path, b"").unwrap();
+        assert!(matches!(open(1), Err(Unattached::NotYet(_))));
+        std::fs::remove_file(&path).unwrap();
+        let created = Region::create(&path, &spec(1)).unwrap();
+        assert!(open(1).is_ok());
+        assert!(matches!(open(2), Err(Unattached::Failed(e)) if e.contains("belongs to node 1")));
+        drop(created);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

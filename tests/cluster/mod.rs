@@ -187,6 +187,35 @@ impl TestCluster {
     /// Starts node `id`'s server under the preload and waits until it
     /// listens and is attached to its region.
     pub fn start_server(&mut self, id: u64) {
+        self.spawn_server(id);
+        let app = self.app(id);
+        self.wait(
+            "server listening and attached",
+            Duration::from_secs(60),
+            |c| {
+                TcpStream::connect(app).is_ok()
+                    && c.status(id).map(|s| s.server_pid != 0).unwrap_or(false)
+            },
+        );
+    }
+
+    /// Starts node `id`'s server under the preload and waits only until
+    /// it listens (its follower may not run yet).
+    pub fn start_server_listening(&mut self, id: u64) {
+        self.spawn_server(id);
+        let app = self.app(id);
+        self.wait("server listening", Duration::from_secs(60), |_| {
+            TcpStream::connect(app).is_ok()
+        });
+    }
+
+    /// Node `id`'s server process id (0: none started).
+    pub fn server_pid(&self, id: u64) -> u32 {
+        self.servers[self.idx(id)].as_ref().map_or(0, |c| c.id())
+    }
+
+    /// Spawns node `id`'s server under the preload (a fresh data dir).
+    fn spawn_server(&mut self, id: u64) {
         let n = self.nodes[self.idx(id)].clone();
         let data = self.dir.join(format!("server-{id}"));
         let _ = std::fs::remove_dir_all(&data);
@@ -211,14 +240,6 @@ impl TestCluster {
         let child = spawn(cmd, self.log("server", id));
         let i = self.idx(id);
         self.servers[i] = Some(child);
-        self.wait(
-            "server listening and attached",
-            Duration::from_secs(60),
-            |c| {
-                TcpStream::connect(n.app).is_ok()
-                    && c.status(id).map(|s| s.server_pid != 0).unwrap_or(false)
-            },
-        );
     }
 
     /// Starts every follower, then every server; waits until the leader
@@ -437,6 +458,19 @@ pub fn redis_mixed_workload(addr: SocketAddr, threads: usize, ops: usize) {
         .collect();
     for h in handles {
         h.join().expect("client thread");
+    }
+}
+
+/// `n` SETs, one at a time, on the leader at `addr`: keys `<prefix>:<i>`,
+/// each answered OK (one log entry each).
+pub fn set_keys(addr: SocketAddr, prefix: &str, n: usize) {
+    let mut r = Resp::connect(addr).expect("connect to the leader");
+    for i in 0..n {
+        let key = format!("{prefix}:{i}");
+        match r.cmd(&[b"SET", key.as_bytes(), b"v"]).expect("SET") {
+            Reply::Status(s) if s == "OK" => {}
+            other => panic!("SET {key}: {other:?}"),
+        }
     }
 }
 

@@ -159,23 +159,29 @@ impl Fixture {
             follower_lock: Mutex::new(None),
         };
         if opts.regions {
-            for id in 1..=3 {
-                let spec = f.config.region_spec(id);
-                let path = spec.default_path();
-                let _ = std::fs::remove_file(&path);
-                let r = Region::create(&path, &spec).expect("create region");
-                r.set_view(1);
-                r.set_leader(1);
-                r.set_role(Role::Backup);
-                f.regions.push(Arc::new(r));
-            }
-            let spec = f.config.region_spec(1);
-            let lock = Region::open(&spec.default_path(), &spec).expect("open region");
-            lock.claim().expect("claim node 1's region");
-            *f.follower_lock.lock().unwrap() = Some(lock);
-            f.set_role(opts.role);
+            f.create_regions(opts.role);
         }
         f
+    }
+
+    /// Creates the three region files (the followers' job), node 1 in
+    /// `role` of view 1 led by node 1, and takes node 1's follower lock.
+    pub fn create_regions(&mut self, role: Role) {
+        for id in 1..=3 {
+            let spec = self.config.region_spec(id);
+            let path = spec.default_path();
+            let _ = std::fs::remove_file(&path);
+            let r = Region::create(&path, &spec).expect("create region");
+            r.set_view(1);
+            r.set_leader(1);
+            r.set_role(Role::Backup);
+            self.regions.push(Arc::new(r));
+        }
+        let spec = self.config.region_spec(1);
+        let lock = Region::open(&spec.default_path(), &spec).expect("open region");
+        lock.claim().expect("claim node 1's region");
+        *self.follower_lock.lock().unwrap() = Some(lock);
+        self.set_role(role);
     }
 
     /// Plays the death of node 1's follower: its lock goes away.

@@ -104,6 +104,20 @@ impl Region {
         self.word(W_APPLIED_BY + id as usize * LINE)
             .load(Ordering::Acquire)
     }
+    /// Node `id`'s report word beside its applied mark (see
+    /// `apply_lag::report_word`).
+    pub fn apply_report(&self, id: u64) -> u64 {
+        self.word(W_APPLIED_BY + id as usize * LINE + 1)
+            .load(Ordering::Acquire)
+    }
+    /// The backups that can apply, by node id (see `apply_lag`).
+    pub fn appliers(&self) -> u64 {
+        self.word(W_APPLIERS).load(Ordering::Acquire)
+    }
+    /// Publishes the backups that can apply (the leading node's follower).
+    pub fn set_appliers(&self, mask: u64) {
+        self.word(W_APPLIERS).store(mask, Ordering::Release)
+    }
     /// Resets every ack slot (new view).
     pub fn clear_acks(&self) {
         for id in 0..=MAX_NODES as u64 {

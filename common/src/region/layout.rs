@@ -13,7 +13,7 @@ use std::path::PathBuf;
 /// "LOCKSTEP" in ASCII, little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LOCKSTEP");
 /// Bumped whenever the control block layout changes.
-pub const LAYOUT_VERSION: u64 = 3;
+pub const LAYOUT_VERSION: u64 = 4;
 /// Bytes of control block before the ring.
 pub const CONTROL_SIZE: u64 = 32 * 1024;
 /// Highest node id (ids are 1..=MAX_NODES).
@@ -36,6 +36,9 @@ pub(super) const W_TAIL: usize = 5 * LINE;
 pub(super) const W_BELL: usize = 6 * LINE;
 pub(super) const W_BELL_WAITERS: usize = 7 * LINE;
 pub(super) const W_HEARTBEAT: usize = 8 * LINE;
+// The backups that can apply (a mask by node id), as the leading node's
+// follower sees them, for its preload's `max_apply_lag` (see `apply_lag`).
+pub(super) const W_APPLIERS: usize = 8 * LINE + 1;
 pub(super) const W_NEXT_SEQ: usize = 9 * LINE;
 pub(super) const W_NEXT_POS: usize = 10 * LINE;
 pub(super) const W_PRELOAD: usize = 11 * LINE;
@@ -56,7 +59,8 @@ pub(super) const W_APPLY_BELL_WAITERS: usize = 15 * LINE + 1;
 // ack[id] at W_ACK + id * LINE.
 pub(super) const W_ACK: usize = 16 * LINE;
 // applied[id] at W_APPLIED_BY + id * LINE: how far each backup's server
-// applied, written by the backups into the leader's region.
+// applied, written by the backups into the leader's region, followed by
+// the backup's report word (see `apply_lag::report_word`).
 pub(super) const W_APPLIED_BY: usize = W_ACK + (MAX_NODES + 1) * LINE;
 pub(super) const CONTROL_WORDS: usize = (CONTROL_SIZE / 8) as usize;
 

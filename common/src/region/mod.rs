@@ -58,7 +58,16 @@ pub enum RegionError {
     /// The file does not exist.
     #[error("region file {0} does not exist (is the follower for this node running?)")]
     Missing(PathBuf),
-    /// The file is not a lockstep region or has another layout.
+    /// The file is not (yet) a lockstep region: too short, or without the
+    /// magic its creator writes last (it may be being created just now).
+    #[error("region file {path}: {what}")]
+    Unfinished {
+        /// File path.
+        path: PathBuf,
+        /// What is missing.
+        what: String,
+    },
+    /// The file is a lockstep region of another layout, node or cluster.
     #[error("region file {path}: {what}")]
     Mismatch {
         /// File path.
@@ -166,15 +175,19 @@ impl Region {
             path: path.to_path_buf(),
             what,
         };
+        let unfinished = |what: String| RegionError::Unfinished {
+            path: path.to_path_buf(),
+            what,
+        };
         if len < CONTROL_SIZE {
-            return Err(mismatch(format!(
+            return Err(unfinished(format!(
                 "{len} bytes is too short to be a lockstep region"
             )));
         }
         let region = Self::map(Some(file), path, len.min(spec.file_len()), spec.ring_size)?;
         let w = region.words();
         if w[W_MAGIC].load(Ordering::Acquire) != MAGIC {
-            return Err(mismatch("not a lockstep region (bad magic)".into()));
+            return Err(unfinished("not a lockstep region (bad magic)".into()));
         }
         let version = w[W_VERSION].load(Ordering::Relaxed);
         if version != LAYOUT_VERSION {

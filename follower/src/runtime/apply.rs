@@ -7,6 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use lockstep_common::apply_lag::{self, REPORT_PERIOD};
 use lockstep_common::region::{self, Role};
 
 use crate::feed::Feeder;
@@ -14,10 +15,6 @@ use crate::protocol::Event;
 
 use super::node::Carried;
 use super::Node;
-
-/// A backup tells the leader how far it applied at least this often (and
-/// whenever it moved): a new leader learns it within this.
-pub(super) const APPLIED_REPORT: Duration = Duration::from_millis(50);
 
 impl Node {
     /// Hands committed entries to the local server's passive preload, in
@@ -27,6 +24,7 @@ impl Node {
         let mut feeder: Option<Feeder> = None;
         let mut last_saved = Instant::now();
         let mut reported = (0u64, Instant::now());
+        let mut reports = 0u64;
         let mut stepped = 0u64;
         let mut rate = ApplyRate::default();
         let _ = self.applier.set(std::thread::current());
@@ -37,7 +35,14 @@ impl Node {
             };
             if role == Role::Leader || stale {
                 // The leader's server consumed its inputs itself; a demoted
-                // one resumes after what it consumed (a new stream).
+                // one resumes after what it consumed (a new stream). A
+                // stale server applies nothing more: the leader must not
+                // wait for it.
+                if stale && reported.1.elapsed() >= REPORT_PERIOD {
+                    reports += 1;
+                    self.report_applied(from, reports, false);
+                    reported = (from, Instant::now());
+                }
                 feeder = None;
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
@@ -48,8 +53,11 @@ impl Node {
                 Feeder::start(self.region.clone(), from + 1, self.config.max_entry)
             });
             let applied = f.applied();
-            if applied != reported.0 || reported.1.elapsed() >= APPLIED_REPORT {
-                self.report_applied(applied);
+            // At least every period, also when nothing moved: the leader
+            // counts only backups whose reports keep coming.
+            if applied != reported.0 || reported.1.elapsed() >= REPORT_PERIOD {
+                reports += 1;
+                self.report_applied(applied, reports, self.region.server_attached());
                 reported = (applied, Instant::now());
             }
             rate.observe(applied);
@@ -119,16 +127,23 @@ impl Node {
         }
     }
 
-    /// Tells the leader how far this node's server applied (the leader
-    /// bounds the backups' apply lag with it: `max_apply_lag`).
-    fn report_applied(&self, seq: u64) {
+    /// Tells the leader how far this node's server applied, and (report
+    /// number `count`) whether it can apply more (`can_apply`: a server
+    /// is attached and not stale): the
+    /// leader bounds the apply lag of the backups that can apply
+    /// (`max_apply_lag`, see `apply_lag`).
+    fn report_applied(&self, seq: u64, count: u64, can_apply: bool) {
         let leader = self.region.leader();
         if leader == 0 || leader == self.me {
             return;
         }
         let view = self.region.view();
         let mark = region::applied_by_offset(self.me);
-        if let Err(e) = self.write_now(leader, view, mark, &seq.to_le_bytes()) {
+        let word = apply_lag::report_word(count, can_apply);
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&seq.to_le_bytes());
+        bytes[8..].copy_from_slice(&word.to_le_bytes());
+        if let Err(e) = self.write_now(leader, view, mark, &bytes) {
             log::debug!("applied {seq} to node {leader}: {e}");
         }
     }

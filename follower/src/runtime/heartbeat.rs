@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use lockstep_common::apply_lag::{self, Appliers};
 use lockstep_common::region::Role;
 
 use crate::election;
@@ -33,9 +34,11 @@ impl Node {
     pub(super) fn heartbeat_loop(&self) {
         let mut server_checked = Instant::now();
         let mut server_gone = false;
+        let mut appliers: Option<Appliers> = None;
         while !self.stopping() {
             self.region.set_heartbeat(now_ms());
             self.check_session();
+            self.publish_appliers(&mut appliers);
             if server_checked.elapsed() >= SERVER_CHECK {
                 self.check_server(&mut server_gone);
                 server_checked = Instant::now();
@@ -49,6 +52,25 @@ impl Node {
             // apply latency: ~10 ms at a 10 ms period).
             std::thread::sleep(HEARTBEAT);
         }
+    }
+
+    /// A leader publishes, for its preload's `max_apply_lag`, which
+    /// backups can apply (a server attached, reports coming); see
+    /// `apply_lag`. `seen` lives while this node leads.
+    fn publish_appliers(&self, seen: &mut Option<Appliers>) {
+        if self.region.role() != Role::Leader {
+            *seen = None;
+            return;
+        }
+        let seen = seen.get_or_insert_with(Appliers::default);
+        let now = self.started.elapsed().as_millis() as u64;
+        let mask = self
+            .config
+            .ids()
+            .filter(|&id| id != self.me)
+            .filter(|&id| seen.observe(id, self.region.apply_report(id), now))
+            .fold(0, |mask, id| mask | apply_lag::bit(id));
+        self.region.set_appliers(mask);
     }
 
     /// The region words other processes write, for a tick.

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
+use lockstep_common::apply_lag;
 use lockstep_common::control::NodeStatus;
 use lockstep_common::region::Role;
 
@@ -25,17 +26,30 @@ impl Node {
             )
         };
         let persisted = self.store().last().seq;
-        let role_name = match role {
-            _ if stale_reason.is_some() => "stale",
-            Role::Leader => "leader",
-            Role::Backup => "backup",
-            Role::Joining => "joining",
-        };
         // The leader's server consumed what it was handed itself.
         let applied = if role == Role::Leader {
             persisted
         } else {
             applied
+        };
+        let lag = committed.saturating_sub(applied);
+        let role_name = match role {
+            _ if stale_reason.is_some() => "stale",
+            Role::Leader => "leader",
+            Role::Backup if !apply_lag::caught_up(lag, self.config.max_apply_lag) => "catching-up",
+            Role::Backup => "backup",
+            Role::Joining => "joining",
+        };
+        let failover_backlog = (role == Role::Leader)
+            .then(|| {
+                let members: Vec<u64> = self.config.ids().collect();
+                apply_lag::backlog_warning(self.me, &members, self.region.appliers())
+            })
+            .flatten();
+        let apply_rate = if role == Role::Leader {
+            0
+        } else {
+            self.apply_rate.load(Ordering::Relaxed)
         };
         NodeStatus {
             node: self.me,
@@ -47,7 +61,9 @@ impl Node {
             committed,
             applied,
             divergences: self.metrics.divergences.load(Ordering::Relaxed),
-            lag_ms: (self.lag_seconds(committed.saturating_sub(applied)) * 1000.0) as u64,
+            lag_ms: (self.lag_seconds(lag) * 1000.0) as u64,
+            apply_rate,
+            failover_backlog,
             server_pid: self.region.preload_pid(),
             follower_pid: std::process::id() as u64,
         }
@@ -79,6 +95,8 @@ impl Node {
             zookeeper_connected,
             apply_lag_entries: lag,
             apply_lag_seconds: self.lag_seconds(lag),
+            apply_rate: s.apply_rate,
+            failover_backlog_grows: s.failover_backlog.is_some(),
         }
         .render(&mut text);
         text
