@@ -225,3 +225,51 @@ fn the_generated_key_file_is_named_and_must_be_private() {
     let (code, out, err) = check_variant(&d, "key", "", "");
     assert_eq!(code, 0, "{out}{err}");
 }
+
+/// A configured `key_file` that group or others can read is refused, one
+/// line naming the file and the fix, by `check`, `up`, `status` and the
+/// follower alike; at mode 0600 `check` passes.
+#[test]
+fn a_key_file_others_can_read_is_refused_everywhere() {
+    use std::os::unix::fs::PermissionsExt;
+    let d =
+        Dir(std::env::temp_dir().join(format!("lockstep-check-keyfile-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&d.0);
+    std::fs::create_dir_all(&d.0).unwrap();
+    let key = d.0.join("cluster-shared.key");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let text = base()
+        .replace("DATA", &d.0.join("data").display().to_string())
+        .replace(
+            "cluster = \"chk\"",
+            &format!("cluster = \"chk\"\nkey_file = \"{}\"", key.display()),
+        );
+    let config = d.0.join("keyfile.toml");
+    std::fs::write(&config, text).unwrap();
+    let want = format!(
+        "key_file: cluster key {k}: readable by group or others (mode 0644): run `chmod 600 {k}`",
+        k = key.display()
+    );
+    let bins = bin_dir();
+    let c = config.display().to_string();
+    let runs: [(&str, Vec<&str>); 4] = [
+        ("lockstep", vec!["check", &c]),
+        ("lockstep", vec!["up", &c]),
+        ("lockstep", vec!["status", "--config", &c]),
+        ("lockstep-follower", vec!["--config", &c, "--node", "1"]),
+    ];
+    for (bin, args) in runs {
+        let out = Command::new(bins.join(bin))
+            .args(&args)
+            .output()
+            .expect("run lockstep");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bin} {args:?} accepted it: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{bin} {args:?}: {err}");
+        assert!(err.contains(&want), "{bin} {args:?}: {err}");
+    }
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, out, err) = check(&config);
+    assert_eq!(code, 0, "{out}{err}");
+}
