@@ -273,3 +273,72 @@ fn a_key_file_others_can_read_is_refused_everywhere() {
     let (code, out, err) = check(&config);
     assert_eq!(code, 0, "{out}{err}");
 }
+
+/// `lockstep status` before the first `up` (no data_dir, so no generated
+/// key yet): one line saying so, then every node down with how to start
+/// it, exit 1 — and it creates nothing.
+#[test]
+fn status_before_the_first_up_says_no_node_runs() {
+    let d = Dir(std::env::temp_dir().join(format!("lockstep-check-never-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&d.0);
+    std::fs::create_dir_all(&d.0).unwrap();
+    let data = d.0.join("data");
+    let mut text = base().replace("DATA", &data.display().to_string());
+    let mut controls = Vec::new();
+    for id in 1..=3 {
+        // Free ports: nothing of another test answers there.
+        let control = format!("127.0.0.1:{}", cluster::free_port());
+        text = text.replace(&format!("\"127.0.0.1:710{id}\""), &format!("\"{control}\""));
+        controls.push(control);
+    }
+    let config = d.0.join("never.toml");
+    std::fs::write(&config, text).unwrap();
+    let run = |json: bool| {
+        let mut cmd = Command::new(bin_dir().join("lockstep"));
+        cmd.arg("status").arg("--config").arg(&config);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().expect("run lockstep status");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let note = format!(
+        "lockstep: no cluster key at {} yet: no node of this cluster has started here",
+        data.join("cluster.key").display()
+    );
+    let (code, out, err) = run(false);
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with(&note), "{err}");
+    for (i, control) in controls.iter().enumerate() {
+        assert!(
+            out.contains(&format!(
+                "node {} is down: the follower is not running (nothing listens on {control})",
+                i + 1
+            )),
+            "{out}"
+        );
+    }
+    assert!(
+        out.contains("NOT OK: no leader with a live majority"),
+        "{out}"
+    );
+    let (code, out, err) = run(true);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.starts_with(&note), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("status --json");
+    assert_eq!(v["healthy"], false, "{v}");
+    let nodes = v["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 3, "{v}");
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n["up"] == false && n["role"] == "down"),
+        "{v}"
+    );
+    assert!(!data.exists(), "status created {}", data.display());
+}
