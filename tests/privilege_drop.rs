@@ -30,7 +30,7 @@ fn uids(pid: u64) -> Vec<u32> {
 
 #[test]
 fn memcached_dropping_to_nobody_replicates() {
-    // SAFETY-free check: only root can drop to another user.
+    // Only root can make memcached change to another user.
     let me = uids(std::process::id() as u64);
     assert_eq!(me[1], 0, "this test runs as root (memcached -u needs it)");
     let mut c = TestCluster::new(
