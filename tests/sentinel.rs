@@ -578,10 +578,10 @@ fn ioredis_follows_a_leader_sigkill_over_resp3() {
 }
 
 /// Sentinel names a master only while it can commit: with both backups'
-/// followers gone, the leader may still lead its view (its ZooKeeper
-/// session lives, so nothing deposes it) but no majority acknowledges
-/// anything, so its sentinel answers nil (RESP2 and RESP3) and `INFO` says
-/// the master is down.
+/// followers gone, the leader still leads its view (its ZooKeeper session
+/// lives, so nothing deposes it) but no majority acknowledges anything, so
+/// its sentinel answers nil (RESP2 and RESP3) and `INFO` says the master is
+/// down.
 #[test]
 fn sentinel_names_no_master_while_the_leader_cannot_reach_a_majority() {
     let (mut c, _zk, sentinels) = sentinel_cluster("sentinel-nomajority", 3);
@@ -595,9 +595,26 @@ fn sentinel_names_no_master_while_the_leader_cannot_reach_a_majority() {
     for id in [1, 2, 3].into_iter().filter(|&i| i != leader) {
         c.kill_follower(id);
     }
-    c.wait("the leader's sentinel to answer nil", HANG, |_| {
-        sentinel_cmd(at_leader, &["SENTINEL", "get-master-addr-by-name", &name])
-            == Reply::Array(None)
+    // The nil must come while the leader still claims its view (its own
+    // status says leader, before and after the answer): the sentinel
+    // tells from the others that it cannot commit.
+    let leads = |c: &TestCluster| {
+        c.status(leader)
+            .map(|s| s.role == "leader" && s.leader == leader)
+            .unwrap_or(false)
+    };
+    c.wait("the leader's sentinel to answer nil", HANG, |c| {
+        let before = leads(c);
+        let nil = sentinel_cmd(at_leader, &["SENTINEL", "get-master-addr-by-name", &name])
+            == Reply::Array(None);
+        if nil {
+            assert!(
+                before && leads(c),
+                "the sentinel answered nil only once node {leader} stopped leading\n{}",
+                c.logs()
+            );
+        }
+        nil
     });
     let mut r = BufReader::new(TcpStream::connect(at_leader).expect("connect sentinel"));
     r.get_mut().set_read_timeout(Some(HANG)).unwrap();
