@@ -45,7 +45,12 @@ impl Drop for Dir {
 }
 
 fn dir() -> Dir {
-    let d = std::env::temp_dir().join(format!("lockstep-check-cli-{}", std::process::id()));
+    dir_named("cli")
+}
+
+/// A fresh directory of a test's own (the others remove theirs when done).
+fn dir_named(tag: &str) -> Dir {
+    let d = std::env::temp_dir().join(format!("lockstep-check-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     Dir(d)
@@ -193,10 +198,7 @@ fn mistakes_up_would_hit_are_caught_first() {
 #[test]
 fn the_generated_key_file_is_named_and_must_be_private() {
     use std::os::unix::fs::PermissionsExt;
-    // A directory of its own: the other tests remove theirs when done.
-    let d = Dir(std::env::temp_dir().join(format!("lockstep-check-key-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&d.0);
-    std::fs::create_dir_all(&d.0).unwrap();
+    let d = dir_named("key");
     let data = d.0.join("data");
     let key = data.join("cluster.key");
     let (code, out, err) = check_variant(&d, "key", "", "");
@@ -232,10 +234,7 @@ fn the_generated_key_file_is_named_and_must_be_private() {
 #[test]
 fn a_key_file_others_can_read_is_refused_everywhere() {
     use std::os::unix::fs::PermissionsExt;
-    let d =
-        Dir(std::env::temp_dir().join(format!("lockstep-check-keyfile-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&d.0);
-    std::fs::create_dir_all(&d.0).unwrap();
+    let d = dir_named("keyfile");
     let key = d.0.join("cluster-shared.key");
     std::fs::write(&key, "0123456789abcdef0123456789abcdef\n").unwrap();
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -279,9 +278,7 @@ fn a_key_file_others_can_read_is_refused_everywhere() {
 /// it, exit 1 — and it creates nothing.
 #[test]
 fn status_before_the_first_up_says_no_node_runs() {
-    let d = Dir(std::env::temp_dir().join(format!("lockstep-check-never-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&d.0);
-    std::fs::create_dir_all(&d.0).unwrap();
+    let d = dir_named("never");
     let data = d.0.join("data");
     let mut text = base().replace("DATA", &data.display().to_string());
     let mut controls = Vec::new();
