@@ -33,7 +33,8 @@ const DEBIAN_PYTHON: &str = "/usr/bin/python3";
 /// ConnectionError/TimeoutError (redis-py's MasterNotFoundError and its
 /// "previous master is now a slave" are ConnectionErrors) at most 600
 /// times, 0.2 s apart. A thread per sentinel subscribes to `+switch-master`
-/// before the first write; the last line names the switch heard. The
+/// before the first write; the last line names the replicas
+/// `discover_slaves` finds, the master and the switch heard. The
 /// optional 5th argument is the protocol (2 or 3) for every connection.
 const REDIS_PY: &str = r#"
 import os, sys, threading, time
@@ -100,7 +101,8 @@ for _ in range(300):
         break
     time.sleep(0.1)
 host, port = sentinel.discover_master(name)
-print("writes %d retries %d master %s:%d switch %s" % (i, retries, host, port, switches[:1]), flush=True)
+slaves = len(sentinel.discover_slaves(name))
+print("writes %d retries %d slaves %d master %s:%d switch %s" % (i, retries, slaves, host, port, switches[:1]), flush=True)
 "#;
 
 /// The same client with ioredis: `new Redis({ sentinels, name })` with its
@@ -176,6 +178,8 @@ struct ClientProgram {
     extra_args: Vec<String>,
     /// Environment the interpreter needs.
     env: Vec<(&'static str, PathBuf)>,
+    /// Whether its last line says how many replicas it found (`slaves N`).
+    lists_replicas: bool,
 }
 
 /// `tests/clients/`: the pinned client libraries of today.
@@ -464,6 +468,16 @@ fn client_follows_a_leader_sigkill(test: &str, client: ClientProgram) {
         client.label
     );
 
+    if client.lists_replicas {
+        // The nodes that do not lead, the dead one included (a Sentinel
+        // lists a replica that is down too).
+        assert!(
+            last.contains(" slaves 2 "),
+            "the {} client found other replicas than the 2 non-leaders:\n{log}",
+            client.label
+        );
+    }
+
     // Every acknowledged write is on the new leader.
     let keys = lines(&acked);
     assert!(keys.len() >= 100, "{} writes", keys.len());
@@ -514,6 +528,7 @@ fn redis_py_sentinel_client_follows_a_leader_sigkill() {
             script: ("client.py", REDIS_PY),
             extra_args: vec![],
             env: vec![],
+            lists_replicas: true,
         },
     );
 }
@@ -540,6 +555,7 @@ fn todays_redis_py_follows_a_leader_sigkill_over_resp3() {
             script: ("client.py", REDIS_PY),
             extra_args: vec!["3".into()],
             env: vec![],
+            lists_replicas: true,
         },
     );
 }
@@ -573,6 +589,7 @@ fn ioredis_follows_a_leader_sigkill_over_resp3() {
             script: ("client.js", IOREDIS),
             extra_args: vec![],
             env,
+            lists_replicas: false,
         },
     );
 }
