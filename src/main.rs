@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use lockstep_common::config::KeyError;
 use lockstep_common::Config;
 
 #[derive(Parser)]
@@ -186,7 +187,20 @@ fn main() {
             // One line for a missing or exposed key instead of the same
             // error for every node; the queries then reuse it. Read only:
             // asking never creates the key.
-            c.existing_cluster_key()?;
+            match c.existing_cluster_key() {
+                Ok(_) => {}
+                // No key yet: no node has started (the first creates it),
+                // so each node shows as down, with how to start it.
+                Err(KeyError::Io { path, source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    eprintln!(
+                        "lockstep: no cluster key at {} yet: no node of this cluster has started here (`lockstep up` or the first follower creates it)",
+                        path.display()
+                    );
+                }
+                Err(e) => return Err(e.into()),
+            }
             let nodes = status::query_all(&c, Duration::from_secs(2));
             if json {
                 println!("{}", status::to_json(&c, &path, &nodes));

@@ -45,7 +45,12 @@ impl Drop for Dir {
 }
 
 fn dir() -> Dir {
-    let d = std::env::temp_dir().join(format!("lockstep-check-cli-{}", std::process::id()));
+    dir_named("cli")
+}
+
+/// A fresh directory of a test's own (the others remove theirs when done).
+fn dir_named(tag: &str) -> Dir {
+    let d = std::env::temp_dir().join(format!("lockstep-check-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     Dir(d)
@@ -193,10 +198,7 @@ fn mistakes_up_would_hit_are_caught_first() {
 #[test]
 fn the_generated_key_file_is_named_and_must_be_private() {
     use std::os::unix::fs::PermissionsExt;
-    // A directory of its own: the other tests remove theirs when done.
-    let d = Dir(std::env::temp_dir().join(format!("lockstep-check-key-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&d.0);
-    std::fs::create_dir_all(&d.0).unwrap();
+    let d = dir_named("key");
     let data = d.0.join("data");
     let key = data.join("cluster.key");
     let (code, out, err) = check_variant(&d, "key", "", "");
@@ -224,4 +226,116 @@ fn the_generated_key_file_is_named_and_must_be_private() {
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let (code, out, err) = check_variant(&d, "key", "", "");
     assert_eq!(code, 0, "{out}{err}");
+}
+
+/// A configured `key_file` that group or others can read is refused, one
+/// line naming the file and the fix, by `check`, `up`, `status` and the
+/// follower alike; at mode 0600 `check` passes.
+#[test]
+fn a_key_file_others_can_read_is_refused_everywhere() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dir_named("keyfile");
+    let key = d.0.join("cluster-shared.key");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let text = base()
+        .replace("DATA", &d.0.join("data").display().to_string())
+        .replace(
+            "cluster = \"chk\"",
+            &format!("cluster = \"chk\"\nkey_file = \"{}\"", key.display()),
+        );
+    let config = d.0.join("keyfile.toml");
+    std::fs::write(&config, text).unwrap();
+    let want = format!(
+        "key_file: cluster key {k}: readable by group or others (mode 0644): run `chmod 600 {k}`",
+        k = key.display()
+    );
+    let bins = bin_dir();
+    let c = config.display().to_string();
+    let runs: [(&str, Vec<&str>); 4] = [
+        ("lockstep", vec!["check", &c]),
+        ("lockstep", vec!["up", &c]),
+        ("lockstep", vec!["status", "--config", &c]),
+        ("lockstep-follower", vec!["--config", &c, "--node", "1"]),
+    ];
+    for (bin, args) in runs {
+        let out = Command::new(bins.join(bin))
+            .args(&args)
+            .output()
+            .expect("run lockstep");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bin} {args:?} accepted it: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{bin} {args:?}: {err}");
+        assert!(err.contains(&want), "{bin} {args:?}: {err}");
+    }
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, out, err) = check(&config);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+/// `lockstep status` before the first `up` (no data_dir, so no generated
+/// key yet): one line saying so, then every node down with how to start
+/// it, exit 1 — and it creates nothing.
+#[test]
+fn status_before_the_first_up_says_no_node_runs() {
+    let d = dir_named("never");
+    let data = d.0.join("data");
+    let mut text = base().replace("DATA", &data.display().to_string());
+    let mut controls = Vec::new();
+    for id in 1..=3 {
+        // Free ports: nothing of another test answers there.
+        let control = format!("127.0.0.1:{}", cluster::free_port());
+        text = text.replace(&format!("\"127.0.0.1:710{id}\""), &format!("\"{control}\""));
+        controls.push(control);
+    }
+    let config = d.0.join("never.toml");
+    std::fs::write(&config, text).unwrap();
+    let run = |json: bool| {
+        let mut cmd = Command::new(bin_dir().join("lockstep"));
+        cmd.arg("status").arg("--config").arg(&config);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().expect("run lockstep status");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let note = format!(
+        "lockstep: no cluster key at {} yet: no node of this cluster has started here",
+        data.join("cluster.key").display()
+    );
+    let (code, out, err) = run(false);
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with(&note), "{err}");
+    for (i, control) in controls.iter().enumerate() {
+        assert!(
+            out.contains(&format!(
+                "node {} is down: the follower is not running (nothing listens on {control})",
+                i + 1
+            )),
+            "{out}"
+        );
+    }
+    assert!(
+        out.contains("NOT OK: no leader with a live majority"),
+        "{out}"
+    );
+    let (code, out, err) = run(true);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.starts_with(&note), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("status --json");
+    assert_eq!(v["healthy"], false, "{v}");
+    let nodes = v["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 3, "{v}");
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n["up"] == false && n["role"] == "down"),
+        "{v}"
+    );
+    assert!(!data.exists(), "status created {}", data.display());
 }

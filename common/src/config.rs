@@ -679,10 +679,21 @@ impl Config {
                     Some(b) if f.is_relative() => b.join(f),
                     _ => f.clone(),
                 };
-                let k = std::fs::read_to_string(&f).map_err(|e| {
-                    ConfigError(format!("key_file: cannot read {}: {e}", f.display()))
+                // Refused when group or others can read it, as the
+                // generated key is (a shipped example's mode is the
+                // checkout's umask: git keeps no read bits).
+                let k = read_key(&f).map_err(|e| match e {
+                    KeyError::Io { path, source, .. } => ConfigError(format!(
+                        "key_file: cannot read {}: {source}",
+                        path.display()
+                    )),
+                    KeyError::Malformed { path } => ConfigError(format!(
+                        "key_file: {} holds no key (expected at least {MIN_KEY_LEN} characters)",
+                        path.display()
+                    )),
+                    e => ConfigError(format!("key_file: {e}")),
                 })?;
-                Some(k.trim().to_string())
+                Some(k)
             }
             (None, None) => None,
         };
@@ -1147,6 +1158,40 @@ leader = 1
         std::fs::write(&path, "\n").unwrap();
         let e = generate_or_read_key(&path).unwrap_err().to_string();
         assert!(e.contains("holds no key"), "{e}");
+    }
+
+    #[test]
+    fn a_configured_key_file_others_can_read_is_refused_naming_it() {
+        let d = TempDir::new("key-file");
+        std::fs::create_dir_all(&d.0).unwrap();
+        let path = d.0.join("my.key");
+        std::fs::write(&path, "0123456789abcdef0123\n").unwrap();
+        let config = GOOD.replace(
+            "cluster = \"demo\"",
+            &format!("cluster = \"demo\"\nkey_file = \"{}\"", path.display()),
+        );
+        for mode in [0o644, 0o640, 0o604] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = bad(&config);
+            assert_eq!(
+                e,
+                format!(
+                    "key_file: cluster key {p}: readable by group or others (mode {mode:04o}): run `chmod 600 {p}`",
+                    p = path.display()
+                )
+            );
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = Config::parse(&config).unwrap();
+        assert_eq!(c.key.as_deref(), Some("0123456789abcdef0123"));
+        std::fs::write(&path, "short\n").unwrap();
+        assert_eq!(
+            bad(&config),
+            format!(
+                "key_file: {} holds no key (expected at least 16 characters)",
+                path.display()
+            )
+        );
     }
 
     #[test]

@@ -393,7 +393,7 @@ mod tests {
         // Another loop's turn moves the log's time, not this thread's.
         enter_input(v + 9 * GRAIN_US);
         assert_eq!(now_us(true, || 0), Some(v + 5 * GRAIN_US));
-        enter_turn(v + 9 * GRAIN_US);
+        enter_turn(0, v + 9 * GRAIN_US);
         assert_eq!(now_us(true, || 0), Some(v + 9 * GRAIN_US));
     }
 }

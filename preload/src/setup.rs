@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockstep_common::region::RegionError;
+use lockstep_common::config::TransportKind;
+use lockstep_common::region;
 use lockstep_common::{Config, Region};
 use once_cell::sync::OnceCell;
 
@@ -292,6 +294,39 @@ pub fn waiting_for_region() -> bool {
 /// unreplicated when replication is impossible.
 pub fn unreplicated_allowed() -> bool {
     std::env::var("LOCKSTEP_ALLOW_UNREPLICATED").is_ok_and(|v| v.trim() == "1")
+}
+
+/// Before the server changes its user id (a server that drops its
+/// privileges after starting, memcached `-u nobody`): reads the settings
+/// and opens the region files this process will map — its own and, with
+/// the shm transport, every peer's, all mode 0600 and the followers' —
+/// while it still may ([`region::open_ahead`]). Once per process; a file
+/// not there yet is left to be opened by path later, as usual.
+pub fn before_privilege_drop() {
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if inert() || ENGINE.get().is_some() || DONE.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let Some(Ok(s)) = settings() else {
+        return;
+    };
+    let ids: Vec<u64> = match s.config.transport {
+        TransportKind::Shm => s.config.ids().collect(),
+        _ => vec![s.me],
+    };
+    for id in ids {
+        let path = s.config.region_spec(id).default_path();
+        match region::open_ahead(&path) {
+            Ok(()) => log::info!(
+                "opened {} before the server's user id changes",
+                path.display()
+            ),
+            Err(e) => log::warn!(
+                "cannot open {} before the server's user id changes: {e}",
+                path.display()
+            ),
+        }
+    }
 }
 
 /// Replication is impossible for `reason`. Stops the server with one line

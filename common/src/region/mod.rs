@@ -9,7 +9,8 @@
 //! - `control_block`: typed accessors of the control block's words;
 //! - `handover`: the hand-over word and its fence;
 //! - `apply_stream`: the apply stream's words ([`ApplyStream`]);
-//! - `doorbell`: the futex-backed [`Doorbell`].
+//! - `doorbell`: the futex-backed [`Doorbell`];
+//! - `ahead`: region files opened before a server drops its privileges.
 //!
 //! `mapping`, `liveness` and `doorbell` (with `hooks` in the preload and
 //! `verbs` in the rdma transport) are the only homes of `unsafe`: the
@@ -25,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::words::{self, WordsError};
 
+mod ahead;
 mod apply_stream;
 mod control_block;
 mod doorbell;
@@ -33,6 +35,7 @@ mod layout;
 mod liveness;
 mod mapping;
 
+pub use ahead::open_ahead;
 pub use apply_stream::ApplyStream;
 pub use control_block::Role;
 pub use doorbell::Doorbell;
@@ -157,12 +160,13 @@ impl Region {
         w[W_MAGIC].store(MAGIC, Ordering::Release);
     }
 
-    /// Opens an existing region and checks it matches `spec`.
+    /// Opens an existing region and checks it matches `spec`. A file
+    /// [`open_ahead`] kept for `path` is used instead of opening
+    /// the path again.
     pub fn open(path: &Path, spec: &RegionSpec) -> Result<Region, RegionError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
+        let file = ahead::kept(path)
+            .map(Ok)
+            .unwrap_or_else(|| OpenOptions::new().read(true).write(true).open(path))
             .map_err(|e| {
                 if e.kind() == io::ErrorKind::NotFound {
                     RegionError::Missing(path.to_path_buf())

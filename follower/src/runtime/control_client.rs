@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
-use lockstep_common::control::{self, FetchedEntry, Request, Response};
+use lockstep_common::control::{self, FetchedEntry, NodeStatus, Request, Response};
 use lockstep_common::entry::EntryHeader;
 use lockstep_common::handshake::{self, Channel};
 
@@ -44,6 +44,39 @@ impl Node {
         s.set_read_timeout(Some(CONTROL_TIMEOUT))?;
         s.set_write_timeout(Some(CONTROL_TIMEOUT))?;
         Ok(s)
+    }
+
+    /// The statuses of the other nodes that answer within
+    /// [`ROUND_CONNECT`], asked at once (the sentinel's check that the
+    /// leader can commit; a dead or stopped peer only drops out).
+    pub(crate) fn peer_statuses(&self) -> Vec<NodeStatus> {
+        let ask = |id: u64| -> anyhow::Result<NodeStatus> {
+            let mut s = self.control_connect(id, ROUND_CONNECT)?;
+            s.set_read_timeout(Some(ROUND_CONNECT))?;
+            control::send_json(&mut s, &Request::Status)?;
+            match control::recv_json::<Response>(&mut s)? {
+                Response::Status(st) => Ok(st),
+                other => bail!("unexpected answer {other:?}"),
+            }
+        };
+        std::thread::scope(|scope| {
+            let asks: Vec<_> = self
+                .config
+                .ids()
+                .filter(|&id| id != self.me)
+                .map(|id| (id, scope.spawn(move || ask(id))))
+                .collect();
+            asks.into_iter()
+                .filter_map(|(id, h)| match h.join() {
+                    Ok(Ok(st)) => Some(st),
+                    Ok(Err(e)) => {
+                        log::debug!("status of node {id}: {e:#}");
+                        None
+                    }
+                    Err(_) => None,
+                })
+                .collect()
+        })
     }
 
     /// Runs each request the replica sends in a thread of its own (the

@@ -166,9 +166,18 @@ impl Node {
             let n = self.clone();
             let last = Arc::new(Mutex::new(None));
             let known = last.clone();
+            let peers = crate::sentinel::PeerStatuses::new(crate::sentinel::PEERS_FRESH_FOR);
             let source = move || {
+                let own = n.status();
+                // Whether the leader can commit needs the others' word;
+                // with no leader known there is nothing to check.
+                let peers = if own.leader == 0 {
+                    Vec::new()
+                } else {
+                    peers.get(|| n.peer_statuses())
+                };
                 let known = *known.lock().unwrap_or_else(|p| p.into_inner());
-                crate::sentinel::Snapshot::of(&n.config, n.me, &n.status(), known)
+                crate::sentinel::Snapshot::of(&n.config, n.me, &own, &peers, known)
             };
             crate::sentinel::serve(addr, Arc::new(source), last)
                 .with_context(|| format!("cannot listen on sentinel address {addr}"))?;

@@ -12,7 +12,7 @@ use std::ffi::c_void;
 use libc::{iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
 use super::bufs::Bufs;
-use super::{clocks, epoll, fds, io, random, scan, signals};
+use super::{clocks, epoll, fds, io, privileges, random, scan, signals};
 use crate::sys::real::*;
 
 /// Defines each `fn name(args) -> ret = body;` as the exported
@@ -160,6 +160,19 @@ exports! {
     /// Interposed `accept4(2)`.
     fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int =
         fds::accept(fd, addr, len, |f, a, l| real_accept4(f, a, l, flags));
+    /// Interposed `setuid(2)`: the region files are opened before the
+    /// server gives up the user id that may open them.
+    fn setuid(uid: libc::uid_t) -> c_int =
+        privileges::before_drop(|| real_setuid(uid));
+    /// Interposed `seteuid(2)` (as `setuid`).
+    fn seteuid(uid: libc::uid_t) -> c_int =
+        privileges::before_drop(|| real_seteuid(uid));
+    /// Interposed `setreuid(2)` (as `setuid`).
+    fn setreuid(ruid: libc::uid_t, euid: libc::uid_t) -> c_int =
+        privileges::before_drop(|| real_setreuid(ruid, euid));
+    /// Interposed `setresuid(2)` (as `setuid`).
+    fn setresuid(ruid: libc::uid_t, euid: libc::uid_t, suid: libc::uid_t) -> c_int =
+        privileges::before_drop(|| real_setresuid(ruid, euid, suid));
     /// Interposed `listen(2)`: a listener on the app address attaches the
     /// preload to its region early (so the follower sees the server's pid).
     fn listen(fd: c_int, backlog: c_int) -> c_int = fds::listen(fd, backlog);

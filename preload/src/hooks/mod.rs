@@ -3,7 +3,8 @@
 //! one line each), binding the real function to a body; the bodies live
 //! by job: `io` (recv- and send-type calls), `fds` (accept, listen,
 //! close, shutdown, dup), `epoll` and `scan` (the event-loop waits,
-//! with `turn`), `clocks`, `random` (entropy) and `signals`;
+//! with `turn`), `clocks`, `random` (entropy), `signals` and
+//! `privileges` (user-id changes);
 //! `bufs` turns the caller's raw buffers into slices and `guards`
 //! keeps panics and errno in check.
 //!
@@ -40,6 +41,7 @@ pub mod exports;
 mod fds;
 mod guards;
 mod io;
+mod privileges;
 mod random;
 mod scan;
 mod signals;

@@ -210,14 +210,23 @@ real_fn!(REAL_SIGACTION, real_sigaction, c"sigaction",
 real_fn!(REAL_SIGNAL, real_signal, c"signal",
     (sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t, libc::SIG_ERR);
 
-/// Fails with ENOSYS: a wait or signal call made before its real function
-/// could be resolved.
+// The user-id changes: never a raw syscall, which would change the
+// calling thread's ids only (glibc changes every thread's).
+real_fn!(REAL_SETUID, real_setuid, c"setuid", (uid: libc::uid_t) -> c_int, unresolved());
+real_fn!(REAL_SETEUID, real_seteuid, c"seteuid", (uid: libc::uid_t) -> c_int, unresolved());
+real_fn!(REAL_SETREUID, real_setreuid, c"setreuid",
+    (ruid: libc::uid_t, euid: libc::uid_t) -> c_int, unresolved());
+real_fn!(REAL_SETRESUID, real_setresuid, c"setresuid",
+    (ruid: libc::uid_t, euid: libc::uid_t, suid: libc::uid_t) -> c_int, unresolved());
+
+/// Fails with ENOSYS: a wait, signal or user-id call made before its real
+/// function could be resolved.
 fn unresolved() -> c_int {
     super::set_errno(libc::ENOSYS);
     -1
 }
 
-static ALL_REAL: [&RealFn; 40] = [
+static ALL_REAL: [&RealFn; 44] = [
     &REAL_READ,
     &REAL_READV,
     &REAL_RECV,
@@ -258,6 +267,10 @@ static ALL_REAL: [&RealFn; 40] = [
     &REAL_SRANDOM,
     &REAL_FOPEN,
     &REAL_FOPEN64,
+    &REAL_SETUID,
+    &REAL_SETEUID,
+    &REAL_SETREUID,
+    &REAL_SETRESUID,
 ];
 
 /// Load-time constructor: resolves every real function (dlsym only; no
