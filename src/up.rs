@@ -29,7 +29,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::status;
-use lockstep_testkit::commands::{follower_command, under_preload};
+use lockstep_testkit::commands::{follower_command, in_own_pid_namespace, under_preload};
 use lockstep_testkit::process::{
     last_line, open_log, port_free, spawn_logged, stop_on_signals, Grouping,
 };
@@ -65,6 +65,8 @@ pub struct Binaries {
     pub follower: PathBuf,
     /// liblockstep.so.
     pub preload: PathBuf,
+    /// lockstep itself: it launches the servers (`launch-server`).
+    pub lockstep: PathBuf,
 }
 
 impl Binaries {
@@ -75,6 +77,7 @@ impl Binaries {
         let b = Binaries {
             follower: dir.join("lockstep-follower"),
             preload: dir.join("liblockstep.so"),
+            lockstep: exe.clone(),
         };
         for p in [&b.follower, &b.preload] {
             if !p.exists() {
@@ -115,11 +118,28 @@ struct Proc {
     how: String,
     /// `lockstep up` stopped it on purpose: its exit is no news.
     stopping: bool,
+    /// A server the follower restored from a snapshot, which `child` (a
+    /// `watch-server`) stands in for: its pid.
+    watched: Option<u32>,
 }
 
 impl Proc {
     fn pgid(&self) -> Pid {
         Pid::from_raw(self.child.id() as i32)
+    }
+
+    /// SIGKILLs the server itself, not only its launcher or watcher: a
+    /// server runs in a session of its own (see `launch`).
+    fn kill_server(&self) {
+        if self.kind != Kind::Server {
+            return;
+        }
+        let pid = self
+            .watched
+            .or_else(|| lockstep_testkit::process::first_child(self.child.id()));
+        if let Some(pid) = pid {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
     }
 }
 
@@ -454,6 +474,7 @@ impl Cluster {
             exited: false,
             how: String::new(),
             stopping: false,
+            watched: None,
         });
         Ok(())
     }
@@ -487,8 +508,10 @@ impl Cluster {
             .data_dir
             .join("logs")
             .join(format!("server-{id}.log"));
-        let mut c = Command::new(&args[0]);
-        under_preload(c.args(&args[1..]), &bins.preload, config_path, id);
+        let mut server = Command::new(&args[0]);
+        under_preload(server.args(&args[1..]), &bins.preload, config_path, id);
+        // In a PID namespace of its own: its image can be restored.
+        let c = in_own_pid_namespace(&bins.lockstep, &server, &log);
         let child =
             spawn(c, &log, append).with_context(|| format!("cannot start server `{}`", args[0]))?;
         self.procs.push(Proc {
@@ -500,6 +523,7 @@ impl Cluster {
             exited: false,
             how: String::new(),
             stopping: false,
+            watched: None,
         });
         Ok(())
     }
@@ -574,6 +598,9 @@ impl Cluster {
         let mut hit = Vec::new();
         for p in self.procs.iter_mut().filter(|p| p.node == id && !p.exited) {
             p.stopping = true;
+            if sig == Signal::SIGKILL {
+                p.kill_server();
+            }
             let _ = killpg(p.pgid(), sig);
             hit.push(format!("its {} (pid {})", p.kind.name(), p.child.id()));
         }
@@ -586,6 +613,7 @@ impl Cluster {
     /// forget them.
     fn forget_node(&mut self, id: u64) {
         for p in self.procs.iter().filter(|p| p.node == id) {
+            p.kill_server();
             // ESRCH when the group is empty.
             let _ = killpg(p.pgid(), Signal::SIGKILL);
         }
@@ -978,6 +1006,7 @@ impl Cluster {
                         Ok(Some(_)) | Err(_) => p.exited = true,
                         Ok(None) if start.elapsed() > STOP_GRACE => {
                             log::warn!("{} ignored SIGTERM for {STOP_GRACE:?}: SIGKILL", p.what);
+                            p.kill_server();
                             let _ = killpg(p.pgid(), Signal::SIGKILL);
                             let _ = p.child.wait();
                             p.exited = true;

@@ -152,7 +152,7 @@ pub fn attach() -> Result<&'static Engine, String> {
     // Held until this process exits: the follower watches it.
     region.attach_server().map_err(|e| e.to_string())?;
     let engine = Engine::new(s.config.clone(), s.me, Arc::new(region))?;
-    engine.region.set_preload_pid(std::process::id() as u64);
+    engine.region.set_preload_pid(host_pid());
     // From now on a forked child (Redis BGSAVE) must not act for us. A
     // fork before this point (a daemonising server) keeps a working copy.
     sys::at_fork_child(on_fork_child);
@@ -167,6 +167,17 @@ pub fn attach() -> Result<&'static Engine, String> {
     let _ = ENGINE.set(engine);
     MODE.store(MODE_ATTACHED, Ordering::Relaxed);
     Ok(ENGINE.get().expect("just set"))
+}
+
+/// This process's pid as the follower and `lockstep` see it: a server in a
+/// PID namespace of its own (so that its image can be restored) is pid 1
+/// there, but the host's `/proc` (the launcher mounts no other) names it by
+/// its host pid.
+fn host_pid() -> u64 {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse().ok())
+        .unwrap_or(std::process::id() as u64)
 }
 
 /// Replication is impossible for `reason`. Stops the server with one line

@@ -15,7 +15,7 @@ mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::{commit_line, commit_mode};
 use lockstep_testkit::commands::{
-    follower_command, memcached_command, redis_command, under_preload,
+    follower_command, in_own_pid_namespace, memcached_command, redis_command, under_preload,
 };
 #[allow(unused_imports)]
 pub use lockstep_testkit::leader::{find_leader, leading};
@@ -26,7 +26,9 @@ use lockstep_testkit::poll::poll_until;
 pub use lockstep_testkit::ports::free_port;
 #[allow(unused_imports)]
 pub use lockstep_testkit::process::processes_mentioning;
-use lockstep_testkit::process::{kill_and_reap, open_log, spawn_logged, Grouping};
+use lockstep_testkit::process::{
+    kill_and_reap, kill_launched_and_reap, open_log, spawn_logged, Grouping,
+};
 #[allow(unused_imports)]
 pub use lockstep_testkit::resp::{resp_encode, Reply, Resp};
 #[allow(unused_imports)]
@@ -208,6 +210,10 @@ impl TestCluster {
             &self.config_path,
             id,
         );
+        // In a PID namespace of its own, as `lockstep up` starts it: its
+        // image can be restored.
+        let log = self.dir.join(format!("server-{id}.log"));
+        let cmd = in_own_pid_namespace(&self.bins.join("lockstep"), &cmd, &log);
         let child = spawn(cmd, self.log("server", id));
         let i = self.idx(id);
         self.servers[i] = Some(child);
@@ -271,7 +277,7 @@ impl TestCluster {
     /// SIGKILLs node `id`'s server.
     pub fn kill_server(&mut self, id: u64) {
         let i = self.idx(id);
-        kill_and_reap(&mut self.servers[i]);
+        kill_launched_and_reap(&mut self.servers[i]);
     }
 
     /// Node `id`'s status over the control channel.
@@ -328,7 +334,10 @@ impl TestCluster {
 
 impl Drop for TestCluster {
     fn drop(&mut self) {
-        for c in self.servers.iter_mut().chain(self.followers.iter_mut()) {
+        for c in self.servers.iter_mut() {
+            kill_launched_and_reap(c);
+        }
+        for c in self.followers.iter_mut() {
             kill_and_reap(c);
         }
         for n in &self.nodes {
