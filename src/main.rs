@@ -62,6 +62,15 @@ enum Cmd {
         #[arg(long)]
         node: u64,
     },
+    /// Has a backup's follower snapshot its server now (a process image at
+    /// a turn boundary, in the node's data dir); prints the snapshot's seq.
+    Snapshot {
+        /// Cluster config.
+        config: PathBuf,
+        /// The node (a backup).
+        #[arg(long)]
+        node: u64,
+    },
     /// Checks a config file (and what `up` would need: the server program,
     /// {port} in its command, memcached's -t 1, a writable data_dir) and
     /// prints what it describes; exits 1 with one line per problem.
@@ -289,6 +298,16 @@ fn main() {
             only,
             keep,
         }),
+        Cmd::Snapshot { config, node } => (|| {
+            let c = load(Some(config), None)?;
+            let seq = lockstep_common::control::take_snapshot(&c, node, Duration::from_secs(150))
+                .map_err(|e| anyhow::anyhow!("node {node}: {e}"))?;
+            println!(
+                "node {node}: snapshot at seq {seq} in {}",
+                c.node_data_dir(node).join("snapshots").join(format!("{seq:020}")).display()
+            );
+            Ok(())
+        })(),
         Cmd::LaunchServer {
             log,
             env,

@@ -425,7 +425,7 @@ impl Cluster {
             Duration::from_secs(60),
         )?;
         for &id in ids {
-            cluster.spawn_server(id, cmd, &config_path, bins, say, false)?;
+            cluster.start_server(id, cmd, &config_path, bins, say, false)?;
         }
         cluster.wait_servers(ids, stop)?;
         let now = Instant::now();
@@ -475,6 +475,49 @@ impl Cluster {
             how: String::new(),
             stopping: false,
             watched: None,
+        });
+        Ok(())
+    }
+
+    /// Starts node `id`'s server, unless its follower restored one from a
+    /// snapshot (its status names a server already): then a `watch-server`
+    /// stands in for it.
+    fn start_server(
+        &mut self,
+        id: u64,
+        cmd: &[String],
+        config_path: &Path,
+        bins: &Binaries,
+        say: &dyn Fn(&str),
+        append: bool,
+    ) -> anyhow::Result<()> {
+        let restored = status::query(&self.config, id, Duration::from_millis(500))
+            .map(|s| s.server_pid)
+            .unwrap_or(0);
+        if restored == 0 {
+            return self.spawn_server(id, cmd, config_path, bins, say, append);
+        }
+        say(&format!(
+            "node {id}: its follower restored the server from a snapshot (pid {restored})"
+        ));
+        let log = self
+            .config
+            .data_dir
+            .join("logs")
+            .join(format!("server-{id}.log"));
+        let mut c = Command::new(&bins.lockstep);
+        c.args(["watch-server", "--pid", &restored.to_string()]);
+        let child = spawn(c, &log, true).context("cannot start lockstep watch-server")?;
+        self.procs.push(Proc {
+            kind: Kind::Server,
+            node: id,
+            what: format!("server of node {id}"),
+            log,
+            child,
+            exited: false,
+            how: String::new(),
+            stopping: false,
+            watched: Some(restored as u32),
         });
         Ok(())
     }
@@ -571,7 +614,7 @@ impl Cluster {
             Duration::from_secs(60),
         )?;
         let cmd = self.cmd.clone();
-        self.spawn_server(id, &cmd, &config_path, bins, say, true)?;
+        self.start_server(id, &cmd, &config_path, bins, say, true)?;
         self.wait_servers(&[id], stop)
     }
 
@@ -766,7 +809,7 @@ impl Cluster {
                         self.config_path.clone(),
                         self.bins.clone(),
                     );
-                    return match self.spawn_server(id, &cmd, &path, &bins, say, true) {
+                    return match self.start_server(id, &cmd, &path, &bins, say, true) {
                         Ok(()) => Phase::StartingServer {
                             applied: 0,
                             progress_at: now,
