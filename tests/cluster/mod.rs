@@ -86,6 +86,8 @@ pub struct TestCluster {
     server: Server,
     followers: Vec<Option<Child>>,
     servers: Vec<Option<Child>>,
+    /// Servers a follower restored from a snapshot (not our children).
+    restored: Vec<Option<u32>>,
     bins: PathBuf,
     /// Set by `use_server_command`: replaces `server`.
     command: Option<Vec<String>>,
@@ -156,6 +158,7 @@ impl TestCluster {
             server: opts.server,
             followers: (0..n).map(|_| None).collect(),
             servers: (0..n).map(|_| None).collect(),
+            restored: (0..n).map(|_| None).collect(),
             bins: bin_dir(),
             command: None,
         }
@@ -278,6 +281,21 @@ impl TestCluster {
     pub fn kill_server(&mut self, id: u64) {
         let i = self.idx(id);
         kill_launched_and_reap(&mut self.servers[i]);
+        kill_restored(&mut self.restored[i]);
+    }
+
+    /// Starts node `id`'s follower; when it restored the node's server from
+    /// a snapshot, that server is the node's (stopped with the cluster) and
+    /// its pid is returned; None: no snapshot served, start a server.
+    pub fn start_follower_restoring(&mut self, id: u64) -> Option<u32> {
+        self.start_follower(id);
+        let pid = self.status(id).map(|s| s.server_pid).unwrap_or(0);
+        if pid == 0 {
+            return None;
+        }
+        let i = self.idx(id);
+        self.restored[i] = Some(pid as u32);
+        Some(pid as u32)
     }
 
     /// Node `id`'s status over the control channel.
@@ -336,6 +354,9 @@ impl Drop for TestCluster {
     fn drop(&mut self) {
         for c in self.servers.iter_mut() {
             kill_launched_and_reap(c);
+        }
+        for r in self.restored.iter_mut() {
+            kill_restored(r);
         }
         for c in self.followers.iter_mut() {
             kill_and_reap(c);
@@ -875,6 +896,16 @@ impl TestCluster {
     pub fn use_server_command(&mut self, argv: &[&str]) {
         assert!(!argv.is_empty(), "empty server command");
         self.command = Some(argv.iter().map(|a| a.to_string()).collect());
+    }
+}
+
+/// SIGKILLs a restored server (by pid: it is nobody's child here).
+fn kill_restored(slot: &mut Option<u32>) {
+    if let Some(pid) = slot.take() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 
