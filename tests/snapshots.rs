@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cluster::{
-    assert_acked_counters, BackgroundLoad, Options, Reply, Resp, TestCluster,
+    assert_acked_counters, BackgroundLoad, Memcache, Options, Reply, Resp, Server, TestCluster,
 };
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -216,4 +216,155 @@ fn redis_backup_restores_its_snapshot_and_replays_only_the_tail() {
         ok(r.cmd(&[b"SCARD", b"big"]))
     };
     assert_eq!(spop(2), spop(1));
+}
+
+/// Every node's `gets` of `keys`: flags, value and CAS id (None: absent).
+type McView = Vec<Option<(u32, Vec<u8>, u64)>>;
+
+fn mc_view(c: &TestCluster, id: u64, keys: &[String]) -> McView {
+    let mut m = Memcache::connect(c.app(id)).expect("memcached answers");
+    keys.iter().map(|k| m.gets(k).expect("gets")).collect()
+}
+
+#[test]
+fn memcached_items_cas_ids_and_expiry_survive_a_restore() {
+    let mut c = TestCluster::new(
+        "snapmc",
+        Options {
+            server: Server::Memcached,
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    let mut m = Memcache::connect(c.app(1)).unwrap();
+    let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let v = format!("v{i}");
+        assert_eq!(m.store("set", k, i as u32, v.as_bytes(), None).unwrap(), "STORED");
+    }
+    // Items that expire two seconds (of the log's time) from now.
+    for i in 0..20 {
+        let line = format!("set ttl{i} 0 2 1\r\nx\r\n");
+        assert_eq!(m.request(line.as_bytes()).unwrap(), "STORED");
+    }
+    wait_applied_here(&c, 2);
+    snapshot(&c, 2);
+    c.kill_follower(2);
+    c.kill_server(2);
+    // CAS updates while node 2 is down: the CAS ids continue from the
+    // image's counter on node 2.
+    for k in keys.iter().take(100) {
+        let (flags, _, cas) = m.gets(k).unwrap().expect("item");
+        assert_eq!(m.store("cas", k, flags, b"swapped", Some(cas)).unwrap(), "STORED");
+    }
+    let line = kill_and_restore(&mut c, 2);
+    assert!(line.contains("(restored server)"), "{line}");
+    for k in keys.iter().skip(100).take(100) {
+        let (flags, _, cas) = m.gets(k).unwrap().expect("item");
+        assert_eq!(m.store("cas", k, flags, b"after", Some(cas)).unwrap(), "STORED");
+    }
+    let ttl: Vec<String> = (0..20).map(|i| format!("ttl{i}")).collect();
+    // The expired items are gone everywhere once the log's time passed
+    // their expiry (memcached's clock moves with the leader's timer turns).
+    c.wait("the ttl items expire on the leader", LIMIT, |c| {
+        mc_view(c, 1, &ttl).iter().all(Option::is_none)
+    });
+    assert_eq!(m.store("set", "last", 0, b"x", None).unwrap(), "STORED");
+    c.wait_converged(LIMIT);
+    let all: Vec<String> = keys.iter().chain(&ttl).cloned().collect();
+    let leader = mc_view(&c, 1, &all);
+    assert!(leader[..300].iter().all(Option::is_some));
+    for id in [2, 3] {
+        assert_eq!(mc_view(&c, id, &all), leader, "node {id}\n{}", c.logs());
+    }
+    c.assert_no_divergence();
+}
+
+/// Flips one byte in the middle of `file`.
+fn corrupt(file: &std::path::Path) {
+    let mut b = std::fs::read(file).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 0x55;
+    std::fs::write(file, b).unwrap();
+}
+
+#[test]
+fn a_corrupt_or_foreign_snapshot_is_refused_and_the_log_serves() {
+    let mut c = TestCluster::new("snaprefuse", Options::default());
+    c.start_all();
+    cluster::redis_mixed_workload(c.app(1), 2, 200);
+    wait_applied_here(&c, 2);
+    let older = snapshot(&c, 2);
+    cluster::redis_mixed_workload(c.app(1), 2, 200);
+    wait_applied_here(&c, 2);
+    let newer = snapshot(&c, 2);
+    assert!(newer > older);
+    c.kill_follower(2);
+    c.kill_server(2);
+    // The newer image has a damaged page file; the older one claims
+    // another build of the preload.
+    corrupt(&snapshot_dir(&c, 2, newer).join("pages-1.img"));
+    let meta_path = snapshot_dir(&c, 2, older).join("meta.json");
+    let mut meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&meta_path).unwrap()).unwrap();
+    meta["build_ids"][1][1] = "00ff".into();
+    std::fs::write(&meta_path, serde_json::to_vec(&meta).unwrap()).unwrap();
+
+    assert_eq!(c.start_follower_restoring(2), None, "{}", c.logs());
+    let log = follower_log(&c, 2);
+    assert!(
+        log.contains(&format!("{newer:020}: file pages-1.img fails its checksum: not restored")),
+        "{log}"
+    );
+    assert!(log.contains(&format!("{older:020} was taken with another")), "{log}");
+    // Full replay into a fresh server, as without snapshots.
+    c.start_server(2);
+    cluster::redis_mixed_workload(c.app(1), 2, 100);
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}
+
+#[test]
+fn a_follower_killed_while_snapshotting_restores_a_complete_snapshot() {
+    let mut c = TestCluster::new("snapkill", Options::default());
+    c.start_all();
+    let load = BackgroundLoad::start(c.app(1), 2);
+    load.wait_more(&c, 2000, LIMIT);
+    wait_applied_here(&c, 2);
+    let first = snapshot(&c, 2);
+    load.wait_more(&c, 2000, LIMIT);
+    let config = c.config();
+    let asking = std::thread::spawn(move || {
+        lockstep_common::control::take_snapshot(&config, 2, Duration::from_secs(150))
+    });
+    // Kill node 2 as soon as its next snapshot's directory appears (its
+    // image is being written then, or about to be).
+    let snapshots = c.config().node_data_dir(2).join("snapshots");
+    let begun = |c: &TestCluster| {
+        let _ = c;
+        std::fs::read_dir(&snapshots).is_ok_and(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+                .any(|s| s > first)
+        })
+    };
+    c.wait("node 2 begins its second snapshot", LIMIT, begun);
+    c.kill_follower(2);
+    c.kill_server(2);
+    assert!(asking.join().unwrap().is_err(), "the killed node answered");
+    load.wait_more(&c, 2000, LIMIT);
+
+    kill_and_restore(&mut c, 2);
+    let log = follower_log(&c, 2);
+    let restored = log
+        .lines()
+        .find_map(|l| l.split("restored the server from snapshot ").nth(1))
+        .and_then(|rest| rest.split(';').next())
+        .map(PathBuf::from)
+        .expect("a restore line");
+    assert!(restored.join("meta.json").exists(), "restored from {restored:?}");
+    load.wait_more(&c, 2000, LIMIT);
+    let acked = load.stop();
+    cluster::assert_converged_exactly(&c, &acked, LIMIT);
 }
