@@ -335,7 +335,8 @@ pub fn take_snapshot(
     id: u64,
     patience: std::time::Duration,
 ) -> Result<u64, String> {
-    let connect = std::time::Duration::from_secs(2);
+    // A node busy applying may take a moment to answer the handshake.
+    let connect = std::time::Duration::from_secs(10);
     match ask(config, id, &Request::Snapshot, connect, patience)? {
         Response::Snapshot { seq } => Ok(seq),
         Response::Error(e) => Err(e),
