@@ -71,7 +71,11 @@ pub fn launch(log: &Path, env: &[String], argv: &[OsString]) -> anyhow::Result<i
         .context("cannot create a PID namespace for the server (root needed)")?;
     let me = std::env::current_exe().context("cannot find the lockstep executable")?;
     let mut inner = Command::new(me);
-    inner.arg("launch-server").arg("--inner").arg("--log").arg(log);
+    inner
+        .arg("launch-server")
+        .arg("--inner")
+        .arg("--log")
+        .arg(log);
     for e in env {
         inner.arg("--env").arg(e);
     }

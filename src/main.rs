@@ -304,7 +304,10 @@ fn main() {
                 .map_err(|e| anyhow::anyhow!("node {node}: {e}"))?;
             println!(
                 "node {node}: snapshot at seq {seq} in {}",
-                c.node_data_dir(node).join("snapshots").join(format!("{seq:020}")).display()
+                c.node_data_dir(node)
+                    .join("snapshots")
+                    .join(format!("{seq:020}"))
+                    .display()
             );
             Ok(())
         })(),

@@ -500,14 +500,25 @@ impl Cluster {
         say(&format!(
             "node {id}: its follower restored the server from a snapshot (pid {restored})"
         ));
-        let log = self
-            .config
-            .data_dir
-            .join("logs")
-            .join(format!("server-{id}.log"));
+        let log = self.server_log(id);
         let mut c = Command::new(&bins.lockstep);
         c.args(["watch-server", "--pid", &restored.to_string()]);
         let child = spawn(c, &log, true).context("cannot start lockstep watch-server")?;
+        self.push_server(id, log, child, Some(restored as u32));
+        Ok(())
+    }
+
+    /// Node `id`'s server log.
+    fn server_log(&self, id: u64) -> PathBuf {
+        self.config
+            .data_dir
+            .join("logs")
+            .join(format!("server-{id}.log"))
+    }
+
+    /// Records node `id`'s server: `child` is its launcher, or the watcher
+    /// of the restored server `watched`.
+    fn push_server(&mut self, id: u64, log: PathBuf, child: Child, watched: Option<u32>) {
         self.procs.push(Proc {
             kind: Kind::Server,
             node: id,
@@ -517,9 +528,8 @@ impl Cluster {
             exited: false,
             how: String::new(),
             stopping: false,
-            watched: Some(restored as u32),
+            watched,
         });
-        Ok(())
     }
 
     fn spawn_server(
@@ -546,28 +556,14 @@ impl Cluster {
             "starting server of node {id}: {}",
             shell_words(&args)
         ));
-        let log = self
-            .config
-            .data_dir
-            .join("logs")
-            .join(format!("server-{id}.log"));
+        let log = self.server_log(id);
         let mut server = Command::new(&args[0]);
         under_preload(server.args(&args[1..]), &bins.preload, config_path, id);
         // In a PID namespace of its own: its image can be restored.
         let c = in_own_pid_namespace(&bins.lockstep, &server, &log);
         let child =
             spawn(c, &log, append).with_context(|| format!("cannot start server `{}`", args[0]))?;
-        self.procs.push(Proc {
-            kind: Kind::Server,
-            node: id,
-            what: format!("server of node {id}"),
-            log,
-            child,
-            exited: false,
-            how: String::new(),
-            stopping: false,
-            watched: None,
-        });
+        self.push_server(id, log, child, None);
         Ok(())
     }
 

@@ -415,7 +415,10 @@ fn redis_up_restarts_a_killed_backup_from_its_snapshot() {
     );
     up.wait_line_from(mark, "node 2 back as backup", READY_LIMIT);
     let out = up.output()[mark..].to_string();
-    assert!(!out.contains("starting server of node 2"), "a fresh server was started:\n{out}");
+    assert!(
+        !out.contains("starting server of node 2"),
+        "a fresh server was started:\n{out}"
+    );
     let follower = std::fs::read_to_string(tc.dir.join("data/logs/follower-2.log")).unwrap();
     assert!(
         follower.contains(&format!("applying from seq {} (restored server)", seq + 1)),
@@ -427,7 +430,10 @@ fn redis_up_restarts_a_killed_backup_from_its_snapshot() {
     let ds = converged(&tc, &[1, 2, 3], redis_digest);
     assert!(ds.iter().all(|d| *d == ds[0]), "replicas differ: {ds:?}");
     let counters = assert_acked_counters(&tc, &acked);
-    assert!(counters.iter().all(|v| *v == acked), "{counters:?} != {acked:?}");
+    assert!(
+        counters.iter().all(|v| *v == acked),
+        "{counters:?} != {acked:?}"
+    );
     stop_cleanly(&mut up, &tc);
 }
 

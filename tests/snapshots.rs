@@ -103,12 +103,18 @@ fn redis_backup_restores_its_snapshot_and_replays_only_the_tail() {
     // Connection state that the snapshot must carry, set up on the leader
     // (each connection is a replay connection in every backup's server).
     let mut selected = Resp::connect(leader).unwrap();
-    assert_eq!(ok(selected.cmd(&[b"SELECT", b"3"])), Reply::Status("OK".into()));
+    assert_eq!(
+        ok(selected.cmd(&[b"SELECT", b"3"])),
+        Reply::Status("OK".into())
+    );
     ok(selected.cmd(&[b"CLIENT", b"SETNAME", b"selector"]));
     ok(selected.cmd(&[b"SET", b"in:db3", b"before"]));
     let mut multi = Resp::connect(leader).unwrap();
     assert_eq!(ok(multi.cmd(&[b"MULTI"])), Reply::Status("OK".into()));
-    assert_eq!(ok(multi.cmd(&[b"INCR", b"multi:ctr"])), Reply::Status("QUEUED".into()));
+    assert_eq!(
+        ok(multi.cmd(&[b"INCR", b"multi:ctr"])),
+        Reply::Status("QUEUED".into())
+    );
     let mut resp3 = Resp::connect(leader).unwrap();
     ok(resp3.cmd(&[b"HELLO", b"3"]));
     ok(resp3.cmd(&[b"HSET", b"h3", b"field", b"value"]));
@@ -135,7 +141,9 @@ fn redis_backup_restores_its_snapshot_and_replays_only_the_tail() {
 
     wait_applied_here(&c, 3);
     let target = wait_applied_here(&c, 2);
-    let before: Vec<u64> = (1..=3).map(|id| c.status(id).unwrap().divergences).collect();
+    let before: Vec<u64> = (1..=3)
+        .map(|id| c.status(id).unwrap().divergences)
+        .collect();
     let seq = snapshot(&c, 2);
     assert!(seq >= target, "snapshot at {seq}, before {target}");
     let meta = std::fs::read_to_string(snapshot_dir(&c, 2, seq).join("meta.json")).unwrap();
@@ -143,7 +151,11 @@ fn redis_backup_restores_its_snapshot_and_replays_only_the_tail() {
     assert_eq!(meta["position"]["seq"], seq);
     let ids = meta["build_ids"].as_array().unwrap();
     let names: Vec<&str> = ids.iter().map(|p| p[0].as_str().unwrap()).collect();
-    assert_eq!(names[0], on_path("redis-server").display().to_string(), "{ids:?}");
+    assert_eq!(
+        names[0],
+        on_path("redis-server").display().to_string(),
+        "{ids:?}"
+    );
     assert!(names[1].ends_with("liblockstep.so"), "{ids:?}");
     load.wait_more(&c, 2000, LIMIT);
 
@@ -151,12 +163,18 @@ fn redis_backup_restores_its_snapshot_and_replays_only_the_tail() {
     c.kill_follower(2);
     c.kill_server(2);
     load.wait_more(&c, 2000, LIMIT);
-    assert_eq!(ok(multi.cmd(&[b"INCR", b"multi:ctr"])), Reply::Status("QUEUED".into()));
+    assert_eq!(
+        ok(multi.cmd(&[b"INCR", b"multi:ctr"])),
+        Reply::Status("QUEUED".into())
+    );
     assert_eq!(
         ok(multi.cmd(&[b"EXEC"])),
         Reply::Array(Some(vec![Reply::Int(1), Reply::Int(2)]))
     );
-    assert_eq!(ok(selected.cmd(&[b"GET", b"in:db3"])), Reply::Bulk(Some(b"before".to_vec())));
+    assert_eq!(
+        ok(selected.cmd(&[b"GET", b"in:db3"])),
+        Reply::Bulk(Some(b"before".to_vec()))
+    );
     ok(selected.cmd(&[b"SET", b"in:db3", b"after"]));
     let map = ok(resp3.cmd(&[b"HGETALL", b"h3"]));
     assert_eq!(
@@ -192,7 +210,13 @@ fn redis_backup_restores_its_snapshot_and_replays_only_the_tail() {
     // One more input on each connection: a backup compares the output
     // before it (the replies given while node 2 was down, which node 2
     // produced when it replayed them) with the leader's.
-    for conn in [&mut selected, &mut multi, &mut resp3, &mut blocked, &mut picker] {
+    for conn in [
+        &mut selected,
+        &mut multi,
+        &mut resp3,
+        &mut blocked,
+        &mut picker,
+    ] {
         ok(conn.cmd(&[b"PING"]));
     }
     ok(subscriber.cmd(&[b"PING"]));
@@ -206,11 +230,21 @@ fn redis_backup_restores_its_snapshot_and_replays_only_the_tail() {
     c.wait_converged(LIMIT);
     c.assert_same_digest();
     let counters = assert_acked_counters(&c, &acked);
-    assert!(counters.iter().all(|v| v.as_slice() == acked), "{counters:?} != {acked:?}");
+    assert!(
+        counters.iter().all(|v| v.as_slice() == acked),
+        "{counters:?} != {acked:?}"
+    );
     // Node 2's count started over with its restored server (the region is
     // new); the others' did not move.
-    let after: Vec<u64> = (1..=3).map(|id| c.status(id).unwrap().divergences).collect();
-    assert_eq!(after, [before[0], 0, before[2]], "divergences\n{}", c.logs());
+    let after: Vec<u64> = (1..=3)
+        .map(|id| c.status(id).unwrap().divergences)
+        .collect();
+    assert_eq!(
+        after,
+        [before[0], 0, before[2]],
+        "divergences\n{}",
+        c.logs()
+    );
     let spop = |id: u64| {
         let mut r = Resp::connect(c.app(id)).unwrap();
         ok(r.cmd(&[b"SCARD", b"big"]))
@@ -240,7 +274,10 @@ fn memcached_items_cas_ids_and_expiry_survive_a_restore() {
     let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
     for (i, k) in keys.iter().enumerate() {
         let v = format!("v{i}");
-        assert_eq!(m.store("set", k, i as u32, v.as_bytes(), None).unwrap(), "STORED");
+        assert_eq!(
+            m.store("set", k, i as u32, v.as_bytes(), None).unwrap(),
+            "STORED"
+        );
     }
     // Items that expire two seconds (of the log's time) from now.
     for i in 0..20 {
@@ -255,13 +292,19 @@ fn memcached_items_cas_ids_and_expiry_survive_a_restore() {
     // image's counter on node 2.
     for k in keys.iter().take(100) {
         let (flags, _, cas) = m.gets(k).unwrap().expect("item");
-        assert_eq!(m.store("cas", k, flags, b"swapped", Some(cas)).unwrap(), "STORED");
+        assert_eq!(
+            m.store("cas", k, flags, b"swapped", Some(cas)).unwrap(),
+            "STORED"
+        );
     }
     let line = kill_and_restore(&mut c, 2);
     assert!(line.contains("(restored server)"), "{line}");
     for k in keys.iter().skip(100).take(100) {
         let (flags, _, cas) = m.gets(k).unwrap().expect("item");
-        assert_eq!(m.store("cas", k, flags, b"after", Some(cas)).unwrap(), "STORED");
+        assert_eq!(
+            m.store("cas", k, flags, b"after", Some(cas)).unwrap(),
+            "STORED"
+        );
     }
     let ttl: Vec<String> = (0..20).map(|i| format!("ttl{i}")).collect();
     // The expired items are gone everywhere once the log's time passed
@@ -313,10 +356,15 @@ fn a_corrupt_or_foreign_snapshot_is_refused_and_the_log_serves() {
     assert_eq!(c.start_follower_restoring(2), None, "{}", c.logs());
     let log = follower_log(&c, 2);
     assert!(
-        log.contains(&format!("{newer:020}: file pages-1.img fails its checksum: not restored")),
+        log.contains(&format!(
+            "{newer:020}: file pages-1.img fails its checksum: not restored"
+        )),
         "{log}"
     );
-    assert!(log.contains(&format!("{older:020} was taken with another")), "{log}");
+    assert!(
+        log.contains(&format!("{older:020} was taken with another")),
+        "{log}"
+    );
     // Full replay into a fresh server, as without snapshots.
     c.start_server(2);
     cluster::redis_mixed_workload(c.app(1), 2, 100);
@@ -363,7 +411,10 @@ fn a_follower_killed_while_snapshotting_restores_a_complete_snapshot() {
         .and_then(|rest| rest.split(';').next())
         .map(PathBuf::from)
         .expect("a restore line");
-    assert!(restored.join("meta.json").exists(), "restored from {restored:?}");
+    assert!(
+        restored.join("meta.json").exists(),
+        "restored from {restored:?}"
+    );
     load.wait_more(&c, 2000, LIMIT);
     let acked = load.stop();
     cluster::assert_converged_exactly(&c, &acked, LIMIT);

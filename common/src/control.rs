@@ -360,9 +360,7 @@ fn ask(
     s.set_read_timeout(Some(answer))
         .map_err(|e| e.to_string())?;
     send_json(&mut s, req).map_err(|e| e.to_string())?;
-    match recv_json::<Response>(&mut s).map_err(|e| e.to_string())? {
-        other => Ok(other),
-    }
+    recv_json::<Response>(&mut s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -45,7 +45,8 @@ impl<'a> ApplyStream<'a> {
         self.w(W_APPLY_TAIL).store(pos, Ordering::Release);
         self.w(W_APPLY_HEAD).store(pos, Ordering::Release);
         self.w(W_APPLIED).store(applied, Ordering::Release);
-        self.w(W_APPLY_START_SEQ).store(start_seq, Ordering::Release);
+        self.w(W_APPLY_START_SEQ)
+            .store(start_seq, Ordering::Release);
         self.w(W_APPLY_EPOCH).store(epoch, Ordering::Release);
         self.bell().ring();
     }
@@ -118,7 +119,10 @@ mod tests {
         a.restart(50);
         assert_eq!((a.epoch(), a.tail(), a.head()), ((2, 50), 0, 0));
         a.resume(7, 30, 4096, 99);
-        assert_eq!((a.epoch(), a.tail(), a.head(), a.applied()), ((7, 30), 4096, 4096, 99));
+        assert_eq!(
+            (a.epoch(), a.tail(), a.head(), a.applied()),
+            ((7, 30), 4096, 4096, 99)
+        );
         assert_eq!(apply_ring_size(64 << 20), 16 << 20);
         assert_eq!(apply_ring_size(1 << 20), 1 << 20);
     }

@@ -49,7 +49,11 @@ impl Node {
                     // A server restored from an image reads on in its
                     // stream: a new one would end its replay connections.
                     let f = Feeder::resume(self.region.clone(), self.config.max_entry);
-                    log::info!("node {}: applying from seq {} (restored server)", self.me, f.next());
+                    log::info!(
+                        "node {}: applying from seq {} (restored server)",
+                        self.me,
+                        f.next()
+                    );
                     return f;
                 }
                 log::info!("node {}: applying from seq {}", self.me, from + 1);

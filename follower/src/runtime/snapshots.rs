@@ -94,12 +94,19 @@ pub fn restore_newest(image: &dyn ServerImage, node_dir: &Path, store: &LogStore
             }
         };
         if seq > last {
-            log::warn!("snapshot {} is past the log's end (seq {last}): not restored", dir.display());
+            log::warn!(
+                "snapshot {} is past the log's end (seq {last}): not restored",
+                dir.display()
+            );
             continue;
         }
         match image.restore(&dir, meta.position) {
             Ok(()) => {
-                log::info!("restored the server from snapshot {}; replaying from seq {}", dir.display(), seq + 1);
+                log::info!(
+                    "restored the server from snapshot {}; replaying from seq {}",
+                    dir.display(),
+                    seq + 1
+                );
                 return Some(seq);
             }
             Err(e) => log::warn!("snapshot {} failed to restore: {e:#}", dir.display()),
@@ -116,7 +123,10 @@ impl Node {
             return Err(format!("node {} cannot snapshot: {why}", self.me));
         }
         if self.replica().role() != Role::Backup {
-            return Err(format!("node {} is not a backup: only backups snapshot", self.me));
+            return Err(format!(
+                "node {} is not a backup: only backups snapshot",
+                self.me
+            ));
         }
         let (tx, rx) = mpsc::channel();
         self.snapshots
@@ -198,7 +208,8 @@ impl Node {
             return Ok(seq);
         }
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let taken = image
             .take(&dir, at)
             .map_err(|e| format!("{e:#}"))

@@ -95,7 +95,12 @@ fn run_criu(criu: &Path, args: &[&std::ffi::OsStr], log: &Path) -> anyhow::Resul
         .find(|l| l.starts_with("Error") && !l.contains("RLIMIT_NOFILE"))
         .map(str::to_string)
         .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string());
-    bail!("criu {} failed ({}): {why} (log {})", args[0].to_string_lossy(), out.status, log.display())
+    bail!(
+        "criu {} failed ({}): {why} (log {})",
+        args[0].to_string_lossy(),
+        out.status,
+        log.display()
+    )
 }
 
 /// What CRIU recorded about a dump in the image's `stats-dump` (a
@@ -145,7 +150,12 @@ fn varint(b: &[u8]) -> Option<(u64, &[u8])> {
 /// Bytes in the files of `dir`.
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
         .unwrap_or(0)
 }
 
@@ -261,7 +271,11 @@ impl ServerImage for Criu {
             &std::fs::read(dir.join(STREAM_FILE)).context("the image has no stream state")?,
         )?;
         if state.applied != at.seq {
-            bail!("the image's stream is at seq {}, not {}", state.applied, at.seq);
+            bail!(
+                "the image's stream is at seq {}, not {}",
+                state.applied,
+                at.seq
+            );
         }
         // Before the server runs again: its preload compares the stream's
         // epoch with its own at once, and a different one would end every

@@ -83,7 +83,7 @@ pub fn list(node_data_dir: &Path) -> Vec<(u64, PathBuf)> {
                 .map(|seq| (seq, e.path()))
         })
         .collect();
-    out.sort_by(|a, b| b.0.cmp(&a.0));
+    out.sort_by_key(|(seq, _)| std::cmp::Reverse(*seq));
     out
 }
 
@@ -144,10 +144,7 @@ pub fn complete(
 /// Reads the meta of the snapshot in `dir` and checks every file it names
 /// (length, BLAKE3) and its build ids against `current` (the build id of
 /// each named file now; None: unknown, not checked).
-pub fn verify(
-    dir: &Path,
-    current: &dyn Fn(&str) -> Option<String>,
-) -> Result<Meta, Refusal> {
+pub fn verify(dir: &Path, current: &dyn Fn(&str) -> Option<String>) -> Result<Meta, Refusal> {
     let at = dir.to_path_buf();
     let text = match std::fs::read(dir.join(META_FILE)) {
         Ok(t) => t,
@@ -236,7 +233,8 @@ mod tests {
     use super::*;
 
     fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("lockstep-snapfiles-{}-{name}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("lockstep-snapfiles-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
@@ -277,7 +275,10 @@ mod tests {
         pages[1000] ^= 1;
         std::fs::write(dir.join("pages-1.img"), &pages).unwrap();
         let e = verify(&dir, &none).unwrap_err();
-        assert!(e.to_string().contains("pages-1.img fails its checksum"), "{e}");
+        assert!(
+            e.to_string().contains("pages-1.img fails its checksum"),
+            "{e}"
+        );
         pages.truncate(10);
         std::fs::write(dir.join("pages-1.img"), &pages).unwrap();
         let e = verify(&dir, &none).unwrap_err();
