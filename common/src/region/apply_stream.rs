@@ -41,7 +41,11 @@ impl<'a> ApplyStream<'a> {
     /// read and applied up to ring position `pos` and seq `applied`. The
     /// preload keeps its replay connections; the follower writes on at
     /// `pos`.
-    pub fn resume(&self, epoch: u64, start_seq: u64, pos: u64, applied: u64) {
+    pub fn resume(&self, epoch: u64, start_seq: u64, pos: u64, applied: u64, waiters: u64) {
+        // The restored applier thread leaves the wait it was parked in
+        // (and counted) when its image was taken.
+        self.w(W_APPLY_BELL_WAITERS)
+            .store(waiters, Ordering::SeqCst);
         self.w(W_APPLY_TAIL).store(pos, Ordering::Release);
         self.w(W_APPLY_HEAD).store(pos, Ordering::Release);
         self.w(W_APPLIED).store(applied, Ordering::Release);
@@ -89,6 +93,11 @@ impl<'a> ApplyStream<'a> {
     pub fn add_diverged(&self) {
         self.w(W_DIVERGED).fetch_add(1, Ordering::AcqRel);
     }
+    /// How many threads wait on [`Self::bell`] now (what an image of the
+    /// server records, see `resume`).
+    pub fn bell_waiters(&self) -> u64 {
+        self.w(W_APPLY_BELL_WAITERS).load(Ordering::SeqCst)
+    }
     /// The doorbell the preload's applier parks on (rung on every new tail
     /// and restart).
     pub fn bell(&self) -> Doorbell<'a> {
@@ -118,7 +127,8 @@ mod tests {
         a.set_head(64);
         a.restart(50);
         assert_eq!((a.epoch(), a.tail(), a.head()), ((2, 50), 0, 0));
-        a.resume(7, 30, 4096, 99);
+        a.resume(7, 30, 4096, 99, 1);
+        assert_eq!(a.bell_waiters(), 1);
         assert_eq!(
             (a.epoch(), a.tail(), a.head(), a.applied()),
             ((7, 30), 4096, 4096, 99)

@@ -231,6 +231,7 @@ impl ServerImage for Criu {
             start_seq,
             pos: a.head(),
             applied: a.applied(),
+            waiters: a.bell_waiters(),
         };
         if state.applied != upto.seq || state.pos != a.tail() {
             bail!(
@@ -280,9 +281,13 @@ impl ServerImage for Criu {
         // Before the server runs again: its preload compares the stream's
         // epoch with its own at once, and a different one would end every
         // replay connection.
-        self.region
-            .apply()
-            .resume(state.epoch, state.start_seq, state.pos, state.applied);
+        self.region.apply().resume(
+            state.epoch,
+            state.start_seq,
+            state.pos,
+            state.applied,
+            state.waiters,
+        );
         let pidfile = self.work.join("restored.pid");
         let _ = std::fs::remove_file(&pidfile);
         let log = self.work.join("criu-restore.log");

@@ -52,6 +52,11 @@ pub struct StreamState {
     pub pos: u64,
     /// The last seq applied.
     pub applied: u64,
+    /// Threads of the server parked on the apply doorbell (its applier,
+    /// when idle): the restored ones leave that wait and uncount
+    /// themselves.
+    #[serde(default)]
+    pub waiters: u64,
 }
 
 /// The file in an image directory that holds its [`StreamState`].
