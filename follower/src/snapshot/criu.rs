@@ -319,6 +319,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_machine_that_cannot_snapshot_says_why_in_one_line() {
+        use lockstep_common::region::RegionSpec;
+        let spec = RegionSpec {
+            cluster: "nocriu".into(),
+            node: 1,
+            ring_size: 1 << 20,
+        };
+        let region = Arc::new(Region::anonymous(&spec).unwrap());
+        // Only this test reads the variable in this process.
+        std::env::set_var(CRIU_ENV, "/nonexistent/criu");
+        let e = Criu::find(region, &std::env::temp_dir()).err();
+        std::env::remove_var(CRIU_ENV);
+        let e = e.expect("no criu there");
+        assert!(e.contains("/nonexistent/criu") && !e.contains('\n'), "{e}");
+    }
+
+    #[test]
     fn the_frozen_time_is_read_from_a_stats_image() {
         let d = std::env::temp_dir().join(format!("lockstep-criu-stats-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
