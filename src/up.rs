@@ -657,6 +657,7 @@ impl Cluster {
             let _ = killpg(p.pgid(), Signal::SIGKILL);
         }
         self.procs.retain(|p| p.node != id);
+        kill_attached_server(&self.config, id);
     }
 
     /// The first process of node `id` (server, then follower) that exited.
@@ -1266,6 +1267,26 @@ fn run_one(
     cluster.stop();
     say("stopped; no process or region file of this node left");
     Ok(())
+}
+
+/// SIGKILLs a server still attached to node `id`'s region that none of
+/// `up`'s processes stands for (one a follower restored from a snapshot
+/// before it died), and waits a moment for its exit: a new follower
+/// refuses to start beside it.
+fn kill_attached_server(config: &Config, id: u64) {
+    let spec = config.region_spec(id);
+    let Ok(r) = region::Region::open(&spec.default_path(), &spec) else {
+        return;
+    };
+    let pid = r.preload_pid();
+    if pid == 0 || !r.server_attached() {
+        return;
+    }
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    let start = Instant::now();
+    while r.server_attached() && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// SIGKILLs node `id`'s follower (pid from its status) and server (pid from

@@ -76,13 +76,6 @@ impl Node {
         }
         let region = Arc::new(region);
         let image = snapshots::image_taker(region.clone(), &dir);
-        let restored_at = match &image {
-            Ok(image) => snapshots::restore_newest(image.as_ref(), &dir, &store),
-            Err(why) => {
-                log::warn!("node {me}: cannot snapshot: {why}; a restart replays the whole log");
-                None
-            }
-        };
         let transport = transport::open(&config, me, region.clone())?;
         let last = store.last();
         let restored = Restored {
@@ -120,6 +113,15 @@ impl Node {
             last.end_pos,
             path.display()
         );
+        // Last of what can fail: a follower that stops after this leaves a
+        // restored server behind, attached to the region.
+        let restored_at = match &image {
+            Ok(image) => snapshots::restore_newest(image.as_ref(), &dir, &store),
+            Err(why) => {
+                log::warn!("node {me}: cannot snapshot: {why}; a restart replays the whole log");
+                None
+            }
+        };
         let region_server = RegionServer::new(region.clone());
         let (outbox, outbox_rx) = mpsc::channel();
         let node = Arc::new(Node {
