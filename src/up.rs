@@ -491,12 +491,11 @@ impl Cluster {
         say: &dyn Fn(&str),
         append: bool,
     ) -> anyhow::Result<()> {
-        let restored = status::query(&self.config, id, Duration::from_millis(500))
-            .map(|s| s.server_pid)
-            .unwrap_or(0);
-        if restored == 0 {
+        // The region, not the status: it answers however busy the
+        // follower is.
+        let Some(restored) = attached_server(&self.config, id) else {
             return self.spawn_server(id, cmd, config_path, bins, say, append);
-        }
+        };
         say(&format!(
             "node {id}: its follower restored the server from a snapshot (pid {restored})"
         ));
@@ -1269,22 +1268,25 @@ fn run_one(
     Ok(())
 }
 
+/// The pid of the server attached to node `id`'s region, if one is.
+fn attached_server(config: &Config, id: u64) -> Option<u64> {
+    let spec = config.region_spec(id);
+    let r = region::Region::open(&spec.default_path(), &spec).ok()?;
+    let pid = r.preload_pid();
+    (pid != 0 && r.server_attached()).then_some(pid)
+}
+
 /// SIGKILLs a server still attached to node `id`'s region that none of
 /// `up`'s processes stands for (one a follower restored from a snapshot
 /// before it died), and waits a moment for its exit: a new follower
 /// refuses to start beside it.
 fn kill_attached_server(config: &Config, id: u64) {
-    let spec = config.region_spec(id);
-    let Ok(r) = region::Region::open(&spec.default_path(), &spec) else {
+    let Some(pid) = attached_server(config, id) else {
         return;
     };
-    let pid = r.preload_pid();
-    if pid == 0 || !r.server_attached() {
-        return;
-    }
     let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
     let start = Instant::now();
-    while r.server_attached() && start.elapsed() < Duration::from_secs(2) {
+    while attached_server(config, id).is_some() && start.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
