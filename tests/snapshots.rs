@@ -40,7 +40,12 @@ fn follower_log(c: &TestCluster, id: u64) -> String {
 /// Waits until node `id` applied everything the leader (node 1) persisted
 /// by now.
 fn wait_applied_here(c: &TestCluster, id: u64) -> u64 {
-    let target = c.status(1).expect("leader status").persisted;
+    wait_applied_from(c, 1, id)
+}
+
+/// Waits until node `id` applied everything `leader` persisted by now.
+fn wait_applied_from(c: &TestCluster, leader: u64, id: u64) -> u64 {
+    let target = c.status(leader).expect("leader status").persisted;
     c.wait("the node applied the leader's log so far", LIMIT, |c| {
         c.status(id).is_ok_and(|s| s.applied >= target)
     });
@@ -418,4 +423,38 @@ fn a_follower_killed_while_snapshotting_restores_a_complete_snapshot() {
     load.wait_more(&c, 2000, LIMIT);
     let acked = load.stop();
     cluster::assert_converged_exactly(&c, &acked, LIMIT);
+}
+
+#[test]
+fn a_restored_backup_leads_after_a_failover() {
+    let mut c = TestCluster::new("snaplead", Options::default());
+    let _zk = c.start_zookeeper(2000);
+    c.start_nodes();
+    let first = c.wait_leader_among(&[1, 2, 3], LIMIT);
+    let backups: Vec<u64> = (1..=3).filter(|&i| i != first).collect();
+    cluster::redis_mixed_workload(c.app(first), 2, 200);
+    // Both backups come back from their images: whichever the election
+    // picks next runs a restored server.
+    for &b in &backups {
+        wait_applied_from(&c, first, b);
+        let seq = snapshot(&c, b);
+        let line = kill_and_restore(&mut c, b);
+        assert!(
+            line.contains(&format!("applying from seq {}", seq + 1)),
+            "{line}"
+        );
+    }
+    cluster::redis_mixed_workload(c.app(first), 2, 200);
+    c.wait_converged_on(&[first, backups[0], backups[1]], LIMIT);
+    c.kill_server(first);
+    c.kill_follower(first);
+    let second = c.wait_leader_among(&backups, LIMIT);
+    // The restored server's preload turns active and serves.
+    cluster::redis_mixed_workload(c.app(second), 2, 200);
+    c.start_follower(first);
+    c.start_server(first);
+    let other = backups.iter().copied().find(|&b| b != second).unwrap();
+    c.wait_converged_on(&[second, other, first], LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
 }
