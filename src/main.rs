@@ -5,6 +5,7 @@ mod bench_redis;
 mod chart;
 mod check;
 mod failover_bench;
+mod launch;
 mod status;
 mod up;
 
@@ -62,12 +63,47 @@ enum Cmd {
         #[arg(long)]
         node: u64,
     },
+    /// Has a backup's follower snapshot its server now (a process image at
+    /// a turn boundary, in the node's data dir); prints the snapshot's seq.
+    Snapshot {
+        /// Cluster config.
+        config: PathBuf,
+        /// The node (a backup).
+        #[arg(long)]
+        node: u64,
+    },
     /// Checks a config file (and what `up` would need: the server program,
     /// {port} in its command, memcached's -t 1, a writable data_dir) and
     /// prints what it describes; exits 1 with one line per problem.
     Check {
         /// Cluster config.
         config: PathBuf,
+    },
+    /// Runs a node's server in a PID namespace of its own (what `up` and
+    /// the tests start servers through, so their process images can be
+    /// restored): exits as the server did.
+    #[command(hide = true)]
+    LaunchServer {
+        /// The server's log (its stdout and stderr, appended to).
+        #[arg(long)]
+        log: PathBuf,
+        /// KEY=VALUE set in the server's environment only (the preload's).
+        #[arg(long)]
+        env: Vec<String>,
+        /// Set by the launcher for the namespace's first process.
+        #[arg(long)]
+        inner: bool,
+        /// The server command.
+        #[arg(last = true, required = true)]
+        argv: Vec<std::ffi::OsString>,
+    },
+    /// Stands in for a server that a follower restored from a snapshot:
+    /// passes SIGTERM/SIGINT/SIGHUP on, exits once it is gone.
+    #[command(hide = true)]
+    WatchServer {
+        /// The restored server's pid.
+        #[arg(long)]
+        pid: u32,
     },
     /// Benchmarks (figures, not tests).
     Bench {
@@ -276,6 +312,32 @@ fn main() {
             only,
             keep,
         }),
+        Cmd::Snapshot { config, node } => (|| {
+            let c = load(Some(config), None)?;
+            let seq = lockstep_common::control::take_snapshot(&c, node, Duration::from_secs(150))
+                .map_err(|e| anyhow::anyhow!("node {node}: {e}"))?;
+            println!(
+                "node {node}: snapshot at seq {seq} in {}",
+                c.node_data_dir(node)
+                    .join("snapshots")
+                    .join(format!("{seq:020}"))
+                    .display()
+            );
+            Ok(())
+        })(),
+        Cmd::LaunchServer {
+            log,
+            env,
+            inner,
+            argv,
+        } => {
+            if inner {
+                Err(launch::inner(&log, &env, &argv))
+            } else {
+                launch::launch(&log, &env, &argv).map(|code| std::process::exit(code))
+            }
+        }
+        Cmd::WatchServer { pid } => launch::watch(pid).map(|code| std::process::exit(code)),
         Cmd::Check { config } => (|| {
             let c = load(Some(config.clone()), None)?;
             let problems = check::problems(&c);

@@ -29,7 +29,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::status;
-use lockstep_testkit::commands::{follower_command, under_preload};
+use lockstep_testkit::commands::{follower_command, in_own_pid_namespace, under_preload};
 use lockstep_testkit::process::{
     last_line, open_log, port_free, spawn_logged, stop_on_signals, Grouping,
 };
@@ -65,6 +65,8 @@ pub struct Binaries {
     pub follower: PathBuf,
     /// liblockstep.so.
     pub preload: PathBuf,
+    /// lockstep itself: it launches the servers (`launch-server`).
+    pub lockstep: PathBuf,
 }
 
 impl Binaries {
@@ -75,6 +77,7 @@ impl Binaries {
         let b = Binaries {
             follower: dir.join("lockstep-follower"),
             preload: dir.join("liblockstep.so"),
+            lockstep: exe.clone(),
         };
         for p in [&b.follower, &b.preload] {
             if !p.exists() {
@@ -115,11 +118,28 @@ struct Proc {
     how: String,
     /// `lockstep up` stopped it on purpose: its exit is no news.
     stopping: bool,
+    /// A server the follower restored from a snapshot, which `child` (a
+    /// `watch-server`) stands in for: its pid.
+    watched: Option<u32>,
 }
 
 impl Proc {
     fn pgid(&self) -> Pid {
         Pid::from_raw(self.child.id() as i32)
+    }
+
+    /// SIGKILLs the server itself, not only its launcher or watcher: a
+    /// server runs in a session of its own (see `launch`).
+    fn kill_server(&self) {
+        if self.kind != Kind::Server {
+            return;
+        }
+        let pid = self
+            .watched
+            .or_else(|| lockstep_testkit::process::first_child(self.child.id()));
+        if let Some(pid) = pid {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
     }
 }
 
@@ -410,7 +430,7 @@ impl Cluster {
             Duration::from_secs(60),
         )?;
         for &id in ids {
-            cluster.spawn_server(id, cmd, &config_path, bins, say, false)?;
+            cluster.start_server(id, cmd, &config_path, bins, say, false)?;
         }
         cluster.wait_servers(ids, stop)?;
         let now = Instant::now();
@@ -459,8 +479,61 @@ impl Cluster {
             exited: false,
             how: String::new(),
             stopping: false,
+            watched: None,
         });
         Ok(())
+    }
+
+    /// Starts node `id`'s server, unless its follower restored one from a
+    /// snapshot (its status names a server already): then a `watch-server`
+    /// stands in for it.
+    fn start_server(
+        &mut self,
+        id: u64,
+        cmd: &[String],
+        config_path: &Path,
+        bins: &Binaries,
+        say: &dyn Fn(&str),
+        append: bool,
+    ) -> anyhow::Result<()> {
+        // The region, not the status: it answers however busy the
+        // follower is.
+        let Some(restored) = attached_server(&self.config, id) else {
+            return self.spawn_server(id, cmd, config_path, bins, say, append);
+        };
+        say(&format!(
+            "node {id}: its follower restored the server from a snapshot (pid {restored})"
+        ));
+        let log = self.server_log(id);
+        let mut c = Command::new(&bins.lockstep);
+        c.args(["watch-server", "--pid", &restored.to_string()]);
+        let child = spawn(c, &log, true).context("cannot start lockstep watch-server")?;
+        self.push_server(id, log, child, Some(restored as u32));
+        Ok(())
+    }
+
+    /// Node `id`'s server log.
+    fn server_log(&self, id: u64) -> PathBuf {
+        self.config
+            .data_dir
+            .join("logs")
+            .join(format!("server-{id}.log"))
+    }
+
+    /// Records node `id`'s server: `child` is its launcher, or the watcher
+    /// of the restored server `watched`.
+    fn push_server(&mut self, id: u64, log: PathBuf, child: Child, watched: Option<u32>) {
+        self.procs.push(Proc {
+            kind: Kind::Server,
+            node: id,
+            what: format!("server of node {id}"),
+            log,
+            child,
+            exited: false,
+            how: String::new(),
+            stopping: false,
+            watched,
+        });
     }
 
     fn spawn_server(
@@ -487,25 +560,14 @@ impl Cluster {
             "starting server of node {id}: {}",
             shell_words(&args)
         ));
-        let log = self
-            .config
-            .data_dir
-            .join("logs")
-            .join(format!("server-{id}.log"));
-        let mut c = Command::new(&args[0]);
-        under_preload(c.args(&args[1..]), &bins.preload, config_path, id);
+        let log = self.server_log(id);
+        let mut server = Command::new(&args[0]);
+        under_preload(server.args(&args[1..]), &bins.preload, config_path, id);
+        // In a PID namespace of its own: its image can be restored.
+        let c = in_own_pid_namespace(&bins.lockstep, &server, &log);
         let child =
             spawn(c, &log, append).with_context(|| format!("cannot start server `{}`", args[0]))?;
-        self.procs.push(Proc {
-            kind: Kind::Server,
-            node: id,
-            what: format!("server of node {id}"),
-            log,
-            child,
-            exited: false,
-            how: String::new(),
-            stopping: false,
-        });
+        self.push_server(id, log, child, None);
         Ok(())
     }
 
@@ -552,7 +614,7 @@ impl Cluster {
             Duration::from_secs(60),
         )?;
         let cmd = self.cmd.clone();
-        self.spawn_server(id, &cmd, &config_path, bins, say, true)?;
+        self.start_server(id, &cmd, &config_path, bins, say, true)?;
         self.wait_servers(&[id], stop)
     }
 
@@ -579,6 +641,9 @@ impl Cluster {
         let mut hit = Vec::new();
         for p in self.procs.iter_mut().filter(|p| p.node == id && !p.exited) {
             p.stopping = true;
+            if sig == Signal::SIGKILL {
+                p.kill_server();
+            }
             let _ = killpg(p.pgid(), sig);
             hit.push(format!("its {} (pid {})", p.kind.name(), p.child.id()));
         }
@@ -591,10 +656,12 @@ impl Cluster {
     /// forget them.
     fn forget_node(&mut self, id: u64) {
         for p in self.procs.iter().filter(|p| p.node == id) {
+            p.kill_server();
             // ESRCH when the group is empty.
             let _ = killpg(p.pgid(), Signal::SIGKILL);
         }
         self.procs.retain(|p| p.node != id);
+        kill_attached_server(&self.config, id);
     }
 
     /// The first process of node `id` (server, then follower) that exited.
@@ -743,7 +810,7 @@ impl Cluster {
                         self.config_path.clone(),
                         self.bins.clone(),
                     );
-                    return match self.spawn_server(id, &cmd, &path, &bins, say, true) {
+                    return match self.start_server(id, &cmd, &path, &bins, say, true) {
                         Ok(()) => Phase::StartingServer {
                             applied: 0,
                             progress_at: now,
@@ -993,6 +1060,7 @@ impl Cluster {
                         Ok(Some(_)) | Err(_) => p.exited = true,
                         Ok(None) if start.elapsed() > STOP_GRACE => {
                             log::warn!("{} ignored SIGTERM for {STOP_GRACE:?}: SIGKILL", p.what);
+                            p.kill_server();
                             let _ = killpg(p.pgid(), Signal::SIGKILL);
                             let _ = p.child.wait();
                             p.exited = true;
@@ -1239,6 +1307,29 @@ fn run_one(
     cluster.stop();
     say("stopped; no process or region file of this node left");
     Ok(())
+}
+
+/// The pid of the server attached to node `id`'s region, if one is.
+fn attached_server(config: &Config, id: u64) -> Option<u64> {
+    let spec = config.region_spec(id);
+    let r = region::Region::open(&spec.default_path(), &spec).ok()?;
+    let pid = r.preload_pid();
+    (pid != 0 && r.server_attached()).then_some(pid)
+}
+
+/// SIGKILLs a server still attached to node `id`'s region that none of
+/// `up`'s processes stands for (one a follower restored from a snapshot
+/// before it died), and waits a moment for its exit: a new follower
+/// refuses to start beside it.
+fn kill_attached_server(config: &Config, id: u64) {
+    let Some(pid) = attached_server(config, id) else {
+        return;
+    };
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    let start = Instant::now();
+    while attached_server(config, id).is_some() && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// SIGKILLs node `id`'s follower (pid from its status) and server (pid from

@@ -424,6 +424,71 @@ fn up_says_a_rebuilt_node_is_back_only_once_caught_up() {
     stop_cleanly(&mut up, &tc);
 }
 
+/// `lockstep snapshot` has a backup image its server; `lockstep kill`
+/// takes the node down; `up` restarts its follower, which restores the
+/// image (up adopts that server instead of starting a fresh one) and
+/// replays only the entries after it; the replicas agree, and Ctrl-C
+/// stops the restored server too.
+#[test]
+fn redis_up_restarts_a_killed_backup_from_its_snapshot() {
+    let tc = config("upsnap", Server::Redis);
+    let mut up = Up::spawn(&tc.config_path, &[]);
+    up.wait_line("ready", READY_LIMIT);
+    let load = BackgroundLoad::start(tc.app(1), 2);
+    load.wait_more(&tc, 2000, READY_LIMIT);
+    let config = tc.config_path.to_str().unwrap();
+    let out = lockstep(&["snapshot", config, "--node", "2"]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success() && said.starts_with("node 2: snapshot at seq "),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seq: u64 = said["node 2: snapshot at seq ".len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .expect("a seq");
+    let leader = lockstep(&["snapshot", config, "--node", "1"]);
+    assert!(
+        !leader.status.success()
+            && String::from_utf8_lossy(&leader.stderr).contains("only backups snapshot"),
+        "the leader must refuse"
+    );
+    load.wait_more(&tc, 2000, READY_LIMIT);
+
+    let mark = up.mark();
+    assert!(lockstep(&["kill", config, "--node", "2"]).status.success());
+    up.wait_line_from(mark, "node 2 is down", READY_LIMIT);
+    up.wait_line_from(
+        mark,
+        "node 2: its follower restored the server from a snapshot",
+        READY_LIMIT,
+    );
+    up.wait_line_from(mark, "node 2 back as backup", READY_LIMIT);
+    let out = up.output()[mark..].to_string();
+    assert!(
+        !out.contains("starting server of node 2"),
+        "a fresh server was started:\n{out}"
+    );
+    let follower = std::fs::read_to_string(tc.dir.join("data/logs/follower-2.log")).unwrap();
+    assert!(
+        follower.contains(&format!("applying from seq {} (restored server)", seq + 1)),
+        "{follower}"
+    );
+
+    load.wait_more(&tc, 2000, READY_LIMIT);
+    let acked = load.stop();
+    let ds = converged(&tc, &[1, 2, 3], redis_digest);
+    assert!(ds.iter().all(|d| *d == ds[0]), "replicas differ: {ds:?}");
+    let counters = assert_acked_counters(&tc, &acked);
+    assert!(
+        counters.iter().all(|v| *v == acked),
+        "{counters:?} != {acked:?}"
+    );
+    stop_cleanly(&mut up, &tc);
+}
+
 /// One node per host: three `lockstep up --node i` processes (one per
 /// node, static election) form a working cluster; writes go through the
 /// leader and every replica agrees; a node whose server is SIGKILLed is

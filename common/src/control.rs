@@ -45,6 +45,9 @@ pub enum Request {
         /// The new leader's log ends here (its VIEW entry).
         last: u64,
     },
+    /// Take a snapshot of this node's server now (a backup's; answered by
+    /// `Snapshot` once it is complete, or `Error`).
+    Snapshot,
 }
 
 /// One node's state, as `lockstep status` shows it.
@@ -129,6 +132,11 @@ pub enum Response {
     Outdated {
         /// The view this node promised.
         promised: u64,
+    },
+    /// Answer to `Snapshot`: a complete snapshot at `seq` is on disk.
+    Snapshot {
+        /// The last seq its server had applied.
+        seq: u64,
     },
 }
 
@@ -321,19 +329,47 @@ pub fn query_status(
     id: u64,
     timeout: std::time::Duration,
 ) -> Result<NodeStatus, String> {
-    use crate::handshake::{self, Channel};
-    let addr = config.node(id).map_err(|e| e.0)?.control;
-    let key = config.existing_cluster_key().map_err(|e| e.to_string())?;
-    let mut s = handshake::connect(addr, &config.cluster, key, 0, Channel::Control, timeout)
-        .map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    send_json(&mut s, &Request::Status).map_err(|e| e.to_string())?;
-    match recv_json::<Response>(&mut s).map_err(|e| e.to_string())? {
+    match ask(config, id, &Request::Status, timeout, timeout)? {
         Response::Status(st) => Ok(st),
         Response::Error(e) => Err(e),
         other => Err(format!("unexpected answer {other:?}")),
     }
+}
+
+/// Asks node `id`'s follower to snapshot its server now (see
+/// [`Request::Snapshot`]); returns the snapshot's seq. `patience` bounds
+/// the wait for the answer.
+pub fn take_snapshot(
+    config: &crate::Config,
+    id: u64,
+    patience: std::time::Duration,
+) -> Result<u64, String> {
+    // A node busy applying may take a moment to answer the handshake.
+    let connect = std::time::Duration::from_secs(10);
+    match ask(config, id, &Request::Snapshot, connect, patience)? {
+        Response::Snapshot { seq } => Ok(seq),
+        Response::Error(e) => Err(e),
+        other => Err(format!("unexpected answer {other:?}")),
+    }
+}
+
+/// One request to node `id`'s follower as a CLI client (node 0).
+fn ask(
+    config: &crate::Config,
+    id: u64,
+    req: &Request,
+    connect: std::time::Duration,
+    answer: std::time::Duration,
+) -> Result<Response, String> {
+    use crate::handshake::{self, Channel};
+    let addr = config.node(id).map_err(|e| e.0)?.control;
+    let key = config.existing_cluster_key().map_err(|e| e.to_string())?;
+    let mut s = handshake::connect(addr, &config.cluster, key, 0, Channel::Control, connect)
+        .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(answer))
+        .map_err(|e| e.to_string())?;
+    send_json(&mut s, req).map_err(|e| e.to_string())?;
+    recv_json::<Response>(&mut s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

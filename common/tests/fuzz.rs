@@ -415,8 +415,9 @@ fn fuzz_tcp_frames() {
 }
 
 fn arb_request(rng: &mut Rng) -> Request {
-    match rng.below(4) {
+    match rng.below(5) {
         0 => Request::Status,
+        4 => Request::Snapshot,
         1 => Request::Fetch {
             from: rng.edgy(),
             to: rng.edgy(),
@@ -434,7 +435,8 @@ fn arb_request(rng: &mut Rng) -> Request {
 }
 
 fn arb_response(rng: &mut Rng) -> Response {
-    match rng.below(6) {
+    match rng.below(7) {
+        6 => Response::Snapshot { seq: rng.edgy() },
         0 => Response::Status(NodeStatus {
             node: rng.edgy(),
             view: rng.edgy(),

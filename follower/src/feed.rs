@@ -49,6 +49,27 @@ impl Feeder {
         }
     }
 
+    /// Goes on with the stream the region holds (see
+    /// `ApplyStream::resume`: a server restored from an image reads on
+    /// where it was): the next entry is the one after the last applied,
+    /// written at the stream's tail.
+    pub fn resume(region: Arc<Region>, max_entry: u32) -> Feeder {
+        let a = region.apply();
+        let (next, pos) = (a.applied() + 1, a.tail());
+        let size = apply_ring_size(region.ring_size());
+        Feeder {
+            region,
+            writer: RingWriter::new(size, pos),
+            scratch: vec![0; entry::footprint(max_entry as usize)],
+            next,
+        }
+    }
+
+    /// Apply ring position of the next entry (the end of what was fed).
+    pub fn pos(&self) -> u64 {
+        self.writer.pos()
+    }
+
     /// Seq of the next entry to feed.
     pub fn next(&self) -> u64 {
         self.next

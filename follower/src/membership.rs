@@ -86,7 +86,8 @@ impl fmt::Display for Refusal {
 /// connection whose handshake proved node id `peer`.
 pub fn admit(members: &[u64], me: u64, peer: u64, req: &Request) -> Result<(), Refusal> {
     let (role, id) = match req {
-        Request::Status => return Ok(()),
+        // Operators' requests (the cluster key is proven already).
+        Request::Status | Request::Snapshot => return Ok(()),
         Request::Fetch { .. } => return admit_peer(members, me, peer),
         Request::Prepare { candidate, .. } => ("candidate", *candidate),
         Request::NewView { leader, .. } => ("leader", *leader),
@@ -124,6 +125,7 @@ pub fn admit_peer(members: &[u64], me: u64, peer: u64) -> Result<(), Refusal> {
 pub fn describe(req: &Request) -> String {
     match req {
         Request::Status => "Status".into(),
+        Request::Snapshot => "Snapshot".into(),
         Request::Fetch { from, to } => format!("Fetch {from}..={to}"),
         Request::Prepare { view, candidate } => {
             format!("Prepare of view {view} for candidate {candidate}")

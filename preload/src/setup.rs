@@ -20,9 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockstep_common::region::RegionError;
 use lockstep_common::config::TransportKind;
-use lockstep_common::region;
+use lockstep_common::region::{self, RegionError};
 use lockstep_common::{Config, Region};
 use once_cell::sync::OnceCell;
 
@@ -210,7 +209,7 @@ fn attach_when(ready: impl FnOnce(&Region) -> bool) -> Result<&'static Engine, U
         .map_err(|e| Unattached::Failed(e.to_string()))?;
     let engine =
         Engine::new(s.config.clone(), s.me, Arc::new(region)).map_err(Unattached::Failed)?;
-    engine.region.set_preload_pid(std::process::id() as u64);
+    engine.region.set_preload_pid(host_pid());
     // From now on a forked child (Redis BGSAVE) must not act for us. A
     // fork before this point (a daemonising server) keeps a working copy.
     sys::at_fork_child(on_fork_child);
@@ -327,6 +326,17 @@ pub fn before_privilege_drop() {
             ),
         }
     }
+}
+
+/// This process's pid as the follower and `lockstep` see it: a server in a
+/// PID namespace of its own (so that its image can be restored) is pid 1
+/// there, but the host's `/proc` (the launcher mounts no other) names it by
+/// its host pid.
+fn host_pid() -> u64 {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse().ok())
+        .unwrap_or(std::process::id() as u64)
 }
 
 /// Replication is impossible for `reason`. Stops the server with one line

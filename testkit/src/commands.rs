@@ -46,3 +46,23 @@ pub fn under_preload<'a>(
         .env("LOCKSTEP_CONFIG", config)
         .env("LOCKSTEP_NODE", id.to_string())
 }
+
+/// `cmd` (a server command, its environment included) run through
+/// `lockstep launch-server` (`lockstep`: that executable) in a PID
+/// namespace of its own, its output appended to `log`: what makes its
+/// process image restorable. The environment goes to the server only (the
+/// launcher itself runs without the preload).
+pub fn in_own_pid_namespace(lockstep: &Path, cmd: &Command, log: &Path) -> Command {
+    let mut c = Command::new(lockstep);
+    c.arg("launch-server").arg("--log").arg(log);
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            let mut kv = k.to_os_string();
+            kv.push("=");
+            kv.push(v);
+            c.arg("--env").arg(kv);
+        }
+    }
+    c.arg("--").arg(cmd.get_program()).args(cmd.get_args());
+    c
+}

@@ -64,6 +64,30 @@ pub fn kill_and_reap(slot: &mut Option<Child>) {
     }
 }
 
+/// The first child of process `pid` (a server launcher's: the server), if
+/// any.
+pub fn first_child(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// SIGKILLs the server a launcher in `slot` runs (`lockstep
+/// launch-server`: the server is in a session of its own, out of reach of
+/// the launcher's death), then the launcher, and reaps it.
+pub fn kill_launched_and_reap(slot: &mut Option<Child>) {
+    if let Some(server) = slot.as_ref().and_then(|c| first_child(c.id())) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(server as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    kill_and_reap(slot);
+}
+
 /// Whether `addr` can be bound now.
 pub fn port_free(addr: SocketAddr) -> bool {
     TcpListener::bind(addr).is_ok()

@@ -15,7 +15,7 @@ mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::{commit_line, commit_mode};
 use lockstep_testkit::commands::{
-    follower_command, memcached_command, redis_command, under_preload,
+    follower_command, in_own_pid_namespace, memcached_command, redis_command, under_preload,
 };
 #[allow(unused_imports)]
 pub use lockstep_testkit::leader::{find_leader, leading};
@@ -26,7 +26,9 @@ use lockstep_testkit::poll::poll_until;
 pub use lockstep_testkit::ports::free_port;
 #[allow(unused_imports)]
 pub use lockstep_testkit::process::processes_mentioning;
-use lockstep_testkit::process::{kill_and_reap, open_log, spawn_logged, Grouping};
+use lockstep_testkit::process::{
+    kill_and_reap, kill_launched_and_reap, open_log, spawn_logged, Grouping,
+};
 #[allow(unused_imports)]
 pub use lockstep_testkit::resp::{resp_encode, Reply, Resp};
 #[allow(unused_imports)]
@@ -84,6 +86,8 @@ pub struct TestCluster {
     server: Server,
     followers: Vec<Option<Child>>,
     servers: Vec<Option<Child>>,
+    /// Servers a follower restored from a snapshot (not our children).
+    restored: Vec<Option<u32>>,
     bins: PathBuf,
     /// Set by `use_server_command`: replaces `server`.
     command: Option<Vec<String>>,
@@ -154,6 +158,7 @@ impl TestCluster {
             server: opts.server,
             followers: (0..n).map(|_| None).collect(),
             servers: (0..n).map(|_| None).collect(),
+            restored: (0..n).map(|_| None).collect(),
             bins: bin_dir(),
             command: None,
         }
@@ -237,6 +242,10 @@ impl TestCluster {
             &self.config_path,
             id,
         );
+        // In a PID namespace of its own, as `lockstep up` starts it: its
+        // image can be restored.
+        let log = self.dir.join(format!("server-{id}.log"));
+        let cmd = in_own_pid_namespace(&self.bins.join("lockstep"), &cmd, &log);
         let child = spawn(cmd, self.log("server", id));
         let i = self.idx(id);
         self.servers[i] = Some(child);
@@ -292,7 +301,22 @@ impl TestCluster {
     /// SIGKILLs node `id`'s server.
     pub fn kill_server(&mut self, id: u64) {
         let i = self.idx(id);
-        kill_and_reap(&mut self.servers[i]);
+        kill_launched_and_reap(&mut self.servers[i]);
+        kill_restored(&mut self.restored[i]);
+    }
+
+    /// Starts node `id`'s follower; when it restored the node's server from
+    /// a snapshot, that server is the node's (stopped with the cluster) and
+    /// its pid is returned; None: no snapshot served, start a server.
+    pub fn start_follower_restoring(&mut self, id: u64) -> Option<u32> {
+        self.start_follower(id);
+        let pid = self.status(id).map(|s| s.server_pid).unwrap_or(0);
+        if pid == 0 {
+            return None;
+        }
+        let i = self.idx(id);
+        self.restored[i] = Some(pid as u32);
+        Some(pid as u32)
     }
 
     /// Node `id`'s status over the control channel.
@@ -349,7 +373,13 @@ impl TestCluster {
 
 impl Drop for TestCluster {
     fn drop(&mut self) {
-        for c in self.servers.iter_mut().chain(self.followers.iter_mut()) {
+        for c in self.servers.iter_mut() {
+            kill_launched_and_reap(c);
+        }
+        for r in self.restored.iter_mut() {
+            kill_restored(r);
+        }
+        for c in self.followers.iter_mut() {
             kill_and_reap(c);
         }
         for n in &self.nodes {
@@ -900,6 +930,16 @@ impl TestCluster {
     pub fn use_server_command(&mut self, argv: &[&str]) {
         assert!(!argv.is_empty(), "empty server command");
         self.command = Some(argv.iter().map(|a| a.to_string()).collect());
+    }
+}
+
+/// SIGKILLs a restored server (by pid: it is nobody's child here).
+fn kill_restored(slot: &mut Option<u32>) {
+    if let Some(pid) = slot.take() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 

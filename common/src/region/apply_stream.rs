@@ -36,6 +36,24 @@ impl<'a> ApplyStream<'a> {
         self.w(W_APPLY_EPOCH).fetch_add(1, Ordering::AcqRel);
         self.bell().ring();
     }
+    /// Follower: goes on with a stream a restored server's preload already
+    /// reads (the image recorded it): stream `epoch` begun at `start_seq`,
+    /// read and applied up to ring position `pos` and seq `applied`. The
+    /// preload keeps its replay connections; the follower writes on at
+    /// `pos`.
+    pub fn resume(&self, epoch: u64, start_seq: u64, pos: u64, applied: u64, waiters: u64) {
+        // The restored applier thread leaves the wait it was parked in
+        // (and counted) when its image was taken.
+        self.w(W_APPLY_BELL_WAITERS)
+            .store(waiters, Ordering::SeqCst);
+        self.w(W_APPLY_TAIL).store(pos, Ordering::Release);
+        self.w(W_APPLY_HEAD).store(pos, Ordering::Release);
+        self.w(W_APPLIED).store(applied, Ordering::Release);
+        self.w(W_APPLY_START_SEQ)
+            .store(start_seq, Ordering::Release);
+        self.w(W_APPLY_EPOCH).store(epoch, Ordering::Release);
+        self.bell().ring();
+    }
     /// The current stream: (epoch, seq of its first entry).
     pub fn epoch(&self) -> (u64, u64) {
         let e = self.w(W_APPLY_EPOCH).load(Ordering::Acquire);
@@ -75,6 +93,11 @@ impl<'a> ApplyStream<'a> {
     pub fn add_diverged(&self) {
         self.w(W_DIVERGED).fetch_add(1, Ordering::AcqRel);
     }
+    /// How many threads wait on [`Self::bell`] now (what an image of the
+    /// server records, see `resume`).
+    pub fn bell_waiters(&self) -> u64 {
+        self.w(W_APPLY_BELL_WAITERS).load(Ordering::SeqCst)
+    }
     /// The doorbell the preload's applier parks on (rung on every new tail
     /// and restart).
     pub fn bell(&self) -> Doorbell<'a> {
@@ -104,6 +127,12 @@ mod tests {
         a.set_head(64);
         a.restart(50);
         assert_eq!((a.epoch(), a.tail(), a.head()), ((2, 50), 0, 0));
+        a.resume(7, 30, 4096, 99, 1);
+        assert_eq!(a.bell_waiters(), 1);
+        assert_eq!(
+            (a.epoch(), a.tail(), a.head(), a.applied()),
+            ((7, 30), 4096, 4096, 99)
+        );
         assert_eq!(apply_ring_size(64 << 20), 16 << 20);
         assert_eq!(apply_ring_size(1 << 20), 1 << 20);
     }

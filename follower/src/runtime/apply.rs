@@ -44,14 +44,29 @@ impl Node {
                     reported = (from, Instant::now());
                 }
                 feeder = None;
+                self.refuse_snapshots("only a backup snapshots (this node leads or is stale)");
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
             }
             let f = feeder.get_or_insert_with(|| {
-                log::info!("node {}: applying from seq {}", self.me, from + 1);
                 stepped = from;
+                if self.snapshots.take_resume() {
+                    // A server restored from an image reads on in its
+                    // stream: a new one would end its replay connections.
+                    let f = Feeder::resume(self.region.clone(), self.config.max_entry);
+                    log::info!(
+                        "node {}: applying from seq {} (restored server)",
+                        self.me,
+                        f.next()
+                    );
+                    return f;
+                }
+                log::info!("node {}: applying from seq {}", self.me, from + 1);
                 Feeder::start(self.region.clone(), from + 1, self.config.max_entry)
             });
+            if role == Role::Backup {
+                self.snapshot_if_asked(f);
+            }
             let applied = f.applied();
             // At least every period, also when nothing moved: the leader
             // counts only backups whose reports keep coming.

@@ -93,6 +93,13 @@ impl Node {
             }
             match req {
                 Request::Status => control::send_json(s, &Response::Status(self.status()))?,
+                Request::Snapshot => {
+                    let answer = match self.request_snapshot() {
+                        Ok(seq) => Response::Snapshot { seq },
+                        Err(e) => Response::Error(e),
+                    };
+                    control::send_json(s, &answer)?
+                }
                 Request::Prepare { view, candidate } => {
                     let msg = Message::Prepare { view, candidate };
                     control::send_json(s, &self.answer(peer, candidate, msg))?

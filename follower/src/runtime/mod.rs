@@ -26,6 +26,8 @@
 //! - `control_server`: peers' requests (view change requests go to the
 //!   replica; fetches and status are served from the store).
 //! - `zookeeper`, `static_leader`: the two elections' threads.
+//! - `snapshots`: restoring the newest snapshot at start, taking one on
+//!   the apply thread when asked.
 //! - `status`: status, metrics text and lag.
 
 mod apply;
@@ -36,6 +38,7 @@ mod heartbeat;
 mod host;
 pub mod node;
 mod poll;
+pub mod snapshots;
 mod startup;
 mod static_leader;
 mod status;

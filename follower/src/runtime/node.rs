@@ -105,6 +105,8 @@ pub struct Node {
     /// Peers' control requests waiting for the replica's answer, by the
     /// peer the answer goes to.
     pub(super) waiting: Mutex<HashMap<u64, mpsc::Sender<Message>>>,
+    /// Snapshots: the image taker (or why there is none), manual triggers.
+    pub(super) snapshots: super::snapshots::Snapshots,
     /// Counters and histograms.
     pub metrics: Metrics,
     pub(crate) stop: Arc<AtomicBool>,

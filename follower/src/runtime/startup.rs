@@ -23,6 +23,7 @@ use super::control_client::REQUEST_PATIENCE;
 use super::heartbeat::now_ms;
 use super::node::Carried;
 use super::poll::NOT_STALLED;
+use super::snapshots;
 use super::zookeeper::RETRY;
 use super::Node;
 
@@ -74,6 +75,7 @@ impl Node {
             region.reset();
         }
         let region = Arc::new(region);
+        let image = snapshots::image_taker(region.clone(), &dir);
         let transport = transport::open(&config, me, region.clone())?;
         let last = store.last();
         let restored = Restored {
@@ -111,6 +113,15 @@ impl Node {
             last.end_pos,
             path.display()
         );
+        // Last of what can fail: a follower that stops after this leaves a
+        // restored server behind, attached to the region.
+        let restored_at = match &image {
+            Ok(image) => snapshots::restore_newest(image.as_ref(), &dir, &store),
+            Err(why) => {
+                log::warn!("node {me}: cannot snapshot: {why}; a restart replays the whole log");
+                None
+            }
+        };
         let region_server = RegionServer::new(region.clone());
         let (outbox, outbox_rx) = mpsc::channel();
         let node = Arc::new(Node {
@@ -132,6 +143,7 @@ impl Node {
             region,
             transport,
             store: Mutex::new(store),
+            snapshots: snapshots::Snapshots::new(image, restored_at.is_some()),
             metrics: Metrics::default(),
             stop,
             region_server,
@@ -139,6 +151,9 @@ impl Node {
         });
         for a in actions {
             node.carry_out(a, Carried::Nothing);
+        }
+        if let Some(seq) = restored_at {
+            node.step(protocol::Event::Applied { seq }, Carried::Nothing);
         }
         Ok(node)
     }

@@ -1,0 +1,355 @@
+//! [`ServerImage`] with CRIU (checkpoint/restore in userspace): a process
+//! image of the node's server — its memory and every socket, the replay
+//! connections (loopback connections inside the server) and clients'
+//! alike, with their unread bytes — so Redis's hash-table layout, a
+//! connection's `SELECT`, `MULTI` queue, RESP3, subscriptions and blocked
+//! `BLPOP` all come back as they were.
+//!
+//! The server runs in a PID namespace of its own (`lockstep
+//! launch-server`), so its pids are free again at restore. The region is a
+//! `MAP_SHARED` file in /dev/shm: CRIU does not copy it, it maps the file
+//! at its path again (the follower recreated it by then). The preload's
+//! apply stream position is written beside the image ([`STREAM_FILE`]):
+//! the follower resumes that stream instead of starting a new one.
+//!
+//! Needs CRIU 4.2 or newer (see `scripts/setup`) and root. [`Criu::find`]
+//! says in one line why a machine cannot snapshot.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use lockstep_common::region::Region;
+
+use super::files::build_id;
+use super::{Position, ServerImage, StreamState, STREAM_FILE};
+
+/// The CRIU version `scripts/setup` builds (and caches in `.cache/`).
+pub const CRIU_VERSION: &str = "4.2.1";
+/// Overrides where criu is found.
+pub const CRIU_ENV: &str = "LOCKSTEP_CRIU";
+
+/// Options both directions need: established TCP connections (replay
+/// connections and clients), the region's liveness lock, and no network
+/// lock. CRIU's default locks each connection with two iptables rules
+/// (and removes them after), one iptables run each: on 2 busy cores that
+/// took 0.06–0.8 s per run, seconds per dump. Nothing needs it here: a
+/// replay connection has both ends inside the frozen server, so no packet
+/// moves on it; a direct client of a backup (`backup_clients`) has moved
+/// on by the time an image is restored anyway.
+const COMMON: [&str; 4] = [
+    "--tcp-established",
+    "--file-locks",
+    "--network-lock",
+    "skip",
+];
+
+/// Takes and restores CRIU images of one node's server.
+pub struct Criu {
+    criu: PathBuf,
+    region: Arc<Region>,
+    /// Where CRIU's logs and the restore's pid file go (the snapshots
+    /// directory, beside the images).
+    work: PathBuf,
+}
+
+/// Where criu is: `$LOCKSTEP_CRIU`, else `.cache/criu-<version>/criu` in a
+/// directory above this executable (a build tree: `scripts/setup` put it
+/// there), else `criu` on `PATH`.
+pub fn locate() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(CRIU_ENV) {
+        return Some(PathBuf::from(p));
+    }
+    let cached = format!(".cache/criu-{CRIU_VERSION}/criu");
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1) {
+            let p = dir.join(&cached);
+            if p.is_file() {
+                return Some(p);
+            }
+        }
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("criu"))
+        .find(|p| p.is_file())
+}
+
+/// Runs criu with `args`; Err with the log's last error line.
+fn run_criu(criu: &Path, args: &[&std::ffi::OsStr], log: &Path) -> anyhow::Result<()> {
+    let out = Command::new(criu)
+        .args(args)
+        .arg("-o")
+        .arg(log)
+        .output()
+        .with_context(|| format!("cannot run {}", criu.display()))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let why = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("Error") && !l.contains("RLIMIT_NOFILE"))
+        .map(str::to_string)
+        .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string());
+    bail!(
+        "criu {} failed ({}): {why} (log {})",
+        args[0].to_string_lossy(),
+        out.status,
+        log.display()
+    )
+}
+
+/// What CRIU recorded about a dump in the image's `stats-dump` (a
+/// protobuf `StatsEntry` after two magics and a length): microseconds
+/// frozen, and of that, writing memory. None: not readable.
+fn dump_stats(dir: &Path) -> Option<(u64, u64)> {
+    let b = std::fs::read(dir.join("stats-dump")).ok()?;
+    let len = u32::from_le_bytes(b.get(8..12)?.try_into().ok()?) as usize;
+    let msg = b.get(12..12 + len)?;
+    // Field 1 (dump), length-delimited, holds varint fields: 2 frozen_time,
+    // 3 memdump_time.
+    let (tag, rest) = varint(msg)?;
+    if tag != (1 << 3 | 2) {
+        return None;
+    }
+    let (n, mut rest) = varint(rest)?;
+    rest = rest.get(..n as usize)?;
+    let (mut frozen, mut memdump) = (None, None);
+    while !rest.is_empty() {
+        let (key, r) = varint(rest)?;
+        if key & 7 != 0 {
+            return None;
+        }
+        let (v, r) = varint(r)?;
+        match key >> 3 {
+            2 => frozen = Some(v),
+            3 => memdump = Some(v),
+            _ => {}
+        }
+        rest = r;
+    }
+    Some((frozen?, memdump?))
+}
+
+/// A protobuf varint and what follows it.
+fn varint(b: &[u8]) -> Option<(u64, &[u8])> {
+    let mut v = 0u64;
+    for (i, byte) in b.iter().enumerate().take(10) {
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((v, &b[i + 1..]));
+        }
+    }
+    None
+}
+
+/// Bytes in the files of `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+impl Criu {
+    /// CRIU for the server attached to `region`, logging into `work`; Err
+    /// with one line saying why this machine cannot snapshot (no criu,
+    /// `criu check` fails, not root).
+    pub fn find(region: Arc<Region>, work: &Path) -> Result<Criu, String> {
+        let Some(criu) = locate() else {
+            return Err(format!(
+                "no criu found (${CRIU_ENV}, .cache/criu-{CRIU_VERSION}/criu from scripts/setup, or PATH)"
+            ));
+        };
+        if !nix::unistd::geteuid().is_root() {
+            return Err(format!("{} needs root", criu.display()));
+        }
+        match Command::new(&criu).arg("check").output() {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => {
+                let text = String::from_utf8_lossy(&o.stderr);
+                let why = text
+                    .lines()
+                    .find(|l| l.starts_with("Error"))
+                    .unwrap_or("")
+                    .to_string();
+                return Err(format!("`{} check` fails: {why}", criu.display()));
+            }
+            Err(e) => return Err(format!("cannot run {}: {e}", criu.display())),
+        }
+        Ok(Criu {
+            criu,
+            region,
+            work: work.to_path_buf(),
+        })
+    }
+
+    /// The criu binary in use.
+    pub fn binary(&self) -> &Path {
+        &self.criu
+    }
+
+    /// The files whose build ids an image of `pid` records: its
+    /// executable and the preload it mapped.
+    fn binaries_of(pid: u64) -> anyhow::Result<Vec<PathBuf>> {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .with_context(|| format!("cannot read the server's executable (pid {pid})"))?;
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        let preload = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.ends_with("liblockstep.so"))
+            .map(PathBuf::from)
+            .context("the server has no liblockstep.so mapped")?;
+        Ok(vec![exe, preload])
+    }
+}
+
+/// The build id of the file `name` names now (None: unreadable).
+pub fn current_build_id(name: &str) -> Option<String> {
+    build_id(Path::new(name)).ok()
+}
+
+impl ServerImage for Criu {
+    fn take(&self, dir: &Path, upto: Position) -> anyhow::Result<Vec<(String, String)>> {
+        let pid = self.region.preload_pid();
+        if pid == 0 || !self.region.server_attached() {
+            bail!("no server attached");
+        }
+        let a = self.region.apply();
+        let (epoch, start_seq) = a.epoch();
+        let state = StreamState {
+            epoch,
+            start_seq,
+            pos: a.head(),
+            applied: a.applied(),
+            waiters: a.bell_waiters(),
+        };
+        if state.applied != upto.seq || state.pos != a.tail() {
+            bail!(
+                "the server is not at seq {} (applied {}, read to {} of {})",
+                upto.seq,
+                state.applied,
+                state.pos,
+                a.tail()
+            );
+        }
+        std::fs::write(dir.join(STREAM_FILE), serde_json::to_vec(&state)?)?;
+        let mut ids = Vec::new();
+        for b in Self::binaries_of(pid)? {
+            let id = build_id(&b).with_context(|| format!("cannot read {}", b.display()))?;
+            ids.push((b.to_string_lossy().into_owned(), id));
+        }
+        let log = self.work.join("criu-dump.log");
+        let t = Instant::now();
+        let pid_s = pid.to_string();
+        let mut args: Vec<&std::ffi::OsStr> = vec!["dump".as_ref(), "-t".as_ref(), pid_s.as_ref()];
+        args.extend(["-D".as_ref(), dir.as_os_str(), "--leave-running".as_ref()]);
+        args.extend(COMMON.iter().map(std::ffi::OsStr::new));
+        run_criu(&self.criu, &args, &log)?;
+        let (frozen, memdump) = dump_stats(dir).unwrap_or_default();
+        log::info!(
+            "image of the server (pid {pid}) at seq {}: {:.1} MB, dump {} ms, frozen {:.1} ms (memory {:.1} ms)",
+            upto.seq,
+            dir_bytes(dir) as f64 / 1e6,
+            t.elapsed().as_millis(),
+            frozen as f64 / 1000.0,
+            memdump as f64 / 1000.0
+        );
+        Ok(ids)
+    }
+
+    fn restore(&self, dir: &Path, at: Position) -> anyhow::Result<()> {
+        let state: StreamState = serde_json::from_slice(
+            &std::fs::read(dir.join(STREAM_FILE)).context("the image has no stream state")?,
+        )?;
+        if state.applied != at.seq {
+            bail!(
+                "the image's stream is at seq {}, not {}",
+                state.applied,
+                at.seq
+            );
+        }
+        // Before the server runs again: its preload compares the stream's
+        // epoch with its own at once, and a different one would end every
+        // replay connection.
+        self.region.apply().resume(
+            state.epoch,
+            state.start_seq,
+            state.pos,
+            state.applied,
+            state.waiters,
+        );
+        let pidfile = self.work.join("restored.pid");
+        let _ = std::fs::remove_file(&pidfile);
+        let log = self.work.join("criu-restore.log");
+        let t = Instant::now();
+        let mut args: Vec<&std::ffi::OsStr> = vec!["restore".as_ref(), "-D".as_ref()];
+        args.extend([dir.as_os_str(), "--restore-detached".as_ref()]);
+        args.extend(COMMON.iter().map(std::ffi::OsStr::new));
+        args.extend(["--pidfile".as_ref(), pidfile.as_os_str()]);
+        run_criu(&self.criu, &args, &log)?;
+        let pid: u64 = std::fs::read_to_string(&pidfile)
+            .context("criu wrote no pid file")?
+            .trim()
+            .parse()
+            .context("criu's pid file holds no pid")?;
+        // The restored preload attached long ago: the follower learns its
+        // pid here.
+        self.region.set_preload_pid(pid);
+        log::info!(
+            "restored the server (pid {pid}) at seq {} in {} ms",
+            at.seq,
+            t.elapsed().as_millis()
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_machine_that_cannot_snapshot_says_why_in_one_line() {
+        use lockstep_common::region::RegionSpec;
+        let spec = RegionSpec {
+            cluster: "nocriu".into(),
+            node: 1,
+            ring_size: 1 << 20,
+        };
+        let region = Arc::new(Region::anonymous(&spec).unwrap());
+        // Only this test reads the variable in this process.
+        std::env::set_var(CRIU_ENV, "/nonexistent/criu");
+        let e = Criu::find(region, &std::env::temp_dir()).err();
+        std::env::remove_var(CRIU_ENV);
+        let e = e.expect("no criu there");
+        assert!(e.contains("/nonexistent/criu") && !e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn the_frozen_time_is_read_from_a_stats_image() {
+        let d = std::env::temp_dir().join(format!("lockstep-criu-stats-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        // A stats-dump CRIU 4.2.1 wrote: frozen 2731082 µs, memdump 3266 µs.
+        let img: [u8; 50] = [
+            0x40, 0x59, 0x10, 0x55, 0x06, 0x33, 0x09, 0x57, 0x26, 0, 0, 0, 0x0a, 0x24, 0x08, 0x9e,
+            0x03, 0x10, 0xca, 0xd8, 0xa6, 0x01, 0x18, 0xc2, 0x19, 0x20, 0x90, 0x0e, 0x28, 0x99,
+            0x08, 0x30, 0x00, 0x38, 0xf4, 0x06, 0x40, 0x00, 0x48, 0x00, 0x50, 0x08, 0x58, 0x08,
+            0x60, 0x00, 0x68, 0x00, 0x70, 0x00,
+        ];
+        std::fs::write(d.join("stats-dump"), img).unwrap();
+        assert_eq!(dump_stats(&d), Some((2_731_082, 3266)));
+        std::fs::write(d.join("stats-dump"), &img[..20]).unwrap();
+        assert_eq!(dump_stats(&d), None, "truncated");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,0 +1,460 @@
+//! Snapshots of a backup's server (CRIU process images, see the follower's
+//! `snapshot` module), with real Redis and memcached, real CRIU (built by
+//! `scripts/setup`; a machine without it fails these tests naming it): a
+//! backup snapshots under load, is killed, restores the image and replays
+//! only the tail; the replicas agree (digests, random picks, every
+//! connection's replies); connection state taken mid-way survives; a
+//! corrupt image or one of another build is refused with one line; a
+//! follower killed while snapshotting recovers.
+
+mod cluster;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cluster::{
+    assert_acked_counters, BackgroundLoad, Memcache, Options, Reply, Resp, Server, TestCluster,
+};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// Has node `id` snapshot its server; returns the snapshot's seq.
+fn snapshot(c: &TestCluster, id: u64) -> u64 {
+    lockstep_common::control::take_snapshot(&c.config(), id, Duration::from_secs(150))
+        .unwrap_or_else(|e| panic!("node {id} could not snapshot: {e}\n{}", c.logs()))
+}
+
+/// The directory of node `id`'s snapshot at `seq`.
+fn snapshot_dir(c: &TestCluster, id: u64, seq: u64) -> PathBuf {
+    c.config()
+        .node_data_dir(id)
+        .join("snapshots")
+        .join(format!("{seq:020}"))
+}
+
+/// Node `id`'s follower log.
+fn follower_log(c: &TestCluster, id: u64) -> String {
+    std::fs::read_to_string(c.dir.join(format!("follower-{id}.log"))).unwrap_or_default()
+}
+
+/// Waits until node `id` applied everything the leader (node 1) persisted
+/// by now.
+fn wait_applied_here(c: &TestCluster, id: u64) -> u64 {
+    wait_applied_from(c, 1, id)
+}
+
+/// Waits until node `id` applied everything `leader` persisted by now.
+fn wait_applied_from(c: &TestCluster, leader: u64, id: u64) -> u64 {
+    let target = c.status(leader).expect("leader status").persisted;
+    c.wait("the node applied the leader's log so far", LIMIT, |c| {
+        c.status(id).is_ok_and(|s| s.applied >= target)
+    });
+    target
+}
+
+/// Kills node `id` (follower and server), then starts its follower, which
+/// must restore its server from a snapshot; returns the follower log line
+/// that says where applying resumed.
+fn kill_and_restore(c: &mut TestCluster, id: u64) -> String {
+    c.kill_follower(id);
+    c.kill_server(id);
+    let pid = c.start_follower_restoring(id);
+    assert!(
+        pid.is_some(),
+        "node {id} did not restore its server from a snapshot\n{}",
+        c.logs()
+    );
+    c.wait("the restored node applies", LIMIT, |c| {
+        follower_log(c, id).contains("(restored server)")
+    });
+    let log = follower_log(c, id);
+    // The figures (seen with --nocapture): image size, freeze and restore
+    // times.
+    for l in log.lines() {
+        if l.contains("image of the server") || l.contains("restored the server (pid") {
+            eprintln!("{l}");
+        }
+    }
+    log.lines()
+        .rev()
+        .find(|l| l.contains("(restored server)"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The file `program` on PATH is (links resolved: what a process image
+/// records).
+fn on_path(program: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .and_then(|p| p.canonicalize().ok())
+        .unwrap_or_else(|| panic!("{program} is not on PATH"))
+}
+
+fn ok(r: std::io::Result<Reply>) -> Reply {
+    r.expect("redis answers")
+}
+
+#[test]
+fn redis_backup_restores_its_snapshot_and_replays_only_the_tail() {
+    let mut c = TestCluster::new("snapredis", Options::default());
+    c.start_all();
+    let leader = c.app(1);
+    let load = BackgroundLoad::start(leader, 2);
+    load.wait_more(&c, 2000, LIMIT);
+
+    // Connection state that the snapshot must carry, set up on the leader
+    // (each connection is a replay connection in every backup's server).
+    let mut selected = Resp::connect(leader).unwrap();
+    assert_eq!(
+        ok(selected.cmd(&[b"SELECT", b"3"])),
+        Reply::Status("OK".into())
+    );
+    ok(selected.cmd(&[b"CLIENT", b"SETNAME", b"selector"]));
+    ok(selected.cmd(&[b"SET", b"in:db3", b"before"]));
+    let mut multi = Resp::connect(leader).unwrap();
+    assert_eq!(ok(multi.cmd(&[b"MULTI"])), Reply::Status("OK".into()));
+    assert_eq!(
+        ok(multi.cmd(&[b"INCR", b"multi:ctr"])),
+        Reply::Status("QUEUED".into())
+    );
+    let mut resp3 = Resp::connect(leader).unwrap();
+    ok(resp3.cmd(&[b"HELLO", b"3"]));
+    ok(resp3.cmd(&[b"HSET", b"h3", b"field", b"value"]));
+    // HELLO's reply names the connection's client id, which differs on a
+    // backup that served direct clients (the fixture's readiness probes):
+    // counted as a divergence by every backup, snapshots or not. Count
+    // them now; the rest of the test must add none.
+    ok(resp3.cmd(&[b"PING"]));
+    let mut subscriber = Resp::connect(leader).unwrap();
+    ok(subscriber.cmd(&[b"SUBSCRIBE", b"news"]));
+    let mut blocked = Resp::connect(leader).unwrap();
+    blocked.send(&[b"BLPOP", b"wakeup", b"0"]).unwrap();
+    // A large set for random picks: their answers depend on the hash
+    // table's layout, which a reloaded dump would not reproduce.
+    let mut picker = Resp::connect(leader).unwrap();
+    for chunk in 0..20 {
+        let members: Vec<Vec<u8>> = (0..200)
+            .map(|i| format!("m{}", chunk * 200 + i).into_bytes())
+            .collect();
+        let mut args: Vec<&[u8]> = vec![b"SADD", b"big"];
+        args.extend(members.iter().map(|m| m.as_slice()));
+        ok(picker.cmd(&args));
+    }
+
+    wait_applied_here(&c, 3);
+    let target = wait_applied_here(&c, 2);
+    let before: Vec<u64> = (1..=3)
+        .map(|id| c.status(id).unwrap().divergences)
+        .collect();
+    let seq = snapshot(&c, 2);
+    assert!(seq >= target, "snapshot at {seq}, before {target}");
+    let meta = std::fs::read_to_string(snapshot_dir(&c, 2, seq).join("meta.json")).unwrap();
+    let meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
+    assert_eq!(meta["position"]["seq"], seq);
+    let ids = meta["build_ids"].as_array().unwrap();
+    let names: Vec<&str> = ids.iter().map(|p| p[0].as_str().unwrap()).collect();
+    assert_eq!(
+        names[0],
+        on_path("redis-server").display().to_string(),
+        "{ids:?}"
+    );
+    assert!(names[1].ends_with("liblockstep.so"), "{ids:?}");
+    load.wait_more(&c, 2000, LIMIT);
+
+    // Node 2 goes down; the connections go on without it.
+    c.kill_follower(2);
+    c.kill_server(2);
+    load.wait_more(&c, 2000, LIMIT);
+    assert_eq!(
+        ok(multi.cmd(&[b"INCR", b"multi:ctr"])),
+        Reply::Status("QUEUED".into())
+    );
+    assert_eq!(
+        ok(multi.cmd(&[b"EXEC"])),
+        Reply::Array(Some(vec![Reply::Int(1), Reply::Int(2)]))
+    );
+    assert_eq!(
+        ok(selected.cmd(&[b"GET", b"in:db3"])),
+        Reply::Bulk(Some(b"before".to_vec()))
+    );
+    ok(selected.cmd(&[b"SET", b"in:db3", b"after"]));
+    let map = ok(resp3.cmd(&[b"HGETALL", b"h3"]));
+    assert_eq!(
+        map,
+        Reply::Array(Some(vec![
+            Reply::Bulk(Some(b"field".to_vec())),
+            Reply::Bulk(Some(b"value".to_vec()))
+        ]))
+    );
+    ok(picker.cmd(&[b"PUBLISH", b"news", b"hello"]));
+    ok(picker.cmd(&[b"RPUSH", b"wakeup", b"now"]));
+    assert_eq!(
+        ok(blocked.read()),
+        Reply::Array(Some(vec![
+            Reply::Bulk(Some(b"wakeup".to_vec())),
+            Reply::Bulk(Some(b"now".to_vec()))
+        ]))
+    );
+    let bulk = |b: &[u8]| Reply::Bulk(Some(b.to_vec()));
+    assert_eq!(
+        ok(subscriber.read()),
+        Reply::Array(Some(vec![bulk(b"message"), bulk(b"news"), bulk(b"hello")]))
+    );
+
+    // Node 2 comes back from its image and replays only what came after.
+    let c2 = &mut c;
+    let line = kill_and_restore(c2, 2);
+    assert!(
+        line.contains(&format!("applying from seq {} (restored server)", seq + 1)),
+        "node 2 should resume right after seq {seq}: {line}"
+    );
+    load.wait_more(&c, 2000, LIMIT);
+    // One more input on each connection: a backup compares the output
+    // before it (the replies given while node 2 was down, which node 2
+    // produced when it replayed them) with the leader's.
+    for conn in [
+        &mut selected,
+        &mut multi,
+        &mut resp3,
+        &mut blocked,
+        &mut picker,
+    ] {
+        ok(conn.cmd(&[b"PING"]));
+    }
+    ok(subscriber.cmd(&[b"PING"]));
+    // Random picks after the restore: every node must pick the same.
+    for _ in 0..300 {
+        ok(picker.cmd(&[b"SPOP", b"big"]));
+        ok(picker.cmd(&[b"SRANDMEMBER", b"big", b"3"]));
+        ok(picker.cmd(&[b"RANDOMKEY"]));
+    }
+    let acked = load.stop();
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    let counters = assert_acked_counters(&c, &acked);
+    assert!(
+        counters.iter().all(|v| v.as_slice() == acked),
+        "{counters:?} != {acked:?}"
+    );
+    // Node 2's count started over with its restored server (the region is
+    // new); the others' did not move.
+    let after: Vec<u64> = (1..=3)
+        .map(|id| c.status(id).unwrap().divergences)
+        .collect();
+    assert_eq!(
+        after,
+        [before[0], 0, before[2]],
+        "divergences\n{}",
+        c.logs()
+    );
+    let spop = |id: u64| {
+        let mut r = Resp::connect(c.app(id)).unwrap();
+        ok(r.cmd(&[b"SCARD", b"big"]))
+    };
+    assert_eq!(spop(2), spop(1));
+}
+
+/// Every node's `gets` of `keys`: flags, value and CAS id (None: absent).
+type McView = Vec<Option<(u32, Vec<u8>, u64)>>;
+
+fn mc_view(c: &TestCluster, id: u64, keys: &[String]) -> McView {
+    let mut m = Memcache::connect(c.app(id)).expect("memcached answers");
+    keys.iter().map(|k| m.gets(k).expect("gets")).collect()
+}
+
+#[test]
+fn memcached_items_cas_ids_and_expiry_survive_a_restore() {
+    let mut c = TestCluster::new(
+        "snapmc",
+        Options {
+            server: Server::Memcached,
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    let mut m = Memcache::connect(c.app(1)).unwrap();
+    let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let v = format!("v{i}");
+        assert_eq!(
+            m.store("set", k, i as u32, v.as_bytes(), None).unwrap(),
+            "STORED"
+        );
+    }
+    // Items that expire two seconds (of the log's time) from now.
+    for i in 0..20 {
+        let line = format!("set ttl{i} 0 2 1\r\nx\r\n");
+        assert_eq!(m.request(line.as_bytes()).unwrap(), "STORED");
+    }
+    wait_applied_here(&c, 2);
+    snapshot(&c, 2);
+    c.kill_follower(2);
+    c.kill_server(2);
+    // CAS updates while node 2 is down: the CAS ids continue from the
+    // image's counter on node 2.
+    for k in keys.iter().take(100) {
+        let (flags, _, cas) = m.gets(k).unwrap().expect("item");
+        assert_eq!(
+            m.store("cas", k, flags, b"swapped", Some(cas)).unwrap(),
+            "STORED"
+        );
+    }
+    let line = kill_and_restore(&mut c, 2);
+    assert!(line.contains("(restored server)"), "{line}");
+    for k in keys.iter().skip(100).take(100) {
+        let (flags, _, cas) = m.gets(k).unwrap().expect("item");
+        assert_eq!(
+            m.store("cas", k, flags, b"after", Some(cas)).unwrap(),
+            "STORED"
+        );
+    }
+    let ttl: Vec<String> = (0..20).map(|i| format!("ttl{i}")).collect();
+    // The expired items are gone everywhere once the log's time passed
+    // their expiry (memcached's clock moves with the leader's timer turns).
+    c.wait("the ttl items expire on the leader", LIMIT, |c| {
+        mc_view(c, 1, &ttl).iter().all(Option::is_none)
+    });
+    assert_eq!(m.store("set", "last", 0, b"x", None).unwrap(), "STORED");
+    c.wait_converged(LIMIT);
+    let all: Vec<String> = keys.iter().chain(&ttl).cloned().collect();
+    let leader = mc_view(&c, 1, &all);
+    assert!(leader[..300].iter().all(Option::is_some));
+    for id in [2, 3] {
+        assert_eq!(mc_view(&c, id, &all), leader, "node {id}\n{}", c.logs());
+    }
+    c.assert_no_divergence();
+}
+
+/// Flips one byte in the middle of `file`.
+fn corrupt(file: &std::path::Path) {
+    let mut b = std::fs::read(file).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 0x55;
+    std::fs::write(file, b).unwrap();
+}
+
+#[test]
+fn a_corrupt_or_foreign_snapshot_is_refused_and_the_log_serves() {
+    let mut c = TestCluster::new("snaprefuse", Options::default());
+    c.start_all();
+    cluster::redis_mixed_workload(c.app(1), 2, 200);
+    wait_applied_here(&c, 2);
+    let older = snapshot(&c, 2);
+    cluster::redis_mixed_workload(c.app(1), 2, 200);
+    wait_applied_here(&c, 2);
+    let newer = snapshot(&c, 2);
+    assert!(newer > older);
+    c.kill_follower(2);
+    c.kill_server(2);
+    // The newer image has a damaged page file; the older one claims
+    // another build of the preload.
+    corrupt(&snapshot_dir(&c, 2, newer).join("pages-1.img"));
+    let meta_path = snapshot_dir(&c, 2, older).join("meta.json");
+    let mut meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&meta_path).unwrap()).unwrap();
+    meta["build_ids"][1][1] = "00ff".into();
+    std::fs::write(&meta_path, serde_json::to_vec(&meta).unwrap()).unwrap();
+
+    assert_eq!(c.start_follower_restoring(2), None, "{}", c.logs());
+    let log = follower_log(&c, 2);
+    assert!(
+        log.contains(&format!(
+            "{newer:020}: file pages-1.img fails its checksum: not restored"
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("{older:020} was taken with another")),
+        "{log}"
+    );
+    // Full replay into a fresh server, as without snapshots.
+    c.start_server(2);
+    cluster::redis_mixed_workload(c.app(1), 2, 100);
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}
+
+#[test]
+fn a_follower_killed_while_snapshotting_restores_a_complete_snapshot() {
+    let mut c = TestCluster::new("snapkill", Options::default());
+    c.start_all();
+    let load = BackgroundLoad::start(c.app(1), 2);
+    load.wait_more(&c, 2000, LIMIT);
+    wait_applied_here(&c, 2);
+    let first = snapshot(&c, 2);
+    load.wait_more(&c, 2000, LIMIT);
+    let config = c.config();
+    let asking = std::thread::spawn(move || {
+        lockstep_common::control::take_snapshot(&config, 2, Duration::from_secs(150))
+    });
+    // Kill node 2 as soon as its next snapshot's directory appears (its
+    // image is being written then, or about to be).
+    let snapshots = c.config().node_data_dir(2).join("snapshots");
+    let begun = |c: &TestCluster| {
+        let _ = c;
+        std::fs::read_dir(&snapshots).is_ok_and(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+                .any(|s| s > first)
+        })
+    };
+    c.wait("node 2 begins its second snapshot", LIMIT, begun);
+    c.kill_follower(2);
+    c.kill_server(2);
+    assert!(asking.join().unwrap().is_err(), "the killed node answered");
+    load.wait_more(&c, 2000, LIMIT);
+
+    kill_and_restore(&mut c, 2);
+    let log = follower_log(&c, 2);
+    let restored = log
+        .lines()
+        .find_map(|l| l.split("restored the server from snapshot ").nth(1))
+        .and_then(|rest| rest.split(';').next())
+        .map(PathBuf::from)
+        .expect("a restore line");
+    assert!(
+        restored.join("meta.json").exists(),
+        "restored from {restored:?}"
+    );
+    load.wait_more(&c, 2000, LIMIT);
+    let acked = load.stop();
+    cluster::assert_converged_exactly(&c, &acked, LIMIT);
+}
+
+#[test]
+fn a_restored_backup_leads_after_a_failover() {
+    let mut c = TestCluster::new("snaplead", Options::default());
+    let _zk = c.start_zookeeper(2000);
+    c.start_nodes();
+    let first = c.wait_leader_among(&[1, 2, 3], LIMIT);
+    let backups: Vec<u64> = (1..=3).filter(|&i| i != first).collect();
+    cluster::redis_mixed_workload(c.app(first), 2, 200);
+    // Both backups come back from their images: whichever the election
+    // picks next runs a restored server.
+    for &b in &backups {
+        wait_applied_from(&c, first, b);
+        let seq = snapshot(&c, b);
+        let line = kill_and_restore(&mut c, b);
+        assert!(
+            line.contains(&format!("applying from seq {}", seq + 1)),
+            "{line}"
+        );
+    }
+    cluster::redis_mixed_workload(c.app(first), 2, 200);
+    c.wait_converged_on(&[first, backups[0], backups[1]], LIMIT);
+    c.kill_server(first);
+    c.kill_follower(first);
+    let second = c.wait_leader_among(&backups, LIMIT);
+    // The restored server's preload turns active and serves.
+    cluster::redis_mixed_workload(c.app(second), 2, 200);
+    c.start_follower(first);
+    c.start_server(first);
+    let other = backups.iter().copied().find(|&b| b != second).unwrap();
+    c.wait_converged_on(&[second, other, first], LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}
