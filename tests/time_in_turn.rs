@@ -8,11 +8,22 @@
 
 mod cluster;
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use cluster::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
+
+/// One cluster at a time: two busy scripts' clusters side by side on a
+/// 2-core machine have made a backup take a client's input at another of
+/// the script's nested polls than the leader did (a known open problem,
+/// see the README's guarantees); alone, each test checks what it names.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn ok(reply: Reply) {
     assert_eq!(reply, Reply::Status("OK".into()));
@@ -73,6 +84,7 @@ fn busy_then_killed(c: &TestCluster, start: &[&[u8]], kill: &[&[u8]], killed: &s
 
 #[test]
 fn a_busy_script_gets_busy_replies_and_script_kill_stops_it_everywhere() {
+    let _serial = serial();
     let mut c = TestCluster::new("tt-script", Options::default());
     c.start_all();
     busy_then_killed(
@@ -85,6 +97,7 @@ fn a_busy_script_gets_busy_replies_and_script_kill_stops_it_everywhere() {
 
 #[test]
 fn a_busy_function_is_stopped_by_function_kill_everywhere() {
+    let _serial = serial();
     let mut c = TestCluster::new("tt-function", Options::default());
     c.start_all();
     let mut admin = Resp::connect(c.app(1)).unwrap();
@@ -128,6 +141,7 @@ fn slowlog_head(addr: std::net::SocketAddr) -> (i64, i64, i64, Vec<u8>) {
 /// the very same figures (its clock reads what the leader's did).
 #[test]
 fn durations_inside_a_command_are_real_and_the_same_everywhere() {
+    let _serial = serial();
     let mut c = TestCluster::new("tt-slowlog", Options::default());
     c.start_all();
     let mut r = Resp::connect(c.app(1)).unwrap();

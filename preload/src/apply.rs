@@ -171,6 +171,10 @@ pub struct Pump {
     stash: Vec<Record>,
     /// The highest seq the turn in flight took from the log.
     turn_last: u64,
+    /// The first seq of the leader turn the last cut was taken at (see
+    /// `cut`), and the connection of the last input handed over.
+    cut_at: u64,
+    last_input_conn: u64,
     /// The waits the leader's thread entered before the turn in flight
     /// (`EntryHeader::waits` of its first entry, or of its first clock
     /// record), those of the stash's turn, and whether a server thread
@@ -639,6 +643,8 @@ impl Pump {
             closed: false,
             stash: Vec::new(),
             turn_last: 0,
+            cut_at: 0,
+            last_input_conn: 0,
             turn_waits: 0,
             stash_waits: 0,
             started: false,
@@ -719,7 +725,7 @@ impl Pump {
                 let adopted = self.adopt_stash(&h);
                 self.turn_waits = if adopted { self.stash_waits } else { h.waits };
                 if adopted || h.flags & SAME_TURN == 0 {
-                    self.cut();
+                    self.cut(h.seq);
                 }
             }
             self.prev_seq = h.seq;
@@ -840,9 +846,19 @@ impl Pump {
     fn begin(&mut self, h: EntryHeader) {
         crate::clock::enter_input(h.time_us);
         match h.kind {
-            Kind::Accept => self.open(h.seq),
-            Kind::Data | Kind::Close => self.check_output(&h),
-            Kind::View => self.end_all(),
+            Kind::Accept => {
+                self.open(h.seq);
+                self.last_input_conn = h.seq;
+            }
+            Kind::Data | Kind::Close => {
+                let adjacent = self.last_input_conn == h.conn;
+                self.check_output(&h, adjacent);
+                self.last_input_conn = h.conn;
+            }
+            Kind::View => {
+                self.end_all();
+                self.last_input_conn = 0;
+            }
             Kind::Tick => self.tick = Some((h.conn, None)),
             Kind::Noop | Kind::Wrap | Kind::Time => {}
         }
@@ -1047,7 +1063,8 @@ impl Pump {
     /// a turn causes (replies, pub/sub deliveries to other connections) as
     /// the turn ends, after reading all of its inputs; a backup that took
     /// the turn in parts wrote some of it between them.
-    fn cut(&mut self) {
+    fn cut(&mut self, at: u64) {
+        self.cut_at = at;
         for c in self.conns.values_mut() {
             c.at_cut = c.out;
             c.since_cut = OutputDigest::default();
@@ -1139,7 +1156,7 @@ impl Pump {
 
     /// DATA/CLOSE carry the leader's digest of the connection's output
     /// since its last input: compare with this server's, then start over.
-    fn check_output(&mut self, h: &EntryHeader) {
+    fn check_output(&mut self, h: &EntryHeader, adjacent: bool) {
         // Only an input's first entry carries a digest (the leader's
         // server read the whole input at once).
         if h.out_hash == 0 {
@@ -1148,11 +1165,23 @@ impl Pump {
         let Some(c) = self.conns.get_mut(&h.conn) else {
             return;
         };
-        // What the leader's server wrote before the turn that read this
-        // input; what this server wrote since (in parts of that turn it
-        // took apart) starts the next interval, as it does on the leader.
-        let mine = std::mem::take(&mut c.at_cut);
-        c.out = c.since_cut;
+        let mine = if adjacent && c.last_input >= self.cut_at {
+            // The leader's server read this connection's last input just
+            // before, in this same turn (a server that reads a connection
+            // until EAGAIN and answers each request at once, as memcached
+            // does): it wrote that answer before reading this one.
+            c.at_cut = OutputDigest::default();
+            c.since_cut = OutputDigest::default();
+            std::mem::take(&mut c.out)
+        } else {
+            // What the leader's server wrote before the turn that read
+            // this input; what this server wrote since (in parts of that
+            // turn it took apart) starts the next interval, as it does on
+            // the leader.
+            let mine = std::mem::take(&mut c.at_cut);
+            c.out = c.since_cut;
+            mine
+        };
         let prev = std::mem::replace(&mut c.last_input, h.seq);
         if mine.pack() == h.out_hash {
             return;
