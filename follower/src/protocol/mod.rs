@@ -20,6 +20,8 @@
 //!   and from whom.
 //! - [`sync`]: making a log equal to a leader's, keeping the shared prefix.
 //! - [`viewchange`]: the candidate's decision, stray views, joining.
+//! - [`session`]: when a leader that lost its ZooKeeper session stops
+//!   serving (only once a majority stops acknowledging).
 //! - [`trim`]: how much of the adopted log a new view keeps.
 //! - [`stale`]: when a node's server no longer matches the log.
 //! - [`replica`]: [`Replica`], which ties them together.
@@ -58,6 +60,7 @@
 pub mod catchup;
 pub mod commit;
 pub mod fence;
+pub mod session;
 pub mod replica;
 pub mod stale;
 pub mod sync;

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use super::catchup::{self, FetchPlan, GapWatch, Stall};
 use super::commit;
 use super::fence::{self, ViewRefusal};
+use super::session::{self, CommitProgress, Contact};
 use super::stale::{self, ServerFate};
 use super::sync::{self, PrefixSearch, Probe};
 use super::viewchange::{self, Adoption, Candidate, Promise, ViewChangeState, Views};
@@ -126,6 +127,11 @@ pub struct Replica {
     job: Job,
     next_attempt: Millis,
     commit_sent: (u64, Millis),
+    /// As leader: how long appended entries have waited for a majority.
+    progress: CommitProgress,
+    stuck: Millis,
+    /// As leader without a ZooKeeper session: which peers still answer.
+    contact: Contact,
     caught_up_at_start: bool,
     out: Vec<Action>,
 }
@@ -166,6 +172,9 @@ impl Replica {
             job: Job::Idle,
             next_attempt: now,
             commit_sent: (0, now),
+            progress: CommitProgress::default(),
+            stuck: 0,
+            contact: Contact::default(),
             caught_up_at_start: false,
             out: Vec::new(),
         };
@@ -324,8 +333,25 @@ impl Replica {
             // What the preload raised the word to counts as much (it
             // commits by the same ack array): backups learn it too.
             let c = commit::leader_point(c, w.commit, self.promised);
+            let before = self.committed;
             self.committed =
                 commit::learn(self.committed, c.min(last), self.log_view, self.promised);
+            if self.committed > before {
+                self.contact.majority_acked(self.now);
+            }
+            self.stuck = self.progress.observe(self.committed, last, self.now);
+            if self.contact.probe_due(self.now, self.cfg.session_timeout / 4) {
+                // Any answer shows the peer reachable; a peer in a newer
+                // view refuses the leader's writes instead (stalled, above).
+                for to in self.peers() {
+                    self.out.push(Action::Send {
+                        to,
+                        msg: Message::Peek {
+                            seq: self.committed,
+                        },
+                    });
+                }
+            }
             if c != self.commit_sent.0 || self.now.saturating_sub(self.commit_sent.1) > 100 {
                 for to in self.peers() {
                     self.out.push(Action::CommitRecord {
@@ -353,6 +379,11 @@ impl Replica {
                 ));
                 self.demote(host);
             }
+        }
+        if self.role != Role::Leader {
+            self.progress.reset();
+            self.contact.reset();
+            self.stuck = 0;
         }
         let (rv, rs) = w.commit_record;
         if let Some(seq) = commit::learn_record(rv, rs, self.log_view, last) {
@@ -495,7 +526,10 @@ impl Replica {
             Message::NewView { view, leader, last } => self.follow(view, leader, Some(last), host),
             // Served by the caller from the stored log.
             Message::Peek { .. } | Message::Fetch { .. } => {}
-            Message::PeekAnswer { seq, view } => self.on_peek_answer(from, seq, view, host),
+            Message::PeekAnswer { seq, view } => {
+                self.contact.heard(from, self.now);
+                self.on_peek_answer(from, seq, view, host)
+            }
             Message::Entries(es) => self.on_entries(from, es, host),
             Message::Promise(p) => {
                 if let Job::Candidate(c) = &mut self.job {
@@ -913,7 +947,19 @@ impl Replica {
         if self.stale.is_some() {
             return;
         }
-        if let Some(loss) = viewchange::session_loss(session, self.cfg.session_timeout) {
+        if session == Session::Connected || self.role != Role::Leader {
+            self.contact.reset();
+        } else {
+            let since = match session {
+                Session::Disconnected(d) => self.now.saturating_sub(d),
+                _ => self.now,
+            };
+            self.contact.lost(since, self.now);
+        }
+        let silent = self.contact.silent(self.now, self.cfg.members.len());
+        if let Some(loss) =
+            session::session_loss(session, self.stuck, silent, self.cfg.session_timeout)
+        {
             if self.role == Role::Leader {
                 self.note(format!("{loss}: no longer accepting writes"));
             }
@@ -1404,5 +1450,163 @@ mod tests {
         };
         log.step(&mut r, 6, Event::Tick(words));
         assert_eq!(r.committed(), 4);
+    }
+
+    /// A replica that leads view `view` (ZooKeeper election) with its
+    /// `VIEW` entry (seq 1) stored by both peers and applied.
+    fn zookeeper_leader(log: &mut Log) -> Replica {
+        let (mut r, _) = Replica::new(config(Election::Zookeeper), Restored::default(), 0);
+        let candidate = Event::Election {
+            session: Session::Connected,
+            candidate: true,
+            announced: None,
+        };
+        log.step(&mut r, 0, candidate);
+        log.step(&mut r, 1, Event::ViewClaimed { view: 2 });
+        for from in [2, 3] {
+            log.step(&mut r, 2, Event::Message { from, msg: promise(from) });
+        }
+        for from in [2, 3] {
+            log.step(
+                &mut r,
+                3,
+                Event::Message {
+                    from,
+                    msg: Message::Synced { last: 1 },
+                },
+            );
+        }
+        log.step(&mut r, 4, Event::Applied { seq: 1 });
+        assert!(r.serving(), "{r:?}");
+        r
+    }
+
+    /// The leader's preload appended `seq` (view 2); the peers acked
+    /// `acked`; then the session is `session`, at `now`.
+    fn lead_without_zookeeper(
+        log: &mut Log,
+        r: &mut Replica,
+        now: Millis,
+        seq: u64,
+        acked: u64,
+        session: Session,
+    ) -> Vec<Action> {
+        if seq > log.views.len() as u64 {
+            let es = vec![EntryMeta {
+                seq,
+                view: 2,
+                last_committed: 1,
+            }];
+            log.step(r, now, Event::Read(es));
+        }
+        let words = Words {
+            acks: vec![(1, seq), (2, acked), (3, acked)],
+            served: seq,
+            ..Words::default()
+        };
+        let mut out = log.step(r, now, Event::Tick(words));
+        out.extend(log.step(
+            r,
+            now,
+            Event::Election {
+                session,
+                candidate: false,
+                announced: None,
+            },
+        ));
+        out
+    }
+
+    #[test]
+    fn a_leader_that_lost_zookeeper_serves_on_while_its_majority_acks() {
+        let mut log = Log::default();
+        let mut r = zookeeper_leader(&mut log);
+        // Ten session timeouts without ZooKeeper (expired, then unreachable),
+        // every entry acknowledged by both backups: it keeps leading.
+        for i in 0..100u64 {
+            let session = if i % 2 == 0 {
+                Session::Expired
+            } else {
+                Session::Disconnected(i * 100)
+            };
+            lead_without_zookeeper(&mut log, &mut r, 10 + i * 100, 2 + i, 2 + i, session);
+            assert!(r.serving(), "step {i}: {r:?}");
+        }
+        assert_eq!(r.committed(), 101);
+    }
+
+    #[test]
+    fn a_leader_that_lost_zookeeper_steps_down_once_no_majority_acks() {
+        let mut log = Log::default();
+        let mut r = zookeeper_leader(&mut log);
+        let lost = Session::Disconnected(5000);
+        lead_without_zookeeper(&mut log, &mut r, 10, 2, 2, lost);
+        // Seq 3 is never acknowledged (the backups promised a newer view,
+        // or cannot be reached): a session timeout later it stops.
+        lead_without_zookeeper(&mut log, &mut r, 20, 3, 2, lost);
+        // The peers answer probes (they are reachable, but do not ack).
+        for from in [2, 3] {
+            let msg = Message::PeekAnswer {
+                seq: 2,
+                view: Some(2),
+            };
+            log.step(&mut r, 1000, Event::Message { from, msg });
+        }
+        lead_without_zookeeper(&mut log, &mut r, 1019, 3, 2, lost);
+        assert!(r.serving());
+        let out = lead_without_zookeeper(&mut log, &mut r, 1020, 3, 2, lost);
+        assert!(!r.serving());
+        assert!(
+            out.iter().any(|a| matches!(a, Action::Note { what }
+                if what.contains("no majority acknowledged for 1000 ms"))),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_leader_with_zookeeper_is_not_deposed_by_a_slow_majority() {
+        let mut log = Log::default();
+        let mut r = zookeeper_leader(&mut log);
+        lead_without_zookeeper(&mut log, &mut r, 20, 2, 1, Session::Connected);
+        lead_without_zookeeper(&mut log, &mut r, 5000, 2, 1, Session::Connected);
+        assert!(r.serving());
+    }
+
+    #[test]
+    fn an_idle_leader_without_zookeeper_steps_down_once_no_peer_answers() {
+        let mut log = Log::default();
+        let mut r = zookeeper_leader(&mut log);
+        let lost = Session::Disconnected(5000);
+        let out = lead_without_zookeeper(&mut log, &mut r, 10, 1, 1, lost);
+        let out = [out, lead_without_zookeeper(&mut log, &mut r, 11, 1, 1, lost)].concat();
+        let probes: Vec<u64> = out
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send {
+                    to,
+                    msg: Message::Peek { .. },
+                } => Some(*to),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(probes, [2, 3], "one probe per peer: {out:?}");
+        // Node 3 answers now and then: with this node, a majority.
+        for t in (300..3000).step_by(300) {
+            log.step(
+                &mut r,
+                t,
+                Event::Message {
+                    from: 3,
+                    msg: Message::PeekAnswer { seq: 1, view: Some(2) },
+                },
+            );
+            lead_without_zookeeper(&mut log, &mut r, t, 1, 1, lost);
+            assert!(r.serving(), "at {t}");
+        }
+        // Then nobody answers: a session timeout after the last answer.
+        lead_without_zookeeper(&mut log, &mut r, 3699, 1, 1, lost);
+        assert!(r.serving());
+        lead_without_zookeeper(&mut log, &mut r, 3700, 1, 1, lost);
+        assert!(!r.serving());
     }
 }
