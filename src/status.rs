@@ -63,8 +63,45 @@ pub fn cluster_view(nodes: &[NodeView]) -> (u64, u64) {
 
 /// Whether the cluster can take writes: a leader that answers, leads the
 /// newest view any node is in, and sees a majority of the nodes (itself
-/// included) answering as members of that view. `Err` says what is missing.
+/// included) answering as members of that view. `Err` says what is
+/// missing, and that ZooKeeper is unreachable when nodes say so.
 pub fn health(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
+    commit_path(config, nodes).map_err(|why| match zookeeper_problem(config, nodes) {
+        Some(zk) => format!("{why}; {zk}"),
+        None => why,
+    })
+}
+
+/// `HH:MM:SS UTC` of a moment `ago` before now.
+fn utc_clock(ago: Duration) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let t = now.saturating_sub(ago).as_secs() % 86_400;
+    format!("{:02}:{:02}:{:02} UTC", t / 3600, t / 60 % 60, t % 60)
+}
+
+/// What the answering nodes say of ZooKeeper, when some have no session:
+/// `ZooKeeper unreachable at ADDR since HH:MM:SS UTC (N s; nodes 1, 2)`.
+pub fn zookeeper_problem(config: &Config, nodes: &[NodeView]) -> Option<String> {
+    let down: Vec<(u64, u64)> = nodes
+        .iter()
+        .filter_map(|n| n.status.as_ref().ok())
+        .filter_map(|s| s.zookeeper_down_ms.map(|ms| (s.node, ms)))
+        .collect();
+    let longest = down.iter().map(|d| d.1).max()?;
+    let ids: Vec<String> = down.iter().map(|d| d.0.to_string()).collect();
+    Some(format!(
+        "ZooKeeper unreachable at {} since {} ({} s; node{} {}): no failover until it is back",
+        config.election.zookeeper,
+        utc_clock(Duration::from_millis(longest)),
+        longest / 1000,
+        if ids.len() == 1 { "" } else { "s" },
+        ids.join(", ")
+    ))
+}
+
+fn commit_path(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
     let (view, leader) = cluster_view(nodes);
     if nodes.iter().all(|n| n.status.is_err()) {
         return Err("no node answers".into());
@@ -122,6 +159,8 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
     let (view, leader) = cluster_view(nodes);
     let app = |id: u64| config.node(id).ok().map(|n| n.app.to_string());
     let health = health(config, nodes);
+    // Named only while it can commit: a client sent there would wait.
+    let leader = if health.is_ok() { leader } else { 0 };
     let list: Vec<serde_json::Value> = nodes
         .iter()
         .map(|n| match &n.status {
@@ -131,7 +170,7 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
                 "applied": s.applied, "lag": s.committed.saturating_sub(s.applied),
                 "lag_seconds": s.lag_ms as f64 / 1000.0,
                 "divergences": s.divergences, "server_pid": s.server_pid,
-                "stale_reason": s.stale_reason,
+                "stale_reason": s.stale_reason, "zookeeper_down_ms": s.zookeeper_down_ms,
             }),
             Err(e) => json!({
                 "node": n.id, "up": false, "app": app(n.id), "role": "down", "error": e,
@@ -146,6 +185,7 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
         "leader_app": if leader == 0 { None } else { app(leader) },
         "healthy": health.is_ok(),
         "problem": health.err(),
+        "zookeeper_problem": zookeeper_problem(config, nodes),
         "nodes": list,
     })
 }
@@ -208,13 +248,18 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
         }
     }
     match health(config, nodes) {
-        Ok(()) => out.push_str(&format!(
-            "ok: node {leader} leads view {view} with a live majority; clients write to {}\n",
-            config
-                .node(leader)
-                .map(|n| n.app.to_string())
-                .unwrap_or_default()
-        )),
+        Ok(()) => {
+            out.push_str(&format!(
+                "ok: node {leader} leads view {view} with a live majority; clients write to {}\n",
+                config
+                    .node(leader)
+                    .map(|n| n.app.to_string())
+                    .unwrap_or_default()
+            ));
+            if let Some(zk) = zookeeper_problem(config, nodes) {
+                out.push_str(&format!("warning: {zk}\n"));
+            }
+        }
         Err(why) => out.push_str(&format!("NOT OK: no leader with a live majority: {why}\n")),
     }
     out
@@ -310,5 +355,35 @@ mod tests {
             t.contains("NOT OK: no leader with a live majority: no node answers"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn no_commit_path_names_no_leader_and_zookeeper_away_is_said() {
+        let c = Config::parse(&config_text()).unwrap();
+        let mut alone = [up(1, "leader", 2, 1), down(2), down(3)];
+        let j = to_json(&c, Path::new("c.toml"), &alone);
+        assert_eq!(j["leader"], 0, "{j}");
+        assert!(j["leader_app"].is_null(), "{j}");
+        if let Ok(s) = &mut alone[0].status {
+            s.zookeeper_down_ms = Some(65_000);
+        }
+        let why = health(&c, &alone).unwrap_err();
+        assert!(why.contains("only 1 of 3"), "{why}");
+        assert!(
+            why.contains("ZooKeeper unreachable at 127.0.0.1:2181 since ") && why.contains("(65 s; node 1)"),
+            "{why}"
+        );
+        // Serving without ZooKeeper: healthy, with a warning.
+        let mut serving = [up(1, "leader", 2, 1), up(2, "backup", 2, 1), down(3)];
+        for n in &mut serving {
+            if let Ok(s) = &mut n.status {
+                s.zookeeper_down_ms = Some(3_000);
+            }
+        }
+        assert_eq!(health(&c, &serving), Ok(()));
+        let t = to_table(&c, Path::new("c.toml"), &serving);
+        assert!(t.contains("ok: node 1 leads view 2"), "{t}");
+        assert!(t.contains("warning: ZooKeeper unreachable at 127.0.0.1:2181"), "{t}");
+        assert!(t.contains("nodes 1, 2"), "{t}");
     }
 }

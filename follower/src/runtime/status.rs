@@ -31,11 +31,13 @@ impl Node {
             Role::Backup => "backup",
             Role::Joining => "joining",
         };
-        // The leader's server consumed what it was handed itself.
+        // The leader's server consumed what it was handed itself; shown
+        // no further than the commit point, so that the counters read in
+        // order (applied <= committed).
         let applied = if role == Role::Leader {
-            persisted
+            persisted.min(committed)
         } else {
-            applied
+            applied.min(committed)
         };
         NodeStatus {
             node: self.me,
@@ -50,6 +52,13 @@ impl Node {
             lag_ms: (self.lag_seconds(committed.saturating_sub(applied)) * 1000.0) as u64,
             server_pid: self.region.preload_pid(),
             follower_pid: std::process::id() as u64,
+            zookeeper_down_ms: self
+                .session_watch
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .and_then(|w| w.down_for())
+                .map(|d| d.as_millis() as u64),
         }
     }
 

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::election::{Election, ElectionError, Session};
+use crate::log_limit::Repeats;
 use crate::protocol::Event;
 
 use super::heartbeat::protocol_session;
@@ -19,6 +20,9 @@ impl Node {
     /// The election thread: until `stop`.
     pub(crate) fn election_loop(&self) {
         let timeout = Duration::from_millis(self.config.election.session_timeout_ms);
+        // ZooKeeper away: one warning, then one every 10 s with a count.
+        let mut warnings = Repeats::default();
+        let mut lost = false;
         while !self.stopping() {
             let mut guard = self.election.lock().unwrap_or_else(|p| p.into_inner());
             if self.replica().stale().is_some() {
@@ -43,7 +47,14 @@ impl Node {
             match session {
                 Session::Expired => {
                     self.election_lost();
-                    *guard = None;
+                    if guard.take().is_some() && !lost {
+                        lost = true;
+                        log::warn!(
+                            "node {}: ZooKeeper session at {} lost; registering again when it answers",
+                            self.me,
+                            self.config.election.zookeeper
+                        );
+                    }
                     match Election::connect(
                         &self.config.election.zookeeper,
                         timeout,
@@ -54,9 +65,18 @@ impl Node {
                             *self.session_watch.lock().unwrap_or_else(|p| p.into_inner()) =
                                 Some(e.watch());
                             *guard = Some(e);
+                            if std::mem::take(&mut lost) {
+                                log::info!(
+                                    "node {}: ZooKeeper session at {} established again",
+                                    self.me,
+                                    self.config.election.zookeeper
+                                );
+                            }
+                            warnings.clear();
                         }
                         Err(e) => {
-                            log::warn!("node {}: {e}", self.me);
+                            lost = true;
+                            warnings.warn(&format!("node {}: {e}", self.me));
                             drop(guard);
                             std::thread::sleep(RETRY);
                         }
@@ -71,12 +91,17 @@ impl Node {
                         continue;
                     };
                     if let Err(e) = self.election_step(election) {
-                        log::warn!("node {}: {e:#}", self.me);
-                        if matches!(e, ElectionError::SessionLost) {
+                        warnings.warn(&format!("node {}: {e:#}", self.me));
+                        if matches!(
+                            e,
+                            ElectionError::SessionLost | ElectionError::NoAnswer { .. }
+                        ) {
                             // Our znode is gone although the client still
-                            // looks connected: start over with a new session.
+                            // looks connected, or the client is wedged:
+                            // start over with a new session.
                             self.election_lost();
                             *guard = None;
+                            lost = true;
                             continue;
                         }
                         drop(guard);
