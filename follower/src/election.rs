@@ -281,8 +281,32 @@ fn op_err<'a>(op: &'static str, path: &'a str) -> impl FnOnce(ZkError) -> Electi
 
 impl Election {
     /// Connects (waiting up to `timeout` for a session), creates the
-    /// cluster's znodes if missing and registers this follower.
+    /// cluster's znodes if missing and registers this follower. A session
+    /// lost on the way (a ZooKeeper that just started may drop its first
+    /// connections) is tried again, for at least 10 s.
     pub fn connect(
+        addr: &str,
+        timeout: Duration,
+        cluster: &str,
+        me: u64,
+    ) -> Result<Election, ElectionError> {
+        let deadline = Instant::now() + timeout.max(SESSION_START);
+        loop {
+            match Self::connect_once(addr, timeout, cluster, me) {
+                Err(
+                    e @ (ElectionError::Op { .. }
+                    | ElectionError::SessionLost
+                    | ElectionError::NoAnswer { .. }),
+                ) if Instant::now() < deadline => {
+                    log::info!("node {me}: registering in ZooKeeper at {addr}: {e}; trying again");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn connect_once(
         addr: &str,
         timeout: Duration,
         cluster: &str,
@@ -445,6 +469,33 @@ impl Election {
                 Ok(false)
             }
         }
+    }
+
+    /// Leaves the queue and joins it again at its end (a new sequential
+    /// znode in the same session, then the old one deleted).
+    pub fn register_again(&mut self) -> Result<(), ElectionError> {
+        let prefix = format!("{}/election/n-", self.root);
+        let data = self.me.to_string().into_bytes();
+        let p = prefix.clone();
+        let znode = self
+            .zk
+            .call("create", &prefix, move |zk| {
+                zk.create(
+                    &p,
+                    data,
+                    Acl::open_unsafe().clone(),
+                    CreateMode::EphemeralSequential,
+                )
+            })?
+            .map_err(op_err("create", &prefix))?;
+        let old = std::mem::replace(&mut self.znode, znode);
+        let o = old.clone();
+        match self.zk.call("delete", &old, move |zk| zk.delete(&o, None))? {
+            Ok(()) | Err(ZkError::NoNode) => {}
+            Err(e) => return Err(op_err("delete", &old)(e)),
+        }
+        log::info!("node {}: registered again in the election as {}", self.me, self.znode);
+        Ok(())
     }
 
     /// Takes the next view above both the stored one and `floor` by

@@ -57,13 +57,6 @@ impl Repeats {
         }
     }
 
-    /// Logs `what` as a warning, unless rate limited.
-    pub fn warn(&mut self, what: &str) {
-        if let Some(l) = self.line(what, Instant::now()) {
-            log::warn!("{l}");
-        }
-    }
-
     /// The condition is over: the next warning is logged at once.
     pub fn clear(&mut self) {
         self.last = None;

@@ -190,6 +190,16 @@ impl ZookeeperServer {
         !matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }
 
+    /// Kills the whole process group with SIGKILL (a crash) and reaps it.
+    pub fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+        let _ = child.wait();
+        log::info!("killed ZooKeeper on {}", self.addr());
+    }
+
     /// Stops the whole process group: SIGTERM, then SIGKILL after a grace
     /// period.
     pub fn stop(&mut self) {

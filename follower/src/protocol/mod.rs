@@ -226,6 +226,10 @@ pub enum Event {
         candidate: bool,
         /// The announced leader: (view, leader).
         announced: Option<(u64, u64)>,
+        /// The leader this node follows answered (just now) that it
+        /// serves a view at least as new as this node's log view (asked
+        /// only of a candidate that follows a leader; false otherwise).
+        followed_serving: bool,
     },
     /// Static mode, a backup: the configured leader's status.
     LeaderStatus {
@@ -356,6 +360,9 @@ pub enum Action {
         /// The view.
         view: u64,
     },
+    /// ZooKeeper: give up the candidacy (the leader this node follows
+    /// serves): register again, behind the others.
+    Yield,
     /// This node's server must be rebuilt: leave the election, serve
     /// nothing until restarted.
     GoStale {

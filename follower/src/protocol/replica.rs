@@ -255,7 +255,8 @@ impl Replica {
                 session,
                 candidate,
                 announced,
-            } => self.on_election(session, candidate, announced, host),
+                followed_serving,
+            } => self.on_election(session, candidate, announced, followed_serving, host),
             Event::LeaderStatus { view, serving } => self.on_leader_status(view, serving, host),
             Event::ViewClaimed { view } => {
                 if matches!(&self.job, Job::Candidate(c) if matches!(c.phase, CandPhase::Claiming))
@@ -942,6 +943,7 @@ impl Replica {
         session: Session,
         candidate: bool,
         announced: Option<(u64, u64)>,
+        followed_serving: bool,
         host: &mut impl Host,
     ) {
         if self.stale.is_some() {
@@ -972,10 +974,23 @@ impl Replica {
                         view: self.promised,
                     });
                 }
-                if !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
+                let idle = !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
                     && matches!(self.job, Job::Idle)
-                    && self.now >= self.next_attempt
+                    && self.now >= self.next_attempt;
+                if idle
+                    && viewchange::yields(
+                        self.views(),
+                        self.role == Role::Backup,
+                        followed_serving,
+                    )
                 {
+                    self.note(format!(
+                        "first in the election, but node {} still leads view {}: registering again behind it",
+                        self.leader, self.log_view
+                    ));
+                    self.out.push(Action::Yield);
+                    self.next_attempt = self.now + self.cfg.retry;
+                } else if idle {
                     self.out.push(Action::ClaimView {
                         floor: self.view_floor(),
                     });
@@ -1357,6 +1372,7 @@ mod tests {
             session: Session::Connected,
             candidate: true,
             announced: None,
+            followed_serving: false,
         };
         let claims = |a: Vec<Action>| {
             a.iter()
@@ -1460,6 +1476,7 @@ mod tests {
             session: Session::Connected,
             candidate: true,
             announced: None,
+            followed_serving: false,
         };
         log.step(&mut r, 0, candidate);
         log.step(&mut r, 1, Event::ViewClaimed { view: 2 });
@@ -1512,6 +1529,7 @@ mod tests {
                 session,
                 candidate: false,
                 announced: None,
+                followed_serving: false,
             },
         ));
         out

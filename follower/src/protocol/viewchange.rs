@@ -314,6 +314,21 @@ pub fn announces(own: Views, serving: bool, announced: Option<(u64, u64)>) -> bo
     })
 }
 
+/// ZooKeeper mode, the candidate: whether to give way instead of claiming
+/// a view, because the leader it follows still serves (its lowest znode
+/// came back before the leader's after ZooKeeper lost the sessions, or the
+/// leader lost only its own link to ZooKeeper). A new view would only cut
+/// off a working leader's clients; when that leader dies, its status
+/// query fails and the candidate claims. `followed_serving` is the
+/// leader's answer (see [`super::Event::Election`]).
+pub fn yields(own: Views, backup: bool, followed_serving: bool) -> bool {
+    followed_serving
+        && backup
+        && own.leader != 0
+        && own.leader != own.me
+        && own.log_view == own.promised
+}
+
 /// Static mode, a backup: whether to follow the configured leader, which
 /// reports `view` and whether it serves (`serving`).
 pub fn follows_static(own: Views, view: u64, serving: bool) -> bool {
@@ -323,6 +338,26 @@ pub fn follows_static(own: Views, view: u64, serving: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_candidate_gives_way_only_to_a_serving_leader_it_follows() {
+        let own = Views {
+            me: 2,
+            promised: 4,
+            log_view: 4,
+            leader: 1,
+            changing: false,
+        };
+        assert!(yields(own, true, true));
+        assert!(!yields(own, true, false), "the leader does not answer");
+        assert!(!yields(own, false, true), "not a backup");
+        assert!(!yields(Views { leader: 0, ..own }, true, true), "no leader");
+        assert!(!yields(Views { leader: 2, ..own }, true, true), "itself");
+        assert!(
+            !yields(Views { promised: 5, ..own }, true, true),
+            "promised a newer view"
+        );
+    }
 
     #[test]
     fn view_change_state_remembers_the_first_demotion_until_taken() {

@@ -93,6 +93,7 @@ impl Node {
                     session,
                     candidate: false,
                     announced: None,
+                    followed_serving: false,
                 },
                 Carried::Nothing,
             );

@@ -5,6 +5,9 @@
 
 use std::time::Duration;
 
+use lockstep_common::control;
+use lockstep_common::region::Role;
+
 use crate::election::{Election, ElectionError, Session};
 use crate::log_limit::Repeats;
 use crate::protocol::Event;
@@ -15,6 +18,15 @@ use super::Node;
 
 /// Pause between failed attempts.
 pub(super) const RETRY: Duration = Duration::from_millis(200);
+/// How long a candidate waits for the status of the leader it follows.
+const STATUS_QUERY: Duration = Duration::from_secs(1);
+
+/// Logs a warning unless the same one was logged within the period.
+fn warn_limited(warnings: &mut Repeats, what: String) {
+    if let Some(line) = warnings.line(&what, std::time::Instant::now()) {
+        log::warn!("{line}");
+    }
+}
 
 impl Node {
     /// The election thread: until `stop`.
@@ -76,7 +88,7 @@ impl Node {
                         }
                         Err(e) => {
                             lost = true;
-                            warnings.warn(&format!("node {}: {e}", self.me));
+                            warn_limited(&mut warnings, format!("node {}: {e}", self.me));
                             drop(guard);
                             std::thread::sleep(RETRY);
                         }
@@ -87,11 +99,11 @@ impl Node {
                 // be stuck in a request meanwhile).
                 Session::Disconnected(_) => {}
                 Session::Connected => {
-                    let Some(election) = guard.as_ref() else {
+                    let Some(election) = guard.as_mut() else {
                         continue;
                     };
                     if let Err(e) = self.election_step(election) {
-                        warnings.warn(&format!("node {}: {e:#}", self.me));
+                        warn_limited(&mut warnings, format!("node {}: {e:#}", self.me));
                         if matches!(
                             e,
                             ElectionError::SessionLost | ElectionError::NoAnswer { .. }
@@ -129,6 +141,7 @@ impl Node {
                 session: protocol_session(Session::Expired),
                 candidate: false,
                 announced: None,
+                followed_serving: false,
             },
             Carried::Nothing,
         );
@@ -149,16 +162,33 @@ impl Node {
             .is_empty()
     }
 
+    /// Whether the leader this backup follows answers that it leads a
+    /// view at least as new as this node's log (what the replica needs to
+    /// give way as candidate; see `viewchange::yields`).
+    fn followed_leader_serves(&self) -> bool {
+        let (role, leader, log_view) = {
+            let r = self.replica();
+            (r.role(), r.leader(), r.log_view())
+        };
+        if role != Role::Backup || leader == 0 || leader == self.me {
+            return false;
+        }
+        control::query_status(&self.config, leader, STATUS_QUERY)
+            .is_ok_and(|s| s.role == "leader" && s.view >= log_view)
+    }
+
     /// Tells the replica the election's state, then carries out its
     /// ZooKeeper requests.
-    fn election_step(&self, election: &Election) -> Result<(), ElectionError> {
+    fn election_step(&self, election: &mut Election) -> Result<(), ElectionError> {
         let candidate = election.is_candidate()?;
         let announced = election.leader()?.map(|r| (r.view, r.leader));
+        let followed_serving = candidate && self.followed_leader_serves();
         self.step(
             Event::Election {
                 session: protocol_session(Session::Connected),
                 candidate,
                 announced,
+                followed_serving,
             },
             Carried::Nothing,
         );
@@ -172,6 +202,7 @@ impl Node {
                         return Err(e);
                     }
                 },
+                ZkRequest::Yield => election.register_again()?,
                 ZkRequest::Announce { view } => {
                     let app = self
                         .config

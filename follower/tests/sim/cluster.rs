@@ -507,6 +507,13 @@ impl Cluster {
                     self.zk_leader = Some((view, id));
                 }
             }
+            Action::Yield => {
+                if self.reachable(id, 0) && self.sessions.contains_key(&id) {
+                    self.znodes += 1;
+                    let now = self.now;
+                    self.sessions.insert(id, (self.znodes, now));
+                }
+            }
             Action::GoStale { .. } => {
                 self.node(id).stale = true;
             }
@@ -781,12 +788,27 @@ impl Cluster {
             } else {
                 None
             };
+            let is_candidate = candidate == Some(id) && session == Session::Connected;
+            // The runtime asks the leader it follows for its status.
+            let followed_serving = is_candidate
+                && self.nodes[id as usize - 1].replica.as_ref().is_some_and(|r| {
+                    let l = r.leader();
+                    l != 0
+                        && l != id
+                        && self.up(l)
+                        && self.reachable(id, l)
+                        && self.nodes[l as usize - 1]
+                            .replica
+                            .as_ref()
+                            .is_some_and(|lr| lr.serving() && lr.promised() >= r.log_view())
+                });
             self.step_node(
                 id,
                 Event::Election {
                     session,
-                    candidate: candidate == Some(id) && session == Session::Connected,
+                    candidate: is_candidate,
                     announced,
+                    followed_serving,
                 },
             );
         }
