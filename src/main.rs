@@ -7,6 +7,7 @@ mod check;
 mod failover_bench;
 mod status;
 mod up;
+mod up_zookeeper;
 
 use std::path::PathBuf;
 use std::time::Duration;

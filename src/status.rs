@@ -36,7 +36,28 @@ fn why_down(config: &Config, id: u64, error: String, timeout: Duration) -> Strin
             node.control
         ),
         Err(e) => format!("the follower at {} is unreachable: {e}", node.control),
+        Ok(_) if error.contains("timed out") || error.contains("temporarily unavailable") => {
+            format!(
+                "the follower at {} is slow: it accepts connections but did not answer within {timeout:?} ({error})",
+                node.control
+            )
+        }
         Ok(_) => format!("the follower at {} answers, but: {error}", node.control),
+    }
+}
+
+/// Whether a node that did not answer (`error` from [`query_all`]) is only
+/// slow (its follower accepts connections: a loaded machine), not down.
+pub fn is_slow(error: &str) -> bool {
+    error.contains(" is slow: ")
+}
+
+/// `down` or `slow` for a node that did not answer.
+pub fn unanswered_role(error: &str) -> &'static str {
+    if is_slow(error) {
+        "slow"
+    } else {
+        "down"
     }
 }
 
@@ -72,13 +93,13 @@ pub fn health(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
     })
 }
 
-/// `HH:MM:SS UTC` of a moment `ago` before now.
-fn utc_clock(ago: Duration) -> String {
+/// `HH:MM:SS` (UTC) of a moment `ago` before now.
+pub fn utc_clock(ago: Duration) -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     let t = now.saturating_sub(ago).as_secs() % 86_400;
-    format!("{:02}:{:02}:{:02} UTC", t / 3600, t / 60 % 60, t % 60)
+    format!("{:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
 }
 
 /// What the answering nodes say of ZooKeeper, when some have no session:
@@ -92,7 +113,7 @@ pub fn zookeeper_problem(config: &Config, nodes: &[NodeView]) -> Option<String> 
     let longest = down.iter().map(|d| d.1).max()?;
     let ids: Vec<String> = down.iter().map(|d| d.0.to_string()).collect();
     Some(format!(
-        "ZooKeeper unreachable at {} since {} ({} s; node{} {}): no failover until it is back",
+        "ZooKeeper unreachable at {} since {} UTC ({} s; node{} {}): no failover until it is back",
         config.election.zookeeper,
         utc_clock(Duration::from_millis(longest)),
         longest / 1000,
@@ -173,7 +194,7 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
                 "stale_reason": s.stale_reason, "zookeeper_down_ms": s.zookeeper_down_ms,
             }),
             Err(e) => json!({
-                "node": n.id, "up": false, "app": app(n.id), "role": "down", "error": e,
+                "node": n.id, "up": false, "app": app(n.id), "role": unanswered_role(e), "error": e,
                 "hint": start_hint(config_path, n.id),
             }),
         })
@@ -218,14 +239,22 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
                 s.divergences,
                 app
             )),
-            Err(_) => out.push_str(&format!(
+            Err(e) => out.push_str(&format!(
                 "{:>4}  {:<8} {:>5} {:>10} {:>10} {:>10} {:>6} {:>5}  {app}\n",
-                n.id, "down", "-", "-", "-", "-", "-", "-"
+                n.id,
+                unanswered_role(e),
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-"
             )),
         }
     }
     for n in nodes {
         match &n.status {
+            Err(e) if is_slow(e) => out.push_str(&format!("node {} is slow: {e}\n", n.id)),
             Err(e) => out.push_str(&format!(
                 "node {} is down: {e}; {}\n",
                 n.id,

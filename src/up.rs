@@ -35,6 +35,8 @@ use lockstep_testkit::process::{
 };
 use lockstep_testkit::zookeeper::ZookeeperServer;
 
+use crate::up_zookeeper::Keeper;
+
 /// How long a stopping process may take after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -127,7 +129,7 @@ impl Proc {
 pub struct Cluster {
     config: Config,
     procs: Vec<Proc>,
-    zookeeper: Option<ZookeeperServer>,
+    zookeeper: Option<Keeper>,
     stopped: bool,
     /// The server command template the nodes run.
     cmd: Vec<String>,
@@ -180,7 +182,7 @@ struct NodeHeal {
 
 /// The pause before restart attempt number `failures + 1`: none for a
 /// first failure, then 1 s, 2 s, 4 s, … at most `BACKOFF_CAP`.
-fn backoff(failures: u32) -> Duration {
+pub(crate) fn backoff(failures: u32) -> Duration {
     if failures == 0 {
         return Duration::ZERO;
     }
@@ -226,6 +228,13 @@ fn ensure_zookeeper(
         return Ok(None);
     }
     let addr = zookeeper_addr(&config.election.zookeeper)?;
+    let members = config.election.zookeeper.split('/').next().unwrap_or("");
+    if members.contains(',') {
+        // An ensemble: never replaced by a private server; the followers
+        // reach whichever members answer.
+        say(&format!("using the ZooKeeper ensemble {members}"));
+        return Ok(None);
+    }
     if TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
         say(&format!("using the ZooKeeper at {addr}"));
         return Ok(None);
@@ -387,6 +396,7 @@ impl Cluster {
         };
         cluster.zookeeper = if own_zookeeper {
             ensure_zookeeper(&config, say)?
+                .map(|zk| Keeper::new(zk, config.data_dir.join("zookeeper")))
         } else {
             require_zookeeper(&config, say)?;
             None
@@ -944,13 +954,7 @@ impl Cluster {
             .map(|i| format!("{} exited{}", self.procs[i].what, self.procs[i].how))
             .collect();
         if let Some(zk) = self.zookeeper.as_mut() {
-            if zk.exited() {
-                lines.push(format!(
-                    "ZooKeeper exited (log {})",
-                    zk.log_path().display()
-                ));
-                self.zookeeper = None;
-            }
+            zk.poll(&mut lines);
         }
         lines
     }
@@ -1032,24 +1036,41 @@ fn shell_words(args: &[String]) -> String {
         .join(" ")
 }
 
-/// One compact progress line: view, leader, and per node its role,
-/// commit/applied and divergences.
-fn progress_line(nodes: &[status::NodeView]) -> String {
+/// One compact state line: view, leader, and per node its role (`slow`
+/// when its follower accepts connections but answers late, `down` when
+/// not at all) and divergences, then ZooKeeper when nodes lost it. Counters
+/// are left out: the line changes only when the cluster's state does
+/// (`lockstep status` has the counters).
+fn progress_line(config: &Config, nodes: &[status::NodeView]) -> String {
     let (view, leader) = status::cluster_view(nodes);
     let per: Vec<String> = nodes
         .iter()
         .map(|n| match &n.status {
             Ok(s) => {
-                let mut x = format!("n{} {} applied {}/{}", n.id, s.role, s.applied, s.committed);
+                let mut x = format!("n{} {}", n.id, s.role);
                 if s.divergences > 0 {
                     x.push_str(&format!(" DIVERGED {}", s.divergences));
                 }
                 x
             }
-            Err(_) => format!("n{} down", n.id),
+            Err(e) => format!("n{} {}", n.id, status::unanswered_role(e)),
         })
         .collect();
-    format!("view {view} leader {leader} | {}", per.join(" | "))
+    let mut line = format!("view {view} leader {leader} | {}", per.join(" | "));
+    let lost: Vec<String> = nodes
+        .iter()
+        .filter_map(|n| n.status.as_ref().ok())
+        .filter(|s| s.zookeeper_down_ms.is_some())
+        .map(|s| s.node.to_string())
+        .collect();
+    if !lost.is_empty() {
+        line.push_str(&format!(
+            " | ZooKeeper {} unreachable from node {}",
+            config.election.zookeeper,
+            lost.join(", ")
+        ));
+    }
+    line
 }
 
 /// Runs `lockstep up` until SIGINT/SIGTERM: every node of the config, or
@@ -1071,7 +1092,7 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
     };
     let stop = stop_on_signals().context("cannot install signal handlers")?;
     let bins = Binaries::locate()?;
-    let say = |m: &str| println!("lockstep up: {m}");
+    let say = |m: &str| println!("{} lockstep up: {m}", status::utc_clock(Duration::ZERO));
     let mut cluster = match node {
         None => Cluster::start(config.clone(), config_path, &cmd, &bins, &stop, &say)?,
         Some(id) => Cluster::start_nodes(
@@ -1123,8 +1144,8 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
         for dead in cluster.reap_lines() {
             say(&dead);
         }
-        // Every node's status once a second: staleness for `heal`, and a
-        // progress line when something changed, at most every 2 s.
+        // Every node's status once a second: staleness for `heal`, and the
+        // state line when the state changed (at most every 2 s).
         let fresh = (last_query.elapsed() >= Duration::from_secs(1)).then(|| {
             last_query = Instant::now();
             status::query_all(&config, Duration::from_millis(500))
@@ -1132,12 +1153,12 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
         cluster.heal(fresh.as_deref(), &say);
         if let Some(nodes) = &fresh {
             if last_print.elapsed() >= Duration::from_secs(2) {
-                let line = progress_line(nodes);
+                let line = progress_line(&config, nodes);
                 if line != last_line {
                     say(&line);
                     last_line = line;
+                    last_print = Instant::now();
                 }
-                last_print = Instant::now();
             }
         }
         std::thread::sleep(Duration::from_millis(100));

@@ -899,7 +899,7 @@ fn zookeeper_frozen_leader_keeps_serving_under_load() {
 /// majority acks), `lockstep status` says healthy and names ZooKeeper;
 /// when ZooKeeper is back a leader serves and nothing acknowledged is lost.
 fn zookeeper_loss_body(test: &str, loss: ZkLoss) {
-    let (c, mut zk) = zk_cluster(test, 3, "deny");
+    let (c, mut zk) = zk_cluster(test, 3, "allow");
     let f = Finder::new(&c.config_path, &c.dir);
     let all = f.ids();
     let old = f.wait_leader(&all, &[], "a first leader");
@@ -1013,6 +1013,87 @@ fn zookeeper_restarted_three_times_a_leader_is_back_each_time() {
     check_history(&f, leader, &logs);
     f.wait_converged(leader, &all);
     f.assert_digests_agree(&all);
+}
+
+/// Busy-loop processes, killed (by pid) when dropped.
+struct CpuHog(Vec<Child>);
+
+impl CpuHog {
+    /// Two busy loops per core.
+    fn start() -> CpuHog {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        CpuHog(
+            (0..2 * cores)
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .stdin(Stdio::null())
+                        .spawn()
+                        .expect("start a busy loop")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuHog {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// How long the hog runs.
+const HOG_FOR: Duration = Duration::from_secs(60);
+
+/// No failover without a fault: with busy loops on twice the cores beside
+/// a ZooKeeper-elected cluster (the example's session timeout) for a
+/// minute, the view never changes and the leader's clients never fail.
+#[test]
+fn cpu_hog_beside_the_cluster_changes_no_view() {
+    let _serial = serial();
+    let (c, _zk) = zk_cluster("fo-hog", 3, "allow");
+    let f = Finder::new(&c.config_path, &c.dir);
+    let all = f.ids();
+    let leader = f.wait_leader(&all, &[], "a first leader");
+    let view = f.status(leader).expect("leader status").view;
+    let load = Load::start(&f, &all, 0..2, OnError::Stop, HANG);
+    load.wait_progress(&f, 10, "load before the hog");
+    let hog = CpuHog::start();
+    let start = Instant::now();
+    let mut checks = 0;
+    while start.elapsed() < HOG_FOR {
+        std::thread::sleep(Duration::from_secs(1));
+        // A node that answers late is slow, not a fault: only the views of
+        // those that answer are compared.
+        for &id in &all {
+            if let Ok(s) = f.status(id) {
+                checks += 1;
+                assert_eq!(
+                    (s.view, s.leader),
+                    (view, leader),
+                    "node {id} moved to another view under CPU load alone\n{}",
+                    f.logs()
+                );
+            }
+        }
+    }
+    drop(hog);
+    load.wait_progress(&f, 10, "load after the hog");
+    let (logs, errors) = load.finish();
+    assert!(
+        errors.is_empty(),
+        "clients of the leader failed under CPU load: {errors:?}\n{}",
+        f.logs()
+    );
+    for &id in &all {
+        let s = f.status(id).expect("status after the hog");
+        assert_eq!((s.view, s.leader), (view, leader), "node {id}\n{}", f.logs());
+    }
+    eprintln!("CPU hog for {HOG_FOR:?}: view {view} kept, {checks} status answers compared");
+    check_history(&f, leader, &logs);
 }
 
 #[test]

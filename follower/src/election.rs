@@ -371,7 +371,13 @@ impl Election {
                 _ => {}
             }
             if Instant::now() >= deadline {
-                let _ = zk.close();
+                // Closing waits for an answer without a limit, and a
+                // ZooKeeper that accepted the connection while starting may
+                // never read it (its socket keeps our unread bytes): close
+                // on a thread of its own, and try a fresh connection.
+                let _ = std::thread::Builder::new()
+                    .name("zk-close".into())
+                    .spawn(move || drop(zk));
                 return Err(ElectionError::Unreachable {
                     addr: addr.to_string(),
                     waited_ms: waited.as_millis() as u64,

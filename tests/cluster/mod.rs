@@ -31,7 +31,7 @@ use lockstep_testkit::process::{kill_and_reap, open_log, spawn_logged, Grouping}
 pub use lockstep_testkit::resp::{resp_encode, Reply, Resp};
 #[allow(unused_imports)]
 pub use lockstep_testkit::zookeeper::{
-    is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperServer,
+    is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperEnsemble, ZookeeperServer,
 };
 
 use lockstep_common::control::NodeStatus;
