@@ -959,8 +959,12 @@ impl Replica {
             self.contact.lost(since, self.now);
         }
         let silent = self.contact.silent(self.now, self.cfg.members.len());
+        let newer = self
+            .view_change
+            .stalled(self.promised, self.now, 0)
+            .map(|(_, view)| view);
         if let Some(loss) =
-            session::session_loss(session, self.stuck, silent, self.cfg.session_timeout)
+            session::session_loss(session, self.stuck, silent, newer, self.cfg.session_timeout)
         {
             if self.role == Role::Leader {
                 self.note(format!("{loss}: no longer accepting writes"));

@@ -26,6 +26,8 @@ pub struct SessionLoss {
     pub stuck: Millis,
     /// The session: disconnected, or expired.
     pub session: Session,
+    /// A newer view a peer is in (it refused this leader's writes).
+    pub newer_view: Option<u64>,
 }
 
 impl std::fmt::Display for SessionLoss {
@@ -35,11 +37,14 @@ impl std::fmt::Display for SessionLoss {
             Session::Disconnected(d) => format!("ZooKeeper unreachable for {d} ms"),
             Session::Connected => "ZooKeeper connected".to_string(),
         };
-        write!(
-            f,
-            "{zk} and no majority acknowledged for {} ms",
-            self.stuck
-        )
+        match self.newer_view {
+            Some(v) => write!(f, "{zk} and a peer promised view {v}"),
+            None => write!(
+                f,
+                "{zk} and no majority acknowledged for {} ms",
+                self.stuck
+            ),
+        }
     }
 }
 
@@ -47,20 +52,28 @@ impl std::fmt::Display for SessionLoss {
 /// when its oldest uncommitted entry has waited `stuck` ms (0: nothing
 /// waits, or the commit point moved since), no majority answered for
 /// `silent` ms ([`Contact::silent`]), and the session timeout is
-/// `timeout`. Connected: never on this rule (a leader that can reach
-/// ZooKeeper but no majority keeps its znode, and nobody else can make a
-/// view without that majority either).
+/// `timeout`; at once when a peer is in a newer view (`newer_view`: with
+/// the session lost, that view was handed out by ZooKeeper to another
+/// node, which is making it: this leader commits nothing more). Connected:
+/// never on this rule (a leader that can reach ZooKeeper but no majority
+/// keeps its znode, and nobody else can make a view without that majority
+/// either; a stray newer view is the stalled-view rule's).
 pub fn session_loss(
     session: Session,
     stuck: Millis,
     silent: Millis,
+    newer_view: Option<u64>,
     timeout: Millis,
 ) -> Option<SessionLoss> {
     let stuck = stuck.max(silent);
     match session {
         Session::Connected => None,
-        _ if stuck < timeout => None,
-        _ => Some(SessionLoss { stuck, session }),
+        _ if stuck < timeout && newer_view.is_none() => None,
+        _ => Some(SessionLoss {
+            stuck,
+            session,
+            newer_view,
+        }),
     }
 }
 
@@ -72,7 +85,12 @@ pub struct Contact {
     lost_at: Option<Millis>,
     /// When a probe was last sent.
     probed_at: Option<Millis>,
-    /// When the commit point last moved (a majority acknowledged).
+    /// When the commit point last moved (a majority acknowledged) while
+    /// the session was seen lost. Acks from before the loss was seen prove
+    /// nothing after ZooKeeper last heard from this node; these do, and
+    /// they are kept when the session flickers back (a frozen ZooKeeper
+    /// that resumes looks connected for a moment, then lost again since
+    /// long before).
     acked_at: Millis,
     /// (peer, when it last answered).
     heard: Vec<(u64, Millis)>,
@@ -87,7 +105,6 @@ impl Contact {
         if self.lost_at.is_none() {
             self.lost_at = Some(since.min(now));
             self.probed_at = None;
-            self.acked_at = since.min(now);
             self.heard.clear();
         }
     }
@@ -112,7 +129,9 @@ impl Contact {
 
     /// The commit point moved at `now`: a majority acknowledged.
     pub fn majority_acked(&mut self, now: Millis) {
-        self.acked_at = self.acked_at.max(now);
+        if self.lost_at.is_some() {
+            self.acked_at = self.acked_at.max(now);
+        }
     }
 
     /// `peer` answered at `now`.
@@ -183,29 +202,34 @@ mod tests {
 
     #[test]
     fn a_connected_leader_never_stops_on_this_rule() {
-        assert_eq!(session_loss(Session::Connected, 1_000_000, 1_000_000, 100), None);
+        assert_eq!(session_loss(Session::Connected, 1_000_000, 1_000_000, Some(9), 100), None);
     }
 
     #[test]
     fn a_leader_without_zookeeper_serves_while_a_majority_acks() {
         // ZooKeeper gone for far longer than the session timeout, expired
         // or not: the commit point keeps moving, so the lead is kept.
-        assert_eq!(session_loss(Session::Disconnected(60_000), 0, 0, 100), None);
-        assert_eq!(session_loss(Session::Expired, 99, 99, 100), None);
+        assert_eq!(session_loss(Session::Disconnected(60_000), 0, 0, None, 100), None);
+        assert_eq!(session_loss(Session::Expired, 99, 99, None, 100), None);
     }
 
     #[test]
     fn a_leader_without_zookeeper_and_without_a_majority_stops() {
-        let loss = session_loss(Session::Disconnected(5000), 100, 0, 100).unwrap();
+        let loss = session_loss(Session::Disconnected(5000), 100, 0, None, 100).unwrap();
         assert_eq!(loss.stuck, 100);
-        let loss = session_loss(Session::Disconnected(5000), 0, 120, 100).unwrap();
+        let loss = session_loss(Session::Disconnected(5000), 0, 120, None, 100).unwrap();
         assert_eq!(loss.stuck, 120);
-        let loss = session_loss(Session::Disconnected(5000), 100, 0, 100).unwrap();
+        let loss = session_loss(Session::Disconnected(5000), 100, 0, None, 100).unwrap();
         assert_eq!(
             loss.to_string(),
             "ZooKeeper unreachable for 5000 ms and no majority acknowledged for 100 ms"
         );
-        assert!(session_loss(Session::Expired, 250, 0, 100).is_some());
+        assert!(session_loss(Session::Expired, 250, 0, None, 100).is_some());
+        let loss = session_loss(Session::Expired, 0, 0, Some(7), 100).unwrap();
+        assert_eq!(
+            loss.to_string(),
+            "the ZooKeeper session expired and a peer promised view 7"
+        );
     }
 
     #[test]
@@ -242,9 +266,21 @@ mod tests {
         assert_eq!(c.silent(5000, 1), 0, "alone, it is its own majority");
         c.reset();
         assert_eq!(c.silent(5000, 3), 0);
+        c.majority_acked(5950);
         c.lost(5900, 6000);
-        assert_eq!(c.silent(6000, 3), 100, "counted from the disconnection");
+        assert_eq!(
+            c.silent(6000, 3),
+            100,
+            "counted from the disconnection: acks before the loss was seen do not count"
+        );
         c.majority_acked(6500);
         assert_eq!(c.silent(6600, 3), 100, "acks of a majority count as answers");
+        c.reset();
+        c.lost(100, 6700);
+        assert_eq!(
+            c.silent(6700, 3),
+            200,
+            "the session flickered back: acks seen while it was lost still count"
+        );
     }
 }
