@@ -399,7 +399,8 @@ mod tests {
         let why = health(&c, &alone).unwrap_err();
         assert!(why.contains("only 1 of 3"), "{why}");
         assert!(
-            why.contains("ZooKeeper unreachable at 127.0.0.1:2181 since ") && why.contains("(65 s; node 1)"),
+            why.contains("ZooKeeper unreachable at 127.0.0.1:2181 since ")
+                && why.contains("(65 s; node 1)"),
             "{why}"
         );
         // Serving without ZooKeeper: healthy, with a warning.
@@ -412,7 +413,10 @@ mod tests {
         assert_eq!(health(&c, &serving), Ok(()));
         let t = to_table(&c, Path::new("c.toml"), &serving);
         assert!(t.contains("ok: node 1 leads view 2"), "{t}");
-        assert!(t.contains("warning: ZooKeeper unreachable at 127.0.0.1:2181"), "{t}");
+        assert!(
+            t.contains("warning: ZooKeeper unreachable at 127.0.0.1:2181"),
+            "{t}"
+        );
         assert!(t.contains("nodes 1, 2"), "{t}");
     }
 }

@@ -61,23 +61,36 @@ impl Keeper {
                     if self.serving_since.elapsed() >= HEALTHY_AFTER {
                         self.failures = 0;
                     }
-                    self.down(format!("ZooKeeper exited (log {})", zk.log_path().display()), out)
+                    self.down(
+                        format!("ZooKeeper exited (log {})", zk.log_path().display()),
+                        out,
+                    )
                 }
             }
             State::Starting(mut zk, since) => {
                 if zk.exited() {
                     self.down(
-                        format!("ZooKeeper exited while starting (log {})", zk.log_path().display()),
+                        format!(
+                            "ZooKeeper exited while starting (log {})",
+                            zk.log_path().display()
+                        ),
                         out,
                     )
                 } else if is_serving(self.addr) {
-                    out.push(format!("ZooKeeper serves again at {} (pid {})", self.addr, zk.pid()));
+                    out.push(format!(
+                        "ZooKeeper serves again at {} (pid {})",
+                        self.addr,
+                        zk.pid()
+                    ));
                     self.serving_since = now;
                     State::Serving(zk)
                 } else if since.elapsed() > START_LIMIT {
                     zk.stop();
                     self.down(
-                        format!("ZooKeeper did not serve within {START_LIMIT:?} (log {})", zk.log_path().display()),
+                        format!(
+                            "ZooKeeper did not serve within {START_LIMIT:?} (log {})",
+                            zk.log_path().display()
+                        ),
                         out,
                     )
                 } else {

@@ -929,7 +929,10 @@ fn zookeeper_loss_body(test: &str, loss: ZkLoss) {
         zk_problem.contains("ZooKeeper unreachable at"),
         "status does not name ZooKeeper: {json}"
     );
-    eprintln!("ZooKeeper {loss:?} for {:?}: leader {old} serves; status: {zk_problem}", gone.elapsed());
+    eprintln!(
+        "ZooKeeper {loss:?} for {:?}: leader {old} serves; status: {zk_problem}",
+        gone.elapsed()
+    );
 
     let _zk = match loss {
         ZkLoss::Killed => {
@@ -986,21 +989,35 @@ fn zookeeper_restarted_three_times_a_leader_is_back_each_time() {
         }
         std::thread::sleep(Duration::from_millis(SESSION_MS));
         zk = ZookeeperServer::start(&c.dir.join("zk"), port).expect("restart ZooKeeper");
-        f.wait(&format!("every node back in ZooKeeper after restart {round}"), || {
-            let json = cli_status(&c.config_path);
-            match json["zookeeper_problem"].as_str() {
-                None => Ok(()),
-                Some(p) => Err(p.to_string()),
-            }
-        });
+        f.wait(
+            &format!("every node back in ZooKeeper after restart {round}"),
+            || {
+                let json = cli_status(&c.config_path);
+                match json["zookeeper_problem"].as_str() {
+                    None => Ok(()),
+                    Some(p) => Err(p.to_string()),
+                }
+            },
+        );
         let leader = f.wait_leader(&all, &[], &format!("a leader after restart {round}"));
         load.wait_progress(&f, 20, &format!("load after restart {round}"));
         eprintln!("ZooKeeper restart {round} (data wiped: {wiped}): node {leader} leads");
     }
     let (logs, errors) = load.finish();
     let leader = f.wait_leader(&all, &[], "a serving leader after the restarts");
-    eprintln!("after 3 ZooKeeper restarts: {} client errors, node {leader} leads", errors.len());
-    let mut c = c;
+    eprintln!(
+        "after 3 ZooKeeper restarts: {} client errors, node {leader} leads",
+        errors.len()
+    );
+    rebuild_stale_then_check(c, &f, leader, &logs);
+}
+
+/// Restarts every node but `leader` that reports stale (a leader deposed
+/// while reads were in flight may hold a server that missed a committed
+/// input: it says so and asks for a restart), then checks the clients'
+/// histories, convergence and digests on every node.
+fn rebuild_stale_then_check(mut c: TestCluster, f: &Finder, leader: u64, logs: &[ClientLog]) {
+    let all = f.ids();
     for id in without(&all, leader) {
         if f.wait_role_any(id, &["backup", "stale"], leader) == "stale" {
             eprintln!("node {id} reports stale: restarting it, as its log asks");
@@ -1010,7 +1027,7 @@ fn zookeeper_restarted_three_times_a_leader_is_back_each_time() {
             f.wait_role(id, "backup", leader);
         }
     }
-    check_history(&f, leader, &logs);
+    check_history(f, leader, logs);
     f.wait_converged(leader, &all);
     f.assert_digests_agree(&all);
 }
@@ -1090,7 +1107,12 @@ fn cpu_hog_beside_the_cluster_changes_no_view() {
     );
     for &id in &all {
         let s = f.status(id).expect("status after the hog");
-        assert_eq!((s.view, s.leader), (view, leader), "node {id}\n{}", f.logs());
+        assert_eq!(
+            (s.view, s.leader),
+            (view, leader),
+            "node {id}\n{}",
+            f.logs()
+        );
     }
     eprintln!("CPU hog for {HOG_FOR:?}: view {view} kept, {checks} status answers compared");
     check_history(&f, leader, &logs);
@@ -1118,21 +1140,7 @@ fn zookeeper_paused_past_session_timeout_cluster_recovers() {
         "ZooKeeper paused: leader {old} before, {leader} after; {} client errors",
         errors.len()
     );
-    // A leader deposed while reads were in flight may hold a server that
-    // missed a committed input: it says "stale" and asks for a restart.
-    let mut c = c;
-    for id in without(&all, leader) {
-        if f.wait_role_any(id, &["backup", "stale"], leader) == "stale" {
-            eprintln!("node {id} reports stale after the pause: restarting it, as its log asks");
-            kill_node(&mut c, id);
-            c.start_follower(id);
-            c.start_server(id);
-            f.wait_role(id, "backup", leader);
-        }
-    }
-    check_history(&f, leader, &logs);
-    f.wait_converged(leader, &all);
-    f.assert_digests_agree(&all);
+    rebuild_stale_then_check(c, &f, leader, &logs);
 }
 
 fn backup_kill_body(test: &str, zookeeper: bool) {

@@ -878,7 +878,11 @@ fn redis_up_with_a_zookeeper_ensemble_survives_a_member_loss() {
     // Failover through the two members left.
     let cfg = tc.config_path.to_str().unwrap().to_string();
     let k = lockstep(&["kill", &cfg, "--node", &leader.to_string()]);
-    assert!(k.status.success(), "lockstep kill: {}", String::from_utf8_lossy(&k.stderr));
+    assert!(
+        k.status.success(),
+        "lockstep kill: {}",
+        String::from_utf8_lossy(&k.stderr)
+    );
     let others: Vec<u64> = [1, 2, 3].into_iter().filter(|&i| i != leader).collect();
     let new = tc.wait_leader_among(&others, READY_LIMIT);
     set_keys(tc.app(new), "after", 10);
@@ -893,7 +897,11 @@ fn redis_up_with_a_zookeeper_ensemble_survives_a_member_loss() {
     }
     drop(c);
     let st = up.interrupt();
-    assert!(st.success(), "lockstep up exited with {st} on Ctrl-C:\n{}", up.output());
+    assert!(
+        st.success(),
+        "lockstep up exited with {st} on Ctrl-C:\n{}",
+        up.output()
+    );
     // The ensemble is the test's, not `up`'s: stopped before the check.
     drop(zk);
     assert_nothing_left(&tc, &[]);

@@ -167,7 +167,14 @@ impl SessionWatch {
         match self.session() {
             Session::Connected => None,
             Session::Disconnected(d) => Some(d),
-            Session::Expired => Some(self.0.state.lock().unwrap_or_else(|p| p.into_inner()).1.elapsed()),
+            Session::Expired => Some(
+                self.0
+                    .state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .1
+                    .elapsed(),
+            ),
         }
     }
 
@@ -237,7 +244,9 @@ impl Client {
         loop {
             match rx.recv_timeout(Duration::from_millis(50)) {
                 Ok(v) => return Ok(v),
-                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(ElectionError::SessionLost),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(ElectionError::SessionLost)
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if SessionWatch(self.shared.clone()).session() == Session::Expired {
                         return Err(ElectionError::SessionLost);
@@ -395,19 +404,7 @@ impl Election {
             ensure(&zk, &p, b"")?;
         }
         ensure(&zk, &format!("{root}/view"), b"0")?;
-        let prefix = format!("{root}/election/n-");
-        let data = me.to_string().into_bytes();
-        let p = prefix.clone();
-        let znode = zk
-            .call("create", &prefix, move |zk| {
-                zk.create(
-                    &p,
-                    data,
-                    Acl::open_unsafe().clone(),
-                    CreateMode::EphemeralSequential,
-                )
-            })?
-            .map_err(op_err("create", &prefix))?;
+        let znode = register(&zk, &root, me)?;
         log::info!("node {me}: registered in the election as {znode}");
         spawn_probe(Arc::downgrade(&zk), shared.clone(), root.clone());
         Ok(Election {
@@ -480,27 +477,21 @@ impl Election {
     /// Leaves the queue and joins it again at its end (a new sequential
     /// znode in the same session, then the old one deleted).
     pub fn register_again(&mut self) -> Result<(), ElectionError> {
-        let prefix = format!("{}/election/n-", self.root);
-        let data = self.me.to_string().into_bytes();
-        let p = prefix.clone();
-        let znode = self
-            .zk
-            .call("create", &prefix, move |zk| {
-                zk.create(
-                    &p,
-                    data,
-                    Acl::open_unsafe().clone(),
-                    CreateMode::EphemeralSequential,
-                )
-            })?
-            .map_err(op_err("create", &prefix))?;
+        let znode = register(&self.zk, &self.root, self.me)?;
         let old = std::mem::replace(&mut self.znode, znode);
         let o = old.clone();
-        match self.zk.call("delete", &old, move |zk| zk.delete(&o, None))? {
+        match self
+            .zk
+            .call("delete", &old, move |zk| zk.delete(&o, None))?
+        {
             Ok(()) | Err(ZkError::NoNode) => {}
             Err(e) => return Err(op_err("delete", &old)(e)),
         }
-        log::info!("node {}: registered again in the election as {}", self.me, self.znode);
+        log::info!(
+            "node {}: registered again in the election as {}",
+            self.me,
+            self.znode
+        );
         Ok(())
     }
 
@@ -551,13 +542,11 @@ impl Election {
                         Err(e) => return Err(op_err("set", &path)(e)),
                     }
                 }
-                Err(ZkError::NoNode) => {
-                    match create_persistent(&self.zk, &path, data.clone())? {
-                        Ok(_) => return Ok(()),
-                        Err(ZkError::NodeExists) => continue,
-                        Err(e) => return Err(op_err("create", &path)(e)),
-                    }
-                }
+                Err(ZkError::NoNode) => match create_persistent(&self.zk, &path, data.clone())? {
+                    Ok(_) => return Ok(()),
+                    Err(ZkError::NodeExists) => continue,
+                    Err(e) => return Err(op_err("create", &path)(e)),
+                },
                 Err(e) => return Err(op_err("read", &path)(e)),
             }
         }
@@ -629,6 +618,23 @@ fn spawn_probe(zk: std::sync::Weak<Client>, shared: Arc<Shared>, root: String) {
             drop(zk);
             std::thread::sleep(shared.probe);
         });
+}
+
+/// A new ephemeral sequential znode for node `me` in the election queue
+/// under `root`; its path.
+fn register(zk: &Client, root: &str, me: u64) -> Result<String, ElectionError> {
+    let prefix = format!("{root}/election/n-");
+    let data = me.to_string().into_bytes();
+    let p = prefix.clone();
+    zk.call("create", &prefix, move |zk| {
+        zk.create(
+            &p,
+            data,
+            Acl::open_unsafe().clone(),
+            CreateMode::EphemeralSequential,
+        )
+    })?
+    .map_err(op_err("create", &prefix))
 }
 
 fn create_persistent(

@@ -73,7 +73,10 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut r = Repeats::new(Duration::from_secs(10));
-        assert_eq!(r.line("no ZooKeeper", at(0)).as_deref(), Some("no ZooKeeper"));
+        assert_eq!(
+            r.line("no ZooKeeper", at(0)).as_deref(),
+            Some("no ZooKeeper")
+        );
         for ms in (200..10_000).step_by(200) {
             assert_eq!(r.line("no ZooKeeper", at(ms)), None);
         }
@@ -82,8 +85,14 @@ mod tests {
             Some("no ZooKeeper (again 49 times in 10 s)")
         );
         assert_eq!(r.line("other", at(10_100)).as_deref(), Some("other"));
-        assert_eq!(r.line("no ZooKeeper", at(10_200)).as_deref(), Some("no ZooKeeper"));
+        assert_eq!(
+            r.line("no ZooKeeper", at(10_200)).as_deref(),
+            Some("no ZooKeeper")
+        );
         r.clear();
-        assert_eq!(r.line("no ZooKeeper", at(10_300)).as_deref(), Some("no ZooKeeper"));
+        assert_eq!(
+            r.line("no ZooKeeper", at(10_300)).as_deref(),
+            Some("no ZooKeeper")
+        );
     }
 }

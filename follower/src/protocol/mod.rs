@@ -60,8 +60,8 @@
 pub mod catchup;
 pub mod commit;
 pub mod fence;
-pub mod session;
 pub mod replica;
+pub mod session;
 pub mod stale;
 pub mod sync;
 pub mod trim;

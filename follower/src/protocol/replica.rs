@@ -341,7 +341,10 @@ impl Replica {
                 self.contact.majority_acked(self.now);
             }
             self.stuck = self.progress.observe(self.committed, last, self.now);
-            if self.contact.probe_due(self.now, self.cfg.session_timeout / 4) {
+            if self
+                .contact
+                .probe_due(self.now, self.cfg.session_timeout / 4)
+            {
                 // Any answer shows the peer reachable; a peer in a newer
                 // view refuses the leader's writes instead (stalled, above).
                 for to in self.peers() {
@@ -978,15 +981,12 @@ impl Replica {
                         view: self.promised,
                     });
                 }
-                let idle = !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
-                    && matches!(self.job, Job::Idle)
-                    && self.now >= self.next_attempt;
+                let idle =
+                    !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
+                        && matches!(self.job, Job::Idle)
+                        && self.now >= self.next_attempt;
                 if idle
-                    && viewchange::yields(
-                        self.views(),
-                        self.role == Role::Backup,
-                        followed_serving,
-                    )
+                    && viewchange::yields(self.views(), self.role == Role::Backup, followed_serving)
                 {
                     self.note(format!(
                         "first in the election, but node {} still leads view {}: registering again behind it",
@@ -1408,28 +1408,7 @@ mod tests {
         let mut log = Log::default();
         // The configured leader starts view 2 with both peers.
         log.step(&mut r, 0, Event::Tick(Words::default()));
-        for from in [2, 3] {
-            log.step(
-                &mut r,
-                1,
-                Event::Message {
-                    from,
-                    msg: promise(from),
-                },
-            );
-        }
-        for from in [2, 3] {
-            log.step(
-                &mut r,
-                2,
-                Event::Message {
-                    from,
-                    msg: Message::Synced { last: 1 },
-                },
-            );
-        }
-        log.step(&mut r, 3, Event::Applied { seq: 1 });
-        assert!(r.serving());
+        peers_join(&mut log, &mut r, 1);
         // Its preload appends 2..=5 and raises the commit word to 4 (an
         // output waited); the ack array says 3, the server was handed 5.
         let es = (2..=5)
@@ -1484,22 +1463,23 @@ mod tests {
         };
         log.step(&mut r, 0, candidate);
         log.step(&mut r, 1, Event::ViewClaimed { view: 2 });
-        for from in [2, 3] {
-            log.step(&mut r, 2, Event::Message { from, msg: promise(from) });
-        }
-        for from in [2, 3] {
-            log.step(
-                &mut r,
-                3,
-                Event::Message {
-                    from,
-                    msg: Message::Synced { last: 1 },
-                },
-            );
-        }
-        log.step(&mut r, 4, Event::Applied { seq: 1 });
-        assert!(r.serving(), "{r:?}");
+        peers_join(log, &mut r, 2);
         r
+    }
+
+    /// Nodes 2 and 3 promise the view `r` started (at `t`), sync with it,
+    /// and its server applies the `VIEW` entry: it serves.
+    fn peers_join(log: &mut Log, r: &mut Replica, t: Millis) {
+        for from in [2, 3] {
+            let msg = promise(from);
+            log.step(r, t, Event::Message { from, msg });
+        }
+        for from in [2, 3] {
+            let msg = Message::Synced { last: 1 };
+            log.step(r, t + 1, Event::Message { from, msg });
+        }
+        log.step(r, t + 2, Event::Applied { seq: 1 });
+        assert!(r.serving(), "{r:?}");
     }
 
     /// The leader's preload appended `seq` (view 2); the peers acked
@@ -1600,7 +1580,11 @@ mod tests {
         let mut r = zookeeper_leader(&mut log);
         let lost = Session::Disconnected(5000);
         let out = lead_without_zookeeper(&mut log, &mut r, 10, 1, 1, lost);
-        let out = [out, lead_without_zookeeper(&mut log, &mut r, 11, 1, 1, lost)].concat();
+        let out = [
+            out,
+            lead_without_zookeeper(&mut log, &mut r, 11, 1, 1, lost),
+        ]
+        .concat();
         let probes: Vec<u64> = out
             .iter()
             .filter_map(|a| match a {
@@ -1619,7 +1603,10 @@ mod tests {
                 t,
                 Event::Message {
                     from: 3,
-                    msg: Message::PeekAnswer { seq: 1, view: Some(2) },
+                    msg: Message::PeekAnswer {
+                        seq: 1,
+                        view: Some(2),
+                    },
                 },
             );
             lead_without_zookeeper(&mut log, &mut r, t, 1, 1, lost);

@@ -39,11 +39,7 @@ impl std::fmt::Display for SessionLoss {
         };
         match self.newer_view {
             Some(v) => write!(f, "{zk} and a peer promised view {v}"),
-            None => write!(
-                f,
-                "{zk} and no majority acknowledged for {} ms",
-                self.stuck
-            ),
+            None => write!(f, "{zk} and no majority acknowledged for {} ms", self.stuck),
         }
     }
 }
@@ -202,14 +198,20 @@ mod tests {
 
     #[test]
     fn a_connected_leader_never_stops_on_this_rule() {
-        assert_eq!(session_loss(Session::Connected, 1_000_000, 1_000_000, Some(9), 100), None);
+        assert_eq!(
+            session_loss(Session::Connected, 1_000_000, 1_000_000, Some(9), 100),
+            None
+        );
     }
 
     #[test]
     fn a_leader_without_zookeeper_serves_while_a_majority_acks() {
         // ZooKeeper gone for far longer than the session timeout, expired
         // or not: the commit point keeps moving, so the lead is kept.
-        assert_eq!(session_loss(Session::Disconnected(60_000), 0, 0, None, 100), None);
+        assert_eq!(
+            session_loss(Session::Disconnected(60_000), 0, 0, None, 100),
+            None
+        );
         assert_eq!(session_loss(Session::Expired, 99, 99, None, 100), None);
     }
 
@@ -262,7 +264,11 @@ mod tests {
         c.heard(3, 1200);
         assert_eq!(c.silent(1300, 5), 200, "the older of the two answers");
         c.lost(1400, 1400);
-        assert_eq!(c.silent(1400, 3), 200, "a second loss report changes nothing");
+        assert_eq!(
+            c.silent(1400, 3),
+            200,
+            "a second loss report changes nothing"
+        );
         assert_eq!(c.silent(5000, 1), 0, "alone, it is its own majority");
         c.reset();
         assert_eq!(c.silent(5000, 3), 0);
@@ -274,7 +280,11 @@ mod tests {
             "counted from the disconnection: acks before the loss was seen do not count"
         );
         c.majority_acked(6500);
-        assert_eq!(c.silent(6600, 3), 100, "acks of a majority count as answers");
+        assert_eq!(
+            c.silent(6600, 3),
+            100,
+            "acks of a majority count as answers"
+        );
         c.reset();
         c.lost(100, 6700);
         assert_eq!(

@@ -791,17 +791,20 @@ impl Cluster {
             let is_candidate = candidate == Some(id) && session == Session::Connected;
             // The runtime asks the leader it follows for its status.
             let followed_serving = is_candidate
-                && self.nodes[id as usize - 1].replica.as_ref().is_some_and(|r| {
-                    let l = r.leader();
-                    l != 0
-                        && l != id
-                        && self.up(l)
-                        && self.reachable(id, l)
-                        && self.nodes[l as usize - 1]
-                            .replica
-                            .as_ref()
-                            .is_some_and(|lr| lr.serving() && lr.promised() >= r.log_view())
-                });
+                && self.nodes[id as usize - 1]
+                    .replica
+                    .as_ref()
+                    .is_some_and(|r| {
+                        let l = r.leader();
+                        l != 0
+                            && l != id
+                            && self.up(l)
+                            && self.reachable(id, l)
+                            && self.nodes[l as usize - 1]
+                                .replica
+                                .as_ref()
+                                .is_some_and(|lr| lr.serving() && lr.promised() >= r.log_view())
+                    });
             self.step_node(
                 id,
                 Event::Election {
