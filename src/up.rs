@@ -1275,4 +1275,49 @@ mod tests {
             Some("its server (pid 7) exited")
         );
     }
+
+    #[test]
+    fn the_state_line_has_no_counters_and_tells_slow_from_down() {
+        let config = Config::parse(
+            &lockstep_testkit::config_fixture::ThreeNodeConfig::new(
+                "cluster = \"t\"\ndata_dir = \"/tmp/lockstep-up-line\"\n",
+            )
+            .text(),
+        )
+        .unwrap();
+        let node = |id: u64, role: &str, applied: u64| status::NodeView {
+            id,
+            status: Ok(NodeStatus {
+                node: id,
+                view: 2,
+                leader: 1,
+                role: role.into(),
+                applied,
+                committed: applied,
+                ..NodeStatus::default()
+            }),
+        };
+        let slow = status::NodeView {
+            id: 3,
+            status: Err("the follower at 127.0.0.1:7103 is slow: it accepts connections but did not answer within 500ms (timed out)".into()),
+        };
+        let a = progress_line(
+            &config,
+            &[node(1, "leader", 10), node(2, "backup", 10), slow],
+        );
+        assert_eq!(a, "view 2 leader 1 | n1 leader | n2 backup | n3 slow");
+        let down = status::NodeView {
+            id: 3,
+            status: Err("the follower is not running (nothing listens on 127.0.0.1:7103)".into()),
+        };
+        let mut lost = node(2, "backup", 99);
+        if let Ok(s) = &mut lost.status {
+            s.zookeeper_down_ms = Some(1500);
+        }
+        let b = progress_line(&config, &[node(1, "leader", 99), lost, down]);
+        assert_eq!(
+            b,
+            "view 2 leader 1 | n1 leader | n2 backup | n3 down | ZooKeeper 127.0.0.1:2181 unreachable from node 2"
+        );
+    }
 }
