@@ -147,6 +147,12 @@ fn commit_path(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
                 s.role, s.view
             ))
         }
+        Ok(s) if s.commit_wait_ms >= config.election.session_timeout_ms => {
+            return Err(format!(
+                "node {leader} leads view {view}, but no majority acknowledged its entries for {} ms",
+                s.commit_wait_ms
+            ))
+        }
         Ok(_) => {}
     }
     let live = nodes
@@ -359,6 +365,13 @@ mod tests {
         let c = Config::parse(&config_text()).unwrap();
         let alone = [up(1, "leader", 2, 1), down(2), down(3)];
         assert!(health(&c, &alone).unwrap_err().contains("only 1 of 3"));
+        let mut stuck = [up(1, "leader", 2, 1), up(2, "backup", 2, 1), down(3)];
+        if let Ok(s) = &mut stuck[0].status {
+            s.commit_wait_ms = 5000;
+        }
+        assert!(health(&c, &stuck)
+            .unwrap_err()
+            .contains("no majority acknowledged its entries for 5000 ms"));
         let stale = [up(1, "leader", 2, 1), up(2, "stale", 2, 1), down(3)];
         assert!(health(&c, &stale).is_err());
         let leaderless = [

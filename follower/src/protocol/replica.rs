@@ -213,6 +213,11 @@ impl Replica {
     pub fn applied(&self) -> u64 {
         self.applied
     }
+    /// As leader: how long its oldest uncommitted entry has waited without
+    /// the commit point moving (0: nothing waits, or not leading).
+    pub fn commit_wait(&self) -> Millis {
+        self.stuck
+    }
     /// Why it is stale, if it is.
     pub fn stale(&self) -> Option<&str> {
         self.stale.as_deref()

@@ -13,7 +13,7 @@ use super::Node;
 impl Node {
     /// This node's status.
     pub fn status(&self) -> NodeStatus {
-        let (view, leader, role, stale_reason, committed, applied) = {
+        let (view, leader, role, stale_reason, committed, applied, commit_wait_ms) = {
             let r = self.replica();
             (
                 r.promised(),
@@ -22,6 +22,7 @@ impl Node {
                 r.stale().map(str::to_string),
                 r.committed(),
                 r.applied(),
+                r.commit_wait(),
             )
         };
         let persisted = self.store().last().seq;
@@ -59,6 +60,7 @@ impl Node {
                 .as_ref()
                 .and_then(|w| w.down_for())
                 .map(|d| d.as_millis() as u64),
+            commit_wait_ms,
         }
     }
 
