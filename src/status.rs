@@ -147,12 +147,10 @@ fn commit_path(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
                 s.role, s.view
             ))
         }
-        Ok(s) if s.commit_wait_ms >= config.election.session_timeout_ms => {
-            return Err(format!(
-                "node {leader} leads view {view}, but no majority acknowledged its entries for {} ms",
-                s.commit_wait_ms
-            ))
-        }
+        Ok(s) if s.commit_wait_ms >= config.election.session_timeout_ms => return Err(format!(
+            "node {leader} leads view {view}, but no majority acknowledged its entries for {} ms",
+            s.commit_wait_ms
+        )),
         Ok(_) => {}
     }
     let live = nodes
@@ -198,6 +196,7 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
                 "lag_seconds": s.lag_ms as f64 / 1000.0,
                 "divergences": s.divergences, "server_pid": s.server_pid,
                 "stale_reason": s.stale_reason, "zookeeper_down_ms": s.zookeeper_down_ms,
+                "commit_wait_ms": s.commit_wait_ms,
             }),
             Err(e) => json!({
                 "node": n.id, "up": false, "app": app(n.id), "role": unanswered_role(e), "error": e,
