@@ -163,8 +163,9 @@ impl Node {
     }
 
     /// Whether the leader this backup follows answers that it leads a
-    /// view at least as new as this node's log (what the replica needs to
-    /// give way as candidate; see `viewchange::yields`).
+    /// view at least as new as this node's log and its entries commit
+    /// (what the replica needs to give way as candidate; see
+    /// `viewchange::yields`).
     fn followed_leader_serves(&self) -> bool {
         let (role, leader, log_view) = {
             let r = self.replica();
@@ -174,7 +175,11 @@ impl Node {
             return false;
         }
         control::query_status(&self.config, leader, STATUS_QUERY)
-            .is_ok_and(|s| s.role == "leader" && s.view >= log_view)
+            .is_ok_and(|s| {
+                s.role == "leader"
+                    && s.view >= log_view
+                    && s.commit_wait_ms < self.config.election.session_timeout_ms
+            })
     }
 
     /// Tells the replica the election's state, then carries out its
