@@ -1065,8 +1065,9 @@ fn progress_line(config: &Config, nodes: &[status::NodeView]) -> String {
         .collect();
     if !lost.is_empty() {
         line.push_str(&format!(
-            " | ZooKeeper {} unreachable from node {}",
+            " | ZooKeeper {} unreachable from node{} {}",
             config.election.zookeeper,
+            if lost.len() == 1 { "" } else { "s" },
             lost.join(", ")
         ));
     }
