@@ -147,10 +147,12 @@ fn commit_path(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
                 s.role, s.view
             ))
         }
-        Ok(s) if s.commit_wait_ms >= config.election.session_timeout_ms => return Err(format!(
+        Ok(s) if s.commit_wait_ms >= config.election.session_timeout_ms => {
+            return Err(format!(
             "node {leader} leads view {view}, but no majority acknowledged its entries for {} ms",
             s.commit_wait_ms
-        )),
+        ))
+        }
         Ok(_) => {}
     }
     let live = nodes

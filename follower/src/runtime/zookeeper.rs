@@ -174,12 +174,11 @@ impl Node {
         if role != Role::Backup || leader == 0 || leader == self.me {
             return false;
         }
-        control::query_status(&self.config, leader, STATUS_QUERY)
-            .is_ok_and(|s| {
-                s.role == "leader"
-                    && s.view >= log_view
-                    && s.commit_wait_ms < self.config.election.session_timeout_ms
-            })
+        control::query_status(&self.config, leader, STATUS_QUERY).is_ok_and(|s| {
+            s.role == "leader"
+                && s.view >= log_view
+                && s.commit_wait_ms < self.config.election.session_timeout_ms
+        })
     }
 
     /// Tells the replica the election's state, then carries out its

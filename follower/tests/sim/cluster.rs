@@ -326,6 +326,13 @@ impl Cluster {
         }
     }
 
+    /// Cuts every node off from ZooKeeper (it is down or unreachable).
+    pub fn lose_zookeeper(&mut self) {
+        for id in 1..=self.nodes.len() as u64 {
+            self.cut.insert(link(id, 0));
+        }
+    }
+
     pub fn heal(&mut self) {
         self.cut.clear();
     }
