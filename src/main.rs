@@ -8,6 +8,7 @@ mod failover_bench;
 mod launch;
 mod status;
 mod up;
+mod up_zookeeper;
 
 use std::path::PathBuf;
 use std::time::Duration;

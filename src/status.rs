@@ -36,7 +36,28 @@ fn why_down(config: &Config, id: u64, error: String, timeout: Duration) -> Strin
             node.control
         ),
         Err(e) => format!("the follower at {} is unreachable: {e}", node.control),
+        Ok(_) if error.contains("timed out") || error.contains("temporarily unavailable") => {
+            format!(
+                "the follower at {} is slow: it accepts connections but did not answer within {timeout:?} ({error})",
+                node.control
+            )
+        }
         Ok(_) => format!("the follower at {} answers, but: {error}", node.control),
+    }
+}
+
+/// Whether a node that did not answer (`error` from [`query_all`]) is only
+/// slow (its follower accepts connections: a loaded machine), not down.
+pub fn is_slow(error: &str) -> bool {
+    error.contains(" is slow: ")
+}
+
+/// `down` or `slow` for a node that did not answer.
+pub fn unanswered_role(error: &str) -> &'static str {
+    if is_slow(error) {
+        "slow"
+    } else {
+        "down"
     }
 }
 
@@ -63,8 +84,45 @@ pub fn cluster_view(nodes: &[NodeView]) -> (u64, u64) {
 
 /// Whether the cluster can take writes: a leader that answers, leads the
 /// newest view any node is in, and sees a majority of the nodes (itself
-/// included) answering as members of that view. `Err` says what is missing.
+/// included) answering as members of that view. `Err` says what is
+/// missing, and that ZooKeeper is unreachable when nodes say so.
 pub fn health(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
+    commit_path(config, nodes).map_err(|why| match zookeeper_problem(config, nodes) {
+        Some(zk) => format!("{why}; {zk}"),
+        None => why,
+    })
+}
+
+/// `HH:MM:SS` (UTC) of a moment `ago` before now.
+pub fn utc_clock(ago: Duration) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let t = now.saturating_sub(ago).as_secs() % 86_400;
+    format!("{:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
+}
+
+/// What the answering nodes say of ZooKeeper, when some have no session:
+/// `ZooKeeper unreachable at ADDR since HH:MM:SS UTC (N s; nodes 1, 2)`.
+pub fn zookeeper_problem(config: &Config, nodes: &[NodeView]) -> Option<String> {
+    let down: Vec<(u64, u64)> = nodes
+        .iter()
+        .filter_map(|n| n.status.as_ref().ok())
+        .filter_map(|s| s.zookeeper_down_ms.map(|ms| (s.node, ms)))
+        .collect();
+    let longest = down.iter().map(|d| d.1).max()?;
+    let ids: Vec<String> = down.iter().map(|d| d.0.to_string()).collect();
+    Some(format!(
+        "ZooKeeper unreachable at {} since {} UTC ({} s; node{} {}): no failover until it is back",
+        config.election.zookeeper,
+        utc_clock(Duration::from_millis(longest)),
+        longest / 1000,
+        if ids.len() == 1 { "" } else { "s" },
+        ids.join(", ")
+    ))
+}
+
+fn commit_path(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
     let (view, leader) = cluster_view(nodes);
     if nodes.iter().all(|n| n.status.is_err()) {
         return Err("no node answers".into());
@@ -88,6 +146,12 @@ pub fn health(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
                 "node {leader} is named leader of view {view} but is {} in view {}",
                 s.role, s.view
             ))
+        }
+        Ok(s) if s.commit_wait_ms >= config.election.session_timeout_ms => {
+            return Err(format!(
+            "node {leader} leads view {view}, but no majority acknowledged its entries for {} ms",
+            s.commit_wait_ms
+        ))
         }
         Ok(_) => {}
     }
@@ -138,6 +202,8 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
     let (view, leader) = cluster_view(nodes);
     let app = |id: u64| config.node(id).ok().map(|n| n.app.to_string());
     let health = health(config, nodes);
+    // Named only while it can commit: a client sent there would wait.
+    let leader = if health.is_ok() { leader } else { 0 };
     let list: Vec<serde_json::Value> = nodes
         .iter()
         .map(|n| match &n.status {
@@ -149,9 +215,11 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
                 "divergences": s.divergences, "server_pid": s.server_pid,
                 "stale_reason": s.stale_reason, "apply_rate": s.apply_rate,
                 "failover_backlog": s.failover_backlog,
+                "zookeeper_down_ms": s.zookeeper_down_ms,
+                "commit_wait_ms": s.commit_wait_ms,
             }),
             Err(e) => json!({
-                "node": n.id, "up": false, "app": app(n.id), "role": "down", "error": e,
+                "node": n.id, "up": false, "app": app(n.id), "role": unanswered_role(e), "error": e,
                 "hint": start_hint(config_path, n.id),
             }),
         })
@@ -163,6 +231,7 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
         "leader_app": if leader == 0 { None } else { app(leader) },
         "healthy": health.is_ok(),
         "problem": health.err(),
+        "zookeeper_problem": zookeeper_problem(config, nodes),
         "nodes": list,
     })
 }
@@ -195,14 +264,22 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
                 s.divergences,
                 app
             )),
-            Err(_) => out.push_str(&format!(
+            Err(e) => out.push_str(&format!(
                 "{:>4}  {:<11} {:>5} {:>10} {:>10} {:>10} {:>6} {:>5}  {app}\n",
-                n.id, "down", "-", "-", "-", "-", "-", "-"
+                n.id,
+                unanswered_role(e),
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-"
             )),
         }
     }
     for n in nodes {
         match &n.status {
+            Err(e) if is_slow(e) => out.push_str(&format!("node {} is slow: {e}\n", n.id)),
             Err(e) => out.push_str(&format!(
                 "node {} is down: {e}; {}\n",
                 n.id,
@@ -232,13 +309,18 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
         }
     }
     match health(config, nodes) {
-        Ok(()) => out.push_str(&format!(
-            "ok: node {leader} leads view {view} with a live majority; clients write to {}\n",
-            config
-                .node(leader)
-                .map(|n| n.app.to_string())
-                .unwrap_or_default()
-        )),
+        Ok(()) => {
+            out.push_str(&format!(
+                "ok: node {leader} leads view {view} with a live majority; clients write to {}\n",
+                config
+                    .node(leader)
+                    .map(|n| n.app.to_string())
+                    .unwrap_or_default()
+            ));
+            if let Some(zk) = zookeeper_problem(config, nodes) {
+                out.push_str(&format!("warning: {zk}\n"));
+            }
+        }
         Err(why) => out.push_str(&format!("NOT OK: no leader with a live majority: {why}\n")),
     }
     out
@@ -343,6 +425,13 @@ mod tests {
         let c = Config::parse(&config_text()).unwrap();
         let alone = [up(1, "leader", 2, 1), down(2), down(3)];
         assert!(health(&c, &alone).unwrap_err().contains("only 1 of 3"));
+        let mut stuck = [up(1, "leader", 2, 1), up(2, "backup", 2, 1), down(3)];
+        if let Ok(s) = &mut stuck[0].status {
+            s.commit_wait_ms = 5000;
+        }
+        assert!(health(&c, &stuck)
+            .unwrap_err()
+            .contains("no majority acknowledged its entries for 5000 ms"));
         let stale = [up(1, "leader", 2, 1), up(2, "stale", 2, 1), down(3)];
         assert!(health(&c, &stale).is_err());
         let leaderless = [
@@ -368,5 +457,39 @@ mod tests {
             t.contains("NOT OK: no leader with a live majority: no node answers"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn no_commit_path_names_no_leader_and_zookeeper_away_is_said() {
+        let c = Config::parse(&config_text()).unwrap();
+        let mut alone = [up(1, "leader", 2, 1), down(2), down(3)];
+        let j = to_json(&c, Path::new("c.toml"), &alone);
+        assert_eq!(j["leader"], 0, "{j}");
+        assert!(j["leader_app"].is_null(), "{j}");
+        if let Ok(s) = &mut alone[0].status {
+            s.zookeeper_down_ms = Some(65_000);
+        }
+        let why = health(&c, &alone).unwrap_err();
+        assert!(why.contains("only 1 of 3"), "{why}");
+        assert!(
+            why.contains("ZooKeeper unreachable at 127.0.0.1:2181 since ")
+                && why.contains("(65 s; node 1)"),
+            "{why}"
+        );
+        // Serving without ZooKeeper: healthy, with a warning.
+        let mut serving = [up(1, "leader", 2, 1), up(2, "backup", 2, 1), down(3)];
+        for n in &mut serving {
+            if let Ok(s) = &mut n.status {
+                s.zookeeper_down_ms = Some(3_000);
+            }
+        }
+        assert_eq!(health(&c, &serving), Ok(()));
+        let t = to_table(&c, Path::new("c.toml"), &serving);
+        assert!(t.contains("ok: node 1 leads view 2"), "{t}");
+        assert!(
+            t.contains("warning: ZooKeeper unreachable at 127.0.0.1:2181"),
+            "{t}"
+        );
+        assert!(t.contains("nodes 1, 2"), "{t}");
     }
 }

@@ -35,6 +35,8 @@ use lockstep_testkit::process::{
 };
 use lockstep_testkit::zookeeper::ZookeeperServer;
 
+use crate::up_zookeeper::Keeper;
+
 /// How long a stopping process may take after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -147,7 +149,7 @@ impl Proc {
 pub struct Cluster {
     config: Config,
     procs: Vec<Proc>,
-    zookeeper: Option<ZookeeperServer>,
+    zookeeper: Option<Keeper>,
     stopped: bool,
     /// The server command template the nodes run.
     cmd: Vec<String>,
@@ -205,7 +207,7 @@ struct NodeHeal {
 
 /// The pause before restart attempt number `failures + 1`: none for a
 /// first failure, then 1 s, 2 s, 4 s, … at most `BACKOFF_CAP`.
-fn backoff(failures: u32) -> Duration {
+pub(crate) fn backoff(failures: u32) -> Duration {
     if failures == 0 {
         return Duration::ZERO;
     }
@@ -251,6 +253,13 @@ fn ensure_zookeeper(
         return Ok(None);
     }
     let addr = zookeeper_addr(&config.election.zookeeper)?;
+    let members = config.election.zookeeper.split('/').next().unwrap_or("");
+    if members.contains(',') {
+        // An ensemble: never replaced by a private server; the followers
+        // reach whichever members answer.
+        say(&format!("using the ZooKeeper ensemble {members}"));
+        return Ok(None);
+    }
     if TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok() {
         say(&format!("using the ZooKeeper at {addr}"));
         return Ok(None);
@@ -412,6 +421,7 @@ impl Cluster {
         };
         cluster.zookeeper = if own_zookeeper {
             ensure_zookeeper(&config, say)?
+                .map(|zk| Keeper::new(zk, config.data_dir.join("zookeeper")))
         } else {
             require_zookeeper(&config, say)?;
             None
@@ -1026,13 +1036,7 @@ impl Cluster {
             .map(|i| format!("{} exited{}", self.procs[i].what, self.procs[i].how))
             .collect();
         if let Some(zk) = self.zookeeper.as_mut() {
-            if zk.exited() {
-                lines.push(format!(
-                    "ZooKeeper exited (log {})",
-                    zk.log_path().display()
-                ));
-                self.zookeeper = None;
-            }
+            zk.poll(&mut lines);
         }
         lines
     }
@@ -1135,24 +1139,42 @@ fn backlog_change(before: &Option<(u64, String)>, now: &Option<(u64, String)>) -
     }
 }
 
-/// One compact progress line: view, leader, and per node its role,
-/// commit/applied and divergences.
-fn progress_line(nodes: &[status::NodeView]) -> String {
+/// One compact state line: view, leader, and per node its role (`slow`
+/// when its follower accepts connections but answers late, `down` when
+/// not at all) and divergences, then ZooKeeper when nodes lost it. Counters
+/// are left out: the line changes only when the cluster's state does
+/// (`lockstep status` has the counters).
+fn progress_line(config: &Config, nodes: &[status::NodeView]) -> String {
     let (view, leader) = status::cluster_view(nodes);
     let per: Vec<String> = nodes
         .iter()
         .map(|n| match &n.status {
             Ok(s) => {
-                let mut x = format!("n{} {} applied {}/{}", n.id, s.role, s.applied, s.committed);
+                let mut x = format!("n{} {}", n.id, s.role);
                 if s.divergences > 0 {
                     x.push_str(&format!(" DIVERGED {}", s.divergences));
                 }
                 x
             }
-            Err(_) => format!("n{} down", n.id),
+            Err(e) => format!("n{} {}", n.id, status::unanswered_role(e)),
         })
         .collect();
-    format!("view {view} leader {leader} | {}", per.join(" | "))
+    let mut line = format!("view {view} leader {leader} | {}", per.join(" | "));
+    let lost: Vec<String> = nodes
+        .iter()
+        .filter_map(|n| n.status.as_ref().ok())
+        .filter(|s| s.zookeeper_down_ms.is_some())
+        .map(|s| s.node.to_string())
+        .collect();
+    if !lost.is_empty() {
+        line.push_str(&format!(
+            " | ZooKeeper {} unreachable from node{} {}",
+            config.election.zookeeper,
+            if lost.len() == 1 { "" } else { "s" },
+            lost.join(", ")
+        ));
+    }
+    line
 }
 
 /// Runs `lockstep up` until SIGINT/SIGTERM: every node of the config, or
@@ -1174,7 +1196,7 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
     };
     let stop = stop_on_signals().context("cannot install signal handlers")?;
     let bins = Binaries::locate()?;
-    let say = |m: &str| println!("lockstep up: {m}");
+    let say = |m: &str| println!("{} lockstep up: {m}", status::utc_clock(Duration::ZERO));
     let mut cluster = match node {
         None => Cluster::start(config.clone(), config_path, &cmd, &bins, &stop, &say)?,
         Some(id) => Cluster::start_nodes(
@@ -1227,8 +1249,8 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
         for dead in cluster.reap_lines() {
             say(&dead);
         }
-        // Every node's status once a second: staleness for `heal`, and a
-        // progress line when something changed, at most every 2 s.
+        // Every node's status once a second: staleness for `heal`, and the
+        // state line when the state changed (at most every 2 s).
         let fresh = (last_query.elapsed() >= Duration::from_secs(1)).then(|| {
             last_query = Instant::now();
             status::query_all(&config, Duration::from_millis(500))
@@ -1241,12 +1263,12 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
             }
             last_backlog = backlog;
             if last_print.elapsed() >= Duration::from_secs(2) {
-                let line = progress_line(nodes);
+                let line = progress_line(&config, nodes);
                 if line != last_line {
                     say(&line);
                     last_line = line;
+                    last_print = Instant::now();
                 }
-                last_print = Instant::now();
             }
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -1413,6 +1435,51 @@ mod tests {
         assert_eq!(
             stale_reason(&s).as_deref(),
             Some("its server (pid 7) exited")
+        );
+    }
+
+    #[test]
+    fn the_state_line_has_no_counters_and_tells_slow_from_down() {
+        let config = Config::parse(
+            &lockstep_testkit::config_fixture::ThreeNodeConfig::new(
+                "cluster = \"t\"\ndata_dir = \"/tmp/lockstep-up-line\"\n",
+            )
+            .text(),
+        )
+        .unwrap();
+        let node = |id: u64, role: &str, applied: u64| status::NodeView {
+            id,
+            status: Ok(NodeStatus {
+                node: id,
+                view: 2,
+                leader: 1,
+                role: role.into(),
+                applied,
+                committed: applied,
+                ..NodeStatus::default()
+            }),
+        };
+        let slow = status::NodeView {
+            id: 3,
+            status: Err("the follower at 127.0.0.1:7103 is slow: it accepts connections but did not answer within 500ms (timed out)".into()),
+        };
+        let a = progress_line(
+            &config,
+            &[node(1, "leader", 10), node(2, "backup", 10), slow],
+        );
+        assert_eq!(a, "view 2 leader 1 | n1 leader | n2 backup | n3 slow");
+        let down = status::NodeView {
+            id: 3,
+            status: Err("the follower is not running (nothing listens on 127.0.0.1:7103)".into()),
+        };
+        let mut lost = node(2, "backup", 99);
+        if let Ok(s) = &mut lost.status {
+            s.zookeeper_down_ms = Some(1500);
+        }
+        let b = progress_line(&config, &[node(1, "leader", 99), lost, down]);
+        assert_eq!(
+            b,
+            "view 2 leader 1 | n1 leader | n2 backup | n3 down | ZooKeeper 127.0.0.1:2181 unreachable from node 2"
         );
     }
 }

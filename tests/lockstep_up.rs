@@ -891,3 +891,135 @@ fn listener_of(a: SocketAddr) -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
         .unwrap_or_else(|e| format!("(ss: {e})"))
 }
+
+/// SIGKILLs every process whose command line names `needle` (what this
+/// test's `up` started: a ZooKeeper's zoo.cfg path); returns how many.
+fn kill_mentioning(needle: &str) -> usize {
+    let procs = processes_mentioning(needle);
+    for p in &procs {
+        let pid: i32 = p.split(':').next().unwrap_or("").parse().expect("pid");
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    procs.len()
+}
+
+/// SETs `n` keys `prefix:i` on one connection to `addr`; each must be
+/// acknowledged.
+fn set_keys(addr: SocketAddr, prefix: &str, n: usize) {
+    let mut c = Resp::connect(addr).expect("connect to the leader");
+    for i in 0..n {
+        let key = format!("{prefix}:{i}");
+        assert_eq!(
+            c.cmd(&[b"SET", key.as_bytes(), b"1"]).unwrap(),
+            Reply::Status("OK".into()),
+            "SET {key} on {addr}"
+        );
+    }
+}
+
+/// Waits until every answering node has a ZooKeeper session again.
+fn wait_zookeeper_back(tc: &TestCluster, up: &Up) {
+    let start = Instant::now();
+    loop {
+        let json = cli_status(&tc.config_path);
+        if json["zookeeper_problem"].is_null() && json["healthy"] == true {
+            return;
+        }
+        assert!(
+            start.elapsed() < READY_LIMIT,
+            "nodes did not get a ZooKeeper session back: {json}\n{}\n{}",
+            up.output(),
+            tc.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The private ZooKeeper `up` started is SIGKILLed: the leader keeps
+/// serving (writes acknowledged while ZooKeeper is away), `up` says so and
+/// restarts ZooKeeper with the same data and port, every node registers
+/// again, and the same leader goes on.
+#[test]
+fn redis_up_restarts_its_zookeeper_and_writes_go_on() {
+    let mut tc = config("upzkrestart", Server::Redis);
+    let port = SparePorts::of(&tc).next_port();
+    tc.use_zookeeper(&format!("127.0.0.1:{port}"), 2000);
+    let mut up = Up::spawn(&tc.config_path, &[]);
+    up.wait_line("ready", READY_LIMIT);
+    let leader = tc.wait_leader_among(&[1, 2, 3], READY_LIMIT);
+    set_keys(tc.app(leader), "before", 10);
+    let zoo = tc.config().data_dir.join("zookeeper").join("zoo.cfg");
+    let mark = up.mark();
+    assert!(
+        kill_mentioning(zoo.to_str().unwrap()) > 0,
+        "no ZooKeeper process runs with {}",
+        zoo.display()
+    );
+    up.wait_line_from(mark, "ZooKeeper exited", READY_LIMIT);
+    set_keys(tc.app(leader), "during", 50);
+    let line = up.wait_line_from(mark, "ZooKeeper serves again", READY_LIMIT);
+    assert!(line.contains(&port.to_string()), "{line}");
+    wait_zookeeper_back(&tc, &up);
+    set_keys(tc.app(leader), "after", 10);
+    assert_eq!(
+        tc.wait_leader_among(&[1, 2, 3], READY_LIMIT),
+        leader,
+        "the leader changed although only ZooKeeper restarted\n{}",
+        up.output()
+    );
+    stop_cleanly(&mut up, &tc);
+}
+
+/// `up` with a real 3-member ZooKeeper ensemble: one member dies, the
+/// cluster keeps serving, every node's session moves to a live member, and
+/// a failover still works with the two members left.
+#[test]
+fn redis_up_with_a_zookeeper_ensemble_survives_a_member_loss() {
+    let mut tc = config("upzkensemble", Server::Redis);
+    let mut spare = SparePorts::of(&tc);
+    let ports: Vec<(u16, u16, u16)> = (0..3)
+        .map(|_| (spare.next_port(), spare.next_port(), spare.next_port()))
+        .collect();
+    let mut zk = ZookeeperEnsemble::start(&tc.dir.join("zk"), &ports)
+        .expect("start a 3-member ZooKeeper ensemble");
+    tc.use_zookeeper(&zk.connect_string(), 2000);
+    let mut up = Up::spawn(&tc.config_path, &[]);
+    up.wait_line("using the ZooKeeper ensemble", READY_LIMIT);
+    up.wait_line("ready", READY_LIMIT);
+    let leader = tc.wait_leader_among(&[1, 2, 3], READY_LIMIT);
+    set_keys(tc.app(leader), "before", 10);
+    // The first member: every follower's client tries it first.
+    zk.member(0).kill();
+    set_keys(tc.app(leader), "during", 50);
+    wait_zookeeper_back(&tc, &up);
+    // Failover through the two members left.
+    let cfg = tc.config_path.to_str().unwrap().to_string();
+    let k = lockstep(&["kill", &cfg, "--node", &leader.to_string()]);
+    assert!(
+        k.status.success(),
+        "lockstep kill: {}",
+        String::from_utf8_lossy(&k.stderr)
+    );
+    let others: Vec<u64> = [1, 2, 3].into_iter().filter(|&i| i != leader).collect();
+    let new = tc.wait_leader_among(&others, READY_LIMIT);
+    set_keys(tc.app(new), "after", 10);
+    let mut c = Resp::connect(tc.app(new)).expect("connect to the new leader");
+    for key in ["before:9", "during:49"] {
+        assert_eq!(
+            c.cmd(&[b"GET", key.as_bytes()]).unwrap(),
+            Reply::Bulk(Some(b"1".to_vec())),
+            "{key} is missing on the new leader {new}\n{}",
+            up.output()
+        );
+    }
+    drop(c);
+    let st = up.interrupt();
+    assert!(
+        st.success(),
+        "lockstep up exited with {st} on Ctrl-C:\n{}",
+        up.output()
+    );
+    // The ensemble is the test's, not `up`'s: stopped before the check.
+    drop(zk);
+    assert_nothing_left(&tc, &[]);
+}

@@ -90,6 +90,14 @@ pub struct NodeStatus {
     pub server_pid: u64,
     /// Pid of the follower process answering.
     pub follower_pid: u64,
+    /// ZooKeeper election: how long this node has been without a
+    /// ZooKeeper session, in ms (None: connected, or not using ZooKeeper).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zookeeper_down_ms: Option<u64>,
+    /// As leader: how long its oldest uncommitted entry has waited without
+    /// the commit point moving, in ms (0: nothing waits; backups: 0).
+    #[serde(default)]
+    pub commit_wait_ms: u64,
 }
 
 /// What a node reports when it fences the views below a candidate's.

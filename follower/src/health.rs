@@ -13,9 +13,15 @@ use crate::node::Node;
 
 /// Whether the node of `s` leads and can commit: leader role in its current
 /// view (its preload active, which also means not stale: a stale node has
-/// stepped down) and its server attached.
-pub fn leads(s: &NodeStatus, server_up: bool) -> bool {
-    s.role == "leader" && s.leader == s.node && s.stale_reason.is_none() && server_up
+/// stepped down), its server attached, and its entries committing (none
+/// waited `stall_ms` without the commit point moving: else no majority
+/// acknowledges it).
+pub fn leads(s: &NodeStatus, server_up: bool, stall_ms: u64) -> bool {
+    s.role == "leader"
+        && s.leader == s.node
+        && s.stale_reason.is_none()
+        && server_up
+        && s.commit_wait_ms < stall_ms
 }
 
 /// Whether the node of `s` is a healthy member: its follower answers (it
@@ -31,7 +37,7 @@ pub fn healthy(s: &NodeStatus, server_up: bool) -> bool {
 /// elsewhere, with the leader this node knows of (`app` null when none).
 pub fn leader_reply(config: &Config, s: &NodeStatus, server_up: bool) -> Reply {
     let app = |id: u64| config.node(id).ok().map(|n| n.app.to_string());
-    if leads(s, server_up) {
+    if leads(s, server_up, config.election.session_timeout_ms) {
         Reply::json(
             200,
             &json!({ "view": s.view, "leader": s.node, "app": app(s.node) }),
@@ -137,6 +143,13 @@ mod tests {
         let none = leader_reply(&c, &status(3, "joining", 0), true);
         assert_eq!(none.status, 503);
         assert!(none.body.contains("\"app\":null"), "{}", none.body);
+        // A leader whose entries stopped committing (no majority acks) for
+        // a session timeout cannot serve: 503.
+        let mut stuck = status(2, "leader", 2);
+        stuck.commit_wait_ms = c.election.session_timeout_ms - 1;
+        assert_eq!(leader_reply(&c, &stuck, true).status, 200);
+        stuck.commit_wait_ms = c.election.session_timeout_ms;
+        assert_eq!(leader_reply(&c, &stuck, true).status, 503);
     }
 
     #[test]

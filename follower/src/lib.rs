@@ -4,6 +4,7 @@
 pub mod election;
 pub mod feed;
 pub mod health;
+pub mod log_limit;
 pub mod membership;
 pub mod metrics;
 pub mod protocol;

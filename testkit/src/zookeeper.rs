@@ -89,6 +89,12 @@ impl ZookeeperServer {
 
     /// Starts it without waiting.
     pub fn spawn(dir: &Path, port: u16) -> Result<ZookeeperServer> {
+        Self::spawn_with(dir, port, "")
+    }
+
+    /// Starts it without waiting, with `extra` lines in its `zoo.cfg` (an
+    /// ensemble member's `server.N` lines; its `myid` is written first).
+    fn spawn_with(dir: &Path, port: u16, extra: &str) -> Result<ZookeeperServer> {
         if !Path::new(ZK_SERVER_SCRIPT).exists() {
             bail!(
                 "{ZK_SERVER_SCRIPT} not found: install the zookeeper package (scripts/setup does)"
@@ -107,7 +113,7 @@ impl ZookeeperServer {
         let text = format!(
             "tickTime=100\nminSessionTimeout=200\nmaxSessionTimeout=60000\ninitLimit=50\nsyncLimit=20\n\
              dataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-             4lw.commands.whitelist=srvr,ruok,stat\n",
+             4lw.commands.whitelist=srvr,ruok,stat\n{extra}",
             data.display()
         );
         std::fs::write(&cfg, text).with_context(|| format!("cannot write {}", cfg.display()))?;
@@ -190,6 +196,16 @@ impl ZookeeperServer {
         !matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }
 
+    /// Kills the whole process group with SIGKILL (a crash) and reaps it.
+    pub fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+        let _ = child.wait();
+        log::info!("killed ZooKeeper on {}", self.addr());
+    }
+
     /// Stops the whole process group: SIGTERM, then SIGKILL after a grace
     /// period.
     pub fn stop(&mut self) {
@@ -213,6 +229,54 @@ impl ZookeeperServer {
         // Anything the script left in its group.
         let _ = killpg(pgid, Signal::SIGKILL);
         log::info!("stopped ZooKeeper on {}", self.addr());
+    }
+}
+
+/// A ZooKeeper ensemble of real servers on loopback ports, each in its own
+/// directory; dropping it stops them all.
+pub struct ZookeeperEnsemble {
+    members: Vec<ZookeeperServer>,
+}
+
+impl ZookeeperEnsemble {
+    /// Starts one member per `(client, quorum, election)` port triple, with
+    /// its data in `dir/member-N`, and waits until every member serves.
+    pub fn start(dir: &Path, ports: &[(u16, u16, u16)]) -> Result<ZookeeperEnsemble> {
+        let servers: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, quorum, election))| {
+                format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1)
+            })
+            .collect();
+        let mut members = Vec::new();
+        for (i, (client, _, _)) in ports.iter().enumerate() {
+            let d = dir.join(format!("member-{}", i + 1));
+            std::fs::create_dir_all(d.join("data"))
+                .with_context(|| format!("cannot create {}", d.display()))?;
+            std::fs::write(d.join("data").join("myid"), format!("{}\n", i + 1))
+                .with_context(|| format!("cannot write the myid in {}", d.display()))?;
+            members.push(ZookeeperServer::spawn_with(&d, *client, &servers)?);
+        }
+        let mut e = ZookeeperEnsemble { members };
+        for m in &mut e.members {
+            m.wait_ready(START_LIMIT)?;
+        }
+        Ok(e)
+    }
+
+    /// The connect string naming every member (`h:p,h:p,h:p`).
+    pub fn connect_string(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| m.addr().to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Member `i` (0-based).
+    pub fn member(&mut self, i: usize) -> &mut ZookeeperServer {
+        &mut self.members[i]
     }
 }
 

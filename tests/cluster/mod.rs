@@ -33,7 +33,7 @@ use lockstep_testkit::process::{
 pub use lockstep_testkit::resp::{resp_encode, Reply, Resp};
 #[allow(unused_imports)]
 pub use lockstep_testkit::zookeeper::{
-    is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperServer,
+    is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperEnsemble, ZookeeperServer,
 };
 
 use lockstep_common::control::NodeStatus;

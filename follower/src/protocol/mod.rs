@@ -20,6 +20,8 @@
 //!   and from whom.
 //! - [`sync`]: making a log equal to a leader's, keeping the shared prefix.
 //! - [`viewchange`]: the candidate's decision, stray views, joining.
+//! - [`session`]: when a leader that lost its ZooKeeper session stops
+//!   serving (only once a majority stops acknowledging).
 //! - [`trim`]: how much of the adopted log a new view keeps.
 //! - [`stale`]: when a node's server no longer matches the log.
 //! - [`replica`]: [`Replica`], which ties them together.
@@ -59,6 +61,7 @@ pub mod catchup;
 pub mod commit;
 pub mod fence;
 pub mod replica;
+pub mod session;
 pub mod stale;
 pub mod sync;
 pub mod trim;
@@ -223,6 +226,10 @@ pub enum Event {
         candidate: bool,
         /// The announced leader: (view, leader).
         announced: Option<(u64, u64)>,
+        /// The leader this node follows answered (just now) that it
+        /// serves a view at least as new as this node's log view (asked
+        /// only of a candidate that follows a leader; false otherwise).
+        followed_serving: bool,
     },
     /// Static mode, a backup: the configured leader's status.
     LeaderStatus {
@@ -353,6 +360,9 @@ pub enum Action {
         /// The view.
         view: u64,
     },
+    /// ZooKeeper: give up the candidacy (the leader this node follows
+    /// serves): register again, behind the others.
+    Yield,
     /// This node's server must be rebuilt: leave the election, serve
     /// nothing until restarted.
     GoStale {

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use super::catchup::{self, FetchPlan, GapWatch, Stall};
 use super::commit;
 use super::fence::{self, ViewRefusal};
+use super::session::{self, CommitProgress, Contact};
 use super::stale::{self, ServerFate};
 use super::sync::{self, PrefixSearch, Probe};
 use super::viewchange::{self, Adoption, Candidate, Promise, ViewChangeState, Views};
@@ -126,6 +127,11 @@ pub struct Replica {
     job: Job,
     next_attempt: Millis,
     commit_sent: (u64, Millis),
+    /// As leader: how long appended entries have waited for a majority.
+    progress: CommitProgress,
+    stuck: Millis,
+    /// As leader without a ZooKeeper session: which peers still answer.
+    contact: Contact,
     caught_up_at_start: bool,
     out: Vec<Action>,
 }
@@ -166,6 +172,9 @@ impl Replica {
             job: Job::Idle,
             next_attempt: now,
             commit_sent: (0, now),
+            progress: CommitProgress::default(),
+            stuck: 0,
+            contact: Contact::default(),
             caught_up_at_start: false,
             out: Vec::new(),
         };
@@ -203,6 +212,11 @@ impl Replica {
     /// How far its server applied (or consumed, as leader).
     pub fn applied(&self) -> u64 {
         self.applied
+    }
+    /// As leader: how long its oldest uncommitted entry has waited without
+    /// the commit point moving (0: nothing waits, or not leading).
+    pub fn commit_wait(&self) -> Millis {
+        self.stuck
     }
     /// Why it is stale, if it is.
     pub fn stale(&self) -> Option<&str> {
@@ -246,7 +260,8 @@ impl Replica {
                 session,
                 candidate,
                 announced,
-            } => self.on_election(session, candidate, announced, host),
+                followed_serving,
+            } => self.on_election(session, candidate, announced, followed_serving, host),
             Event::LeaderStatus { view, serving } => self.on_leader_status(view, serving, host),
             Event::ViewClaimed { view } => {
                 if matches!(&self.job, Job::Candidate(c) if matches!(c.phase, CandPhase::Claiming))
@@ -324,8 +339,28 @@ impl Replica {
             // What the preload raised the word to counts as much (it
             // commits by the same ack array): backups learn it too.
             let c = commit::leader_point(c, w.commit, self.promised);
+            let before = self.committed;
             self.committed =
                 commit::learn(self.committed, c.min(last), self.log_view, self.promised);
+            if self.committed > before {
+                self.contact.majority_acked(self.now);
+            }
+            self.stuck = self.progress.observe(self.committed, last, self.now);
+            if self
+                .contact
+                .probe_due(self.now, self.cfg.session_timeout / 4)
+            {
+                // Any answer shows the peer reachable; a peer in a newer
+                // view refuses the leader's writes instead (stalled, above).
+                for to in self.peers() {
+                    self.out.push(Action::Send {
+                        to,
+                        msg: Message::Peek {
+                            seq: self.committed,
+                        },
+                    });
+                }
+            }
             if c != self.commit_sent.0 || self.now.saturating_sub(self.commit_sent.1) > 100 {
                 for to in self.peers() {
                     self.out.push(Action::CommitRecord {
@@ -353,6 +388,11 @@ impl Replica {
                 ));
                 self.demote(host);
             }
+        }
+        if self.role != Role::Leader {
+            self.progress.reset();
+            self.contact.reset();
+            self.stuck = 0;
         }
         let (rv, rs) = w.commit_record;
         if let Some(seq) = commit::learn_record(rv, rs, self.log_view, last) {
@@ -495,7 +535,10 @@ impl Replica {
             Message::NewView { view, leader, last } => self.follow(view, leader, Some(last), host),
             // Served by the caller from the stored log.
             Message::Peek { .. } | Message::Fetch { .. } => {}
-            Message::PeekAnswer { seq, view } => self.on_peek_answer(from, seq, view, host),
+            Message::PeekAnswer { seq, view } => {
+                self.contact.heard(from, self.now);
+                self.on_peek_answer(from, seq, view, host)
+            }
             Message::Entries(es) => self.on_entries(from, es, host),
             Message::Promise(p) => {
                 if let Job::Candidate(c) = &mut self.job {
@@ -908,12 +951,29 @@ impl Replica {
         session: Session,
         candidate: bool,
         announced: Option<(u64, u64)>,
+        followed_serving: bool,
         host: &mut impl Host,
     ) {
         if self.stale.is_some() {
             return;
         }
-        if let Some(loss) = viewchange::session_loss(session, self.cfg.session_timeout) {
+        if session == Session::Connected || self.role != Role::Leader {
+            self.contact.reset();
+        } else {
+            let since = match session {
+                Session::Disconnected(d) => self.now.saturating_sub(d),
+                _ => self.now,
+            };
+            self.contact.lost(since, self.now);
+        }
+        let silent = self.contact.silent(self.now, self.cfg.members.len());
+        let newer = self
+            .view_change
+            .stalled(self.promised, self.now, 0)
+            .map(|(_, view)| view);
+        if let Some(loss) =
+            session::session_loss(session, self.stuck, silent, newer, self.cfg.session_timeout)
+        {
             if self.role == Role::Leader {
                 self.note(format!("{loss}: no longer accepting writes"));
             }
@@ -926,10 +986,20 @@ impl Replica {
                         view: self.promised,
                     });
                 }
-                if !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
-                    && matches!(self.job, Job::Idle)
-                    && self.now >= self.next_attempt
+                let idle =
+                    !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
+                        && matches!(self.job, Job::Idle)
+                        && self.now >= self.next_attempt;
+                if idle
+                    && viewchange::yields(self.views(), self.role == Role::Backup, followed_serving)
                 {
+                    self.note(format!(
+                        "first in the election, but node {} still leads view {}: registering again behind it",
+                        self.leader, self.log_view
+                    ));
+                    self.out.push(Action::Yield);
+                    self.next_attempt = self.now + self.cfg.retry;
+                } else if idle {
                     self.out.push(Action::ClaimView {
                         floor: self.view_floor(),
                     });
@@ -1311,6 +1381,7 @@ mod tests {
             session: Session::Connected,
             candidate: true,
             announced: None,
+            followed_serving: false,
         };
         let claims = |a: Vec<Action>| {
             a.iter()
@@ -1342,28 +1413,7 @@ mod tests {
         let mut log = Log::default();
         // The configured leader starts view 2 with both peers.
         log.step(&mut r, 0, Event::Tick(Words::default()));
-        for from in [2, 3] {
-            log.step(
-                &mut r,
-                1,
-                Event::Message {
-                    from,
-                    msg: promise(from),
-                },
-            );
-        }
-        for from in [2, 3] {
-            log.step(
-                &mut r,
-                2,
-                Event::Message {
-                    from,
-                    msg: Message::Synced { last: 1 },
-                },
-            );
-        }
-        log.step(&mut r, 3, Event::Applied { seq: 1 });
-        assert!(r.serving());
+        peers_join(&mut log, &mut r, 1);
         // Its preload appends 2..=5 and raises the commit word to 4 (an
         // output waited); the ack array says 3, the server was handed 5.
         let es = (2..=5)
@@ -1404,5 +1454,173 @@ mod tests {
         };
         log.step(&mut r, 6, Event::Tick(words));
         assert_eq!(r.committed(), 4);
+    }
+
+    /// A replica that leads view `view` (ZooKeeper election) with its
+    /// `VIEW` entry (seq 1) stored by both peers and applied.
+    fn zookeeper_leader(log: &mut Log) -> Replica {
+        let (mut r, _) = Replica::new(config(Election::Zookeeper), Restored::default(), 0);
+        let candidate = Event::Election {
+            session: Session::Connected,
+            candidate: true,
+            announced: None,
+            followed_serving: false,
+        };
+        log.step(&mut r, 0, candidate);
+        log.step(&mut r, 1, Event::ViewClaimed { view: 2 });
+        peers_join(log, &mut r, 2);
+        r
+    }
+
+    /// Nodes 2 and 3 promise the view `r` started (at `t`), sync with it,
+    /// and its server applies the `VIEW` entry: it serves.
+    fn peers_join(log: &mut Log, r: &mut Replica, t: Millis) {
+        for from in [2, 3] {
+            let msg = promise(from);
+            log.step(r, t, Event::Message { from, msg });
+        }
+        for from in [2, 3] {
+            let msg = Message::Synced { last: 1 };
+            log.step(r, t + 1, Event::Message { from, msg });
+        }
+        log.step(r, t + 2, Event::Applied { seq: 1 });
+        assert!(r.serving(), "{r:?}");
+    }
+
+    /// The leader's preload appended `seq` (view 2); the peers acked
+    /// `acked`; then the session is `session`, at `now`.
+    fn lead_without_zookeeper(
+        log: &mut Log,
+        r: &mut Replica,
+        now: Millis,
+        seq: u64,
+        acked: u64,
+        session: Session,
+    ) -> Vec<Action> {
+        if seq > log.views.len() as u64 {
+            let es = vec![EntryMeta {
+                seq,
+                view: 2,
+                last_committed: 1,
+            }];
+            log.step(r, now, Event::Read(es));
+        }
+        let words = Words {
+            acks: vec![(1, seq), (2, acked), (3, acked)],
+            served: seq,
+            ..Words::default()
+        };
+        let mut out = log.step(r, now, Event::Tick(words));
+        out.extend(log.step(
+            r,
+            now,
+            Event::Election {
+                session,
+                candidate: false,
+                announced: None,
+                followed_serving: false,
+            },
+        ));
+        out
+    }
+
+    #[test]
+    fn a_leader_that_lost_zookeeper_serves_on_while_its_majority_acks() {
+        let mut log = Log::default();
+        let mut r = zookeeper_leader(&mut log);
+        // Ten session timeouts without ZooKeeper (expired, then unreachable),
+        // every entry acknowledged by both backups: it keeps leading.
+        for i in 0..100u64 {
+            let session = if i % 2 == 0 {
+                Session::Expired
+            } else {
+                Session::Disconnected(i * 100)
+            };
+            lead_without_zookeeper(&mut log, &mut r, 10 + i * 100, 2 + i, 2 + i, session);
+            assert!(r.serving(), "step {i}: {r:?}");
+        }
+        assert_eq!(r.committed(), 101);
+    }
+
+    #[test]
+    fn a_leader_that_lost_zookeeper_steps_down_once_no_majority_acks() {
+        let mut log = Log::default();
+        let mut r = zookeeper_leader(&mut log);
+        let lost = Session::Disconnected(5000);
+        lead_without_zookeeper(&mut log, &mut r, 10, 2, 2, lost);
+        // Seq 3 is never acknowledged (the backups promised a newer view,
+        // or cannot be reached): a session timeout later it stops.
+        lead_without_zookeeper(&mut log, &mut r, 20, 3, 2, lost);
+        // The peers answer probes (they are reachable, but do not ack).
+        for from in [2, 3] {
+            let msg = Message::PeekAnswer {
+                seq: 2,
+                view: Some(2),
+            };
+            log.step(&mut r, 1000, Event::Message { from, msg });
+        }
+        lead_without_zookeeper(&mut log, &mut r, 1019, 3, 2, lost);
+        assert!(r.serving());
+        let out = lead_without_zookeeper(&mut log, &mut r, 1020, 3, 2, lost);
+        assert!(!r.serving());
+        assert!(
+            out.iter().any(|a| matches!(a, Action::Note { what }
+                if what.contains("no majority acknowledged for 1000 ms"))),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_leader_with_zookeeper_is_not_deposed_by_a_slow_majority() {
+        let mut log = Log::default();
+        let mut r = zookeeper_leader(&mut log);
+        lead_without_zookeeper(&mut log, &mut r, 20, 2, 1, Session::Connected);
+        lead_without_zookeeper(&mut log, &mut r, 5000, 2, 1, Session::Connected);
+        assert!(r.serving());
+    }
+
+    #[test]
+    fn an_idle_leader_without_zookeeper_steps_down_once_no_peer_answers() {
+        let mut log = Log::default();
+        let mut r = zookeeper_leader(&mut log);
+        let lost = Session::Disconnected(5000);
+        let out = lead_without_zookeeper(&mut log, &mut r, 10, 1, 1, lost);
+        let out = [
+            out,
+            lead_without_zookeeper(&mut log, &mut r, 11, 1, 1, lost),
+        ]
+        .concat();
+        let probes: Vec<u64> = out
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send {
+                    to,
+                    msg: Message::Peek { .. },
+                } => Some(*to),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(probes, [2, 3], "one probe per peer: {out:?}");
+        // Node 3 answers now and then: with this node, a majority.
+        for t in (300..3000).step_by(300) {
+            log.step(
+                &mut r,
+                t,
+                Event::Message {
+                    from: 3,
+                    msg: Message::PeekAnswer {
+                        seq: 1,
+                        view: Some(2),
+                    },
+                },
+            );
+            lead_without_zookeeper(&mut log, &mut r, t, 1, 1, lost);
+            assert!(r.serving(), "at {t}");
+        }
+        // Then nobody answers: a session timeout after the last answer.
+        lead_without_zookeeper(&mut log, &mut r, 3699, 1, 1, lost);
+        assert!(r.serving());
+        lead_without_zookeeper(&mut log, &mut r, 3700, 1, 1, lost);
+        assert!(!r.serving());
     }
 }

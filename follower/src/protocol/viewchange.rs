@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 
 use super::trim::trim_unserved;
-use super::{Millis, Session};
+use super::Millis;
 
 pub use lockstep_common::control::Promise;
 
@@ -270,45 +270,6 @@ pub fn changing(promised_at: Option<Millis>, now: Millis) -> bool {
     promised_at.is_some_and(|t| now.saturating_sub(t) < VIEW_CHANGE_PATIENCE_MS)
 }
 
-/// Why a leader stops serving on its ZooKeeper session's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SessionLoss {
-    /// Disconnected for a whole session timeout: ZooKeeper has surely
-    /// expired the session.
-    TimedOut,
-    /// The session expired.
-    Expired,
-}
-
-impl std::fmt::Display for SessionLoss {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            SessionLoss::TimedOut => "lost ZooKeeper for a session timeout",
-            SessionLoss::Expired => "the ZooKeeper session expired",
-        })
-    }
-}
-
-/// Whether (and why) a leader whose session is `session` stops serving,
-/// with a session timeout of `timeout`. A blip shorter than the timeout
-/// changes nothing: the session (and the leader's znode) outlives it, and
-/// while the link is down the leader cannot commit anyway (the backups'
-/// acks do not reach it). Safety never rests on this: a backup that
-/// promised a newer view stores no entry of an older one
-/// ([`super::fence::admits`]), so a deposed leader reaches no majority.
-/// Stopping only makes its clients fail over instead of waiting; it
-/// happens once ZooKeeper has surely expired the session (it expires it a
-/// timeout after it last heard from the leader, which is before the
-/// leader noticed the silence).
-pub fn session_loss(session: Session, timeout: Millis) -> Option<SessionLoss> {
-    match session {
-        Session::Connected => None,
-        Session::Disconnected(d) if d < timeout => None,
-        Session::Disconnected(_) => Some(SessionLoss::TimedOut),
-        Session::Expired => Some(SessionLoss::Expired),
-    }
-}
-
 /// Whether node `me` leads: it is its region's leader, and its log follows
 /// the view it promised (the view started here).
 pub fn leading(me: u64, leader: u64, promised: u64, log_view: u64) -> bool {
@@ -353,6 +314,21 @@ pub fn announces(own: Views, serving: bool, announced: Option<(u64, u64)>) -> bo
     })
 }
 
+/// ZooKeeper mode, the candidate: whether to give way instead of claiming
+/// a view, because the leader it follows still serves (its lowest znode
+/// came back before the leader's after ZooKeeper lost the sessions, or the
+/// leader lost only its own link to ZooKeeper). A new view would only cut
+/// off a working leader's clients; when that leader dies, its status
+/// query fails and the candidate claims. `followed_serving` is the
+/// leader's answer (see [`super::Event::Election`]).
+pub fn yields(own: Views, backup: bool, followed_serving: bool) -> bool {
+    followed_serving
+        && backup
+        && own.leader != 0
+        && own.leader != own.me
+        && own.log_view == own.promised
+}
+
 /// Static mode, a backup: whether to follow the configured leader, which
 /// reports `view` and whether it serves (`serving`).
 pub fn follows_static(own: Views, view: u64, serving: bool) -> bool {
@@ -364,16 +340,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_blip_shorter_than_the_session_timeout_keeps_the_lead() {
-        assert_eq!(session_loss(Session::Connected, 100), None);
-        assert_eq!(session_loss(Session::Disconnected(99), 100), None);
-        assert_eq!(
-            session_loss(Session::Disconnected(100), 100),
-            Some(SessionLoss::TimedOut)
-        );
-        assert_eq!(
-            session_loss(Session::Expired, 100),
-            Some(SessionLoss::Expired)
+    fn a_candidate_gives_way_only_to_a_serving_leader_it_follows() {
+        let own = Views {
+            me: 2,
+            promised: 4,
+            log_view: 4,
+            leader: 1,
+            changing: false,
+        };
+        assert!(yields(own, true, true));
+        assert!(!yields(own, true, false), "the leader does not answer");
+        assert!(!yields(own, false, true), "not a backup");
+        assert!(!yields(Views { leader: 0, ..own }, true, true), "no leader");
+        assert!(!yields(Views { leader: 2, ..own }, true, true), "itself");
+        assert!(
+            !yields(Views { promised: 5, ..own }, true, true),
+            "promised a newer view"
         );
     }
 

@@ -132,6 +132,7 @@ impl Node {
             }
             Action::ClaimView { floor } => self.zookeeper(ZkRequest::Claim { floor }),
             Action::Announce { view } => self.zookeeper(ZkRequest::Announce { view }),
+            Action::Yield => self.zookeeper(ZkRequest::Yield),
             Action::Note { what } => log::info!("node {}: {what}", self.me),
             Action::GoStale { why } => {
                 log::error!(

@@ -115,6 +115,7 @@ impl Node {
                     session,
                     candidate: false,
                     announced: None,
+                    followed_serving: false,
                 },
                 Carried::Nothing,
             );

@@ -61,6 +61,8 @@ pub(crate) enum ZkRequest {
         /// The view.
         view: u64,
     },
+    /// Register again, behind the others.
+    Yield,
 }
 
 /// State shared by the follower's threads.

@@ -14,7 +14,7 @@ use super::Node;
 impl Node {
     /// This node's status.
     pub fn status(&self) -> NodeStatus {
-        let (view, leader, role, stale_reason, committed, applied) = {
+        let (view, leader, role, stale_reason, committed, applied, commit_wait_ms) = {
             let r = self.replica();
             (
                 r.promised(),
@@ -23,14 +23,17 @@ impl Node {
                 r.stale().map(str::to_string),
                 r.committed(),
                 r.applied(),
+                r.commit_wait(),
             )
         };
         let persisted = self.store().last().seq;
-        // The leader's server consumed what it was handed itself.
+        // The leader's server consumed what it was handed itself; shown
+        // no further than the commit point, so that the counters read in
+        // order (applied <= committed).
         let applied = if role == Role::Leader {
-            persisted
+            persisted.min(committed)
         } else {
-            applied
+            applied.min(committed)
         };
         let lag = committed.saturating_sub(applied);
         let role_name = match role {
@@ -66,6 +69,14 @@ impl Node {
             failover_backlog,
             server_pid: self.region.preload_pid(),
             follower_pid: std::process::id() as u64,
+            zookeeper_down_ms: self
+                .session_watch
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .and_then(|w| w.down_for())
+                .map(|d| d.as_millis() as u64),
+            commit_wait_ms,
         }
     }
 

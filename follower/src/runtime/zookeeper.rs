@@ -5,7 +5,11 @@
 
 use std::time::Duration;
 
+use lockstep_common::control;
+use lockstep_common::region::Role;
+
 use crate::election::{Election, ElectionError, Session};
+use crate::log_limit::Repeats;
 use crate::protocol::Event;
 
 use super::heartbeat::protocol_session;
@@ -14,11 +18,23 @@ use super::Node;
 
 /// Pause between failed attempts.
 pub(super) const RETRY: Duration = Duration::from_millis(200);
+/// How long a candidate waits for the status of the leader it follows.
+const STATUS_QUERY: Duration = Duration::from_secs(1);
+
+/// Logs a warning unless the same one was logged within the period.
+fn warn_limited(warnings: &mut Repeats, what: String) {
+    if let Some(line) = warnings.line(&what, std::time::Instant::now()) {
+        log::warn!("{line}");
+    }
+}
 
 impl Node {
     /// The election thread: until `stop`.
     pub(crate) fn election_loop(&self) {
         let timeout = Duration::from_millis(self.config.election.session_timeout_ms);
+        // ZooKeeper away: one warning, then one every 10 s with a count.
+        let mut warnings = Repeats::default();
+        let mut lost = false;
         while !self.stopping() {
             let mut guard = self.election.lock().unwrap_or_else(|p| p.into_inner());
             if self.replica().stale().is_some() {
@@ -43,7 +59,14 @@ impl Node {
             match session {
                 Session::Expired => {
                     self.election_lost();
-                    *guard = None;
+                    if guard.take().is_some() && !lost {
+                        lost = true;
+                        log::warn!(
+                            "node {}: ZooKeeper session at {} lost; registering again when it answers",
+                            self.me,
+                            self.config.election.zookeeper
+                        );
+                    }
                     match Election::connect(
                         &self.config.election.zookeeper,
                         timeout,
@@ -54,9 +77,18 @@ impl Node {
                             *self.session_watch.lock().unwrap_or_else(|p| p.into_inner()) =
                                 Some(e.watch());
                             *guard = Some(e);
+                            if std::mem::take(&mut lost) {
+                                log::info!(
+                                    "node {}: ZooKeeper session at {} established again",
+                                    self.me,
+                                    self.config.election.zookeeper
+                                );
+                            }
+                            warnings.clear();
                         }
                         Err(e) => {
-                            log::warn!("node {}: {e}", self.me);
+                            lost = true;
+                            warn_limited(&mut warnings, format!("node {}: {e}", self.me));
                             drop(guard);
                             std::thread::sleep(RETRY);
                         }
@@ -67,16 +99,21 @@ impl Node {
                 // be stuck in a request meanwhile).
                 Session::Disconnected(_) => {}
                 Session::Connected => {
-                    let Some(election) = guard.as_ref() else {
+                    let Some(election) = guard.as_mut() else {
                         continue;
                     };
                     if let Err(e) = self.election_step(election) {
-                        log::warn!("node {}: {e:#}", self.me);
-                        if matches!(e, ElectionError::SessionLost) {
+                        warn_limited(&mut warnings, format!("node {}: {e:#}", self.me));
+                        if matches!(
+                            e,
+                            ElectionError::SessionLost | ElectionError::NoAnswer { .. }
+                        ) {
                             // Our znode is gone although the client still
-                            // looks connected: start over with a new session.
+                            // looks connected, or the client is wedged:
+                            // start over with a new session.
                             self.election_lost();
                             *guard = None;
+                            lost = true;
                             continue;
                         }
                         drop(guard);
@@ -104,6 +141,7 @@ impl Node {
                 session: protocol_session(Session::Expired),
                 candidate: false,
                 announced: None,
+                followed_serving: false,
             },
             Carried::Nothing,
         );
@@ -124,16 +162,37 @@ impl Node {
             .is_empty()
     }
 
+    /// Whether the leader this backup follows answers that it leads a
+    /// view at least as new as this node's log and its entries commit
+    /// (what the replica needs to give way as candidate; see
+    /// `viewchange::yields`).
+    fn followed_leader_serves(&self) -> bool {
+        let (role, leader, log_view) = {
+            let r = self.replica();
+            (r.role(), r.leader(), r.log_view())
+        };
+        if role != Role::Backup || leader == 0 || leader == self.me {
+            return false;
+        }
+        control::query_status(&self.config, leader, STATUS_QUERY).is_ok_and(|s| {
+            s.role == "leader"
+                && s.view >= log_view
+                && s.commit_wait_ms < self.config.election.session_timeout_ms
+        })
+    }
+
     /// Tells the replica the election's state, then carries out its
     /// ZooKeeper requests.
-    fn election_step(&self, election: &Election) -> Result<(), ElectionError> {
+    fn election_step(&self, election: &mut Election) -> Result<(), ElectionError> {
         let candidate = election.is_candidate()?;
         let announced = election.leader()?.map(|r| (r.view, r.leader));
+        let followed_serving = candidate && self.followed_leader_serves();
         self.step(
             Event::Election {
                 session: protocol_session(Session::Connected),
                 candidate,
                 announced,
+                followed_serving,
             },
             Carried::Nothing,
         );
@@ -147,6 +206,7 @@ impl Node {
                         return Err(e);
                     }
                 },
+                ZkRequest::Yield => election.register_again()?,
                 ZkRequest::Announce { view } => {
                     let app = self
                         .config

@@ -326,6 +326,13 @@ impl Cluster {
         }
     }
 
+    /// Cuts every node off from ZooKeeper (it is down or unreachable).
+    pub fn lose_zookeeper(&mut self) {
+        for id in 1..=self.nodes.len() as u64 {
+            self.cut.insert(link(id, 0));
+        }
+    }
+
     pub fn heal(&mut self) {
         self.cut.clear();
     }
@@ -505,6 +512,13 @@ impl Cluster {
                 let newer = self.zk_leader.is_some_and(|(v, _)| v > view);
                 if self.reachable(id, 0) && !newer {
                     self.zk_leader = Some((view, id));
+                }
+            }
+            Action::Yield => {
+                if self.reachable(id, 0) && self.sessions.contains_key(&id) {
+                    self.znodes += 1;
+                    let now = self.now;
+                    self.sessions.insert(id, (self.znodes, now));
                 }
             }
             Action::GoStale { .. } => {
@@ -781,12 +795,30 @@ impl Cluster {
             } else {
                 None
             };
+            let is_candidate = candidate == Some(id) && session == Session::Connected;
+            // The runtime asks the leader it follows for its status.
+            let followed_serving = is_candidate
+                && self.nodes[id as usize - 1]
+                    .replica
+                    .as_ref()
+                    .is_some_and(|r| {
+                        let l = r.leader();
+                        l != 0
+                            && l != id
+                            && self.up(l)
+                            && self.reachable(id, l)
+                            && self.nodes[l as usize - 1]
+                                .replica
+                                .as_ref()
+                                .is_some_and(|lr| lr.serving() && lr.promised() >= r.log_view())
+                    });
             self.step_node(
                 id,
                 Event::Election {
                     session,
-                    candidate: candidate == Some(id) && session == Session::Connected,
+                    candidate: is_candidate,
                     announced,
+                    followed_serving,
                 },
             );
         }

@@ -286,3 +286,40 @@ fn the_checker_catches_a_leader_that_lost_committed_entries() {
     c.forget_checks();
     c.check();
 }
+
+/// ZooKeeper is needed for failover, not for serving: with ZooKeeper gone
+/// for ten session timeouts, every session expired, the leader keeps
+/// committing; when ZooKeeper comes back (sessions in a new order), the
+/// followers give way to the serving leader: no view change.
+#[test]
+fn zookeeper_lost_for_long_changes_no_view_and_commits_go_on() {
+    let mut c = Cluster::new(3, ZK, 21);
+    let l = settle(&mut c);
+    c.run(100, 2);
+    let view = *c.started.keys().next_back().unwrap();
+    c.lose_zookeeper();
+    for _ in 0..10 {
+        let before = c.commit_point();
+        c.run(c.session_timeout, 2);
+        assert_eq!(
+            c.serving(),
+            Some(l),
+            "the leader stopped serving without ZooKeeper"
+        );
+        assert!(c.commit_point() > before, "no commit without ZooKeeper");
+    }
+    // The backups register first: one of them is the candidate.
+    for id in (1..=3).filter(|&id| id != l) {
+        c.cut.remove(&(0, id));
+        c.cut.remove(&(id, 0));
+    }
+    c.run(2 * c.session_timeout, 2);
+    c.heal();
+    c.run(20 * c.session_timeout, 2);
+    assert_eq!(c.serving(), Some(l));
+    assert_eq!(
+        *c.started.keys().next_back().unwrap(),
+        view,
+        "ZooKeeper's return started a view"
+    );
+}
