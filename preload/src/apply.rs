@@ -69,6 +69,7 @@ use lockstep_common::ring::{ReadOutcome, RingReader};
 use once_cell::sync::OnceCell;
 
 use crate::fdtable;
+use crate::node_dependent;
 use crate::turns::{self, MAX_WIDTH};
 
 /// Bytes of a replay connection's output kept to show in a divergence.
@@ -103,6 +104,8 @@ struct Conn {
     shown: [u8; SHOWN],
     /// Seq of the connection's last input (whose output `out` is).
     last_input: u64,
+    /// Which of its replies differ per node by design.
+    replies: node_dependent::Replies,
 }
 
 impl Conn {
@@ -841,6 +844,7 @@ impl Pump {
                 out: OutputDigest::default(),
                 shown: [0; SHOWN],
                 last_input: conn,
+                replies: node_dependent::Replies::default(),
             },
         );
     }
@@ -848,17 +852,42 @@ impl Pump {
     /// DATA/CLOSE carry the leader's digest of the connection's output
     /// since its last input: compare with this server's, then start over.
     fn check_output(&mut self, h: &EntryHeader) {
+        let Some(c) = self.conns.get_mut(&h.conn) else {
+            return;
+        };
+        // Whether the output to compare answered commands that describe
+        // the node (then a difference is not counted); then this entry's
+        // commands, for the next comparison (the turn's payloads hold its
+        // entries' bytes in order).
+        let node_dependent = h.out_hash != 0 && c.replies.take();
+        let command = c.replies.last_command();
+        if h.kind == Kind::Data {
+            let at: usize = self
+                .turn
+                .iter()
+                .take_while(|t| t.seq != h.seq)
+                .filter(|t| t.kind == Kind::Data)
+                .map(|t| t.len as usize)
+                .sum();
+            if let Some(bytes) = self.payloads.get(at..at + h.len as usize) {
+                c.replies.input(bytes);
+            }
+        }
         // Only an input's first entry carries a digest (the leader's
         // server read the whole input at once).
         if h.out_hash == 0 {
             return;
         }
-        let Some(c) = self.conns.get_mut(&h.conn) else {
-            return;
-        };
         let mine = std::mem::take(&mut c.out);
         let prev = std::mem::replace(&mut c.last_input, h.seq);
         if mine.pack() == h.out_hash {
+            return;
+        }
+        if node_dependent {
+            log::debug!(
+                "connection {}: the output after seq {prev} ({command}) differs from the leader's by design (not counted)",
+                h.conn
+            );
             return;
         }
         self.region.apply().add_diverged();
@@ -866,7 +895,7 @@ impl Pump {
         let shown = &c.shown[..(mine.len as usize).min(SHOWN)];
         log::warn!(
             "divergence on connection {}: the output after seq {prev} differs from the leader's \
-             (leader: {leader_len} bytes; this server: {} bytes, starting {:?})",
+             (after `{command}`; leader: {leader_len} bytes; this server: {} bytes, starting {:?})",
             h.conn,
             mine.len,
             String::from_utf8_lossy(shown)
