@@ -22,6 +22,11 @@
 //!   and `ACL LOG` (client address), `MONITOR` (every line it streams
 //!   names the issuing client's address; the connection stays in the class
 //!   until `RESET`).
+//! - Memory addresses: `DEBUG OBJECT` (`Value at:0x…`).
+//! - A connection that turned replica (`SYNC`, `PSYNC`; for good): its
+//!   stream starts with an RDB file a forked child writes, whose `used-mem`
+//!   field is the node's and whose arrival (newlines keep the link alive
+//!   until it is ready) is the child's timing, not the log's.
 //!
 //! A reply that depends on the node's *configuration* (`CONFIG GET port`:
 //! each replica listens on its own port) is not in a class: replicas are
@@ -72,8 +77,9 @@ impl std::fmt::Display for Word {
 /// the data (see the module doc for each class).
 fn dependent(name: &Word, sub: &Word) -> bool {
     match name.text() {
-        "info" | "hello" | "memory" | "monitor" => true,
+        "info" | "hello" | "memory" | "monitor" | "sync" | "psync" => true,
         "client" => matches!(sub.text(), "list" | "info" | "id"),
+        "debug" => sub.is("object"),
         "slowlog" => sub.is("get"),
         "acl" => sub.is("log"),
         _ => false,
@@ -116,8 +122,9 @@ pub struct Replies {
     /// Inside `MULTI`, and whether a node-dependent command was queued.
     in_multi: bool,
     queued: bool,
-    /// In `MONITOR` mode.
-    monitor: bool,
+    /// The connection streams what the server does (`MONITOR`, or a
+    /// replica's `SYNC`/`PSYNC`) until `RESET`.
+    streaming: bool,
 }
 
 impl Replies {
@@ -125,7 +132,7 @@ impl Replies {
     /// (call before feeding the new input): whether a node-dependent
     /// command produced it. Starts over for the next input.
     pub fn take(&mut self) -> bool {
-        std::mem::take(&mut self.pending) || self.monitor
+        std::mem::take(&mut self.pending) || self.streaming
     }
 
     /// The name of the last command read (lowercase, for a log line).
@@ -245,7 +252,7 @@ impl Replies {
         self.last = self.name;
         let node = dependent(&self.name, &self.sub);
         if self.name.is("reset") {
-            self.monitor = false;
+            self.streaming = false;
             self.in_multi = false;
             self.queued = false;
         } else if self.in_multi {
@@ -263,7 +270,7 @@ impl Replies {
             self.in_multi = true;
         } else {
             self.pending |= node;
-            self.monitor |= self.name.is("monitor");
+            self.streaming |= self.name.is("monitor") || self.name.is("sync") || self.name.is("psync");
         }
     }
 }
@@ -311,6 +318,8 @@ mod tests {
             &["MEMORY", "USAGE", "k"],
             &["SLOWLOG", "GET", "10"],
             &["ACL", "LOG"],
+            &["DEBUG", "OBJECT", "k"],
+            &["SYNC"],
         ] {
             assert_eq!(verdicts(&[resp(cmd)]), [true], "{cmd:?}");
         }
@@ -323,6 +332,7 @@ mod tests {
             &["GET", "info"],
             &["CLIENT", "SETNAME", "list"],
             &["SLOWLOG", "LEN"],
+            &["DEBUG", "DIGEST"],
             &["SET", "k", "v"],
             &["PING"],
         ] {
@@ -374,14 +384,16 @@ mod tests {
     }
 
     #[test]
-    fn monitor_stays_until_reset() {
-        let v = verdicts(&[
-            resp(&["MONITOR"]),
-            resp(&["PING"]),
-            resp(&["RESET"]),
-            resp(&["PING"]),
-        ]);
-        assert_eq!(v, [true, true, false, false]);
+    fn a_streaming_connection_stays_in_the_class_until_reset() {
+        for start in ["MONITOR", "SYNC", "PSYNC"] {
+            let v = verdicts(&[
+                resp(&[start]),
+                resp(&["PING"]),
+                resp(&["RESET"]),
+                resp(&["PING"]),
+            ]);
+            assert_eq!(v, [true, true, false, false], "{start}");
+        }
     }
 
     #[test]
