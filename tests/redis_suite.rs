@@ -25,6 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cluster::*;
+use lockstep_common::config::REDIS_REPLICA_ARGS;
 use lockstep_testkit::commands::redis_command;
 use lockstep_testkit::poll::poll_until;
 use lockstep_testkit::process::{kill_and_reap, open_log, spawn_logged, Grouping};
@@ -33,38 +34,43 @@ use plan::{parse_output, regressions, Plan, UnitRun};
 /// How long the replicas may take to apply a unit's log and agree.
 const SETTLE: Duration = Duration::from_secs(120);
 
-/// The server's settings on both sides (a replica's, plus a unix socket
-/// through which the harness reads each node's digest: a connection there
+/// The server's settings on both sides: a replica's, plus a unix socket
+/// through which the harness reads each node's digest (a connection there
 /// is no replicated client, so it does not give one node a client the
 /// others lack, which would shift the client ids of the log's connections).
-const SETTINGS: [&str; 8] = [
-    "--unixsocket",
-    "{data}/redis.sock",
-    "--save",
-    "",
-    "--appendonly",
-    "no",
-    "--enable-debug-command",
-    "yes",
-];
+fn settings(data: &str) -> Vec<String> {
+    ["--unixsocket".to_string(), format!("{data}/redis.sock")]
+        .into_iter()
+        .chain(REDIS_REPLICA_ARGS.iter().map(|a| a.to_string()))
+        .collect()
+}
 
 #[test]
 fn redis_test_suite_passes_through_lockstep_as_against_plain_redis() {
     let tree = suite_tree();
     let plan = Plan::parse(
-        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/redis_suite/units.toml"))
-            .expect("read tests/redis_suite/units.toml"),
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/redis_suite/units.toml"),
+        )
+        .expect("read tests/redis_suite/units.toml"),
     )
     .unwrap_or_else(|e| panic!("tests/redis_suite/units.toml: {e}"));
     let timeout = Duration::from_secs(plan.unit_timeout_secs);
 
-    let mut c = TestCluster::new("redis-suite", Options { ring_size: "32MiB", ..Options::default() });
-    let command: Vec<&str> = ["redis-server", "--port", "{port}", "--bind", "127.0.0.1"]
+    let mut c = TestCluster::new(
+        "redis-suite",
+        Options {
+            ring_size: "32MiB",
+            ..Options::default()
+        },
+    );
+    let command: Vec<String> = ["redis-server", "--port", "{port}", "--bind", "127.0.0.1"]
         .into_iter()
-        .chain(SETTINGS)
-        .chain(["--dir", "{data}"])
+        .map(String::from)
+        .chain(settings("{data}"))
+        .chain(["--dir".into(), "{data}".into()])
         .collect();
-    c.use_server_command(&command);
+    c.use_server_command(&command.iter().map(|a| a.as_str()).collect::<Vec<_>>());
     c.start_all();
     let plain = PlainRedis::start(&c.dir.join("plain"));
 
@@ -75,7 +81,15 @@ fn redis_test_suite_passes_through_lockstep_as_against_plain_redis() {
         let plain_side = s.spawn(|| {
             let mut runs = BTreeMap::new();
             for u in &plan.units {
-                let (out, took) = run_unit(&plain_dir, plain.port, &u.name, &plan.tags, &[], timeout, 21111);
+                let (out, took) = run_unit(
+                    &plain_dir,
+                    plain.port,
+                    &u.name,
+                    &plan.tags,
+                    &[],
+                    timeout,
+                    21111,
+                );
                 runs.insert(u.name.clone(), (parse_output(&u.name, &out), took));
             }
             runs
@@ -92,11 +106,20 @@ fn redis_test_suite_passes_through_lockstep_as_against_plain_redis() {
     for u in &plan.units {
         let (p, ptook) = &plain_runs[&u.name];
         let Some((l, ltook)) = lockstep.runs.get(&u.name) else {
-            table.push_str(&format!("| {} | {} | not run | | {} | |\n", u.name, p.passed(), ptook.as_secs()));
+            table.push_str(&format!(
+                "| {} | {} | not run | | {} | |\n",
+                u.name,
+                p.passed(),
+                ptook.as_secs()
+            ));
             continue;
         };
         problems.extend(regressions(&u.name, p, l));
-        let excluded = if u.exclude.is_empty() { String::new() } else { format!(" ({} excluded)", u.exclude.len()) };
+        let excluded = if u.exclude.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} excluded)", u.exclude.len())
+        };
         table.push_str(&format!(
             "| {} | {}/{} | {}/{}{} | {} | {} | {} |\n",
             u.name,
@@ -117,8 +140,18 @@ fn redis_test_suite_passes_through_lockstep_as_against_plain_redis() {
         commit_mode(),
         took.as_secs()
     );
+    report.push_str(&format!(
+        "Client ids: {}\n",
+        lockstep
+            .ids_apart
+            .as_deref()
+            .unwrap_or("the same on every node after every unit")
+    ));
     for (unit, lines) in &lockstep.divergences {
-        report.push_str(&format!("\n{unit}: {} divergent entries counted\n", lines.len()));
+        report.push_str(&format!(
+            "\n{unit}: {} divergent entries counted\n",
+            lines.len()
+        ));
         for l in lines.iter().take(20) {
             report.push_str(&format!("  {l}\n"));
         }
@@ -141,6 +174,8 @@ struct LockstepSide {
     divergences: BTreeMap<String, Vec<String>>,
     /// Hangs, replicas that differ, a cluster that stopped applying.
     problems: Vec<String>,
+    /// The first unit after which the nodes' client ids differ.
+    ids_apart: Option<String>,
 }
 
 /// Runs every unit through the cluster's leader; after each, waits until
@@ -149,24 +184,45 @@ struct LockstepSide {
 /// wedged: what comes after would say nothing).
 fn run_lockstep_side(c: &TestCluster, plan: &Plan, dir: &Path, timeout: Duration) -> LockstepSide {
     let mut side = LockstepSide::default();
-    let logs: Vec<PathBuf> = (2..=c.nodes.len()).map(|id| c.dir.join(format!("server-{id}.log"))).collect();
+    let logs: Vec<PathBuf> = (2..=c.nodes.len())
+        .map(|id| c.dir.join(format!("server-{id}.log")))
+        .collect();
     let mut read_to: Vec<u64> = logs.iter().map(|p| file_len(p)).collect();
     for u in &plan.units {
         let skips: Vec<&str> = u.exclude.iter().map(|x| x.test.as_str()).collect();
-        let (out, took) = run_unit(dir, c.app(1).port(), &u.name, &plan.tags, &skips, timeout, 23111);
+        let (out, took) = run_unit(
+            dir,
+            c.app(1).port(),
+            &u.name,
+            &plan.tags,
+            &skips,
+            timeout,
+            23111,
+        );
         let run = parse_output(&u.name, &out);
         let hung = took >= timeout;
         side.runs.insert(u.name.clone(), (run, took));
         if hung {
-            side.problems.push(format!("{}: hung through lockstep (stopped after {} s)", u.name, took.as_secs()));
+            side.problems.push(format!(
+                "{}: hung through lockstep (stopped after {} s)",
+                u.name,
+                took.as_secs()
+            ));
             break;
         }
         if !converged(c, SETTLE) {
-            side.problems.push(format!("{}: the backups did not apply the unit's log within {SETTLE:?}", u.name));
+            side.problems.push(format!(
+                "{}: the backups did not apply the unit's log within {SETTLE:?}",
+                u.name
+            ));
             break;
         }
         if let Some(d) = differing_digests(c) {
             side.problems.push(format!("{}: {d}", u.name));
+        }
+        let ids = client_ids(c);
+        if ids.iter().any(|i| *i != ids[0]) && side.ids_apart.is_none() {
+            side.ids_apart = Some(format!("{}: next client ids {ids:?}", u.name));
         }
         let mut lines = Vec::new();
         for (i, p) in logs.iter().enumerate() {
@@ -174,7 +230,13 @@ fn run_lockstep_side(c: &TestCluster, plan: &Plan, dir: &Path, timeout: Duration
             lines.extend(
                 new.lines()
                     .filter(|l| l.contains("divergence on connection"))
-                    .map(|l| format!("node {}: {}", i + 2, l.split_once("divergence").map_or(l, |(_, r)| r))),
+                    .map(|l| {
+                        format!(
+                            "node {}: {}",
+                            i + 2,
+                            l.split_once("divergence ").map_or(l, |(_, r)| r)
+                        )
+                    }),
             );
         }
         if !lines.is_empty() {
@@ -196,16 +258,23 @@ fn suite_tree() -> PathBuf {
         .split_whitespace()
         .find_map(|w| w.strip_prefix("v="))
         .unwrap_or_else(|| panic!("redis-server --version printed no version: {text}"));
-    let tree = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(".cache/redis-suite/redis-{version}"));
+    let tree =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(".cache/redis-suite/redis-{version}"));
     assert!(
         tree.join("runtest").exists(),
         "Redis {version}'s test suite is missing at {}: run scripts/setup (it fetches Debian's source package)",
         tree.display()
     );
-    let tclsh = ["tclsh8.5", "tclsh8.6", "tclsh8.7"]
-        .iter()
-        .any(|t| Command::new("sh").args(["-c", &format!("command -v {t}")]).output().is_ok_and(|o| o.status.success()));
-    assert!(tclsh, "no tclsh 8.5+ on PATH (runtest needs it): run scripts/setup (package tcl)");
+    let tclsh = ["tclsh8.5", "tclsh8.6", "tclsh8.7"].iter().any(|t| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    assert!(
+        tclsh,
+        "no tclsh 8.5+ on PATH (runtest needs it): run scripts/setup (package tcl)"
+    );
     tree
 }
 
@@ -222,7 +291,10 @@ fn workdir(tree: &Path, dest: &Path) -> PathBuf {
         .is_ok_and(|s| s.success());
     assert!(ok, "cannot copy the suite from {}", tree.display());
     for prog in ["redis-server", "redis-cli", "redis-benchmark"] {
-        if let Ok(o) = Command::new("sh").args(["-c", &format!("command -v {prog}")]).output() {
+        if let Ok(o) = Command::new("sh")
+            .args(["-c", &format!("command -v {prog}")])
+            .output()
+        {
             let path = String::from_utf8_lossy(&o.stdout).trim().to_string();
             if !path.is_empty() {
                 let _ = std::os::unix::fs::symlink(path, dest.join("src").join(prog));
@@ -247,8 +319,21 @@ fn run_unit(
     let log = open_log(&out_path, false).expect("runtest output file");
     let mut cmd = Command::new("./runtest");
     cmd.current_dir(dir)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--single", unit])
-        .args(["--durable", "--tags", tags, "--baseport", &baseport.to_string()]);
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--single",
+            unit,
+        ])
+        .args([
+            "--durable",
+            "--tags",
+            tags,
+            "--baseport",
+            &baseport.to_string(),
+        ]);
     for s in skips {
         cmd.args(["--skiptest", s]);
     }
@@ -295,14 +380,18 @@ fn converged(c: &TestCluster, limit: Duration) -> bool {
 /// leader's timers go on expiring keys, the backups follow a moment
 /// later); else which node differs.
 fn differing_digests(c: &TestCluster) -> Option<String> {
-    let digest = |id: u64| unix_digest(&c.dir.join(format!("server-{id}/redis.sock")));
+    let digest = |id: u64| unix_command(&sock(c, id), &["DEBUG", "DIGEST"]);
     let start = Instant::now();
     loop {
         let leader = digest(1);
         let differing: Vec<String> = (2..=c.nodes.len() as u64)
             .filter_map(|id| {
                 let d = digest(id);
-                (d != leader).then(|| format!("node {id}'s data differ from the leader's (DEBUG DIGEST {d} != {leader})"))
+                (d != leader).then(|| {
+                    format!(
+                        "node {id}'s data differ from the leader's (DEBUG DIGEST {d} != {leader})"
+                    )
+                })
             })
             .collect();
         if differing.is_empty() {
@@ -315,12 +404,17 @@ fn differing_digests(c: &TestCluster) -> Option<String> {
     }
 }
 
-/// `DEBUG DIGEST` through a server's unix socket (an error as text).
-fn unix_digest(sock: &Path) -> String {
+/// The one-line reply to `args` through a server's unix socket (an error
+/// as text).
+fn unix_command(sock: &Path, args: &[&str]) -> String {
     let ask = || -> std::io::Result<String> {
         let mut s = UnixStream::connect(sock)?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        s.write_all(b"*2\r\n$5\r\nDEBUG\r\n$6\r\nDIGEST\r\n")?;
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(req.as_bytes())?;
         let mut got = Vec::new();
         let mut b = [0u8; 128];
         while !got.ends_with(b"\r\n") {
@@ -332,7 +426,21 @@ fn unix_digest(sock: &Path) -> String {
         }
         Ok(String::from_utf8_lossy(&got).trim().to_string())
     };
-    ask().unwrap_or_else(|e| format!("(no digest from {}: {e})", sock.display()))
+    ask().unwrap_or_else(|e| format!("(no reply from {}: {e})", sock.display()))
+}
+
+/// Node `id`'s unix socket.
+fn sock(c: &TestCluster, id: u64) -> PathBuf {
+    c.dir.join(format!("server-{id}/redis.sock"))
+}
+
+/// Whether the replicas number their clients alike: each node gets one
+/// unix-socket client now, so its id is the same everywhere unless a
+/// node created clients the others did not (see the report).
+fn client_ids(c: &TestCluster) -> Vec<String> {
+    (1..=c.nodes.len() as u64)
+        .map(|id| unix_command(&sock(c, id), &["CLIENT", "ID"]))
+        .collect()
 }
 
 fn file_len(p: &Path) -> u64 {
@@ -364,18 +472,21 @@ impl PlainRedis {
     fn start(dir: &Path) -> PlainRedis {
         std::fs::create_dir_all(dir).expect("plain server dir");
         let port = free_port();
-        let args: Vec<String> = SETTINGS
-            .iter()
-            .map(|a| a.replace("{data}", &dir.display().to_string()))
-            .collect();
+        let args = settings(&dir.display().to_string());
         let args: Vec<&str> = args.iter().map(|a| a.as_str()).collect();
         let mut cmd = redis_command(port, dir, &args);
         let log = open_log(&dir.join("server.log"), false).expect("plain server log");
-        let child = spawn_logged(cmd.stdin(Stdio::null()), log, Grouping::Inherit).expect("start redis-server");
-        let server = PlainRedis { port, child: Some(child) };
+        let child = spawn_logged(cmd.stdin(Stdio::null()), log, Grouping::Inherit)
+            .expect("start redis-server");
+        let server = PlainRedis {
+            port,
+            child: Some(child),
+        };
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         poll_until(Duration::from_secs(30), Duration::from_millis(50), || {
-            TcpStream::connect(addr).map(|_| ()).map_err(|e| e.to_string())
+            TcpStream::connect(addr)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
         })
         .expect("plain redis-server listening");
         server

@@ -270,7 +270,8 @@ impl Replies {
             self.in_multi = true;
         } else {
             self.pending |= node;
-            self.streaming |= self.name.is("monitor") || self.name.is("sync") || self.name.is("psync");
+            self.streaming |=
+                self.name.is("monitor") || self.name.is("sync") || self.name.is("psync");
         }
     }
 }
@@ -408,7 +409,9 @@ mod tests {
     #[test]
     fn garbage_neither_panics_nor_counts_as_a_class() {
         let mut r = Replies::default();
-        r.input(b"*99999999999999999999999\r\n$99999999999999999999\r\nxx\r\n\xff\x00*-1\r\n$-5\r\n");
+        r.input(
+            b"*99999999999999999999999\r\n$99999999999999999999\r\nxx\r\n\xff\x00*-1\r\n$-5\r\n",
+        );
         r.input(&[0u8; 100]);
         assert!(!r.take());
     }

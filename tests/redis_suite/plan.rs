@@ -51,7 +51,10 @@ impl Plan {
             }
             for x in &u.exclude {
                 if x.reason.trim().is_empty() {
-                    return Err(format!("{}: exclusion {:?} gives no reason", u.name, x.test));
+                    return Err(format!(
+                        "{}: exclusion {:?} gives no reason",
+                        u.name, x.test
+                    ));
                 }
             }
         }
@@ -82,7 +85,10 @@ pub struct UnitRun {
 impl UnitRun {
     /// Tests that passed.
     pub fn passed(&self) -> usize {
-        self.tests.values().filter(|o| **o == Outcome::Passed).count()
+        self.tests
+            .values()
+            .filter(|o| **o == Outcome::Passed)
+            .count()
     }
 }
 
@@ -155,9 +161,9 @@ pub fn regressions(unit: &str, plain: &UnitRun, lockstep: &UnitRun) -> Vec<Strin
         }
         match lockstep.tests.get(name) {
             Some(Outcome::Passed) => {}
-            Some(Outcome::Failed(why)) => {
-                out.push(format!("{unit}: `{name}` passes plain, fails through lockstep: {why}"))
-            }
+            Some(Outcome::Failed(why)) => out.push(format!(
+                "{unit}: `{name}` passes plain, fails through lockstep: {why}"
+            )),
             // An excluded test is skipped, so it is not in the list; one
             // that never ran because the unit stopped is named above.
             None => {}
@@ -182,7 +188,9 @@ mod tests {
         let run = parse_output("unit/x", OUTPUT);
         assert!(run.finished);
         assert_eq!(run.tests["SET and GET"], Outcome::Passed);
-        assert!(matches!(&run.tests["MULTI (nested)"], Outcome::Failed(w) if w.contains("Expected 'a'")));
+        assert!(
+            matches!(&run.tests["MULTI (nested)"], Outcome::Failed(w) if w.contains("Expected 'a'"))
+        );
         assert_eq!(run.tests.len(), 2);
     }
 
