@@ -99,6 +99,31 @@ fn redis_test_suite_passes_through_lockstep_as_against_plain_redis() {
     });
     let took = started.elapsed();
 
+    let (problems, report) = judge(&plan, &plain_runs, &lockstep);
+    let report = format!(
+        "Redis's test suite ({}), tags {}, commit {}: {} s in all (both sides in parallel)\n\n{report}",
+        tree.display(),
+        plan.tags,
+        commit_mode(),
+        took.as_secs()
+    );
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("redis-suite-report.md");
+    let _ = std::fs::write(&out, &report);
+    eprintln!("{report}\n(written to {})", out.display());
+    assert!(
+        problems.is_empty(),
+        "Redis's test suite through lockstep:\n{}\n\n{report}",
+        problems.join("\n")
+    );
+}
+
+/// Each side's run of a unit and how long it took.
+type Runs = BTreeMap<String, (UnitRun, Duration)>;
+
+/// What went wrong through lockstep (tests passing plain and not through
+/// lockstep, and the lockstep side's own problems), and the report: the
+/// table per unit, when the client ids parted, the divergence lines.
+fn judge(plan: &Plan, plain_runs: &Runs, lockstep: &LockstepSide) -> (Vec<String>, String) {
     let mut problems = lockstep.problems.clone();
     let mut table = String::from(
         "| unit | passed plain | passed through lockstep | divergences counted | plain s | lockstep s |\n|---|---|---|---|---|---|\n",
@@ -134,19 +159,12 @@ fn redis_test_suite_passes_through_lockstep_as_against_plain_redis() {
         ));
     }
     let mut report = format!(
-        "Redis's test suite ({}), tags {}, commit {}: {} s in all (both sides in parallel)\n\n{table}\n",
-        tree.display(),
-        plan.tags,
-        commit_mode(),
-        took.as_secs()
-    );
-    report.push_str(&format!(
-        "Client ids: {}\n",
+        "{table}\nClient ids: {}\n",
         lockstep
             .ids_apart
             .as_deref()
             .unwrap_or("the same on every node after every unit")
-    ));
+    );
     for (unit, lines) in &lockstep.divergences {
         report.push_str(&format!(
             "\n{unit}: {} divergent entries counted\n",
@@ -156,20 +174,13 @@ fn redis_test_suite_passes_through_lockstep_as_against_plain_redis() {
             report.push_str(&format!("  {l}\n"));
         }
     }
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("redis-suite-report.md");
-    let _ = std::fs::write(&out, &report);
-    eprintln!("{report}\n(written to {})", out.display());
-    assert!(
-        problems.is_empty(),
-        "Redis's test suite through lockstep:\n{}\n\n{report}",
-        problems.join("\n")
-    );
+    (problems, report)
 }
 
 /// What the lockstep side found.
 #[derive(Default)]
 struct LockstepSide {
-    runs: BTreeMap<String, (UnitRun, Duration)>,
+    runs: Runs,
     /// Each unit's divergence lines from the backups' server logs.
     divergences: BTreeMap<String, Vec<String>>,
     /// Hangs, replicas that differ, a cluster that stopped applying.
