@@ -705,7 +705,10 @@ impl Pump {
         crate::clock::enter_input(h.time_us);
         match h.kind {
             Kind::Accept => self.open(h.seq),
-            Kind::Data | Kind::Close => self.check_output(&h),
+            Kind::Data | Kind::Close => {
+                self.check_output(&h);
+                self.classify_input(&h);
+            }
             Kind::View => self.end_all(),
             Kind::Tick => self.tick = Some((h.conn, None)),
             Kind::Noop | Kind::Wrap => {}
@@ -852,40 +855,25 @@ impl Pump {
     /// DATA/CLOSE carry the leader's digest of the connection's output
     /// since its last input: compare with this server's, then start over.
     fn check_output(&mut self, h: &EntryHeader) {
-        let Some(c) = self.conns.get_mut(&h.conn) else {
-            return;
-        };
-        // Whether the output to compare answered commands that describe
-        // the node (then a difference is not counted); then this entry's
-        // commands, for the next comparison (the turn's payloads hold its
-        // entries' bytes in order).
-        let node_dependent = h.out_hash != 0 && c.replies.take();
-        let command = c.replies.last_command();
-        if h.kind == Kind::Data {
-            let at: usize = self
-                .turn
-                .iter()
-                .take_while(|t| t.seq != h.seq)
-                .filter(|t| t.kind == Kind::Data)
-                .map(|t| t.len as usize)
-                .sum();
-            if let Some(bytes) = self.payloads.get(at..at + h.len as usize) {
-                c.replies.input(bytes);
-            }
-        }
         // Only an input's first entry carries a digest (the leader's
         // server read the whole input at once).
         if h.out_hash == 0 {
             return;
         }
+        let Some(c) = self.conns.get_mut(&h.conn) else {
+            return;
+        };
         let mine = std::mem::take(&mut c.out);
         let prev = std::mem::replace(&mut c.last_input, h.seq);
+        // The commands that produced it describe the node: not counted.
+        let node_dependent = c.replies.take();
+        let command = c.replies.last_command();
         if mine.pack() == h.out_hash {
             return;
         }
         if node_dependent {
             log::debug!(
-                "connection {}: the output after seq {prev} ({command}) differs from the leader's by design (not counted)",
+                "connection {}: the output after seq {prev} (`{command}`) differs from the leader's by design (not counted)",
                 h.conn
             );
             return;
@@ -900,6 +888,28 @@ impl Pump {
             mine.len,
             String::from_utf8_lossy(shown)
         );
+    }
+
+    /// DATA `h` (after its check): its commands, for the check of the
+    /// output they produce (the turn's payloads hold its entries' bytes
+    /// in order).
+    fn classify_input(&mut self, h: &EntryHeader) {
+        if h.kind != Kind::Data {
+            return;
+        }
+        let at: usize = self
+            .turn
+            .iter()
+            .take_while(|t| t.seq != h.seq)
+            .filter(|t| t.kind == Kind::Data)
+            .map(|t| t.len as usize)
+            .sum();
+        if let (Some(c), Some(bytes)) = (
+            self.conns.get_mut(&h.conn),
+            self.payloads.get(at..at + h.len as usize),
+        ) {
+            c.replies.input(bytes);
+        }
     }
 }
 
