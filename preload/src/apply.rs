@@ -69,7 +69,6 @@ use lockstep_common::ring::{ReadOutcome, RingReader};
 use once_cell::sync::OnceCell;
 
 use crate::fdtable;
-use crate::node_dependent;
 use crate::turns::{self, MAX_WIDTH};
 
 /// Bytes of a replay connection's output kept to show in a divergence.
@@ -105,7 +104,7 @@ struct Conn {
     /// Seq of the connection's last input (whose output `out` is).
     last_input: u64,
     /// Which of its replies differ per node by design.
-    replies: node_dependent::Replies,
+    replies: crate::node_dependent::Replies,
 }
 
 impl Conn {
@@ -847,7 +846,7 @@ impl Pump {
                 out: OutputDigest::default(),
                 shown: [0; SHOWN],
                 last_input: conn,
-                replies: node_dependent::Replies::default(),
+                replies: crate::node_dependent::Replies::default(),
             },
         );
     }
