@@ -16,9 +16,9 @@
 //!   `STATS`, `DOCTOR`, `MALLOC-STATS`).
 //! - A connection's own identity: `CLIENT LIST`, `CLIENT INFO` (`addr`,
 //!   `laddr`, `fd`), `HELLO` and `CLIENT ID` (the server numbers its
-//!   clients itself, and a backup's server has clients the leader's lacks:
-//!   the follower's replay connections of connections that ended before
-//!   it started, a harness's own), and what records them: `SLOWLOG GET`
+//!   clients itself, and a backup's server can have clients the leader's
+//!   never had: any direct connection to a backup, a health check's), and
+//!   what records them: `SLOWLOG GET`
 //!   and `ACL LOG` (client address), `MONITOR` (every line it streams
 //!   names the issuing client's address; the connection stays in the class
 //!   until `RESET`).
