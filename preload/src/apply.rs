@@ -113,6 +113,8 @@ struct Conn {
     shown: [u8; SHOWN],
     /// Seq of the connection's last input (whose output `out` is).
     last_input: u64,
+    /// Which of its replies differ per node by design.
+    replies: crate::node_dependent::Replies,
 }
 
 impl Conn {
@@ -853,6 +855,7 @@ impl Pump {
             Kind::Data | Kind::Close => {
                 let adjacent = self.last_input_conn == h.conn;
                 self.check_output(&h, adjacent);
+                self.classify_input(&h);
                 self.last_input_conn = h.conn;
             }
             Kind::View => {
@@ -1150,6 +1153,7 @@ impl Pump {
                 since_cut: OutputDigest::default(),
                 shown: [0; SHOWN],
                 last_input: conn,
+                replies: crate::node_dependent::Replies::default(),
             },
         );
     }
@@ -1183,7 +1187,17 @@ impl Pump {
             mine
         };
         let prev = std::mem::replace(&mut c.last_input, h.seq);
+        // The commands that produced it describe the node: not counted.
+        let node_dependent = c.replies.take();
+        let command = c.replies.last_command();
         if mine.pack() == h.out_hash {
+            return;
+        }
+        if node_dependent {
+            log::debug!(
+                "connection {}: the output after seq {prev} (`{command}`) differs from the leader's by design (not counted)",
+                h.conn
+            );
             return;
         }
         self.region.apply().add_diverged();
@@ -1191,11 +1205,33 @@ impl Pump {
         let shown = &c.shown[..(mine.len as usize).min(SHOWN)];
         log::warn!(
             "divergence on connection {}: the output after seq {prev} differs from the leader's \
-             (leader: {leader_len} bytes; this server: {} bytes, starting {:?})",
+             (after `{command}`; leader: {leader_len} bytes; this server: {} bytes, starting {:?})",
             h.conn,
             mine.len,
             String::from_utf8_lossy(shown)
         );
+    }
+
+    /// DATA `h` (after its check): its commands, for the check of the
+    /// output they produce (the turn's payloads hold its entries' bytes
+    /// in order).
+    fn classify_input(&mut self, h: &EntryHeader) {
+        if h.kind != Kind::Data {
+            return;
+        }
+        let at: usize = self
+            .turn
+            .iter()
+            .take_while(|t| t.seq != h.seq)
+            .filter(|t| t.kind == Kind::Data)
+            .map(|t| t.len as usize)
+            .sum();
+        if let (Some(c), Some(bytes)) = (
+            self.conns.get_mut(&h.conn),
+            self.payloads.get(at..at + h.len as usize),
+        ) {
+            c.replies.input(bytes);
+        }
     }
 }
 

@@ -37,6 +37,8 @@
 //! - [`dispatch`]: what each call does, per fd class and role.
 //! - [`engine`]: the leader's replication path (ring, transport, acks).
 //! - [`apply`]: the passive side: a backup's server re-executes the log.
+//! - [`node_dependent`]: which replies differ per node by design (not
+//!   counted as divergences).
 //! - [`clock`]: the log's time, the wall clock every replica's server reads.
 //! - [`entropy`]: the cluster's random stream, the same on every replica.
 //! - [`setup`]: configuration, attaching to the region, fork handling.
@@ -56,6 +58,7 @@ pub mod fdtable;
 pub mod hooks;
 pub mod logger;
 pub mod loops;
+pub mod node_dependent;
 pub mod reentry;
 pub mod setup;
 #[allow(unsafe_code)]

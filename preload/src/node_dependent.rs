@@ -1,0 +1,418 @@
+//! Replies that differ per node by design, told from the commands that
+//! asked for them.
+//!
+//! A backup compares, for each replay connection, the digest of what its
+//! server wrote since the connection's previous input with the digest the
+//! leader logged (see `apply`). Some Redis replies cannot agree however
+//! faithfully the log is replayed, because they describe the node rather
+//! than the data: a connection's own address, port or fd, a pid, memory
+//! and CPU figures, the process's uptime and counters. Counting them would
+//! bury real divergences among expected ones, so the detector does not
+//! count output that followed a command of these classes ([`dependent`]):
+//!
+//! - `INFO` (any section: `process_id`, `run_id`, `tcp_port`, `executable`,
+//!   `used_cpu_*`, `used_memory*`, connection and network counters) and
+//!   `LOLWUT`-free introspection of the process: `MEMORY` (`USAGE`,
+//!   `STATS`, `DOCTOR`, `MALLOC-STATS`).
+//! - A connection's own identity: `CLIENT LIST`, `CLIENT INFO` (`addr`,
+//!   `laddr`, `fd`), `HELLO` and `CLIENT ID` (the server numbers its
+//!   clients itself, and a backup's server can have clients the leader's
+//!   never had: any direct connection to a backup, a health check's), and
+//!   what records them: `SLOWLOG GET`
+//!   and `ACL LOG` (client address), `MONITOR` (every line it streams
+//!   names the issuing client's address; the connection stays in the class
+//!   until `RESET`).
+//! - Memory addresses: `DEBUG OBJECT` (`Value at:0x…`).
+//! - A connection that turned replica (`SYNC`, `PSYNC`; for good): its
+//!   stream starts with an RDB file a forked child writes, whose `used-mem`
+//!   field is the node's and whose arrival (newlines keep the link alive
+//!   until it is ready) is the child's timing, not the log's.
+//!
+//! A reply that depends on the node's *configuration* (`CONFIG GET port`:
+//! each replica listens on its own port) is not in a class: replicas are
+//! meant to be configured alike, so such a difference is counted.
+//!
+//! The classes go by command, not by reply, so a command queued in
+//! `MULTI` makes its `EXEC`'s reply node-dependent, and a pipelined input
+//! holding one such command excuses the whole output of that input (the
+//! digest covers it all). The parser follows RESP and inline commands
+//! across the entries of a split read without allocating; it runs on every
+//! input a backup applies.
+
+/// The longest command or subcommand name kept (longer ones are no class).
+const WORD: usize = 16;
+
+/// A command or subcommand name, lowercased, as far as [`WORD`] bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Word {
+    bytes: [u8; WORD],
+    /// Its length; above `WORD` when it did not fit.
+    len: usize,
+}
+
+impl Word {
+    fn push(&mut self, b: u8) {
+        if self.len < WORD {
+            self.bytes[self.len] = b.to_ascii_lowercase();
+        }
+        self.len = self.len.saturating_add(1);
+    }
+
+    fn is(&self, name: &str) -> bool {
+        self.len == name.len() && &self.bytes[..self.len] == name.as_bytes()
+    }
+
+    fn text(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..self.len.min(WORD)]).unwrap_or("?")
+    }
+}
+
+impl std::fmt::Display for Word {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.text())
+    }
+}
+
+/// Whether the reply to `name sub…` (lowercase) describes the node, not
+/// the data (see the module doc for each class).
+fn dependent(name: &Word, sub: &Word) -> bool {
+    match name.text() {
+        "info" | "hello" | "memory" | "monitor" | "sync" | "psync" => true,
+        "client" => matches!(sub.text(), "list" | "info" | "id"),
+        "debug" => sub.is("object"),
+        "slowlog" => sub.is("get"),
+        "acl" => sub.is("log"),
+        _ => false,
+    }
+}
+
+/// Where the parser is in a connection's byte stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum At {
+    /// Between commands.
+    #[default]
+    Start,
+    /// In a `*N` header: the count so far.
+    Count(u64),
+    /// Before a bulk argument's `$` header.
+    BulkHeader,
+    /// In a `$N` header: the length so far.
+    BulkLen(u64),
+    /// In a bulk argument: bytes left, its CRLF included.
+    Bulk(u64),
+    /// In an inline command line; true while inside a word.
+    Inline(bool),
+}
+
+/// One replay connection's classifier: fed the connection's inputs in
+/// order, it says whether the output since the previous input came from a
+/// node-dependent reply.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Replies {
+    at: At,
+    /// Arguments left in the current RESP command, and which one is read.
+    args_left: u64,
+    arg: u64,
+    name: Word,
+    sub: Word,
+    /// The last complete command's name, for the divergence line.
+    last: Word,
+    /// Whether the current input held a node-dependent command.
+    pending: bool,
+    /// Inside `MULTI`, and whether a node-dependent command was queued.
+    in_multi: bool,
+    queued: bool,
+    /// The connection streams what the server does (`MONITOR`, or a
+    /// replica's `SYNC`/`PSYNC`) until `RESET`.
+    streaming: bool,
+}
+
+impl Replies {
+    /// The output since the connection's previous input is being compared
+    /// (call before feeding the new input): whether a node-dependent
+    /// command produced it. Starts over for the next input.
+    pub fn take(&mut self) -> bool {
+        std::mem::take(&mut self.pending) || self.streaming
+    }
+
+    /// The name of the last command read (lowercase, for a log line).
+    pub fn last_command(&self) -> Word {
+        self.last
+    }
+
+    /// The server is handed `bytes` of the connection's input (a whole
+    /// read or a part of one, in order).
+    pub fn input(&mut self, bytes: &[u8]) {
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            match self.at {
+                At::Start => match b {
+                    b'*' => self.at = At::Count(0),
+                    b'\r' | b'\n' | b' ' => {}
+                    _ => {
+                        self.begin();
+                        self.at = At::Inline(false);
+                        continue;
+                    }
+                },
+                At::Count(n) => match b {
+                    b'0'..=b'9' => self.at = At::Count(digit(n, b)),
+                    b'\n' => {
+                        self.begin();
+                        self.args_left = n;
+                        self.at = if n == 0 { At::Start } else { At::BulkHeader };
+                    }
+                    _ => {}
+                },
+                At::BulkHeader => {
+                    if b == b'$' {
+                        self.at = At::BulkLen(0);
+                    }
+                }
+                At::BulkLen(n) => match b {
+                    b'0'..=b'9' => self.at = At::BulkLen(digit(n, b)),
+                    b'\n' => self.at = At::Bulk(n.saturating_add(2)),
+                    _ => {}
+                },
+                At::Bulk(left) => {
+                    let word = match self.arg {
+                        0 => Some(&mut self.name),
+                        1 => Some(&mut self.sub),
+                        _ => None,
+                    };
+                    match word {
+                        // The name or the subcommand: kept byte by byte
+                        // while it may still be a class's.
+                        Some(w) if left > 2 && w.len <= WORD => {
+                            w.push(b);
+                            self.at = At::Bulk(left - 1);
+                        }
+                        _ => {
+                            let n = left.min((bytes.len() - i) as u64);
+                            self.at = At::Bulk(left - n);
+                            i += n as usize;
+                            if left == n {
+                                self.end_arg();
+                            }
+                            continue;
+                        }
+                    }
+                }
+                At::Inline(in_word) => match b {
+                    b'\n' => {
+                        self.complete();
+                        self.at = At::Start;
+                    }
+                    b' ' | b'\t' | b'\r' => {
+                        if in_word {
+                            self.arg += 1;
+                        }
+                        self.at = At::Inline(false);
+                    }
+                    _ => {
+                        if self.arg == 0 {
+                            self.name.push(b);
+                        } else if self.arg == 1 {
+                            self.sub.push(b);
+                        }
+                        self.at = At::Inline(true);
+                    }
+                },
+            }
+            i += 1;
+        }
+    }
+
+    /// A command starts.
+    fn begin(&mut self) {
+        self.arg = 0;
+        self.name = Word::default();
+        self.sub = Word::default();
+    }
+
+    /// A bulk argument ended.
+    fn end_arg(&mut self) {
+        self.arg += 1;
+        self.args_left = self.args_left.saturating_sub(1);
+        if self.args_left == 0 {
+            self.complete();
+            self.at = At::Start;
+        } else {
+            self.at = At::BulkHeader;
+        }
+    }
+
+    /// A whole command was read: its reply is in this input's output (or
+    /// in its `EXEC`'s).
+    fn complete(&mut self) {
+        if self.name.len == 0 {
+            return;
+        }
+        self.last = self.name;
+        let node = dependent(&self.name, &self.sub);
+        if self.name.is("reset") {
+            self.streaming = false;
+            self.in_multi = false;
+            self.queued = false;
+        } else if self.in_multi {
+            if self.name.is("exec") {
+                self.pending |= self.queued;
+                self.in_multi = false;
+                self.queued = false;
+            } else if self.name.is("discard") {
+                self.in_multi = false;
+                self.queued = false;
+            } else {
+                self.queued |= node;
+            }
+        } else if self.name.is("multi") {
+            self.in_multi = true;
+        } else {
+            self.pending |= node;
+            self.streaming |=
+                self.name.is("monitor") || self.name.is("sync") || self.name.is("psync");
+        }
+    }
+}
+
+/// `n` with the decimal digit `b` appended (saturating: a length no input
+/// has).
+fn digit(n: u64, b: u8) -> u64 {
+    n.saturating_mul(10).saturating_add(u64::from(b - b'0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resp(args: &[&str]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+        out
+    }
+
+    /// Feeds each input in turn; returns what `take` said before each
+    /// later input and at the end (one verdict per input).
+    fn verdicts(inputs: &[Vec<u8>]) -> Vec<bool> {
+        let mut r = Replies::default();
+        inputs
+            .iter()
+            .map(|i| {
+                r.input(i);
+                r.take()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn replies_that_describe_the_node_are_known() {
+        for cmd in [
+            &["CLIENT", "LIST"][..],
+            &["client", "info"],
+            &["CLIENT", "ID"],
+            &["INFO"],
+            &["INFO", "server"],
+            &["HELLO", "3"],
+            &["MEMORY", "USAGE", "k"],
+            &["SLOWLOG", "GET", "10"],
+            &["ACL", "LOG"],
+            &["DEBUG", "OBJECT", "k"],
+            &["SYNC"],
+        ] {
+            assert_eq!(verdicts(&[resp(cmd)]), [true], "{cmd:?}");
+        }
+    }
+
+    #[test]
+    fn replies_about_the_data_or_the_configuration_are_not() {
+        for cmd in [
+            &["CONFIG", "GET", "port"][..],
+            &["GET", "info"],
+            &["CLIENT", "SETNAME", "list"],
+            &["SLOWLOG", "LEN"],
+            &["DEBUG", "DIGEST"],
+            &["SET", "k", "v"],
+            &["PING"],
+        ] {
+            assert_eq!(verdicts(&[resp(cmd)]), [false], "{cmd:?}");
+        }
+    }
+
+    #[test]
+    fn a_pipeline_with_one_such_command_is_excused_and_the_next_input_not() {
+        let mut pipeline = resp(&["SET", "k", "v"]);
+        pipeline.extend(resp(&["CLIENT", "LIST"]));
+        pipeline.extend(resp(&["GET", "k"]));
+        assert_eq!(verdicts(&[pipeline, resp(&["GET", "k"])]), [true, false]);
+    }
+
+    #[test]
+    fn a_command_split_across_reads_is_followed() {
+        let whole = resp(&["SET", "big", &"x".repeat(1000)])
+            .into_iter()
+            .chain(resp(&["CLIENT", "INFO"]))
+            .collect::<Vec<u8>>();
+        for cut in [1, 3, 5, 9, 20, 1011, 1020, whole.len() - 3] {
+            let mut r = Replies::default();
+            r.input(&whole[..cut]);
+            r.input(&whole[cut..]);
+            assert!(r.take(), "cut at {cut}");
+            assert_eq!(r.last_command().to_string(), "client");
+        }
+    }
+
+    #[test]
+    fn a_queued_command_makes_exec_node_dependent() {
+        let v = verdicts(&[
+            resp(&["MULTI"]),
+            resp(&["CLIENT", "ID"]),
+            resp(&["EXEC"]),
+            resp(&["MULTI"]),
+            resp(&["INCR", "x"]),
+            resp(&["EXEC"]),
+        ]);
+        assert_eq!(v, [false, false, true, false, false, false]);
+        let discarded = verdicts(&[
+            resp(&["MULTI"]),
+            resp(&["INFO"]),
+            resp(&["DISCARD"]),
+            resp(&["EXEC"]),
+        ]);
+        assert_eq!(discarded, [false, false, false, false]);
+    }
+
+    #[test]
+    fn a_streaming_connection_stays_in_the_class_until_reset() {
+        for start in ["MONITOR", "SYNC", "PSYNC"] {
+            let v = verdicts(&[
+                resp(&[start]),
+                resp(&["PING"]),
+                resp(&["RESET"]),
+                resp(&["PING"]),
+            ]);
+            assert_eq!(v, [true, true, false, false], "{start}");
+        }
+    }
+
+    #[test]
+    fn inline_commands_are_read_too() {
+        assert_eq!(
+            verdicts(&[b"client  list\r\n".to_vec(), b"PING\r\n".to_vec()]),
+            [true, false]
+        );
+        assert_eq!(verdicts(&[b"config get port\r\n".to_vec()]), [false]);
+    }
+
+    #[test]
+    fn garbage_neither_panics_nor_counts_as_a_class() {
+        let mut r = Replies::default();
+        r.input(
+            b"*99999999999999999999999\r\n$99999999999999999999\r\nxx\r\n\xff\x00*-1\r\n$-5\r\n",
+        );
+        r.input(&[0u8; 100]);
+        assert!(!r.take());
+    }
+}

@@ -1,0 +1,74 @@
+//! Replies that describe the node (a connection's own address and fd, the
+//! process's port, pid and figures) differ on every backup however exactly
+//! the log is replayed; the divergence detector knows them by the command
+//! that asked (preload's `node_dependent`) and does not count them, while a
+//! reply that differs because the replicas are configured differently
+//! (`CONFIG GET port`) is still counted. Real followers, real
+//! redis-server, both commit modes (the suite's).
+
+mod cluster;
+
+use std::time::Duration;
+
+use cluster::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn replies_describing_the_node_are_not_counted_and_configuration_is() {
+    let mut c = TestCluster::new("nodedep", Options::default());
+    c.start_all();
+    let mut r = Resp::connect(c.app(1)).unwrap();
+    let node_dependent: [&[&[u8]]; 5] = [
+        &[b"CLIENT", b"LIST"],
+        &[b"CLIENT", b"INFO"],
+        &[b"INFO", b"server"],
+        &[b"CLIENT", b"ID"],
+        &[b"MEMORY", b"USAGE", b"k"],
+    ];
+    r.cmd(&[b"SET", b"k", b"v"]).unwrap();
+    for cmd in node_dependent {
+        assert!(
+            !matches!(r.cmd(cmd).unwrap(), Reply::Error(_)),
+            "{cmd:?} failed"
+        );
+        r.cmd(&[b"GET", b"k"]).unwrap();
+    }
+    // In a transaction: the reply comes with EXEC.
+    r.send(&[b"MULTI"]).unwrap();
+    r.send(&[b"CLIENT", b"INFO"]).unwrap();
+    r.send(&[b"EXEC"]).unwrap();
+    for _ in 0..3 {
+        r.read().unwrap();
+    }
+    r.cmd(&[b"GET", b"k"]).unwrap();
+    // Differs by configuration: counted, once.
+    r.cmd(&[b"CONFIG", b"GET", b"port"]).unwrap();
+    r.cmd(&[b"GET", b"k"]).unwrap();
+    c.wait_converged(LIMIT);
+    for id in 2..=3 {
+        // The replies did differ on this node: its own laddr and port.
+        let mut b = Resp::connect(c.app(id)).unwrap();
+        let Reply::Bulk(Some(info)) = b.cmd(&[b"CLIENT", b"INFO"]).unwrap() else {
+            panic!("CLIENT INFO on node {id} answered no text");
+        };
+        let port = c.app(id).port().to_string();
+        assert!(
+            String::from_utf8_lossy(&info).contains(&format!("laddr=127.0.0.1:{port}")),
+            "node {id}'s CLIENT INFO does not name its own port"
+        );
+        let d = c.status(id).unwrap().divergences;
+        assert_eq!(
+            d,
+            1,
+            "node {id}: {d} divergent entries counted, expected 1 (CONFIG GET port)\n{}",
+            c.logs()
+        );
+    }
+    let log = std::fs::read_to_string(c.dir.join("server-2.log")).unwrap_or_default();
+    assert!(
+        log.contains("after `config`"),
+        "node 2's divergence line does not name CONFIG:\n{log}"
+    );
+    c.assert_same_digest();
+}
