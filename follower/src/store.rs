@@ -205,18 +205,33 @@ impl LogStore {
 
     /// Up to `max` entries starting at `from`, in order.
     pub fn range(&self, from: u64, max: usize) -> Result<Vec<(u64, StoredEntry)>, StoreError> {
+        self.chunk(from, max, usize::MAX)
+    }
+
+    /// Up to `max` entries starting at `from`, in order, stopping after
+    /// the entry that reaches `max_bytes` of encoded entries (at least
+    /// one entry, whatever its size): one chunk of a fetch's answer.
+    pub fn chunk(
+        &self,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, StoredEntry)>, StoreError> {
         let mut out = Vec::new();
+        let mut bytes = 0;
         let start = key(from);
         for kv in self
             .db
             .iterator(IteratorMode::From(&start, rocksdb::Direction::Forward))
         {
-            if out.len() >= max {
+            if out.len() >= max || bytes >= max_bytes {
                 break;
             }
             let (k, v) = kv?;
             let seq = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
-            out.push((seq, Self::decode_value(seq, &v)?));
+            let e = Self::decode_value(seq, &v)?;
+            bytes += e.bytes.len();
+            out.push((seq, e));
         }
         Ok(out)
     }

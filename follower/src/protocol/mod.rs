@@ -150,9 +150,18 @@ pub enum Message {
         /// Last seq wanted (0: all).
         to: u64,
     },
-    /// The answer to `Fetch`: the entries, in order (the caller keeps
-    /// their bytes and stores them on [`Action::Persist`]).
-    Entries(Vec<EntryMeta>),
+    /// One chunk of the answer to `Fetch`, in order: the entries that
+    /// follow the previous chunk's (the caller keeps their bytes and
+    /// stores them on [`Action::Persist`]). A fetch is answered by chunks
+    /// of bounded size, each stored as it arrives (see [`catchup`]), never
+    /// by the whole range at once.
+    Entries {
+        /// The chunk's entries (may be empty).
+        entries: Vec<EntryMeta>,
+        /// Whether more chunks of this answer follow; the last chunk says
+        /// false (a broken stream ends in [`Event::Unanswered`] instead).
+        more: bool,
+    },
 }
 
 /// The ZooKeeper session, as the election sees it.

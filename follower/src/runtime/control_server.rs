@@ -15,8 +15,12 @@ use crate::protocol::{Event, Message};
 use super::node::Carried;
 use super::Node;
 
-/// Entries per catch-up batch.
+/// Entries per chunk of a fetch's answer.
 pub(super) const FETCH_BATCH: usize = 1024;
+/// Bytes of encoded entries per chunk of a fetch's answer (a chunk ends
+/// after the entry that reaches it): what the fetching node holds in
+/// memory at a time, with one frame on each side.
+pub(super) const FETCH_CHUNK_BYTES: usize = 4 << 20;
 /// How long a peer's view change request waits for the replica's answer:
 /// less than the requester's own read timeout, so that it hears a refusal
 /// rather than nothing.
@@ -105,7 +109,8 @@ impl Node {
                     control::send_json(s, &Response::Entries)?;
                     let mut next = from.max(1);
                     loop {
-                        let batch = match self.store().range(next, FETCH_BATCH) {
+                        let chunk = self.store().chunk(next, FETCH_BATCH, FETCH_CHUNK_BYTES);
+                        let batch = match chunk {
                             Ok(b) => b,
                             Err(e) => {
                                 log::error!("serving fetch: {e}");
