@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod protocol;
 pub mod runtime;
 pub mod sentinel;
+pub mod snapshot;
 pub mod store;
 
 /// The shared handle, where it always was: `lockstep_follower::node::Node`.
