@@ -22,6 +22,8 @@
 //! - [`viewchange`]: the candidate's decision, stray views, joining.
 //! - [`trim`]: how much of the adopted log a new view keeps.
 //! - [`stale`]: when a node's server no longer matches the log.
+//! - [`snapshot`]: who images its server next, how much log every node
+//!   deletes, when a node installs a peer's snapshot.
 //! - [`replica`]: [`Replica`], which ties them together.
 //!
 //! # State a replica keeps
@@ -59,6 +61,7 @@ pub mod catchup;
 pub mod commit;
 pub mod fence;
 pub mod replica;
+pub mod snapshot;
 pub mod stale;
 pub mod sync;
 pub mod trim;
