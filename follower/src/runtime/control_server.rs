@@ -106,6 +106,14 @@ impl Node {
                     control::send_json(s, &self.answer(peer, leader, msg))?
                 }
                 Request::Fetch { from, to } => {
+                    let oldest = self.store().oldest();
+                    if from < oldest {
+                        let why = format!(
+                            "entries below seq {oldest} were compacted (a snapshot covers them): install a snapshot"
+                        );
+                        control::send_json(s, &Response::Error(why))?;
+                        continue;
+                    }
                     control::send_json(s, &Response::Entries)?;
                     let mut next = from.max(1);
                     loop {
