@@ -87,7 +87,9 @@ impl fmt::Display for Refusal {
 pub fn admit(members: &[u64], me: u64, peer: u64, req: &Request) -> Result<(), Refusal> {
     let (role, id) = match req {
         Request::Status => return Ok(()),
-        Request::Fetch { .. } => return admit_peer(members, me, peer),
+        Request::Fetch { .. } | Request::SnapshotMeta | Request::SnapshotChunk { .. } => {
+            return admit_peer(members, me, peer)
+        }
         Request::Prepare { candidate, .. } => ("candidate", *candidate),
         Request::NewView { leader, .. } => ("leader", *leader),
     };
@@ -125,6 +127,10 @@ pub fn describe(req: &Request) -> String {
     match req {
         Request::Status => "Status".into(),
         Request::Fetch { from, to } => format!("Fetch {from}..={to}"),
+        Request::SnapshotMeta => "SnapshotMeta".into(),
+        Request::SnapshotChunk {
+            seq, file, offset, ..
+        } => format!("SnapshotChunk {seq} {file:?} at {offset}"),
         Request::Prepare { view, candidate } => {
             format!("Prepare of view {view} for candidate {candidate}")
         }

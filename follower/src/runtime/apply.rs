@@ -42,6 +42,11 @@ impl Node {
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
             }
+            if self.refeed.swap(false, Ordering::AcqRel) {
+                // An installed snapshot replaced the server: a new stream
+                // after its seq.
+                feeder = None;
+            }
             let f = feeder.get_or_insert_with(|| {
                 log::info!("node {}: applying from seq {}", self.me, from + 1);
                 stepped = from;
@@ -64,11 +69,25 @@ impl Node {
             self.metrics
                 .divergences
                 .store(self.region.apply().diverged(), Ordering::Relaxed);
+            // A snapshot pauses the feed: it learns what was fed, and
+            // sets the cap where its turn ends.
+            let fed = f.next() - 1;
+            let _ = self.apply_cap.compare_exchange(
+                super::snapshots::PAUSE,
+                fed,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            let cap = match self.apply_cap.load(Ordering::Acquire) {
+                0 => u64::MAX,
+                cap => cap,
+            };
             // Never past the stored log (the replica's target is).
             let target = self
                 .apply_target
                 .load(Ordering::Acquire)
-                .min(self.store().last().seq);
+                .min(self.store().last().seq)
+                .min(cap);
             let mut full = false;
             if f.next() <= target {
                 let want = ((target + 1 - f.next()) as usize).min(256);
@@ -85,7 +104,10 @@ impl Node {
                         return;
                     }
                     match f.feed(&e.header(), e.payload()) {
-                        Ok(true) => {}
+                        Ok(true) => {
+                            self.applied_bytes
+                                .fetch_add(e.bytes.len() as u64, Ordering::Relaxed);
+                        }
                         Ok(false) => {
                             full = true;
                             break;

@@ -31,7 +31,11 @@ pub(super) const REQUEST_PATIENCE: Duration = Duration::from_secs(60);
 pub(super) const ROUND_CONNECT: Duration = Duration::from_millis(500);
 
 impl Node {
-    fn control_connect(&self, peer: u64, connect_timeout: Duration) -> anyhow::Result<TcpStream> {
+    pub(super) fn control_connect(
+        &self,
+        peer: u64,
+        connect_timeout: Duration,
+    ) -> anyhow::Result<TcpStream> {
         let addr = self.config.node(peer)?.control;
         let s = handshake::connect(
             addr,

@@ -11,6 +11,7 @@ use lockstep_common::handshake::{self, Channel};
 
 use crate::membership;
 use crate::protocol::{Event, Message};
+use crate::snapshot::transfer::read_chunk;
 
 use super::node::Carried;
 use super::Node;
@@ -97,6 +98,16 @@ impl Node {
             }
             match req {
                 Request::Status => control::send_json(s, &Response::Status(self.status()))?,
+                Request::SnapshotMeta => control::send_json(s, &self.newest_snapshot_meta())?,
+                Request::SnapshotChunk {
+                    seq,
+                    file,
+                    offset,
+                    len,
+                } => match read_chunk(&self.catalog, seq, &file, offset, len) {
+                    Ok(bytes) => control::send_snapshot_chunk(s, &bytes)?,
+                    Err(e) => control::send_json(s, &Response::Error(format!("{e:#}")))?,
+                },
                 Request::Prepare { view, candidate } => {
                     let msg = Message::Prepare { view, candidate };
                     control::send_json(s, &self.answer(peer, candidate, msg))?

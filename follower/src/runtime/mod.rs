@@ -36,6 +36,7 @@ mod heartbeat;
 mod host;
 pub mod node;
 mod poll;
+mod snapshots;
 mod startup;
 mod static_leader;
 mod status;

@@ -16,9 +16,12 @@ use lockstep_common::transport::{tcp::RegionServer, Transport};
 
 use crate::metrics::Metrics;
 use crate::protocol::{Event, Message, Millis, Replica};
+use crate::snapshot::catalog::Catalog;
+use crate::snapshot::ServerImage;
 use crate::store::LogStore;
 
 use super::host::StoreHost;
+use super::snapshots::SnapshotState;
 
 /// Entries an event carries the bytes of (a ring batch, a fetch's
 /// answer): [`crate::protocol::Action::Persist`] stores them.
@@ -112,6 +115,23 @@ pub struct Node {
     /// The control address, bound first thing (see [`Node::start`]);
     /// [`Node::run`] serves it.
     pub(super) control_listener: Mutex<Option<TcpListener>>,
+    /// Images of this node's server (None: no snapshots; see
+    /// [`Node::start_with_image`]).
+    pub(super) image: Option<Box<dyn ServerImage>>,
+    /// This node's snapshots on disk.
+    pub(crate) catalog: Catalog,
+    /// Its snapshot state (status, rules).
+    pub(super) snapshots: Mutex<SnapshotState>,
+    /// The apply thread feeds nothing past this seq (0: no cap;
+    /// [`super::snapshots::PAUSE`]: a snapshot asks it to stop and write
+    /// here what it fed).
+    pub(super) apply_cap: AtomicU64,
+    /// Bytes of entries the apply thread fed (the byte measure of
+    /// `snapshot_every`).
+    pub(super) applied_bytes: AtomicU64,
+    /// The apply thread starts a new stream after the replica's applied
+    /// seq (an installed snapshot replaced the server).
+    pub(super) refeed: AtomicBool,
 }
 
 impl Node {

@@ -17,18 +17,32 @@ use lockstep_common::transport::{self, tcp::RegionServer};
 use crate::metrics::{self, Metrics};
 use crate::protocol::replica::Restored;
 use crate::protocol::{self, Millis, Replica};
+use crate::snapshot::catalog::Catalog;
 use crate::store::LogStore;
 
 use super::control_client::REQUEST_PATIENCE;
 use super::heartbeat::now_ms;
 use super::node::Carried;
 use super::poll::NOT_STALLED;
+use super::snapshots::SnapshotState;
 use super::zookeeper::RETRY;
 use super::Node;
 
 impl Node {
     /// Opens the store and the region and takes this node's role.
     pub fn start(config: Config, me: u64, stop: Arc<AtomicBool>) -> anyhow::Result<Arc<Node>> {
+        Node::start_with_image(config, me, stop, None)
+    }
+
+    /// [`Node::start`] with the way to image this node's server (None:
+    /// no snapshots, the log is kept and replayed whole). The CRIU
+    /// implementation plugs in here (`main.rs`).
+    pub fn start_with_image(
+        config: Config,
+        me: u64,
+        stop: Arc<AtomicBool>,
+        image: Option<Box<dyn crate::snapshot::ServerImage>>,
+    ) -> anyhow::Result<Arc<Node>> {
         // Before anything is logged or touched (ZooKeeper, the store, the
         // region): a taken control address is the first and only line.
         let control = config.node(me)?.control;
@@ -112,6 +126,18 @@ impl Node {
             path.display()
         );
         let region_server = RegionServer::new(region.clone());
+        let catalog = Catalog::new(crate::snapshot::snapshots_dir(&config, me));
+        // Leftovers of a taker that died midway, and old snapshots.
+        if let Err(e) = catalog.clean(2) {
+            log::warn!("node {me}: cleaning the snapshots: {e}");
+        }
+        let newest_snapshot = match catalog.newest() {
+            Ok(s) => s.map(|s| s.meta.position.seq).unwrap_or(0),
+            Err(e) => {
+                log::warn!("node {me}: reading the snapshots: {e}");
+                0
+            }
+        };
         let (outbox, outbox_rx) = mpsc::channel();
         let node = Arc::new(Node {
             replica: Mutex::new(replica),
@@ -136,6 +162,15 @@ impl Node {
             stop,
             region_server,
             control_listener: Mutex::new(Some(control_listener)),
+            image,
+            snapshots: Mutex::new(SnapshotState {
+                newest: newest_snapshot,
+                ..SnapshotState::default()
+            }),
+            catalog,
+            apply_cap: AtomicU64::new(0),
+            applied_bytes: AtomicU64::new(0),
+            refeed: AtomicBool::new(false),
         });
         for a in actions {
             node.carry_out(a, Carried::Nothing);
@@ -177,6 +212,10 @@ impl Node {
         std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || n.heartbeat_loop())?;
+        let n = self.clone();
+        std::thread::Builder::new()
+            .name("snapshots".into())
+            .spawn(move || n.snapshot_loop())?;
         let n = self.clone();
         let applier = std::thread::Builder::new()
             .name("apply".into())

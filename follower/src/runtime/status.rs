@@ -25,6 +25,7 @@ impl Node {
             )
         };
         let persisted = self.store().last().seq;
+        let snap = *self.snapshot_state();
         let role_name = match role {
             _ if stale_reason.is_some() => "stale",
             Role::Leader => "leader",
@@ -50,6 +51,13 @@ impl Node {
             lag_ms: (self.lag_seconds(committed.saturating_sub(applied)) * 1000.0) as u64,
             server_pid: self.region.preload_pid(),
             follower_pid: std::process::id() as u64,
+            snapshot: snap.newest,
+            oldest: self.store().oldest(),
+            snapshotting: snap.taking,
+            bytes_since_snapshot: self
+                .applied_bytes
+                .load(Ordering::Relaxed)
+                .saturating_sub(snap.bytes_at),
         }
     }
 

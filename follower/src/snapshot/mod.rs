@@ -16,6 +16,7 @@
 //! `meta.json` ([`META_FILE`]). A directory without it is incomplete:
 //! ignored, and deleted by [`catalog::Catalog::clean`].
 
+pub mod build_id;
 pub mod catalog;
 pub mod transfer;
 
