@@ -16,7 +16,8 @@
 //!   node (the leader too, which takes none) deletes its entries ≤ S — but
 //!   never entries its own server has not applied, nor what a live peer
 //!   still needs to catch up by fetching entries (everything after that
-//!   peer's log end). A dead node does not hold the log back: it installs
+//!   peer's log end, or after its commit point: a view change probes and
+//!   fetches the log above a node's commit point). A dead node does not hold the log back: it installs
 //!   a snapshot when it comes back, as does a node whose own newest
 //!   snapshot is older than its compacted log's start when it restarts.
 //! - [`install_source`]: a node whose log ends before the oldest entry a
@@ -54,6 +55,8 @@ pub struct Member {
     pub applied: u64,
     /// Its log's last seq.
     pub last: u64,
+    /// The highest seq it knows committed.
+    pub committed: u64,
     /// The first seq its log still holds (entries below were compacted;
     /// 1 or 0 when it holds the whole log).
     pub oldest: u64,
@@ -106,8 +109,9 @@ pub fn compaction_point(me: u64, members: &[Member]) -> u64 {
     };
     let mut point = majority_snapshot(members).min(own.applied).min(own.last);
     for m in members.iter().filter(|m| m.live && m.node != me) {
-        // A live peer fetches what follows its log's end from someone.
-        point = point.min(m.last);
+        // A live peer fetches what follows its log's end from someone,
+        // and a view change syncs its log above its commit point.
+        point = point.min(m.last).min(m.committed);
     }
     point
 }
@@ -153,6 +157,7 @@ mod tests {
                 backup: node != 1,
                 applied: 5000,
                 last: 5000,
+                committed: 5000,
                 oldest: 1,
                 ..Member::default()
             })
@@ -215,6 +220,10 @@ mod tests {
         // A live node whose log ends at 2000 still fetches from 2001.
         c[0].last = 2000;
         assert_eq!(compaction_point(2, &c), 2000);
+        // Nor one that knows the commit only up to 2200.
+        c[0].last = 5000;
+        c[0].committed = 2200;
+        assert_eq!(compaction_point(2, &c), 2200);
         // Dead, it installs a snapshot instead: no longer holds it back.
         c[0].live = false;
         assert_eq!(compaction_point(2, &c), 3000);

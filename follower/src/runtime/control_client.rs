@@ -168,7 +168,16 @@ impl Node {
                 simple(Request::NewView { view, leader, last })
             }
             Message::Peek { seq } => {
-                let mut s = self.open_fetch(to, seq, seq)?;
+                let mut s = self.control_connect(to, CONTROL_TIMEOUT)?;
+                control::send_json(&mut s, &Request::Fetch { from: seq, to: seq })?;
+                match control::recv_json::<Response>(&mut s)? {
+                    Response::Entries => {}
+                    // An answer: it has no such entry (compacted: below
+                    // every commit point, so only the probe that proves
+                    // the source answers asks there).
+                    Response::Error(_) => return Ok(Message::PeekAnswer { seq, view: None }),
+                    other => bail!("node {to} answered {other:?}"),
+                }
                 let mut view = None;
                 loop {
                     let chunk = control::recv_entries(&mut s)?;

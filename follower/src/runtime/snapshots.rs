@@ -296,6 +296,7 @@ fn member_of(st: &NodeStatus, live: bool) -> Member {
         taking: st.snapshotting,
         applied: st.applied,
         last: st.persisted,
+        committed: st.committed,
         oldest: st.oldest,
         snapshot: st.snapshot,
         bytes_since: st.bytes_since_snapshot,
