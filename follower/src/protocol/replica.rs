@@ -1302,6 +1302,8 @@ mod tests {
     struct Log {
         views: Vec<u64>,
         read: Vec<EntryMeta>,
+        /// What the hand-over fence reports the server was handed.
+        served: u64,
     }
 
     impl Host for Log {
@@ -1315,7 +1317,7 @@ mod tests {
             self.views.get((seq as usize).wrapping_sub(1)).copied()
         }
         fn fence_handover(&mut self) -> u64 {
-            0
+            self.served
         }
     }
 
@@ -1589,5 +1591,106 @@ mod tests {
         assert_eq!(log.views.len(), 6);
         assert_eq!(r.role(), Role::Backup);
         assert_eq!(r.log_view(), 2);
+    }
+
+    #[test]
+    fn a_deposed_leader_whose_resumed_sync_kept_the_new_log_still_checks_its_server() {
+        let (mut r, _) = Replica::new(
+            config(Election::Static { leader: 1 }),
+            Restored::default(),
+            0,
+        );
+        let mut log = Log::default();
+        // Node 1 leads view 2 (start entry 1) and its server is handed
+        // 2..=5, which nobody else stored.
+        log.step(&mut r, 0, Event::Tick(Words::default()));
+        for from in [2, 3] {
+            log.step(
+                &mut r,
+                1,
+                Event::Message {
+                    from,
+                    msg: promise(from),
+                },
+            );
+        }
+        for from in [2, 3] {
+            let synced = Message::Synced { last: 1 };
+            log.step(&mut r, 2, Event::Message { from, msg: synced });
+        }
+        log.step(&mut r, 3, Event::Applied { seq: 1 });
+        assert!(r.serving());
+        log.step(&mut r, 4, Event::Read(metas(2..=5, 2)));
+        log.served = 5;
+        // Node 2 leads view 3 without them: its 2..=6 are view 3's.
+        log.step(
+            &mut r,
+            5,
+            Event::Message {
+                from: 2,
+                msg: Message::Prepare {
+                    view: 3,
+                    candidate: 2,
+                },
+            },
+        );
+        let new_view = Event::Message {
+            from: 2,
+            msg: Message::NewView {
+                view: 3,
+                leader: 2,
+                last: 6,
+            },
+        };
+        let peek = |seq| Event::Message {
+            from: 2,
+            msg: Message::PeekAnswer {
+                seq,
+                view: Some(if seq == 1 { 2 } else { 3 }),
+            },
+        };
+        let view3 = |seqs, more| Event::Message {
+            from: 2,
+            msg: Message::Entries {
+                entries: metas(seqs, 3),
+                more,
+            },
+        };
+        let mut a = log.step(&mut r, 6, new_view.clone());
+        let mut now = 7;
+        while let Some(seq) = a.iter().find_map(|a| match a {
+            Action::Send {
+                msg: Message::Peek { seq },
+                ..
+            } => Some(*seq),
+            _ => None,
+        }) {
+            a = log.step(&mut r, now, peek(seq));
+            now += 1;
+        }
+        assert!(a.contains(&Action::Truncate { after: 1 }), "{a:?}");
+        // The fetch breaks after 2..=5 of view 3 were stored.
+        log.step(&mut r, now, view3(2..=5, true));
+        log.step(&mut r, now + 1, Event::Unanswered { to: 2 });
+        assert_eq!(log.views, vec![2, 3, 3, 3, 3]);
+        // The next sync keeps them (shared with node 2 now), but the
+        // server consumed view 2's 2..=5, not these: the node goes stale
+        // rather than apply 6 on top.
+        let a = log.step(&mut r, now + 2, new_view);
+        assert!(
+            a.contains(&Action::Send {
+                to: 2,
+                msg: Message::Peek { seq: 5 }
+            }),
+            "{a:?}"
+        );
+        log.step(&mut r, now + 3, peek(5));
+        let a = log.step(&mut r, now + 4, view3(6..=6, false));
+        assert!(
+            a.iter()
+                .any(|a| matches!(a, Action::GoStale { why } if why.contains("seq 5 of view 2"))),
+            "{a:?}"
+        );
+        assert!(r.stale().is_some());
     }
 }
