@@ -8,10 +8,15 @@
 //!   `snapshot_every` past its newest snapshot. Never the leader (clients
 //!   wait on it), never a stale or joining node, and never so many at once
 //!   that fewer than a majority keep applying (a backup stops applying
-//!   while its server is imaged): in a 3-node cluster one backup at a time.
-//!   Among due backups the one whose newest snapshot is oldest goes first,
-//!   then the lowest id, so that every node picks the same one from the
-//!   same states.
+//!   while its server is imaged). Each node decides for itself on what the
+//!   others reported a moment ago, so the turn must not hang on anything
+//!   that changes meanwhile: the backups take turns in the order of their
+//!   newest snapshot (oldest first, then the lowest id), which changes only
+//!   when a snapshot is complete — the first in that order takes one once
+//!   it is due, the others wait, one at a time whatever the cluster size,
+//!   and only while a majority besides it applies. (Picking among the due
+//!   backups instead let two start at once, one not yet seeing the other
+//!   due: the snapshot sim found it.)
 //! - [`compaction_point`]: once a majority holds a snapshot at ≥ S, every
 //!   node (the leader too, which takes none) deletes its entries ≤ S — but
 //!   never entries its own server has not applied, nor what a live peer
@@ -84,10 +89,17 @@ pub fn taker(members: &[Member], every: Every) -> Option<u64> {
     if applying < majority + 1 {
         return None;
     }
+    if members.iter().any(|m| m.taking) {
+        return None;
+    }
+    // The order counts every live node but the leader, joining ones too:
+    // a node that turns backup this moment must not find itself first
+    // while another, which did not count it yet, starts.
     members
         .iter()
-        .filter(|m| m.live && m.backup && !m.leader && !m.taking && due(m, every))
+        .filter(|m| m.live && !m.leader)
         .min_by_key(|m| (m.snapshot, m.node))
+        .filter(|m| m.backup && due(m, every))
         .map(|m| m.node)
 }
 
@@ -175,11 +187,22 @@ mod tests {
         assert_eq!(taker(&c, EVERY), Some(3), "the oldest snapshot goes next");
         c[2].snapshot = 4500;
         assert_eq!(taker(&c, EVERY), None, "not due: 500 entries since");
-        // The leader is never the one, however due.
+        // The first in turn is not due yet: the others wait for it.
+        let mut c = cluster(3);
+        c[1].applied = 500;
+        assert_eq!(taker(&c, EVERY), None);
+        // The leader is never the one, however due; a joining node first
+        // in turn holds the others back until it follows.
         let mut c = cluster(3);
         c[1].backup = false; // joining
-        c[2].backup = false;
         assert_eq!(taker(&c, EVERY), None);
+        c[1].snapshot = 5000;
+        c[2].snapshot = 100;
+        assert_eq!(taker(&c, EVERY), None, "too few apply besides it");
+        let mut c = cluster(5);
+        c[1].backup = false;
+        c[1].snapshot = 5000;
+        assert_eq!(taker(&c, EVERY), Some(3));
         // A dead backup leaves no room for one to stop applying.
         let mut c = cluster(3);
         c[2].live = false;
@@ -187,12 +210,15 @@ mod tests {
     }
 
     #[test]
-    fn five_nodes_allow_two_at_once_and_bytes_count_too() {
+    fn one_at_a_time_in_five_nodes_too_and_bytes_count() {
         let mut c = cluster(5);
+        assert_eq!(taker(&c, EVERY), Some(2));
         c[1].taking = true;
-        assert_eq!(taker(&c, EVERY), Some(3));
-        c[2].taking = true;
         assert_eq!(taker(&c, EVERY), None);
+        // A dead backup is skipped while a majority besides the taker applies.
+        let mut c = cluster(5);
+        c[1].live = false;
+        assert_eq!(taker(&c, EVERY), Some(3));
         let mut c = cluster(3);
         for m in &mut c {
             m.applied = 10;
