@@ -39,9 +39,9 @@ fn follower_killed_mid_load_restarts_with_fresh_server_and_converges() {
     assert_converged_exactly(&c, &acked, CONVERGE);
 }
 
-#[test]
-fn follower_down_at_start_joins_later_and_converges() {
-    let mut c = TestCluster::new("late", Options::default());
+/// A cluster whose nodes 1 and 2 run (node 1 leads); node 3 is not started.
+fn without_node_3(name: &str) -> TestCluster {
+    let mut c = TestCluster::new(name, Options::default());
     for id in [1, 2] {
         c.start_follower(id);
     }
@@ -49,6 +49,12 @@ fn follower_down_at_start_joins_later_and_converges() {
         c.start_server(id);
     }
     c.wait_leader(1);
+    c
+}
+
+#[test]
+fn follower_down_at_start_joins_later_and_converges() {
+    let mut c = without_node_3("late");
     redis_mixed_workload(c.app(1), 4, 200);
     c.start_follower(3);
     c.start_server(3);
@@ -59,14 +65,7 @@ fn follower_down_at_start_joins_later_and_converges() {
 
 #[test]
 fn a_late_node_fetches_a_long_log_in_chunks_and_converges() {
-    let mut c = TestCluster::new("chunks", Options::default());
-    for id in [1, 2] {
-        c.start_follower(id);
-    }
-    for id in [1, 2] {
-        c.start_server(id);
-    }
-    c.wait_leader(1);
+    let mut c = without_node_3("chunks");
     // More entries than one chunk holds (1024), and more bytes (4 MiB).
     let mut r = Resp::connect(c.app(1)).unwrap();
     let value = vec![b'v'; 2048];

@@ -1400,15 +1400,15 @@ mod tests {
         assert_eq!(claims(log.step(&mut r, 202, candidate)), 1);
     }
 
-    #[test]
-    fn a_commit_word_the_leaders_preload_raised_goes_to_the_backups_a_newer_views_does_not() {
+    /// Node 1, the configured leader, starts view 2 with both peers (its
+    /// start entry is seq 1) and serves.
+    fn leading_view_2() -> (Replica, Log) {
         let (mut r, _) = Replica::new(
             config(Election::Static { leader: 1 }),
             Restored::default(),
             0,
         );
         let mut log = Log::default();
-        // The configured leader starts view 2 with both peers.
         log.step(&mut r, 0, Event::Tick(Words::default()));
         for from in [2, 3] {
             log.step(
@@ -1421,17 +1421,17 @@ mod tests {
             );
         }
         for from in [2, 3] {
-            log.step(
-                &mut r,
-                2,
-                Event::Message {
-                    from,
-                    msg: Message::Synced { last: 1 },
-                },
-            );
+            let synced = Message::Synced { last: 1 };
+            log.step(&mut r, 2, Event::Message { from, msg: synced });
         }
         log.step(&mut r, 3, Event::Applied { seq: 1 });
         assert!(r.serving());
+        (r, log)
+    }
+
+    #[test]
+    fn a_commit_word_the_leaders_preload_raised_goes_to_the_backups_a_newer_views_does_not() {
+        let (mut r, mut log) = leading_view_2();
         // Its preload appends 2..=5 and raises the commit word to 4 (an
         // output waited); the ack array says 3, the server was handed 5.
         let es = (2..=5)
@@ -1595,31 +1595,9 @@ mod tests {
 
     #[test]
     fn a_deposed_leader_whose_resumed_sync_kept_the_new_log_still_checks_its_server() {
-        let (mut r, _) = Replica::new(
-            config(Election::Static { leader: 1 }),
-            Restored::default(),
-            0,
-        );
-        let mut log = Log::default();
-        // Node 1 leads view 2 (start entry 1) and its server is handed
-        // 2..=5, which nobody else stored.
-        log.step(&mut r, 0, Event::Tick(Words::default()));
-        for from in [2, 3] {
-            log.step(
-                &mut r,
-                1,
-                Event::Message {
-                    from,
-                    msg: promise(from),
-                },
-            );
-        }
-        for from in [2, 3] {
-            let synced = Message::Synced { last: 1 };
-            log.step(&mut r, 2, Event::Message { from, msg: synced });
-        }
-        log.step(&mut r, 3, Event::Applied { seq: 1 });
-        assert!(r.serving());
+        // Node 1 leads view 2 and its server is handed 2..=5, which nobody
+        // else stored.
+        let (mut r, mut log) = leading_view_2();
         log.step(&mut r, 4, Event::Read(metas(2..=5, 2)));
         log.served = 5;
         // Node 2 leads view 3 without them: its 2..=6 are view 3's.
