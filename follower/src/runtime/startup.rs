@@ -90,6 +90,12 @@ impl Node {
         let region = Arc::new(region);
         let transport = transport::open(&config, me, region.clone())?;
         let last = store.last();
+        if store.oldest() > 1 && image.is_none() {
+            bail!(
+                "the log of node {me} starts at seq {} (the entries below were compacted under a snapshot), and this follower has no process image support to restore one: it cannot rebuild its server",
+                store.oldest()
+            );
+        }
         let restored = Restored {
             view: store.view()?,
             log_view: store.log_view()?,
