@@ -362,12 +362,12 @@ fn a_corrupt_or_foreign_snapshot_is_refused_and_the_log_serves() {
     let log = follower_log(&c, 2);
     assert!(
         log.contains(&format!(
-            "{newer:020}: file pages-1.img fails its checksum: not restored"
+            "snapshot {newer}: file pages-1.img is corrupt or truncated"
         )),
         "{log}"
     );
     assert!(
-        log.contains(&format!("{older:020} was taken with another")),
+        log.contains(&format!("snapshot {older}: it was taken with")),
         "{log}"
     );
     // Full replay into a fresh server, as without snapshots.

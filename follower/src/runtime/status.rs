@@ -26,6 +26,7 @@ impl Node {
             )
         };
         let persisted = self.store().last().seq;
+        let snap = *self.snapshot_state();
         // The leader's server consumed what it was handed itself.
         let applied = if role == Role::Leader {
             persisted
@@ -66,6 +67,13 @@ impl Node {
             failover_backlog,
             server_pid: self.region.preload_pid(),
             follower_pid: std::process::id() as u64,
+            snapshot: snap.newest,
+            oldest: self.store().oldest(),
+            snapshotting: snap.taking,
+            bytes_since_snapshot: self
+                .applied_bytes
+                .load(Ordering::Relaxed)
+                .saturating_sub(snap.bytes_at),
         }
     }
 
