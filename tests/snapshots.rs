@@ -458,3 +458,171 @@ fn a_restored_backup_leads_after_a_failover() {
     c.assert_same_digest();
     c.assert_no_divergence();
 }
+
+/// Bytes of node `id`'s log store: RocksDB's tables and write-ahead log,
+/// beside the snapshots directory.
+fn store_bytes(c: &TestCluster, id: u64) -> u64 {
+    std::fs::read_dir(c.config().node_data_dir(id))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.ends_with(".sst") || name.ends_with(".log")
+                })
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// A snapshot as node `id`'s follower log tells it: (seq, bytes, the
+/// milliseconds it took, when it completed in ms of the log's clock).
+fn snapshots_logged(c: &TestCluster, id: u64) -> Vec<(u64, u64, u64, u64)> {
+    follower_log(c, id)
+        .lines()
+        .filter(|l| l.contains(&format!("node {id}: snapshot at seq ")) && l.contains(" bytes in "))
+        .map(|l| {
+            // `[2026-11-25T01:42:10.809Z INFO …] node 2: snapshot at seq 552: 3008220 bytes in 120 ms; …`
+            let time = &l[1..l.find('Z').unwrap()];
+            let hms = &time[11..];
+            let mut parts = hms.split([':', '.']).map(|p| p.parse::<u64>().unwrap());
+            let (h, m, s, ms) = (
+                parts.next().unwrap(),
+                parts.next().unwrap(),
+                parts.next().unwrap(),
+                parts.next().unwrap(),
+            );
+            let done = ((h * 60 + m) * 60 + s) * 1000 + ms;
+            let rest = &l[l.find("snapshot at seq ").unwrap() + 16..];
+            let words: Vec<&str> = rest.split([' ', ':']).filter(|w| !w.is_empty()).collect();
+            (
+                words[0].parse().unwrap(),
+                words[1].parse().unwrap(),
+                words[4].parse().unwrap(),
+                done,
+            )
+        })
+        .collect()
+}
+
+/// The CRIU freeze times node `id`'s follower logged (ms).
+fn freeze_times(c: &TestCluster, id: u64) -> Vec<f64> {
+    follower_log(c, id)
+        .lines()
+        .filter_map(|l| {
+            let at = l.find("frozen ")? + 7;
+            l[at..].split(' ').next()?.parse().ok()
+        })
+        .collect()
+}
+
+#[test]
+fn backups_snapshot_by_themselves_in_turn_and_every_node_compacts_its_log() {
+    const EVERY: u64 = 2000;
+    let mut c = TestCluster::new(
+        "snappolicy",
+        Options {
+            extra: format!("snapshot_every = {{ entries = {EVERY}, bytes = 0 }}\n"),
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    let load = BackgroundLoad::start(c.app(1), 2);
+    // Under load until each backup snapshot twice by itself and each
+    // backup's log start moved up twice (a majority's snapshots covered
+    // it); the leader never snapshots (so it keeps its log: it could not
+    // rebuild its server without an image of its own), and the two backups
+    // never image their servers at once (checked below on the logged
+    // snapshots' spans).
+    let peak_store = std::cell::RefCell::new([0u64; 4]);
+    let firsts = std::cell::RefCell::new([0u64; 4]);
+    c.wait(
+        "both backups snapshot twice and every node compacts",
+        LIMIT * 3,
+        |c| {
+            let st: Vec<_> = (1..=3).map(|id| c.status(id).expect("status")).collect();
+            assert_eq!(st[0].role, "leader", "{}", c.logs());
+            assert!(
+                st[0].snapshot == 0 && !st[0].snapshotting,
+                "the leader snapshot\n{}",
+                c.logs()
+            );
+            let (mut peak, mut firsts) = (peak_store.borrow_mut(), firsts.borrow_mut());
+            for s in &st {
+                let i = s.node as usize;
+                peak[i] = peak[i].max(store_bytes(c, s.node));
+                if firsts[i] == 0 && s.oldest > 1 {
+                    firsts[i] = s.oldest;
+                }
+            }
+            let taken = |id: u64| snapshots_logged(c, id).len();
+            assert_eq!(
+                st[0].oldest,
+                1,
+                "the leader deleted log it cannot rebuild from\n{}",
+                c.logs()
+            );
+            taken(2) >= 2
+                && taken(3) >= 2
+                && st[1..]
+                    .iter()
+                    .all(|s| firsts[s.node as usize] > 1 && s.oldest > firsts[s.node as usize])
+        },
+    );
+    load.wait_more(&c, 1000, LIMIT);
+    load.stop();
+    // Once the load stops, each backup's log starts right after the
+    // majority's snapshot (the leader has none: the older of the two
+    // backups' newest), and no earlier.
+    c.wait(
+        "the backups' logs start after the majority's snapshot",
+        LIMIT,
+        |c| {
+            let st: Vec<_> = (1..=3).map(|id| c.status(id).expect("status")).collect();
+            let majority = st[1].snapshot.min(st[2].snapshot);
+            st[1..].iter().all(|s| s.oldest == majority + 1)
+        },
+    );
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+
+    let leader_log = follower_log(&c, 1);
+    assert!(!leader_log.contains("snapshot at seq"), "{leader_log}");
+    let (two, three) = (snapshots_logged(&c, 2), snapshots_logged(&c, 3));
+    for &(seq2, _, took2, done2) in &two {
+        for &(seq3, _, took3, done3) in &three {
+            let apart = done2 < done3.saturating_sub(took3) || done3 < done2.saturating_sub(took2);
+            assert!(
+                apart,
+                "node 2's snapshot at {seq2} and node 3's at {seq3} overlap\n{}",
+                c.logs()
+            );
+        }
+    }
+    for id in 1..=3 {
+        let s = c.status(id).unwrap();
+        let kept = s.persisted + 1 - s.oldest;
+        println!(
+            "node {id}: log {}..={} ({kept} entries kept of {}), store {} bytes at its peak, {} now",
+            s.oldest,
+            s.persisted,
+            s.persisted,
+            peak_store.borrow()[id as usize],
+            store_bytes(&c, id)
+        );
+        if id != 1 {
+            assert!(s.oldest > EVERY, "node {id}'s log starts at {}", s.oldest);
+        }
+    }
+    for id in [2, 3] {
+        for (seq, bytes, took, _) in snapshots_logged(&c, id) {
+            println!("node {id}: snapshot at seq {seq}: {bytes} bytes, {took} ms");
+        }
+        println!(
+            "node {id}: CRIU freeze times (ms): {:?}",
+            freeze_times(&c, id)
+        );
+    }
+}

@@ -18,13 +18,15 @@
 //!   backups instead let two start at once, one not yet seeing the other
 //!   due: the snapshot sim found it.)
 //! - [`compaction_point`]: once a majority holds a snapshot at ≥ S, every
-//!   node (the leader too, which takes none) deletes its entries ≤ S — but
-//!   never entries its own server has not applied, nor what a live peer
-//!   still needs to catch up by fetching entries (everything after that
-//!   peer's log end, or after its commit point: a view change probes and
-//!   fetches the log above a node's commit point). A dead node does not hold the log back: it installs
-//!   a snapshot when it comes back, as does a node whose own newest
-//!   snapshot is older than its compacted log's start when it restarts.
+//!   node deletes its entries ≤ S — but never entries its own server has
+//!   not applied, nor entries after its own newest snapshot (a restarted
+//!   node rebuilds its server from its own image and the log after it:
+//!   the leader, which takes none, keeps its log until it is a backup that
+//!   snapshot), nor what a live peer still needs to catch up by fetching
+//!   entries (everything after that peer's log end, or after its commit
+//!   point: a view change probes and fetches the log above a node's
+//!   commit point). A dead node does not hold the log back: it installs a
+//!   snapshot when it comes back.
 //! - [`install_source`]: a node whose log ends before the oldest entry a
 //!   peer keeps cannot catch up by entries: it installs a snapshot from an
 //!   up-to-date peer, a backup rather than the leader (the leader serves
@@ -119,7 +121,10 @@ pub fn compaction_point(me: u64, members: &[Member]) -> u64 {
     let Some(own) = members.iter().find(|m| m.node == me) else {
         return 0;
     };
-    let mut point = majority_snapshot(members).min(own.applied).min(own.last);
+    let mut point = majority_snapshot(members)
+        .min(own.applied)
+        .min(own.last)
+        .min(own.snapshot);
     for m in members.iter().filter(|m| m.live && m.node != me) {
         // A live peer fetches what follows its log's end from someone,
         // and a view change syncs its log above its commit point.
@@ -241,8 +246,14 @@ mod tests {
         assert_eq!(majority_snapshot(&c), 3000);
         assert_eq!(compaction_point(2, &c), 3000);
         assert_eq!(compaction_point(3, &c), 3000);
-        // The leader deletes as much, without a snapshot of its own.
-        assert_eq!(compaction_point(1, &c), 3000);
+        // The leader, without a snapshot of its own, keeps its log: it
+        // could not rebuild its server after a restart.
+        assert_eq!(compaction_point(1, &c), 0);
+        // Nor does a backup delete past its own newest snapshot.
+        c[2].snapshot = 3500;
+        assert_eq!(compaction_point(2, &c), 3500);
+        assert_eq!(compaction_point(3, &c), 3500);
+        c[2].snapshot = 3000;
         // A live node whose log ends at 2000 still fetches from 2001.
         c[0].last = 2000;
         assert_eq!(compaction_point(2, &c), 2000);

@@ -125,7 +125,10 @@ mod tests {
         let id = blake3::hash(b"#!/bin/sh\n").to_hex().to_string();
         assert_eq!(of_file(&p), Some(id));
         std::fs::write(&p, b"#!/bin/bash\n").unwrap();
-        assert_ne!(of_file(&p), Some(blake3::hash(b"#!/bin/sh\n").to_hex().to_string()));
+        assert_ne!(
+            of_file(&p),
+            Some(blake3::hash(b"#!/bin/sh\n").to_hex().to_string())
+        );
         std::fs::remove_file(&p).unwrap();
         assert_eq!(of_file(&p), None);
     }

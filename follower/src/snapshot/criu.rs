@@ -239,7 +239,8 @@ impl ServerImage for Criu {
         }
         let mut ids = Vec::new();
         for b in Self::binaries_of(pid)? {
-            let id = build_id::of_file(&b).with_context(|| format!("cannot read {}", b.display()))?;
+            let id =
+                build_id::of_file(&b).with_context(|| format!("cannot read {}", b.display()))?;
             ids.push((b.to_string_lossy().into_owned(), id));
         }
         let log = self.work.join("criu-dump.log");
@@ -330,9 +331,13 @@ impl ServerImage for Criu {
         let since = Instant::now();
         // Not this process's child: gone once /proc no longer shows it
         // running (a zombie waits for its parent, and holds nothing).
-        while std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|st| !st.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
-        {
+        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+            !st.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        }) {
             if since.elapsed() > std::time::Duration::from_secs(10) {
                 bail!("the server (pid {pid}) did not stop within 10 s");
             }
