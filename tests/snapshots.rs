@@ -517,16 +517,24 @@ fn freeze_times(c: &TestCluster, id: u64) -> Vec<f64> {
         .collect()
 }
 
-#[test]
-fn backups_snapshot_by_themselves_in_turn_and_every_node_compacts_its_log() {
-    const EVERY: u64 = 2000;
-    let mut c = TestCluster::new(
-        "snappolicy",
+/// Snapshots every this many entries in the tests of the rules.
+const EVERY: u64 = 2000;
+
+/// A three-node Redis cluster whose backups snapshot every [`EVERY`]
+/// entries.
+fn often_snapshotting(test: &str) -> TestCluster {
+    TestCluster::new(
+        test,
         Options {
             extra: format!("snapshot_every = {{ entries = {EVERY}, bytes = 0 }}\n"),
             ..Options::default()
         },
-    );
+    )
+}
+
+#[test]
+fn backups_snapshot_by_themselves_in_turn_and_every_node_compacts_its_log() {
+    let mut c = often_snapshotting("snappolicy");
     c.start_all();
     let load = BackgroundLoad::start(c.app(1), 2);
     // Under load until each backup snapshot twice by itself and each
@@ -625,4 +633,32 @@ fn backups_snapshot_by_themselves_in_turn_and_every_node_compacts_its_log() {
             freeze_times(&c, id)
         );
     }
+}
+
+#[test]
+fn a_fresh_node_joins_a_cluster_whose_backups_compacted_from_the_leaders_log() {
+    let mut c = often_snapshotting("snapjoin");
+    c.start_all();
+    let load = BackgroundLoad::start(c.app(1), 2);
+    c.wait("both backups compacted their logs", LIMIT * 3, |c| {
+        (2..=3).all(|id| c.status(id).is_ok_and(|s| s.oldest > EVERY))
+    });
+    // Node 3 comes back with an empty data dir while the leader serves.
+    c.kill_follower(3);
+    c.kill_server(3);
+    std::fs::remove_dir_all(c.config().node_data_dir(3)).unwrap();
+    c.start_follower(3);
+    c.start_server(3);
+    load.wait_more(&c, 2000, LIMIT);
+    load.stop();
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+    // Node 2's log no longer reaches seq 1: node 3 fetched the leader's,
+    // and installed nothing (see the README: a peer's image cannot
+    // rebuild another node's server yet).
+    assert!(c.status(2).unwrap().oldest > EVERY);
+    let log = follower_log(&c, 3);
+    assert!(log.contains("entries from node 1"), "{log}");
+    assert!(!log.contains("installed node"), "{log}");
 }

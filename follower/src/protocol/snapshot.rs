@@ -140,11 +140,14 @@ pub fn behind_compaction(last: u64, peer_oldest: u64) -> bool {
 }
 
 /// The peer node `me` installs a snapshot from when its log ends at
-/// `last` before what its peers keep (None: it need not, or no peer can
-/// give one that reaches past `last`).
+/// `last` before what the leader keeps (None: it need not — it fetches
+/// the entries from the leader —, no leader is known, or no peer can give
+/// one that reaches past `last`).
 pub fn install_source(me: u64, last: u64, members: &[Member]) -> Option<u64> {
     let peers = || members.iter().filter(|m| m.live && m.node != me);
-    if !peers().any(|m| behind_compaction(last, m.oldest)) {
+    // Entries come from the leader: while its log continues this node's,
+    // fetching them beats replacing the server.
+    if !peers().any(|m| m.leader && behind_compaction(last, m.oldest)) {
         return None;
     }
     peers()
@@ -291,7 +294,11 @@ mod tests {
             "the leader when no backup can"
         );
         // Not behind: entries will do.
-        let c = cluster(3);
+        let mut c = cluster(3);
+        assert_eq!(install_source(3, 100, &c), None);
+        // Behind a backup's log only: the leader's log serves.
+        c[1].snapshot = 3000;
+        c[1].oldest = 3001;
         assert_eq!(install_source(3, 100, &c), None);
     }
 
