@@ -50,19 +50,23 @@ impl Node {
         Ok(s)
     }
 
+    /// Node `peer`'s status, asked with `patience` for the connection and
+    /// the answer each.
+    pub(super) fn peer_status(&self, peer: u64, patience: Duration) -> anyhow::Result<NodeStatus> {
+        let mut s = self.control_connect(peer, patience)?;
+        s.set_read_timeout(Some(patience))?;
+        control::send_json(&mut s, &Request::Status)?;
+        match control::recv_json::<Response>(&mut s)? {
+            Response::Status(st) => Ok(st),
+            other => bail!("node {peer} answered {other:?}"),
+        }
+    }
+
     /// The statuses of the other nodes that answer within
     /// [`ROUND_CONNECT`], asked at once (the sentinel's check that the
     /// leader can commit; a dead or stopped peer only drops out).
     pub(crate) fn peer_statuses(&self) -> Vec<NodeStatus> {
-        let ask = |id: u64| -> anyhow::Result<NodeStatus> {
-            let mut s = self.control_connect(id, ROUND_CONNECT)?;
-            s.set_read_timeout(Some(ROUND_CONNECT))?;
-            control::send_json(&mut s, &Request::Status)?;
-            match control::recv_json::<Response>(&mut s)? {
-                Response::Status(st) => Ok(st),
-                other => bail!("unexpected answer {other:?}"),
-            }
-        };
+        let ask = |id: u64| self.peer_status(id, ROUND_CONNECT);
         std::thread::scope(|scope| {
             let asks: Vec<_> = self
                 .config

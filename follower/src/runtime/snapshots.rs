@@ -352,7 +352,7 @@ impl Node {
                 if id == self.me {
                     return member_of(&own);
                 }
-                match self.peer_status(id) {
+                match self.peer_status(id, STATUS_TIMEOUT) {
                     Ok(st) => member_of(&st),
                     Err(e) => {
                         log::debug!("node {}: status of node {id}: {e:#}", self.me);
@@ -364,16 +364,6 @@ impl Node {
                 }
             })
             .collect()
-    }
-
-    fn peer_status(&self, peer: u64) -> anyhow::Result<NodeStatus> {
-        let mut s = self.control_connect(peer, STATUS_TIMEOUT)?;
-        s.set_read_timeout(Some(STATUS_TIMEOUT))?;
-        control::send_json(&mut s, &Request::Status)?;
-        match control::recv_json::<Response>(&mut s)? {
-            Response::Status(st) => Ok(st),
-            other => bail!("node {peer} answered {other:?}"),
-        }
     }
 
     /// Deletes the log up to what the rules allow.
