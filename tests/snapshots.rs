@@ -662,3 +662,33 @@ fn a_fresh_node_joins_a_cluster_whose_backups_compacted_from_the_leaders_log() {
     assert!(log.contains("entries from node 1"), "{log}");
     assert!(!log.contains("installed node"), "{log}");
 }
+
+#[test]
+fn with_snapshot_off_nothing_is_taken_or_deleted() {
+    let mut c = TestCluster::new(
+        "snapoff",
+        Options {
+            extra: format!("snapshot = \"off\"\nsnapshot_every = {{ entries = {EVERY} }}\n"),
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    let load = BackgroundLoad::start(c.app(1), 2);
+    load.wait_more(&c, 3 * EVERY, LIMIT);
+    load.stop();
+    c.wait_converged(LIMIT);
+    let asked = lockstep_common::control::take_snapshot(&c.config(), 2, LIMIT);
+    let why = asked.expect_err("a snapshot with snapshot = \"off\"");
+    assert!(why.to_string().contains("snapshot = \"off\""), "{why}");
+    for id in 1..=3 {
+        let s = c.status(id).unwrap();
+        assert!(s.persisted > 3 * EVERY, "node {id}: {s:?}");
+        assert_eq!((s.snapshot, s.oldest), (0, 1), "node {id}: {s:?}");
+    }
+    for id in 2..=3 {
+        let dir = c.config().node_data_dir(id).join("snapshots");
+        let taken = std::fs::read_dir(&dir).map(|rd| rd.count()).unwrap_or(0);
+        assert_eq!(taken, 0, "node {id} wrote into {}", dir.display());
+    }
+    c.assert_same_digest();
+}

@@ -160,6 +160,12 @@ impl Node {
             .as_ref()
             .ok()
             .and_then(|image| snapshots::restore_newest(image.as_ref(), &catalog, &store, server));
+        if restored_at.is_none() && store.oldest() > 1 {
+            bail!(
+                "the log of node {me} starts at seq {} (the entries below were compacted under a snapshot), and no usable snapshot of this node reaches it: it cannot rebuild its server (see the lines above)",
+                store.oldest()
+            );
+        }
         let region_server = RegionServer::new(region.clone());
         let (outbox, outbox_rx) = mpsc::channel();
         let node = Arc::new(Node {
