@@ -39,9 +39,9 @@ fn follower_killed_mid_load_restarts_with_fresh_server_and_converges() {
     assert_converged_exactly(&c, &acked, CONVERGE);
 }
 
-#[test]
-fn follower_down_at_start_joins_later_and_converges() {
-    let mut c = TestCluster::new("late", Options::default());
+/// A cluster whose nodes 1 and 2 run (node 1 leads); node 3 is not started.
+fn without_node_3(name: &str) -> TestCluster {
+    let mut c = TestCluster::new(name, Options::default());
     for id in [1, 2] {
         c.start_follower(id);
     }
@@ -49,12 +49,46 @@ fn follower_down_at_start_joins_later_and_converges() {
         c.start_server(id);
     }
     c.wait_leader(1);
+    c
+}
+
+#[test]
+fn follower_down_at_start_joins_later_and_converges() {
+    let mut c = without_node_3("late");
     redis_mixed_workload(c.app(1), 4, 200);
     c.start_follower(3);
     c.start_server(3);
     redis_mixed_workload(c.app(1), 2, 50);
     c.wait_converged(CONVERGE);
     c.assert_same_digest();
+}
+
+#[test]
+fn a_late_node_fetches_a_long_log_in_chunks_and_converges() {
+    let mut c = without_node_3("chunks");
+    // More entries than one chunk holds (1024), and more bytes (4 MiB).
+    let mut r = Resp::connect(c.app(1)).unwrap();
+    let value = vec![b'v'; 2048];
+    for i in 0..3000 {
+        r.cmd(&[b"SET", format!("k:{i}").as_bytes(), &value])
+            .unwrap();
+    }
+    c.start_follower(3);
+    c.start_server(3);
+    c.wait_converged(CONVERGE);
+    c.assert_same_digest();
+    let log = std::fs::read_to_string(c.dir.join("follower-3.log")).unwrap();
+    let chunks: u64 = log
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("entries from node 1 in ").nth(1)?;
+            rest.split(' ').next()?.parse::<u64>().ok()
+        })
+        .sum();
+    assert!(
+        chunks >= 3,
+        "node 3 fetched its log in {chunks} chunks (expected at least 3):\n{log}"
+    );
 }
 
 #[test]
@@ -83,7 +117,7 @@ fn follower_a_ring_lap_behind_catches_up_from_a_peer() {
     c.assert_same_digest();
     let log = std::fs::read_to_string(c.dir.join("follower-3.log")).unwrap();
     assert!(
-        log.contains("lap behind") || log.contains("caught up"),
+        log.contains("lap behind") || log.contains("fetched"),
         "node 3 never caught up:\n{log}"
     );
 }

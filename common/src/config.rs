@@ -115,6 +115,74 @@ impl Protocol {
     }
 }
 
+/// Whether backups take snapshots of their server (`snapshot`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotMode {
+    /// Process images (default where the machine supports them): the log
+    /// below a snapshot a majority holds is deleted, a restarted node
+    /// replays only the entries after its newest snapshot.
+    Process,
+    /// None: the log is kept whole and replayed whole.
+    Off,
+}
+
+/// How much log between two snapshots (`snapshot_every`): a snapshot is
+/// due once either measure is reached (0: that measure is off).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotEvery {
+    /// Entries since the newest snapshot.
+    pub entries: u64,
+    /// Bytes of encoded entries since the newest snapshot.
+    pub bytes: u64,
+}
+
+/// Restart replay runs about 300k entries/s (`lockstep bench follower`):
+/// a snapshot every 250k entries keeps the replay of a restart under a
+/// second.
+pub const DEFAULT_SNAPSHOT_EVERY: SnapshotEvery = SnapshotEvery {
+    entries: 250_000,
+    bytes: 256 << 20,
+};
+/// Fewer entries than this between snapshots would spend the backups'
+/// time imaging their server rather than applying.
+pub const MIN_SNAPSHOT_ENTRIES: u64 = 1000;
+/// The smallest byte measure between snapshots.
+pub const MIN_SNAPSHOT_BYTES: u64 = 1 << 20;
+
+#[derive(Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSnapshotEvery {
+    #[serde(default)]
+    entries: Option<u64>,
+    #[serde(default)]
+    bytes: Option<Size>,
+}
+
+/// Checks `snapshot_every`: each measure 0 (off) or at least its minimum,
+/// not both off; absent keys take the defaults.
+fn check_snapshot_every(entries: Option<u64>, bytes: Option<u64>) -> Result<SnapshotEvery, String> {
+    let entries = entries.unwrap_or(DEFAULT_SNAPSHOT_EVERY.entries);
+    let bytes = bytes.unwrap_or(DEFAULT_SNAPSHOT_EVERY.bytes);
+    if entries != 0 && entries < MIN_SNAPSHOT_ENTRIES {
+        return Err(format!(
+            "snapshot_every.entries: {entries} is below {MIN_SNAPSHOT_ENTRIES} (0 turns the entry measure off)"
+        ));
+    }
+    if bytes != 0 && bytes < MIN_SNAPSHOT_BYTES {
+        return Err(format!(
+            "snapshot_every.bytes: {bytes} bytes is below 1MiB (0 turns the byte measure off)"
+        ));
+    }
+    if entries == 0 && bytes == 0 {
+        return Err(
+            "snapshot_every: entries and bytes are both 0, so no snapshot would ever be due (use snapshot = \"off\" for that)"
+                .into(),
+        );
+    }
+    Ok(SnapshotEvery { entries, bytes })
+}
+
 /// How the leader is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -207,6 +275,10 @@ struct RawConfig {
     commit: CommitMode,
     #[serde(default = "default_max_apply_lag")]
     max_apply_lag: u64,
+    #[serde(default = "default_snapshot")]
+    snapshot: SnapshotMode,
+    #[serde(default)]
+    snapshot_every: RawSnapshotEvery,
     #[serde(default)]
     key: Option<String>,
     #[serde(default)]
@@ -239,6 +311,9 @@ fn default_commit() -> CommitMode {
 pub const DEFAULT_MAX_APPLY_LAG: u64 = 50_000;
 fn default_max_apply_lag() -> u64 {
     DEFAULT_MAX_APPLY_LAG
+}
+fn default_snapshot() -> SnapshotMode {
+    SnapshotMode::Process
 }
 
 /// A byte size: an integer or a string like "64MiB".
@@ -423,6 +498,10 @@ pub struct Config {
     /// How many committed entries the best-applied majority of backups may
     /// be behind before the leader waits (0: no bound).
     pub max_apply_lag: u64,
+    /// Whether backups take snapshots of their server.
+    pub snapshot: SnapshotMode,
+    /// How much log between two snapshots.
+    pub snapshot_every: SnapshotEvery,
     /// The configured cluster key (`key` or `key_file`), required by the
     /// tcp and rdma transports. None: the key lives in
     /// [`KEY_FILE`] under `data_dir` (one host). Handshakes take the key
@@ -798,6 +877,9 @@ impl Config {
                 SESSION_TIMEOUT_MS.end()
             ));
         }
+        let every = raw.snapshot_every;
+        let snapshot_every =
+            check_snapshot_every(every.entries, every.bytes.map(|b| b.0)).map_err(ConfigError)?;
         Ok(Config {
             cluster: raw.cluster,
             transport: raw.transport,
@@ -809,6 +891,8 @@ impl Config {
             protocol: raw.protocol,
             commit: raw.commit,
             max_apply_lag: raw.max_apply_lag,
+            snapshot: raw.snapshot,
+            snapshot_every,
             key,
             server: raw.server,
             election: raw.election,
@@ -1136,6 +1220,46 @@ leader = 1
         assert_eq!(again.cluster_key().unwrap(), keys[0]);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(again.cluster_key().unwrap(), keys[0]);
+    }
+
+    #[test]
+    fn snapshot_settings_default_on_and_bad_values_name_the_field() {
+        let c = Config::parse(&GOOD).unwrap();
+        assert_eq!(c.snapshot, SnapshotMode::Process);
+        assert_eq!(c.snapshot_every, DEFAULT_SNAPSHOT_EVERY);
+        let with = |lines: &str| Config::parse(&format!("{lines}\n{}", *GOOD));
+        let c = with("snapshot = \"off\"\nsnapshot_every = { bytes = \"64MiB\" }").unwrap();
+        assert_eq!(c.snapshot, SnapshotMode::Off);
+        assert_eq!(
+            c.snapshot_every,
+            SnapshotEvery {
+                entries: DEFAULT_SNAPSHOT_EVERY.entries,
+                bytes: 64 << 20
+            }
+        );
+        let c = with("snapshot_every = { entries = 0, bytes = \"2MiB\" }").unwrap();
+        assert_eq!(c.snapshot_every.entries, 0);
+        for (lines, want) in [
+            ("snapshot = \"criu\"", "snapshot"),
+            (
+                "snapshot_every = { entries = 10 }",
+                "snapshot_every.entries: 10 is below 1000",
+            ),
+            (
+                "snapshot_every = { bytes = 4096 }",
+                "snapshot_every.bytes: 4096 bytes is below 1MiB",
+            ),
+            (
+                "snapshot_every = { entries = 0, bytes = 0 }",
+                "entries and bytes are both 0",
+            ),
+            ("snapshot_every = { entry = 5000 }", "unknown field `entry`"),
+            ("snapshot_every = { bytes = \"9XB\" }", "unknown size unit"),
+        ] {
+            let e = with(lines).unwrap_err().0;
+            assert!(e.contains(want), "{lines}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

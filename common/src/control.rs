@@ -5,7 +5,9 @@
 //! Frame: `len u32 LE | tag u8 | body`. Tag `J`: a JSON [`Request`] or
 //! [`Response`]. Tag `E`: a batch of log entries, each
 //! `seq u64 | pos u64 | len u32 | bytes`, answering a `Fetch`; an empty
-//! batch ends the answer.
+//! batch ends the answer. Tag `S`: one piece of a snapshot's file,
+//! `blake3 (32) | bytes`, answering a `SnapshotChunk`
+//! ([`send_snapshot_chunk`], [`recv_snapshot_chunk`] checks the sum).
 
 use std::io::{self, Read, Write};
 
@@ -25,6 +27,21 @@ pub enum Request {
         from: u64,
         /// Last seq wanted (0: all).
         to: u64,
+    },
+    /// The newest complete snapshot (answered by `SnapshotMeta`).
+    SnapshotMeta,
+    /// Bytes `offset..offset + len` of file `file` of the snapshot at
+    /// `seq` (answered by one tag `S` frame, at most
+    /// [`SNAPSHOT_CHUNK`] bytes, fewer at the file's end).
+    SnapshotChunk {
+        /// The snapshot's seq.
+        seq: u64,
+        /// The file's name in it.
+        file: String,
+        /// Where the piece starts.
+        offset: u64,
+        /// How many bytes.
+        len: u32,
     },
     /// View change, phase 1: fence every view below `view` and report the
     /// log (answered by `Promise`).
@@ -98,6 +115,19 @@ pub struct NodeStatus {
     /// the commit point moving, in ms (0: nothing waits; backups: 0).
     #[serde(default)]
     pub commit_wait_ms: u64,
+    /// Seq of its newest complete snapshot (0: none).
+    #[serde(default)]
+    pub snapshot: u64,
+    /// The first seq its log still holds (entries below were compacted;
+    /// 0 or 1: the whole log).
+    #[serde(default)]
+    pub oldest: u64,
+    /// It is imaging its server now.
+    #[serde(default)]
+    pub snapshotting: bool,
+    /// Bytes of log its server applied since its newest snapshot.
+    #[serde(default)]
+    pub bytes_since_snapshot: u64,
 }
 
 /// What a node reports when it fences the views below a candidate's.
@@ -133,6 +163,9 @@ pub enum Response {
         /// Last stored seq.
         last: u64,
     },
+    /// Answer to `SnapshotMeta`: the newest complete snapshot's seq and
+    /// its `meta.json` text (None: this node has none).
+    SnapshotMeta(Option<(u64, String)>),
     /// Answer to `Prepare` or `NewView` of an older view: this node
     /// promised view `promised` already. A candidate tries a view above
     /// it next (a promised view that never starts must not stall the
@@ -329,6 +362,52 @@ pub fn recv_entries(r: &mut impl Read) -> io::Result<Vec<FetchedEntry>> {
     Ok(out)
 }
 
+/// Largest piece of a snapshot's file one `SnapshotChunk` answers.
+pub const SNAPSHOT_CHUNK: u32 = 1 << 20;
+
+/// Sends one piece of a snapshot's file with its BLAKE3 sum (tag `S`).
+pub fn send_snapshot_chunk(w: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
+    if bytes.len() > SNAPSHOT_CHUNK as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a snapshot chunk of {} bytes is above {SNAPSHOT_CHUNK}",
+                bytes.len()
+            ),
+        ));
+    }
+    let mut body = Vec::with_capacity(32 + bytes.len());
+    body.extend_from_slice(blake3::hash(bytes).as_bytes());
+    body.extend_from_slice(bytes);
+    write_frame(w, b'S', &body)
+}
+
+/// Receives one piece of a snapshot's file; an error when its BLAKE3 sum
+/// does not match (corrupted on the way) or it is longer than
+/// [`SNAPSHOT_CHUNK`].
+pub fn recv_snapshot_chunk(r: &mut impl Read) -> io::Result<Vec<u8>> {
+    let (tag, mut body) = read_frame(r)?;
+    if tag != b'S' {
+        if tag == b'J' {
+            if let Ok(Response::Error(e)) = serde_json::from_slice::<Response>(&body) {
+                return Err(io::Error::other(e));
+            }
+        }
+        return Err(bad(format!("expected a snapshot chunk, got tag {tag}")));
+    }
+    if body.len() < 32 || body.len() - 32 > SNAPSHOT_CHUNK as usize {
+        return Err(bad(format!("snapshot chunk frame of {} bytes", body.len())));
+    }
+    let data = body.split_off(32);
+    if blake3::hash(&data).as_bytes()[..] != body[..] {
+        return Err(bad(format!(
+            "snapshot chunk of {} bytes fails its checksum",
+            data.len()
+        )));
+    }
+    Ok(data)
+}
+
 /// Asks node `id`'s follower for its status over the control channel
 /// (as a CLI client, node 0, proving [`crate::Config::existing_cluster_key`]:
 /// whoever can read the key may ask); `timeout` bounds the connect and the answer.
@@ -490,6 +569,25 @@ mod tests {
             .unwrap_err();
             assert!(e.contains("not a place for an entry"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_snapshot_chunk_carries_its_checksum_and_a_flipped_bit_is_refused() {
+        let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        let mut buf = Vec::new();
+        send_snapshot_chunk(&mut buf, &data).unwrap();
+        assert_eq!(recv_snapshot_chunk(&mut &buf[..]).unwrap(), data);
+        let last = buf.len() - 1;
+        buf[last] ^= 1;
+        let e = recv_snapshot_chunk(&mut &buf[..]).unwrap_err().to_string();
+        assert!(e.contains("fails its checksum"), "{e}");
+        // A refusal in its place reads as that refusal.
+        let mut buf = Vec::new();
+        send_json(&mut buf, &Response::Error("no snapshot 9".into())).unwrap();
+        let e = recv_snapshot_chunk(&mut &buf[..]).unwrap_err().to_string();
+        assert_eq!(e, "no snapshot 9");
+        let big = vec![0; SNAPSHOT_CHUNK as usize + 1];
+        assert!(send_snapshot_chunk(&mut Vec::new(), &big).is_err());
     }
 
     #[test]

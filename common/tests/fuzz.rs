@@ -415,9 +415,16 @@ fn fuzz_tcp_frames() {
 }
 
 fn arb_request(rng: &mut Rng) -> Request {
-    match rng.below(5) {
+    match rng.below(7) {
         0 => Request::Status,
-        4 => Request::Snapshot,
+        6 => Request::Snapshot,
+        4 => Request::SnapshotMeta,
+        5 => Request::SnapshotChunk {
+            seq: rng.edgy(),
+            file: ["pages-1.img", "", "../x", "\u{0}"][rng.below(4) as usize].into(),
+            offset: rng.edgy(),
+            len: rng.edgy() as u32,
+        },
         1 => Request::Fetch {
             from: rng.edgy(),
             to: rng.edgy(),
@@ -435,15 +442,19 @@ fn arb_request(rng: &mut Rng) -> Request {
 }
 
 fn arb_response(rng: &mut Rng) -> Response {
-    match rng.below(7) {
-        6 => Response::Snapshot { seq: rng.edgy() },
+    match rng.below(8) {
+        7 => Response::Snapshot { seq: rng.edgy() },
         0 => Response::Status(NodeStatus {
             node: rng.edgy(),
             view: rng.edgy(),
             role: "backup".into(),
             stale_reason: rng.chance(2).then(|| "its server exited".into()),
+            snapshot: rng.edgy(),
+            oldest: rng.edgy(),
+            snapshotting: rng.chance(2),
             ..NodeStatus::default()
         }),
+        6 => Response::SnapshotMeta(rng.chance(2).then(|| (rng.edgy(), "{\"files\":[]}".into()))),
         1 => Response::Entries,
         2 => Response::Error("refused: candidate 9".into()),
         3 => Response::Promise(Promise {
@@ -467,7 +478,11 @@ fn fuzz_control_messages() {
         let mut stream = Vec::new();
         for _ in 0..1 + rng.below(4) {
             let mut frame = Vec::new();
-            match rng.below(4) {
+            match rng.below(5) {
+                4 => {
+                    let n = rng.below(3000) as usize;
+                    control::send_snapshot_chunk(&mut frame, &rng.bytes(n)).unwrap()
+                }
                 0 => control::send_json(&mut frame, &arb_request(rng)).unwrap(),
                 1 => control::send_json(&mut frame, &arb_response(rng)).unwrap(),
                 2 => {
@@ -501,7 +516,10 @@ fn fuzz_control_messages() {
         let (_, largest) = largest_allocation(|| {
             let mut r = &stream[..];
             for _ in 0..8 {
-                let ok = match rng.below(4) {
+                let ok = match rng.below(5) {
+                    4 => control::recv_snapshot_chunk(&mut r)
+                        .map(|d| assert!(d.len() <= control::SNAPSHOT_CHUNK as usize))
+                        .is_ok(),
                     0 => control::recv_json::<Request>(&mut r).is_ok(),
                     1 => control::recv_json::<Response>(&mut r).is_ok(),
                     2 => control::recv_entries(&mut r)

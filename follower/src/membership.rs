@@ -88,7 +88,9 @@ pub fn admit(members: &[u64], me: u64, peer: u64, req: &Request) -> Result<(), R
     let (role, id) = match req {
         // Operators' requests (the cluster key is proven already).
         Request::Status | Request::Snapshot => return Ok(()),
-        Request::Fetch { .. } => return admit_peer(members, me, peer),
+        Request::Fetch { .. } | Request::SnapshotMeta | Request::SnapshotChunk { .. } => {
+            return admit_peer(members, me, peer)
+        }
         Request::Prepare { candidate, .. } => ("candidate", *candidate),
         Request::NewView { leader, .. } => ("leader", *leader),
     };
@@ -127,6 +129,10 @@ pub fn describe(req: &Request) -> String {
         Request::Status => "Status".into(),
         Request::Snapshot => "Snapshot".into(),
         Request::Fetch { from, to } => format!("Fetch {from}..={to}"),
+        Request::SnapshotMeta => "SnapshotMeta".into(),
+        Request::SnapshotChunk {
+            seq, file, offset, ..
+        } => format!("SnapshotChunk {seq} {file:?} at {offset}"),
         Request::Prepare { view, candidate } => {
             format!("Prepare of view {view} for candidate {candidate}")
         }

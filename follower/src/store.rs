@@ -5,6 +5,12 @@
 //! A stored value is the entry's ring position (u64 LE) followed by the
 //! encoded entry, so a node that catches up from a peer knows where the
 //! next entry starts in the ring.
+//!
+//! The log may start after seq 1: entries a snapshot covers are deleted
+//! ([`LogStore::compact_through`]), and a node that installed a peer's
+//! snapshot starts its log after it ([`LogStore::restart_after`]). The
+//! meta key `base` then names the entry just before the oldest one kept
+//! (seq, view, ring end), which is the log's end while nothing follows.
 
 use std::path::Path;
 
@@ -17,6 +23,7 @@ const K_VIEW: &[u8] = b"view";
 const K_COMMIT: &[u8] = b"commit";
 const K_APPLIED: &[u8] = b"applied";
 const K_LOG_VIEW: &[u8] = b"log_view";
+const K_BASE: &[u8] = b"base";
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +90,7 @@ pub struct LogStore {
     db: DB,
     sync: bool,
     last: LogEnd,
+    base: LogEnd,
 }
 
 fn key(seq: u64) -> [u8; 8] {
@@ -111,15 +119,44 @@ impl LogStore {
             db,
             sync: durability == Durability::Fsync,
             last: LogEnd::default(),
+            base: LogEnd::default(),
         };
+        store.base = store.read_base()?;
         store.last = store.scan_last()?;
         Ok(store)
+    }
+
+    fn read_base(&self) -> Result<LogEnd, StoreError> {
+        let cf = self.db.cf_handle(META).expect("meta column family");
+        let Some(v) = self.db.get_cf(cf, K_BASE)? else {
+            return Ok(LogEnd::default());
+        };
+        let word = |i: usize| {
+            v.get(i * 8..i * 8 + 8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes)
+        };
+        match (word(0), word(1), word(2)) {
+            (Some(seq), Some(view), Some(end_pos)) => Ok(LogEnd { seq, view, end_pos }),
+            _ => Err(StoreError::Corrupt {
+                seq: 0,
+                what: "bad base record".into(),
+            }),
+        }
+    }
+
+    fn base_value(base: LogEnd) -> [u8; 24] {
+        let mut v = [0u8; 24];
+        v[..8].copy_from_slice(&base.seq.to_le_bytes());
+        v[8..16].copy_from_slice(&base.view.to_le_bytes());
+        v[16..].copy_from_slice(&base.end_pos.to_le_bytes());
+        v
     }
 
     fn scan_last(&self) -> Result<LogEnd, StoreError> {
         let mut it = self.db.iterator(IteratorMode::End);
         match it.next() {
-            None => Ok(LogEnd::default()),
+            None => Ok(self.base),
             Some(kv) => {
                 let (k, v) = kv?;
                 let seq =
@@ -153,9 +190,78 @@ impl LogStore {
         Ok(StoredEntry { pos, bytes })
     }
 
-    /// Identity of the last stored entry.
+    /// Identity of the last stored entry (the base while the log is
+    /// empty after a compaction or a snapshot install).
     pub fn last(&self) -> LogEnd {
         self.last
+    }
+
+    /// The first seq the log holds (or would hold next, when empty):
+    /// entries below it were compacted or never stored.
+    pub fn oldest(&self) -> u64 {
+        self.base.seq + 1
+    }
+
+    /// Deletes every entry up to `seq` (a snapshot a majority holds covers
+    /// them; see `protocol::snapshot::compaction_point`): one range delete
+    /// with the new base and a commit point at least `seq` (compacted
+    /// entries were committed: a restart must not probe or cut below
+    /// them), synced, then a compaction of the deleted range so the disk
+    /// space comes back. Nothing past the log's end; already compacted
+    /// seqs are a no-op. Returns the entries' count deleted.
+    pub fn compact_through(&mut self, seq: u64) -> Result<u64, StoreError> {
+        let seq = seq.min(self.last.seq);
+        if seq <= self.base.seq {
+            return Ok(0);
+        }
+        let base = if seq == self.last.seq {
+            self.last
+        } else {
+            let e = self.get(seq)?.ok_or(StoreError::Corrupt {
+                seq,
+                what: "missing below the log's end".into(),
+            })?;
+            LogEnd {
+                seq,
+                view: e.header().view,
+                end_pos: e.end(),
+            }
+        };
+        let deleted = seq - self.base.seq;
+        let cf = self.db.cf_handle(META).expect("meta column family");
+        let mut batch = WriteBatch::default();
+        batch.delete_range(key(0), key(seq + 1));
+        batch.put_cf(cf, K_BASE, Self::base_value(base));
+        batch.put_cf(cf, K_COMMIT, self.commit()?.max(seq).to_le_bytes());
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db.write_opt(batch, &wo)?;
+        self.base = base;
+        if self.last.seq == seq {
+            self.last = base;
+        }
+        self.db.compact_range(None::<&[u8]>, Some(&key(seq + 1)));
+        Ok(deleted)
+    }
+
+    /// Makes the log start after `base` (a peer's snapshot at `base.seq`
+    /// was installed): every stored entry goes, the next append is
+    /// `base.seq + 1`, the commit point is at least `base.seq`. One synced
+    /// write.
+    pub fn restart_after(&mut self, base: LogEnd) -> Result<(), StoreError> {
+        let cf = self.db.cf_handle(META).expect("meta column family");
+        let mut batch = WriteBatch::default();
+        batch.delete_range(key(0), key(u64::MAX));
+        batch.delete(key(u64::MAX));
+        batch.put_cf(cf, K_BASE, Self::base_value(base));
+        batch.put_cf(cf, K_COMMIT, self.commit()?.max(base.seq).to_le_bytes());
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db.write_opt(batch, &wo)?;
+        self.base = base;
+        self.last = base;
+        self.db.compact_range(None::<&[u8]>, None::<&[u8]>);
+        Ok(())
     }
 
     /// Appends entries `(pos, encoded bytes)` that must continue the log
@@ -205,24 +311,48 @@ impl LogStore {
 
     /// Up to `max` entries starting at `from`, in order.
     pub fn range(&self, from: u64, max: usize) -> Result<Vec<(u64, StoredEntry)>, StoreError> {
+        self.chunk(from, max, usize::MAX)
+    }
+
+    /// Up to `max` entries starting at `from`, in order, stopping after
+    /// the entry that reaches `max_bytes` of encoded entries (at least
+    /// one entry, whatever its size): one chunk of a fetch's answer.
+    pub fn chunk(
+        &self,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, StoredEntry)>, StoreError> {
         let mut out = Vec::new();
+        let mut bytes = 0;
         let start = key(from);
         for kv in self
             .db
             .iterator(IteratorMode::From(&start, rocksdb::Direction::Forward))
         {
-            if out.len() >= max {
+            if out.len() >= max || bytes >= max_bytes {
                 break;
             }
             let (k, v) = kv?;
             let seq = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
-            out.push((seq, Self::decode_value(seq, &v)?));
+            let e = Self::decode_value(seq, &v)?;
+            bytes += e.bytes.len();
+            out.push((seq, e));
         }
         Ok(out)
     }
 
     /// Removes every entry after `seq` (uncommitted tail of an old view).
+    /// Never below the base: compacted entries were committed, and the
+    /// entries after them are fetched again rather than left as a gap.
     pub fn truncate_after(&mut self, seq: u64) -> Result<(), StoreError> {
+        if seq < self.base.seq {
+            log::error!(
+                "asked to cut the log after seq {seq}, below its compacted start {}: cutting after {0} instead",
+                self.base.seq
+            );
+        }
+        let seq = seq.max(self.base.seq);
         if seq >= self.last.seq {
             return Ok(());
         }
@@ -361,6 +491,92 @@ mod tests {
         assert!(s.get(4).unwrap().is_none());
         s.append(&[(384, &e(4, 2, b"new"))]).unwrap();
         assert_eq!(s.get(4).unwrap().unwrap().header().view, 2);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn append_n(s: &mut LogStore, from: u64, to: u64, payload: &[u8]) {
+        let es: Vec<Vec<u8>> = (from..=to).map(|i| e(i, 1, payload)).collect();
+        let mut pos = s.last().end_pos;
+        let mut refs = Vec::new();
+        for b in &es {
+            refs.push((pos, b.as_slice()));
+            pos += b.len() as u64;
+        }
+        s.append(&refs).unwrap();
+    }
+
+    fn disk_bytes(dir: &std::path::Path) -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+            .sum()
+    }
+
+    #[test]
+    fn compaction_deletes_the_prefix_frees_the_disk_and_survives_a_reopen() {
+        let d = tmpdir("compact");
+        // Incompressible, as RocksDB compresses what repeats.
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let payload: Vec<u8> = (0..4000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let mut s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+        append_n(&mut s, 1, 3000, &payload);
+        s.flush().unwrap();
+        s.db.flush().unwrap();
+        let before = disk_bytes(&d);
+        assert!(before > 3000 * 4000, "{before}");
+        let end_2000 = s.get(2000).unwrap().unwrap().end();
+        assert_eq!(s.compact_through(2000).unwrap(), 2000);
+        assert_eq!(s.oldest(), 2001);
+        assert!(s.get(2000).unwrap().is_none());
+        assert_eq!(s.range(1, 10).unwrap()[0].0, 2001);
+        assert!(s.commit().unwrap() >= 2000);
+        let after = disk_bytes(&d);
+        assert!(after < before / 2, "{after} of {before} bytes left");
+        // A cut below the base keeps the base; appends go on after the end.
+        s.truncate_after(10).unwrap();
+        assert_eq!(s.last().seq, 2000);
+        assert_eq!(s.last().end_pos, end_2000);
+        append_n(&mut s, 2001, 2002, b"x");
+        drop(s);
+        let s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+        assert_eq!(s.oldest(), 2001);
+        assert_eq!(s.last().seq, 2002);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_log_restarted_after_an_installed_snapshot_appends_from_there() {
+        let d = tmpdir("restart");
+        let mut s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+        append_n(&mut s, 1, 5, b"old");
+        let base = LogEnd {
+            seq: 900,
+            view: 3,
+            end_pos: 4096,
+        };
+        s.restart_after(base).unwrap();
+        assert_eq!(s.last(), base);
+        assert_eq!(s.oldest(), 901);
+        assert!(s.get(3).unwrap().is_none());
+        assert!(matches!(
+            s.append(&[(0, &e(6, 1, b""))]),
+            Err(StoreError::Gap { got: 6, last: 900 })
+        ));
+        append_n(&mut s, 901, 902, b"new");
+        drop(s);
+        let s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+        assert_eq!(s.last().seq, 902);
+        assert_eq!(s.oldest(), 901);
+        assert!(s.commit().unwrap() >= 900);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

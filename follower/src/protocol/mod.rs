@@ -24,6 +24,8 @@
 //!   serving (only once a majority stops acknowledging).
 //! - [`trim`]: how much of the adopted log a new view keeps.
 //! - [`stale`]: when a node's server no longer matches the log.
+//! - [`snapshot`]: who images its server next, how much log every node
+//!   deletes, when a node installs a peer's snapshot.
 //! - [`replica`]: [`Replica`], which ties them together.
 //!
 //! # State a replica keeps
@@ -62,6 +64,7 @@ pub mod commit;
 pub mod fence;
 pub mod replica;
 pub mod session;
+pub mod snapshot;
 pub mod stale;
 pub mod sync;
 pub mod trim;
@@ -153,9 +156,18 @@ pub enum Message {
         /// Last seq wanted (0: all).
         to: u64,
     },
-    /// The answer to `Fetch`: the entries, in order (the caller keeps
-    /// their bytes and stores them on [`Action::Persist`]).
-    Entries(Vec<EntryMeta>),
+    /// One chunk of the answer to `Fetch`, in order: the entries that
+    /// follow the previous chunk's (the caller keeps their bytes and
+    /// stores them on [`Action::Persist`]). A fetch is answered by chunks
+    /// of bounded size, each stored as it arrives (see [`catchup`]), never
+    /// by the whole range at once.
+    Entries {
+        /// The chunk's entries (may be empty).
+        entries: Vec<EntryMeta>,
+        /// Whether more chunks of this answer follow; the last chunk says
+        /// false (a broken stream ends in [`Event::Unanswered`] instead).
+        more: bool,
+    },
 }
 
 /// The ZooKeeper session, as the election sees it.

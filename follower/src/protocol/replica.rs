@@ -84,7 +84,12 @@ enum CandPhase {
 #[derive(Clone, Debug)]
 enum Sync {
     Probing(PrefixSearch),
-    Fetching { cut: u64 },
+    /// The log was cut after `cut`; the source's entries after it come in
+    /// chunks, each stored as it arrives: the log now ends at `got`.
+    Fetching {
+        cut: u64,
+        got: u64,
+    },
 }
 
 /// This node syncing with a new leader (a `NewView`, or a late join).
@@ -103,7 +108,10 @@ enum Job {
     CatchUp {
         plan: Vec<FetchPlan>,
         at: usize,
+        /// The first seq this catch-up asked for.
         from: u64,
+        /// The first seq it has not stored yet (chunks move it on).
+        next: u64,
         deadline: Millis,
     },
     Follow(Follow),
@@ -475,17 +483,19 @@ impl Replica {
             plan,
             at: 0,
             from,
+            next: from,
             deadline: self.now + self.cfg.request_timeout,
         };
     }
 
     fn next_catch_up_peer(&mut self) {
-        let Job::CatchUp { plan, at, from, .. } = &mut self.job else {
+        let Job::CatchUp { plan, at, next, .. } = &mut self.job else {
             return;
         };
         *at += 1;
         if let Some(p) = plan.get(*at).copied() {
-            let from = *from;
+            // What earlier peers sent is stored: ask for the rest only.
+            let from = *next;
             self.out.push(Action::Send {
                 to: p.peer,
                 msg: Message::Fetch { from, to: p.to },
@@ -539,7 +549,7 @@ impl Replica {
                 self.contact.heard(from, self.now);
                 self.on_peek_answer(from, seq, view, host)
             }
-            Message::Entries(es) => self.on_entries(from, es, host),
+            Message::Entries { entries, more } => self.on_entries(from, entries, more, host),
             Message::Promise(p) => {
                 if let Job::Candidate(c) = &mut self.job {
                     if let CandPhase::Preparing(cand) = &mut c.phase {
@@ -710,7 +720,7 @@ impl Replica {
                 });
             }
             Probe::Done(cut) => {
-                f.step = Sync::Fetching { cut };
+                f.step = Sync::Fetching { cut, got: cut };
                 f.deadline = self.now + self.cfg.request_timeout;
                 let to = f.leader;
                 self.out.push(Action::Truncate { after: cut });
@@ -775,40 +785,54 @@ impl Replica {
         }
     }
 
-    fn on_entries(&mut self, from: u64, es: Vec<EntryMeta>, host: &mut impl Host) {
+    /// A chunk of a fetch's answer from `from` (`more`: others follow).
+    /// Each chunk that continues the log is stored at once, so memory
+    /// holds one chunk, never the whole answer; what a broken answer
+    /// left stored is a longer prefix of the source's log, which a later
+    /// sync keeps (its prefix search finds it) and fetches on from.
+    fn on_entries(&mut self, from: u64, es: Vec<EntryMeta>, more: bool, host: &mut impl Host) {
         match std::mem::replace(&mut self.job, Job::Idle) {
             Job::CatchUp {
                 plan,
                 at,
                 from: first,
+                next,
                 deadline,
             } => {
-                if plan.get(at).map(|p| p.peer) != Some(from) {
-                    self.job = Job::CatchUp {
-                        plan,
-                        at,
-                        from: first,
-                        deadline,
-                    };
+                let asked = plan.get(at).map(|p| p.peer) == Some(from);
+                let continues = consecutive(&es, next);
+                let mut next = next;
+                if asked && continues {
+                    if let Some(e) = es.last() {
+                        self.store_chunk(e.seq);
+                        self.ack(e.seq);
+                        next = e.seq + 1;
+                    }
+                }
+                self.job = Job::CatchUp {
+                    plan,
+                    at,
+                    from: first,
+                    next,
+                    deadline: if asked {
+                        self.now + self.cfg.request_timeout
+                    } else {
+                        deadline
+                    },
+                };
+                if !asked || (continues && more) {
                     return;
                 }
-                if es.is_empty() || !consecutive(&es, first) {
-                    self.job = Job::CatchUp {
-                        plan,
-                        at,
-                        from: first,
-                        deadline,
-                    };
+                if continues && next > first {
+                    self.job = Job::Idle;
+                } else {
+                    // This peer had nothing, or sent what does not
+                    // continue the log: the next one may do better.
                     self.next_catch_up_peer();
-                    return;
                 }
-                let last = es[es.len() - 1].seq;
-                self.out.push(Action::Persist { last });
-                self.out.push(Action::ResetReader);
-                self.ack(last);
             }
-            Job::Follow(f) => {
-                let Sync::Fetching { cut } = f.step else {
+            Job::Follow(mut f) => {
+                let Sync::Fetching { cut, got } = f.step else {
                     self.job = Job::Follow(f);
                     return;
                 };
@@ -816,54 +840,81 @@ impl Replica {
                     self.job = Job::Follow(f);
                     return;
                 }
-                if !consecutive(&es, cut + 1) {
+                if !consecutive(&es, got + 1) {
                     self.job = Job::Follow(f);
                     self.fail_follow();
                     return;
                 }
-                self.finish_follow(f, cut, es, host);
+                if let Some(e) = es.last() {
+                    self.store_chunk(e.seq);
+                    f.step = Sync::Fetching { cut, got: e.seq };
+                }
+                if more {
+                    f.deadline = self.now + self.cfg.request_timeout;
+                    self.job = Job::Follow(f);
+                    return;
+                }
+                self.finish_follow(f, cut, got, es, host);
             }
             Job::Candidate(mut c) => {
                 let CandPhase::Adopting {
                     adopt,
                     floor,
-                    step: Sync::Fetching { cut },
+                    step: Sync::Fetching { cut, got },
                 } = c.phase
                 else {
                     self.job = Job::Candidate(c);
                     return;
                 };
                 if adopt.source != from {
-                    c.phase = CandPhase::Adopting {
-                        adopt,
-                        floor,
-                        step: Sync::Fetching { cut },
-                    };
                     self.job = Job::Candidate(c);
                     return;
                 }
                 let es: Vec<EntryMeta> =
                     es.into_iter().filter(|e| e.seq <= adopt.last_seq).collect();
-                if !consecutive(&es, cut + 1) {
+                if !consecutive(&es, got + 1) {
                     self.fail_candidacy();
                     return;
                 }
+                let stored = got;
                 if let Some(e) = es.last() {
-                    self.out.push(Action::Persist { last: e.seq });
+                    self.store_chunk(e.seq);
+                    c.phase = CandPhase::Adopting {
+                        adopt,
+                        floor,
+                        step: Sync::Fetching { cut, got: e.seq },
+                    };
                 }
+                c.deadline = self.now + self.cfg.request_timeout;
                 let view = c.view;
                 self.job = Job::Candidate(c);
-                self.finish_adopt(view, adopt, cut, &es, host);
+                if !more {
+                    self.finish_adopt(view, adopt, stored, &es, host);
+                }
             }
             Job::Idle => {}
         }
     }
 
-    fn finish_follow(&mut self, f: Follow, cut: u64, es: Vec<EntryMeta>, host: &mut impl Host) {
-        if let Some(e) = es.last() {
-            self.out.push(Action::Persist { last: e.seq });
-        }
-        let end = es.last().map(|e| e.seq).unwrap_or(cut);
+    /// Stores a fetched chunk ending at `last`; the ring reader starts
+    /// again after it.
+    fn store_chunk(&mut self, last: u64) {
+        self.out.push(Action::Persist { last });
+        self.out.push(Action::ResetReader);
+    }
+
+    /// The last chunk of a follow's fetch: the log was cut after `cut`,
+    /// earlier chunks stored it up to `stored`, `es` (stored by this
+    /// step's actions) follow.
+    fn finish_follow(
+        &mut self,
+        f: Follow,
+        cut: u64,
+        stored: u64,
+        es: Vec<EntryMeta>,
+        host: &mut impl Host,
+    ) {
+        let end = es.last().map(|e| e.seq).unwrap_or(stored);
         let fail = |r: &mut Replica| {
             if f.want.is_some() {
                 r.out.push(Action::Send {
@@ -876,7 +927,12 @@ impl Replica {
             fail(self);
             return;
         }
-        if !self.check_demoted_server(cut, cut, &es, host) {
+        // From the commit point, not the cut: a sync broken mid-fetch left
+        // the new log's entries above an earlier cut, which the next
+        // sync's prefix search counts as shared, while the server
+        // consumed the old log's there.
+        let from = self.committed.min(cut);
+        if !self.check_demoted_server(from, stored, &es, host) {
             fail(self);
             return;
         }
@@ -899,8 +955,9 @@ impl Replica {
     }
 
     /// The demoted leader's server against the new log: `from` is where
-    /// the server's check starts, `cut` where the stored log was kept and
-    /// `above` the entries after it. False when the node went stale.
+    /// the server's check starts, `cut` where the stored log ends (as the
+    /// host reads it) and `above` the entries after it. False when the
+    /// node went stale.
     fn check_demoted_server(
         &mut self,
         from: u64,
@@ -1099,7 +1156,10 @@ impl Replica {
                         phase: CandPhase::Adopting {
                             adopt,
                             floor,
-                            step: Sync::Fetching { cut: last },
+                            step: Sync::Fetching {
+                                cut: last,
+                                got: last,
+                            },
                         },
                         ..c
                     });
@@ -1169,7 +1229,7 @@ impl Replica {
                 c.phase = CandPhase::Adopting {
                     adopt,
                     floor,
-                    step: Sync::Fetching { cut },
+                    step: Sync::Fetching { cut, got: cut },
                 };
                 if adopt.last_seq > cut {
                     self.out.push(Action::Send {
@@ -1187,17 +1247,18 @@ impl Replica {
         }
     }
 
-    /// The log holds the adopted one up to `cut` plus `above`: cut it to
-    /// the adopted end, append the view-start entry, run the second round.
+    /// The stored log holds the adopted one up to `stored`, and `above`
+    /// (stored by this step's actions) follows it: cut it to the adopted
+    /// end, append the view-start entry, run the second round.
     fn finish_adopt(
         &mut self,
         view: u64,
         adopt: Adoption,
-        cut: u64,
+        stored: u64,
         above: &[EntryMeta],
         host: &mut impl Host,
     ) {
-        let kept = cut.min(adopt.last_seq);
+        let kept = stored.min(adopt.last_seq);
         let end = above
             .last()
             .map(|e| e.seq)
@@ -1311,6 +1372,8 @@ mod tests {
     struct Log {
         views: Vec<u64>,
         read: Vec<EntryMeta>,
+        /// What the hand-over fence reports the server was handed.
+        served: u64,
     }
 
     impl Host for Log {
@@ -1324,14 +1387,19 @@ mod tests {
             self.views.get((seq as usize).wrapping_sub(1)).copied()
         }
         fn fence_handover(&mut self) -> u64 {
-            0
+            self.served
         }
     }
 
     impl Log {
         fn step(&mut self, r: &mut Replica, now: Millis, e: Event) -> Vec<Action> {
-            if let Event::Read(es) = &e {
-                self.read = es.clone();
+            match &e {
+                Event::Read(es)
+                | Event::Message {
+                    msg: Message::Entries { entries: es, .. },
+                    ..
+                } => self.read = es.clone(),
+                _ => {}
             }
             let actions = r.step(now, e, self);
             for a in &actions {
@@ -1403,17 +1471,23 @@ mod tests {
         assert_eq!(claims(log.step(&mut r, 202, candidate)), 1);
     }
 
-    #[test]
-    fn a_commit_word_the_leaders_preload_raised_goes_to_the_backups_a_newer_views_does_not() {
+    /// Node 1, the configured leader, starts view 2 with both peers (its
+    /// start entry is seq 1) and serves.
+    fn leading_view_2() -> (Replica, Log) {
         let (mut r, _) = Replica::new(
             config(Election::Static { leader: 1 }),
             Restored::default(),
             0,
         );
         let mut log = Log::default();
-        // The configured leader starts view 2 with both peers.
         log.step(&mut r, 0, Event::Tick(Words::default()));
         peers_join(&mut log, &mut r, 1);
+        (r, log)
+    }
+
+    #[test]
+    fn a_commit_word_the_leaders_preload_raised_goes_to_the_backups_a_newer_views_does_not() {
+        let (mut r, mut log) = leading_view_2();
         // Its preload appends 2..=5 and raises the commit word to 4 (an
         // output waited); the ack array says 3, the server was handed 5.
         let es = (2..=5)
@@ -1622,5 +1696,203 @@ mod tests {
         assert!(r.serving());
         lead_without_zookeeper(&mut log, &mut r, 3700, 1, 1, lost);
         assert!(!r.serving());
+    }
+
+    fn metas(seqs: std::ops::RangeInclusive<u64>, view: u64) -> Vec<EntryMeta> {
+        seqs.map(|seq| EntryMeta {
+            seq,
+            view,
+            last_committed: 0,
+        })
+        .collect()
+    }
+
+    fn chunk(from: u64, seqs: std::ops::RangeInclusive<u64>, more: bool) -> Event {
+        Event::Message {
+            from,
+            msg: Message::Entries {
+                entries: metas(seqs, 1),
+                more,
+            },
+        }
+    }
+
+    fn backup_of_1() -> (Replica, Log) {
+        let cfg = Config {
+            me: 2,
+            ..config(Election::Static { leader: 1 })
+        };
+        let (r, _) = Replica::new(cfg, Restored::default(), 0);
+        (r, Log::default())
+    }
+
+    #[test]
+    fn a_catch_up_stores_and_acks_each_chunk_as_it_arrives() {
+        let (mut r, mut log) = backup_of_1();
+        let a = log.step(
+            &mut r,
+            0,
+            Event::LeaderStatus {
+                view: 1,
+                serving: true,
+            },
+        );
+        assert!(a.contains(&Action::Send {
+            to: 1,
+            msg: Message::Fetch { from: 1, to: 0 }
+        }));
+        let a = log.step(&mut r, 1, chunk(1, 1..=3, true));
+        assert!(a.contains(&Action::Persist { last: 3 }));
+        assert!(a.contains(&Action::Ack {
+            leader: 1,
+            view: 1,
+            seq: 3
+        }));
+        assert_eq!(log.views.len(), 3);
+        // A chunk that does not continue the log is not stored; the
+        // catch-up moves on (here: no other peer is certain past the
+        // commit point 0), keeping what it stored.
+        let a = log.step(&mut r, 2, chunk(1, 5..=6, true));
+        assert!(!a.iter().any(|a| matches!(a, Action::Persist { .. })));
+        assert_eq!(log.views.len(), 3);
+        // The catch-up is over: chunks of it are no longer taken.
+        let a = log.step(&mut r, 3, chunk(1, 4..=4, false));
+        assert!(!a.iter().any(|a| matches!(a, Action::Persist { .. })));
+    }
+
+    #[test]
+    fn a_follow_broken_mid_fetch_keeps_what_it_stored_and_fetches_the_rest() {
+        let (mut r, mut log) = backup_of_1();
+        let new_view = Event::Message {
+            from: 1,
+            msg: Message::NewView {
+                view: 2,
+                leader: 1,
+                last: 6,
+            },
+        };
+        let a = log.step(&mut r, 0, new_view.clone());
+        assert!(a.contains(&Action::Send {
+            to: 1,
+            msg: Message::Peek { seq: 1 }
+        }));
+        let peek = |seq| Event::Message {
+            from: 1,
+            msg: Message::PeekAnswer { seq, view: Some(1) },
+        };
+        let a = log.step(&mut r, 1, peek(1));
+        assert!(a.contains(&Action::Send {
+            to: 1,
+            msg: Message::Fetch { from: 1, to: 0 }
+        }));
+        log.step(&mut r, 2, chunk(1, 1..=3, true));
+        assert_eq!(log.views.len(), 3);
+        // The stream breaks: the sync fails, the chunk stays stored.
+        let a = log.step(&mut r, 3, Event::Unanswered { to: 1 });
+        assert!(a.contains(&Action::Send {
+            to: 1,
+            msg: Message::Refused
+        }));
+        assert_eq!(log.views.len(), 3);
+        // The next sync finds it shared with the leader's log (one probe)
+        // and fetches only what follows.
+        let a = log.step(&mut r, 4, new_view);
+        assert!(a.contains(&Action::Send {
+            to: 1,
+            msg: Message::Peek { seq: 3 }
+        }));
+        let a = log.step(&mut r, 5, peek(3));
+        assert!(a.contains(&Action::Truncate { after: 3 }));
+        assert!(a.contains(&Action::Send {
+            to: 1,
+            msg: Message::Fetch { from: 4, to: 0 }
+        }));
+        let a = log.step(&mut r, 6, chunk(1, 4..=6, false));
+        assert!(a.contains(&Action::Send {
+            to: 1,
+            msg: Message::Synced { last: 6 }
+        }));
+        assert_eq!(log.views.len(), 6);
+        assert_eq!(r.role(), Role::Backup);
+        assert_eq!(r.log_view(), 2);
+    }
+
+    #[test]
+    fn a_deposed_leader_whose_resumed_sync_kept_the_new_log_still_checks_its_server() {
+        // Node 1 leads view 2 and its server is handed 2..=5, which nobody
+        // else stored.
+        let (mut r, mut log) = leading_view_2();
+        log.step(&mut r, 4, Event::Read(metas(2..=5, 2)));
+        log.served = 5;
+        // Node 2 leads view 3 without them: its 2..=6 are view 3's.
+        log.step(
+            &mut r,
+            5,
+            Event::Message {
+                from: 2,
+                msg: Message::Prepare {
+                    view: 3,
+                    candidate: 2,
+                },
+            },
+        );
+        let new_view = Event::Message {
+            from: 2,
+            msg: Message::NewView {
+                view: 3,
+                leader: 2,
+                last: 6,
+            },
+        };
+        let peek = |seq| Event::Message {
+            from: 2,
+            msg: Message::PeekAnswer {
+                seq,
+                view: Some(if seq == 1 { 2 } else { 3 }),
+            },
+        };
+        let view3 = |seqs, more| Event::Message {
+            from: 2,
+            msg: Message::Entries {
+                entries: metas(seqs, 3),
+                more,
+            },
+        };
+        let mut a = log.step(&mut r, 6, new_view.clone());
+        let mut now = 7;
+        while let Some(seq) = a.iter().find_map(|a| match a {
+            Action::Send {
+                msg: Message::Peek { seq },
+                ..
+            } => Some(*seq),
+            _ => None,
+        }) {
+            a = log.step(&mut r, now, peek(seq));
+            now += 1;
+        }
+        assert!(a.contains(&Action::Truncate { after: 1 }), "{a:?}");
+        // The fetch breaks after 2..=5 of view 3 were stored.
+        log.step(&mut r, now, view3(2..=5, true));
+        log.step(&mut r, now + 1, Event::Unanswered { to: 2 });
+        assert_eq!(log.views, vec![2, 3, 3, 3, 3]);
+        // The next sync keeps them (shared with node 2 now), but the
+        // server consumed view 2's 2..=5, not these: the node goes stale
+        // rather than apply 6 on top.
+        let a = log.step(&mut r, now + 2, new_view);
+        assert!(
+            a.contains(&Action::Send {
+                to: 2,
+                msg: Message::Peek { seq: 5 }
+            }),
+            "{a:?}"
+        );
+        log.step(&mut r, now + 3, peek(5));
+        let a = log.step(&mut r, now + 4, view3(6..=6, false));
+        assert!(
+            a.iter()
+                .any(|a| matches!(a, Action::GoStale { why } if why.contains("seq 5 of view 2"))),
+            "{a:?}"
+        );
+        assert!(r.stale().is_some());
     }
 }

@@ -48,6 +48,13 @@ impl Node {
                 std::thread::sleep(Duration::from_millis(20));
                 continue;
             }
+            if self.snapshots.installing() {
+                // An installed image replaces the server: its stream goes
+                // with it, the restored one is resumed after.
+                feeder = None;
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
             let f = feeder.get_or_insert_with(|| {
                 stepped = from;
                 if self.snapshots.take_resume() {
@@ -108,7 +115,10 @@ impl Node {
                         return;
                     }
                     match f.feed(&e.header(), e.payload()) {
-                        Ok(true) => {}
+                        Ok(true) => {
+                            self.applied_bytes
+                                .fetch_add(e.bytes.len() as u64, Ordering::Relaxed);
+                        }
                         Ok(false) => {
                             full = true;
                             break;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
-use lockstep_common::control::{self, FetchedEntry, NodeStatus, Request, Response};
+use lockstep_common::control::{self, NodeStatus, Request, Response};
 use lockstep_common::entry::EntryHeader;
 use lockstep_common::handshake::{self, Channel};
 
@@ -24,14 +24,18 @@ pub(super) const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the replica waits for a request's outcome before it drops
 /// the job that sent it. A backstop: every request ends in an answer or
 /// `Unanswered` by its own timeouts (connect, [`CONTROL_TIMEOUT`] per
-/// read), but a fetch of a long log reads many times.
+/// read); a fetch's chunks each give it this long again.
 pub(super) const REQUEST_PATIENCE: Duration = Duration::from_secs(60);
 /// Connect timeout of a view change's requests: a dead or cut-off peer
 /// must not hold the candidate up for long.
 pub(super) const ROUND_CONNECT: Duration = Duration::from_millis(500);
 
 impl Node {
-    fn control_connect(&self, peer: u64, connect_timeout: Duration) -> anyhow::Result<TcpStream> {
+    pub(super) fn control_connect(
+        &self,
+        peer: u64,
+        connect_timeout: Duration,
+    ) -> anyhow::Result<TcpStream> {
         let addr = self.config.node(peer)?.control;
         let s = handshake::connect(
             addr,
@@ -46,19 +50,23 @@ impl Node {
         Ok(s)
     }
 
+    /// Node `peer`'s status, asked with `patience` for the connection and
+    /// the answer each.
+    pub(super) fn peer_status(&self, peer: u64, patience: Duration) -> anyhow::Result<NodeStatus> {
+        let mut s = self.control_connect(peer, patience)?;
+        s.set_read_timeout(Some(patience))?;
+        control::send_json(&mut s, &Request::Status)?;
+        match control::recv_json::<Response>(&mut s)? {
+            Response::Status(st) => Ok(st),
+            other => bail!("node {peer} answered {other:?}"),
+        }
+    }
+
     /// The statuses of the other nodes that answer within
     /// [`ROUND_CONNECT`], asked at once (the sentinel's check that the
     /// leader can commit; a dead or stopped peer only drops out).
     pub(crate) fn peer_statuses(&self) -> Vec<NodeStatus> {
-        let ask = |id: u64| -> anyhow::Result<NodeStatus> {
-            let mut s = self.control_connect(id, ROUND_CONNECT)?;
-            s.set_read_timeout(Some(ROUND_CONNECT))?;
-            control::send_json(&mut s, &Request::Status)?;
-            match control::recv_json::<Response>(&mut s)? {
-                Response::Status(st) => Ok(st),
-                other => bail!("unexpected answer {other:?}"),
-            }
-        };
+        let ask = |id: u64| self.peer_status(id, ROUND_CONNECT);
         std::thread::scope(|scope| {
             let asks: Vec<_> = self
                 .config
@@ -102,16 +110,20 @@ impl Node {
 
     /// Sends `msg` to `to` and steps the replica with the outcome.
     fn request(&self, to: u64, msg: Message) {
+        if let Message::Fetch { from, to: upto } = msg {
+            if let Err(e) = self.stream_fetch(to, from, upto) {
+                log::info!("node {}: {msg:?} to node {to}: {e:#}", self.me);
+                self.step(Event::Unanswered { to }, Carried::Nothing);
+            }
+            return;
+        }
         match self.exchange(to, &msg) {
-            Ok((answer, entries)) => self.step(
+            Ok(answer) => self.step(
                 Event::Message {
                     from: to,
                     msg: answer,
                 },
-                Carried::Fetched {
-                    peer: to,
-                    entries: &entries,
-                },
+                Carried::Nothing,
             ),
             Err(e) => {
                 log::info!("node {}: {msg:?} to node {to}: {e:#}", self.me);
@@ -120,13 +132,72 @@ impl Node {
         }
     }
 
-    /// One request and its answer (with the entries a fetch brought).
-    fn exchange(&self, to: u64, msg: &Message) -> anyhow::Result<(Message, Vec<FetchedEntry>)> {
-        let simple = |req: Request| -> anyhow::Result<(Message, Vec<FetchedEntry>)> {
+    /// Fetches `peer`'s entries `from..=to` (to = 0: all it has) and
+    /// steps the replica with each chunk as it arrives (it stores them),
+    /// so memory holds one chunk, never the whole answer. Stops reading
+    /// once the replica left a chunk unstored (it no longer wants them).
+    fn stream_fetch(&self, peer: u64, from: u64, to: u64) -> anyhow::Result<()> {
+        self.metrics.catchups.fetch_add(1, Ordering::Relaxed);
+        let mut s = self.open_fetch(peer, from, to)?;
+        let (mut n, mut chunks, mut last) = (0u64, 0u64, None);
+        loop {
+            let chunk = control::recv_entries(&mut s)?;
+            let mut metas = Vec::with_capacity(chunk.len());
+            for e in &chunk {
+                let h = match e.check(self.config.max_entry) {
+                    Ok(h) => h,
+                    Err(why) => bail!("node {peer} sent a bad entry {}: {why}", e.seq),
+                };
+                metas.push(EntryMeta {
+                    seq: e.seq,
+                    view: h.view,
+                    last_committed: h.last_committed,
+                });
+            }
+            let more = !chunk.is_empty();
+            self.step(
+                Event::Message {
+                    from: peer,
+                    msg: Message::Entries {
+                        entries: metas,
+                        more,
+                    },
+                },
+                Carried::Fetched {
+                    peer,
+                    entries: &chunk,
+                },
+            );
+            let Some(end) = chunk.last().map(|e| e.seq) else {
+                break;
+            };
+            if self.store().last().seq < end {
+                log::debug!(
+                    "node {}: fetch from node {peer} dropped at seq {end}",
+                    self.me
+                );
+                break;
+            }
+            n += chunk.len() as u64;
+            chunks += 1;
+            last = Some(end);
+        }
+        if let Some(last) = last {
+            log::info!(
+                "node {}: fetched {n} entries from node {peer} in {chunks} chunks, now at seq {last}",
+                self.me
+            );
+        }
+        Ok(())
+    }
+
+    /// One request and its answer.
+    fn exchange(&self, to: u64, msg: &Message) -> anyhow::Result<Message> {
+        let simple = |req: Request| -> anyhow::Result<Message> {
             let mut s = self.control_connect(to, ROUND_CONNECT)?;
             control::send_json(&mut s, &req)?;
             let answer = control::recv_json::<Response>(&mut s)?;
-            Ok((message_of(answer), Vec::new()))
+            Ok(message_of(answer))
         };
         match *msg {
             Message::Prepare { view, candidate } => simple(Request::Prepare { view, candidate }),
@@ -134,51 +205,44 @@ impl Node {
                 simple(Request::NewView { view, leader, last })
             }
             Message::Peek { seq } => {
-                let es = self.fetch(to, seq, seq)?;
-                let view = es
-                    .iter()
-                    .find(|e| e.seq == seq)
-                    .and_then(|e| EntryHeader::parse(&e.bytes).ok())
-                    .map(|h| h.view);
-                Ok((Message::PeekAnswer { seq, view }, Vec::new()))
-            }
-            Message::Fetch { from, to: upto } => {
-                self.metrics.catchups.fetch_add(1, Ordering::Relaxed);
-                let es = self.fetch(to, from, upto)?;
-                let mut metas = Vec::with_capacity(es.len());
-                for e in &es {
-                    let h = match e.check(self.config.max_entry) {
-                        Ok(h) => h,
-                        Err(why) => bail!("node {to} sent a bad entry {}: {why}", e.seq),
-                    };
-                    metas.push(EntryMeta {
-                        seq: e.seq,
-                        view: h.view,
-                        last_committed: h.last_committed,
-                    });
+                let mut s = self.control_connect(to, CONTROL_TIMEOUT)?;
+                control::send_json(&mut s, &Request::Fetch { from: seq, to: seq })?;
+                match control::recv_json::<Response>(&mut s)? {
+                    Response::Entries => {}
+                    // An answer: it has no such entry (compacted: below
+                    // every commit point, so only the probe that proves
+                    // the source answers asks there).
+                    Response::Error(_) => return Ok(Message::PeekAnswer { seq, view: None }),
+                    other => bail!("node {to} answered {other:?}"),
                 }
-                Ok((Message::Entries(metas), es))
+                let mut view = None;
+                loop {
+                    let chunk = control::recv_entries(&mut s)?;
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    view = view.or(chunk
+                        .iter()
+                        .find(|e| e.seq == seq)
+                        .and_then(|e| EntryHeader::parse(&e.bytes).ok())
+                        .map(|h| h.view));
+                }
+                Ok(Message::PeekAnswer { seq, view })
             }
             _ => bail!("{msg:?} is no request"),
         }
     }
 
-    /// `peer`'s entries `from..=to` (to = 0: all it has).
-    fn fetch(&self, peer: u64, from: u64, to: u64) -> anyhow::Result<Vec<FetchedEntry>> {
+    /// Asks `peer` for its entries `from..=to` (to = 0: all it has); its
+    /// chunks ([`control::recv_entries`]) follow on the stream returned,
+    /// an empty one last.
+    fn open_fetch(&self, peer: u64, from: u64, to: u64) -> anyhow::Result<TcpStream> {
         let mut s = self.control_connect(peer, CONTROL_TIMEOUT)?;
         control::send_json(&mut s, &Request::Fetch { from, to })?;
         match control::recv_json::<Response>(&mut s)? {
-            Response::Entries => {}
+            Response::Entries => Ok(s),
             Response::Error(e) => bail!("node {peer} refused: {e}"),
             other => bail!("node {peer} answered {other:?}"),
-        }
-        let mut all = Vec::new();
-        loop {
-            let batch = control::recv_entries(&mut s)?;
-            if batch.is_empty() {
-                return Ok(all);
-            }
-            all.extend(batch);
         }
     }
 }

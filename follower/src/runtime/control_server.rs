@@ -11,12 +11,17 @@ use lockstep_common::handshake::{self, Channel};
 
 use crate::membership;
 use crate::protocol::{Event, Message};
+use crate::snapshot::transfer::read_chunk;
 
 use super::node::Carried;
 use super::Node;
 
-/// Entries per catch-up batch.
+/// Entries per chunk of a fetch's answer.
 pub(super) const FETCH_BATCH: usize = 1024;
+/// Bytes of encoded entries per chunk of a fetch's answer (a chunk ends
+/// after the entry that reaches it): what the fetching node holds in
+/// memory at a time, with one frame on each side.
+pub(super) const FETCH_CHUNK_BYTES: usize = 4 << 20;
 /// How long a peer's view change request waits for the replica's answer:
 /// less than the requester's own read timeout, so that it hears a refusal
 /// rather than nothing.
@@ -100,6 +105,16 @@ impl Node {
                     };
                     control::send_json(s, &answer)?
                 }
+                Request::SnapshotMeta => control::send_json(s, &self.newest_snapshot_meta())?,
+                Request::SnapshotChunk {
+                    seq,
+                    file,
+                    offset,
+                    len,
+                } => match read_chunk(&self.catalog, seq, &file, offset, len) {
+                    Ok(bytes) => control::send_snapshot_chunk(s, &bytes)?,
+                    Err(e) => control::send_json(s, &Response::Error(format!("{e:#}")))?,
+                },
                 Request::Prepare { view, candidate } => {
                     let msg = Message::Prepare { view, candidate };
                     control::send_json(s, &self.answer(peer, candidate, msg))?
@@ -109,10 +124,19 @@ impl Node {
                     control::send_json(s, &self.answer(peer, leader, msg))?
                 }
                 Request::Fetch { from, to } => {
+                    let oldest = self.store().oldest();
+                    if from < oldest {
+                        let why = format!(
+                            "entries below seq {oldest} were compacted (a snapshot covers them): install a snapshot"
+                        );
+                        control::send_json(s, &Response::Error(why))?;
+                        continue;
+                    }
                     control::send_json(s, &Response::Entries)?;
                     let mut next = from.max(1);
                     loop {
-                        let batch = match self.store().range(next, FETCH_BATCH) {
+                        let chunk = self.store().chunk(next, FETCH_BATCH, FETCH_CHUNK_BYTES);
+                        let batch = match chunk {
                             Ok(b) => b,
                             Err(e) => {
                                 log::error!("serving fetch: {e}");

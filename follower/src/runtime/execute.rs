@@ -173,7 +173,7 @@ impl Node {
             }
             Carried::Fetched { peer, .. } => {
                 self.metrics.fetched_entries.fetch_add(n, Ordering::Relaxed);
-                log::info!("caught up {n} entries from node {peer}, now at seq {last}");
+                log::debug!("stored {n} entries fetched from node {peer}, now at seq {last}");
             }
             Carried::Nothing => {}
         }

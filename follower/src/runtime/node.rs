@@ -16,6 +16,7 @@ use lockstep_common::transport::{tcp::RegionServer, Transport};
 
 use crate::metrics::Metrics;
 use crate::protocol::{Event, Message, Millis, Replica};
+use crate::snapshot::catalog::Catalog;
 use crate::store::LogStore;
 
 use super::host::StoreHost;
@@ -107,7 +108,7 @@ pub struct Node {
     /// Peers' control requests waiting for the replica's answer, by the
     /// peer the answer goes to.
     pub(super) waiting: Mutex<HashMap<u64, mpsc::Sender<Message>>>,
-    /// Snapshots: the image taker (or why there is none), manual triggers.
+    /// Snapshots: the image taker (or why there is none), triggers, state.
     pub(super) snapshots: super::snapshots::Snapshots,
     /// Counters and histograms.
     pub metrics: Metrics,
@@ -116,6 +117,11 @@ pub struct Node {
     /// The control address, bound first thing (see [`Node::start`]);
     /// [`Node::run`] serves it.
     pub(super) control_listener: Mutex<Option<TcpListener>>,
+    /// This node's snapshots on disk.
+    pub(crate) catalog: Catalog,
+    /// Bytes of entries the apply thread fed (the byte measure of
+    /// `snapshot_every`).
+    pub(super) applied_bytes: AtomicU64,
 }
 
 impl Node {

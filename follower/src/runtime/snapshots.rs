@@ -1,50 +1,102 @@
-//! Snapshots in the runtime: restoring the newest usable one when the
-//! follower starts ([`restore_newest`]), and taking one on the apply
-//! thread when asked ([`Node::snapshot_if_asked`]: the apply loop stops
-//! feeding, waits until the server applied everything fed and its turn is
-//! over, has the image taken, completes it with `meta.json`, and feeds on;
-//! the leader never waits for any of it).
+//! Snapshots in the runtime, one path for each thing:
+//!
+//! - At start, [`restore_newest`] restores the newest usable snapshot and
+//!   the apply thread resumes the restored server's stream after it.
+//! - Taking one happens on the apply thread ([`Node::snapshot_if_asked`]):
+//!   asked by an operator (`lockstep snapshot`, [`Node::request_snapshot`])
+//!   or by the snapshot rules' thread ([`Node::snapshot_loop`], when
+//!   `snapshot_every` says this backup is next). Between two feeds that
+//!   find the server idle at a turn boundary, the apply thread has the
+//!   image taken, writes `meta.json`, and feeds on; the leader never waits
+//!   for any of it.
+//! - The rules' thread also deletes the log a majority's snapshots cover,
+//!   and installs a peer's snapshot when this node's log ends before what
+//!   its peers keep ([`transfer`]); the peer side is served by
+//!   `control_server`.
+//!
+//! Nothing is taken, compacted or installed without an image taker (one
+//! line at start says why there is none) or with `snapshot = "off"`: the
+//! log is then kept and replayed whole.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use lockstep_common::region::Role;
+use anyhow::{bail, Context};
+use lockstep_common::config::SnapshotMode;
+use lockstep_common::control::{self, NodeStatus, Request, Response};
+use lockstep_common::region::{Region, Role};
 
 use crate::feed::Feeder;
-use crate::snapshot::files::{self, snapshot_dir};
-use crate::snapshot::{criu, Position, ServerImage};
-use crate::store::LogStore;
+use crate::protocol::snapshot::{self as rules, Every, Member};
+use crate::protocol::Event;
+use crate::snapshot::catalog::{Catalog, Snapshot};
+use crate::snapshot::transfer::{self, ChunkSource};
+use crate::snapshot::{build_id, criu, sum_files, write_meta, Meta, Position, ServerImage};
+use crate::store::{LogEnd, LogStore};
 
+use super::node::Carried;
 use super::Node;
 
-/// How long a snapshot waits for the server to apply what was fed.
-const QUIESCE_LIMIT: Duration = Duration::from_secs(30);
-/// How long a manual trigger waits for its snapshot.
+/// How often the rules run.
+const PERIOD: Duration = Duration::from_secs(1);
+/// How long a peer's status may take.
+const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long a trigger waits for its snapshot.
 pub const TRIGGER_PATIENCE: Duration = Duration::from_secs(120);
 /// Complete snapshots kept on a node (the newest, and one before it for
 /// when the newest turns out unusable).
-const KEPT: usize = 2;
+const KEEP: usize = 2;
 
-/// A node's snapshot state.
+/// This node's snapshot state, for its status and the rules.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SnapshotState {
+    /// Seq of the newest complete snapshot (0: none).
+    pub(crate) newest: u64,
+    /// A snapshot is asked for or being taken.
+    pub(crate) taking: bool,
+    /// Bytes the apply thread had fed when the newest snapshot was taken.
+    pub(crate) bytes_at: u64,
+}
+
+/// Makes the image taker of a node's server from its region and its
+/// snapshots directory, or says in one line why there is none.
+pub type ImageMaker = fn(Arc<Region>, &Path) -> Result<Arc<dyn ServerImage>, String>;
+
+/// A node's snapshots: the image taker, triggers waiting for the apply
+/// thread, the state its status reports.
 pub struct Snapshots {
-    /// The image taker, or why this machine cannot snapshot.
+    /// The image taker, or why this node cannot snapshot.
     pub(super) image: Result<Arc<dyn ServerImage>, String>,
-    /// Manual triggers waiting for the apply thread.
+    /// Triggers waiting for the apply thread.
     requests: Mutex<Vec<mpsc::Sender<Result<u64, String>>>>,
-    /// The server was restored from an image: the apply thread resumes its
-    /// stream instead of starting a new one.
+    /// The server was replaced by an image (at start, or installed): the
+    /// apply thread resumes its stream instead of starting a new one.
     resume: AtomicBool,
+    /// An installed image is replacing the server: the apply thread feeds
+    /// nothing and drops its stream.
+    installing: AtomicBool,
+    state: Mutex<SnapshotState>,
 }
 
 impl Snapshots {
-    /// Snapshot state with `image` (Err: why none can be taken).
-    pub fn new(image: Result<Arc<dyn ServerImage>, String>, restored: bool) -> Snapshots {
+    /// Snapshot state with `image` (Err: why none can be taken); `restored`:
+    /// the server was restored from the snapshot at `newest`.
+    pub fn new(
+        image: Result<Arc<dyn ServerImage>, String>,
+        restored: bool,
+        newest: u64,
+    ) -> Snapshots {
         Snapshots {
             image,
             requests: Mutex::new(Vec::new()),
             resume: AtomicBool::new(restored),
+            installing: AtomicBool::new(false),
+            state: Mutex::new(SnapshotState {
+                newest,
+                ..SnapshotState::default()
+            }),
         }
     }
 
@@ -54,11 +106,16 @@ impl Snapshots {
         self.resume.swap(false, Ordering::AcqRel)
     }
 
+    /// Whether an installed image is replacing the server now.
+    pub(super) fn installing(&self) -> bool {
+        self.installing.load(Ordering::Acquire)
+    }
+
     fn pending(&self) -> Vec<mpsc::Sender<Result<u64, String>>> {
         std::mem::take(&mut *self.requests.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    fn has_pending(&self) -> bool {
+    pub(super) fn has_pending(&self) -> bool {
         !self
             .requests
             .lock()
@@ -67,57 +124,79 @@ impl Snapshots {
     }
 }
 
-/// The image taker for the server attached to `region` (CRIU, logging
-/// into the snapshots directory of `node_dir`), or one line saying why this
-/// machine cannot snapshot.
-pub fn image_taker(
-    region: Arc<lockstep_common::Region>,
-    node_dir: &Path,
-) -> Result<Arc<dyn ServerImage>, String> {
-    let work = files::snapshots_dir(node_dir);
-    std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
-    criu::Criu::find(region, &work).map(|c| Arc::new(c) as Arc<dyn ServerImage>)
+/// The CRIU image taker for the server attached to `region` (logging into
+/// `work`), or one line saying why this machine cannot snapshot.
+pub fn criu_image(region: Arc<Region>, work: &Path) -> Result<Arc<dyn ServerImage>, String> {
+    std::fs::create_dir_all(work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
+    criu::Criu::find(region, work).map(|c| Arc::new(c) as Arc<dyn ServerImage>)
 }
 
-/// Restores the newest usable snapshot of the node whose data directory is
-/// `node_dir` (its log in `store`); returns its seq. Each snapshot that is
-/// incomplete, corrupt, of another build, ahead of the log, or that fails
-/// to restore is passed over with one line; None: full replay.
-pub fn restore_newest(image: &dyn ServerImage, node_dir: &Path, store: &LogStore) -> Option<u64> {
+/// Restores the newest usable snapshot in `catalog` (the node's log in
+/// `store`, its server's program `server`); returns its seq. Each snapshot
+/// that is corrupt, of another build, ahead of the log, or that fails to
+/// restore is passed over with one line; None: full replay.
+pub fn restore_newest(
+    image: &dyn ServerImage,
+    catalog: &Catalog,
+    store: &LogStore,
+    server: Option<&[String]>,
+) -> Option<u64> {
     let last = store.last().seq;
-    for (seq, dir) in files::list(node_dir) {
-        let meta = match files::verify(&dir, &criu::current_build_id) {
-            Ok(m) => m,
-            Err(why) => {
-                log::warn!("{why}: not restored");
-                continue;
-            }
-        };
-        if seq > last {
+    let list = match catalog.list() {
+        Ok(l) => l,
+        Err(e) => {
+            log::warn!("reading the snapshots: {e}");
+            return None;
+        }
+    };
+    for snap in list.into_iter().rev() {
+        let seq = snap.meta.position.seq;
+        if let Err(why) = usable(&snap, server) {
+            log::warn!("{why}: not restored ({})", snap.dir.display());
+            continue;
+        }
+        if seq > last || seq + 1 < store.oldest() {
             log::warn!(
-                "snapshot {} is past the log's end (seq {last}): not restored",
-                dir.display()
+                "snapshot {} is outside the log (seqs {} to {last}): not restored",
+                snap.dir.display(),
+                store.oldest()
             );
             continue;
         }
-        match image.restore(&dir, meta.position) {
+        match image.restore(&snap.dir, snap.meta.position) {
             Ok(()) => {
                 log::info!(
                     "restored the server from snapshot {}; replaying from seq {}",
-                    dir.display(),
+                    snap.dir.display(),
                     seq + 1
                 );
                 return Some(seq);
             }
-            Err(e) => log::warn!("snapshot {} failed to restore: {e:#}", dir.display()),
+            Err(e) => log::warn!("snapshot {} failed to restore: {e:#}", snap.dir.display()),
         }
     }
     None
 }
 
+/// Whether `snap` may be restored here: every file as its `meta.json`
+/// says, taken under this node's builds; one line why not.
+fn usable(snap: &Snapshot, server: Option<&[String]>) -> Result<(), String> {
+    Catalog::verify(snap).map_err(|e| e.to_string())?;
+    let local = build_id::for_image(&snap.meta.build_ids, server);
+    transfer::check_build_ids(&snap.meta.build_ids, &local)
+        .map_err(|why| format!("snapshot {}: {why}", snap.meta.position.seq))
+}
+
 impl Node {
-    /// A manual trigger (`lockstep snapshot`): waits for the apply thread
-    /// to take one; returns its seq.
+    pub(crate) fn snapshot_state(&self) -> MutexGuard<'_, SnapshotState> {
+        self.snapshots
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks the apply thread for a snapshot (an operator's `lockstep
+    /// snapshot`, or the rules) and waits for it; returns its seq.
     pub(crate) fn request_snapshot(&self) -> Result<u64, String> {
         if let Err(why) = &self.snapshots.image {
             return Err(format!("node {} cannot snapshot: {why}", self.me));
@@ -129,6 +208,7 @@ impl Node {
             ));
         }
         let (tx, rx) = mpsc::channel();
+        self.snapshot_state().taking = true;
         self.snapshots
             .requests
             .lock()
@@ -137,12 +217,17 @@ impl Node {
         if let Some(t) = self.applier.get() {
             t.unpark();
         }
-        rx.recv_timeout(TRIGGER_PATIENCE)
-            .map_err(|_| format!("no snapshot within {TRIGGER_PATIENCE:?}"))?
+        let r = rx
+            .recv_timeout(TRIGGER_PATIENCE)
+            .map_err(|_| format!("no snapshot within {TRIGGER_PATIENCE:?}"));
+        if !self.snapshots.has_pending() {
+            self.snapshot_state().taking = false;
+        }
+        r?
     }
 
-    /// Answers manual triggers that cannot be served now (the node leads,
-    /// or is stale).
+    /// Answers triggers that cannot be served now (the node leads, or is
+    /// stale).
     pub(super) fn refuse_snapshots(&self, why: &str) {
         for tx in self.snapshots.pending() {
             let _ = tx.send(Err(format!("node {}: {why}", self.me)));
@@ -150,12 +235,21 @@ impl Node {
     }
 
     /// On the apply thread, between feeds: takes a snapshot when one was
-    /// asked for.
+    /// asked for and the server idles at a turn boundary: it applied
+    /// everything fed (the preload sets `applied` when the turn's threads
+    /// went back to their event loop) and read all of it (`head`). A
+    /// server still in a turn may be waiting for the turn's next entry
+    /// (its end, a clock record): the feed goes on, and the snapshot waits
+    /// for a later moment.
     pub(super) fn snapshot_if_asked(&self, f: &Feeder) {
         if !self.snapshots.has_pending() {
             return;
         }
-        let result = self.snapshot_now(f);
+        let fed = f.next() - 1;
+        if fed == 0 || f.applied() != fed || self.region.apply().head() != f.pos() {
+            return;
+        }
+        let result = self.snapshot_now(fed);
         match &result {
             Ok(seq) => log::info!("node {}: snapshot at seq {seq} complete", self.me),
             Err(e) => log::warn!("node {}: snapshot failed: {e}", self.me),
@@ -165,76 +259,231 @@ impl Node {
         }
     }
 
-    /// Stops feeding at what was fed, waits until the server applied it
-    /// at a turn boundary, takes the image and completes it.
-    fn snapshot_now(&self, f: &Feeder) -> Result<u64, String> {
+    /// Takes the image of the server, idle after applying `seq`, and
+    /// completes it with `meta.json`.
+    fn snapshot_now(&self, seq: u64) -> Result<u64, String> {
         let image = self.snapshots.image.as_ref().map_err(|e| e.clone())?;
-        let seq = f.next() - 1;
-        if seq == 0 {
-            return Err("the server applied nothing yet".into());
-        }
-        // The preload sets `applied` when the turn's threads went back to
-        // their event loop, and `head` when it read the turn: both at the
-        // end of what was fed means the server idles at a turn boundary.
         let since = Instant::now();
-        let a = self.region.apply();
-        while f.applied() != seq || a.head() != f.pos() {
-            if since.elapsed() > QUIESCE_LIMIT || self.stopping() {
-                return Err(format!(
-                    "the server did not apply up to seq {seq} within {QUIESCE_LIMIT:?} (at {})",
-                    f.applied()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let entry = self
-            .store()
-            .range(seq, 1)
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .next()
-            .filter(|(s, _)| *s == seq)
-            .ok_or_else(|| format!("seq {seq} is not in the log"))?
-            .1
-            .header();
+        let h = match self.store().get(seq) {
+            Ok(Some(e)) => e.header(),
+            Ok(None) => return Err(format!("seq {seq} is not in the log")),
+            Err(e) => return Err(e.to_string()),
+        };
         let at = Position {
             seq,
-            view: entry.view,
-            time_us: entry.time_us,
+            view: h.view,
+            time_us: h.time_us,
         };
-        let node_dir = self.config.node_data_dir(self.me);
-        let dir = snapshot_dir(&node_dir, seq);
-        if files::verify(&dir, &|_| None).is_ok() {
+        let dir = self.catalog.dir_of(seq);
+        if let Ok(Some(_)) = Catalog::read_meta(&dir) {
             return Ok(seq);
         }
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let taken = image
-            .take(&dir, at)
-            .map_err(|e| format!("{e:#}"))
-            .and_then(|ids| files::complete(&dir, at, ids).map_err(|e| e.to_string()));
-        if let Err(e) = taken {
-            let _ = std::fs::remove_dir_all(&dir);
+        let taken = image.take(&dir, at).and_then(|build_ids| {
+            let meta = Meta {
+                position: at,
+                build_ids,
+                files: sum_files(&dir)?,
+                lockstep_version: env!("CARGO_PKG_VERSION").into(),
+            };
+            write_meta(&dir, &meta)?;
+            Ok(meta)
+        });
+        let meta = match taken {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(format!("{e:#}"));
+            }
+        };
+        {
+            let mut st = self.snapshot_state();
+            st.newest = seq;
+            st.bytes_at = self.applied_bytes.load(Ordering::Relaxed);
+        }
+        match self.catalog.clean(KEEP) {
+            Ok(deleted) => log::info!(
+                "node {}: snapshot at seq {seq}: {} bytes in {} ms; deleted older ones {deleted:?}",
+                self.me,
+                meta.bytes(),
+                since.elapsed().as_millis()
+            ),
+            Err(e) => log::warn!("node {}: cleaning the snapshots: {e}", self.me),
+        }
+        Ok(seq)
+    }
+
+    /// Runs the snapshot rules every [`PERIOD`] until the node stops: take
+    /// (this backup's turn), compact, install.
+    pub(super) fn snapshot_loop(&self) {
+        if self.config.snapshot == SnapshotMode::Off || self.snapshots.image.is_err() {
+            return;
+        }
+        let every = Every {
+            entries: self.config.snapshot_every.entries,
+            bytes: self.config.snapshot_every.bytes,
+        };
+        while !self.stopping() {
+            std::thread::sleep(PERIOD);
+            let members = self.members();
+            if rules::taker(&members, every) == Some(self.me) {
+                if let Err(e) = self.request_snapshot() {
+                    log::warn!("node {}: snapshot failed: {e}", self.me);
+                }
+            }
+            self.compact(&members);
+            let last = self.store().last().seq;
+            if let Some(peer) = rules::install_source(self.me, last, &members) {
+                if let Err(e) = self.install_from(peer) {
+                    log::warn!("node {}: installing node {peer}'s snapshot: {e:#}", self.me);
+                }
+            }
+        }
+    }
+
+    /// Every member's state: this node's own, the peers' from their status.
+    fn members(&self) -> Vec<Member> {
+        let own = self.status();
+        self.config
+            .ids()
+            .map(|id| {
+                if id == self.me {
+                    return member_of(&own);
+                }
+                match self.peer_status(id, STATUS_TIMEOUT) {
+                    Ok(st) => member_of(&st),
+                    Err(e) => {
+                        log::debug!("node {}: status of node {id}: {e:#}", self.me);
+                        Member {
+                            node: id,
+                            ..Member::default()
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Deletes the log up to what the rules allow.
+    fn compact(&self, members: &[Member]) {
+        let point = rules::compaction_point(self.me, members);
+        let mut store = self.store();
+        if point < store.oldest() {
+            return;
+        }
+        match store.compact_through(point) {
+            Ok(n) => log::info!(
+                "node {}: deleted {n} log entries up to seq {point} (a majority's snapshots cover them)",
+                self.me
+            ),
+            Err(e) => log::warn!("node {}: compacting the log up to {point}: {e}", self.me),
+        }
+    }
+
+    /// Installs `peer`'s newest snapshot and replaces this node's server
+    /// by it; the log then starts after it (fetched from peers).
+    fn install_from(&self, peer: u64) -> anyhow::Result<()> {
+        let image = self.snapshots.image.clone().map_err(anyhow::Error::msg)?;
+        let have = self.store().last().seq.max(self.snapshot_state().newest);
+        let mut src = PeerSource { node: self, peer };
+        // This node's builds of what the peer's image names (a second
+        // look at its meta: the transfer reads it again, in case it moved).
+        let names = src.meta()?.map(|m| m.build_ids).unwrap_or_default();
+        let local = build_id::for_image(&names, self.config.server.as_deref());
+        let got = transfer::install(&self.catalog, &mut src, have, &local)?;
+        let at = got.snapshot.meta.position;
+        log::info!(
+            "node {}: installed node {peer}'s snapshot at seq {} ({} bytes fetched)",
+            self.me,
+            at.seq,
+            got.fetched
+        );
+        // The apply thread lets go of the old server's stream, which ends
+        // with it.
+        self.snapshots.installing.store(true, Ordering::Release);
+        let replaced = image
+            .stop_server()
+            .and_then(|()| image.restore(&got.snapshot.dir, at))
+            .context("replacing the server by the installed image");
+        if let Err(e) = replaced {
+            self.snapshots.installing.store(false, Ordering::Release);
             return Err(e);
         }
-        prune(&node_dir);
-        Ok(seq)
+        self.store().restart_after(LogEnd {
+            seq: at.seq,
+            view: at.view,
+            end_pos: 0,
+        })?;
+        self.snapshot_state().newest = at.seq;
+        self.snapshots.resume.store(true, Ordering::Release);
+        self.snapshots.installing.store(false, Ordering::Release);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.step(Event::Applied { seq: at.seq }, Carried::Nothing);
+        if let Some(t) = self.applier.get() {
+            t.unpark();
+        }
+        Ok(())
+    }
+
+    /// Serves `SnapshotMeta`: the newest complete snapshot's `meta.json`.
+    pub(super) fn newest_snapshot_meta(&self) -> Response {
+        match self.catalog.newest() {
+            Ok(Some(s)) => match serde_json::to_string(&s.meta) {
+                Ok(text) => Response::SnapshotMeta(Some((s.meta.position.seq, text))),
+                Err(e) => Response::Error(e.to_string()),
+            },
+            Ok(None) => Response::SnapshotMeta(None),
+            Err(e) => Response::Error(e.to_string()),
+        }
     }
 }
 
-/// Removes all but the newest [`KEPT`] complete snapshots, and incomplete
-/// ones older than the newest complete one (a crash while taking).
-fn prune(node_dir: &Path) {
-    let mut complete = 0;
-    for (_, dir) in files::list(node_dir) {
-        let done = dir.join(files::META_FILE).exists();
-        if done && complete < KEPT {
-            complete += 1;
-            continue;
+/// A member's state as its status tells it.
+fn member_of(st: &NodeStatus) -> Member {
+    Member {
+        node: st.node,
+        live: true,
+        leader: st.role == "leader",
+        backup: st.role == "backup",
+        taking: st.snapshotting,
+        applied: st.applied,
+        last: st.persisted,
+        committed: st.committed,
+        oldest: st.oldest,
+        snapshot: st.snapshot,
+        bytes_since: st.bytes_since_snapshot,
+    }
+}
+
+/// A peer's newest snapshot over the control channel.
+struct PeerSource<'a> {
+    node: &'a Node,
+    peer: u64,
+}
+
+impl ChunkSource for PeerSource<'_> {
+    fn meta(&mut self) -> anyhow::Result<Option<Meta>> {
+        let mut s = self.node.control_connect(self.peer, STATUS_TIMEOUT)?;
+        control::send_json(&mut s, &Request::SnapshotMeta)?;
+        match control::recv_json::<Response>(&mut s)? {
+            Response::SnapshotMeta(None) => Ok(None),
+            Response::SnapshotMeta(Some((_, text))) => Ok(Some(serde_json::from_str(&text)?)),
+            other => bail!("node {} answered {other:?}", self.peer),
         }
-        if complete > 0 {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
+    }
+
+    fn chunk(&mut self, seq: u64, file: &str, offset: u64, len: u32) -> anyhow::Result<Vec<u8>> {
+        // One connection per chunk: a broken one costs one chunk.
+        let mut s = self.node.control_connect(self.peer, STATUS_TIMEOUT)?;
+        let req = Request::SnapshotChunk {
+            seq,
+            file: file.into(),
+            offset,
+            len,
+        };
+        control::send_json(&mut s, &req)?;
+        Ok(control::recv_snapshot_chunk(&mut s)?)
     }
 }

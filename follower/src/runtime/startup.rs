@@ -10,13 +10,14 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use lockstep_common::config::{Config, ElectionMode};
+use lockstep_common::config::{Config, ElectionMode, SnapshotMode};
 use lockstep_common::region::Region;
 use lockstep_common::transport::{self, tcp::RegionServer};
 
 use crate::metrics::{self, Metrics};
 use crate::protocol::replica::Restored;
 use crate::protocol::{self, Millis, Replica};
+use crate::snapshot::catalog::Catalog;
 use crate::store::LogStore;
 
 use super::control_client::REQUEST_PATIENCE;
@@ -28,8 +29,22 @@ use super::zookeeper::RETRY;
 use super::Node;
 
 impl Node {
-    /// Opens the store and the region and takes this node's role.
+    /// Opens the store and the region and takes this node's role; its
+    /// server's images are CRIU's.
     pub fn start(config: Config, me: u64, stop: Arc<AtomicBool>) -> anyhow::Result<Arc<Node>> {
+        Node::start_with_image(config, me, stop, snapshots::criu_image)
+    }
+
+    /// [`Node::start`] with the maker of this node's image taker (it needs
+    /// the node's region, opened here). With `snapshot = "off"`, or where
+    /// it says the machine cannot snapshot (one line), the log is kept and
+    /// replayed whole.
+    pub fn start_with_image(
+        config: Config,
+        me: u64,
+        stop: Arc<AtomicBool>,
+        make_image: snapshots::ImageMaker,
+    ) -> anyhow::Result<Arc<Node>> {
         // Before anything is logged or touched (ZooKeeper, the store, the
         // region): a taken control address is the first and only line.
         let control = config.node(me)?.control;
@@ -75,9 +90,21 @@ impl Node {
             region.reset();
         }
         let region = Arc::new(region);
-        let image = snapshots::image_taker(region.clone(), &dir);
+        let catalog = Catalog::new(crate::snapshot::snapshots_dir(&config, me));
+        let image = match config.snapshot {
+            SnapshotMode::Off => Err("snapshot = \"off\" in the config".to_string()),
+            SnapshotMode::Process => make_image(region.clone(), catalog.root()).inspect_err(|why| {
+                log::warn!("node {me}: snapshots are off: {why}; the log is kept and a restart replays it whole")
+            }),
+        };
         let transport = transport::open(&config, me, region.clone())?;
         let last = store.last();
+        if store.oldest() > 1 && image.is_err() {
+            bail!(
+                "the log of node {me} starts at seq {} (the entries below were compacted under a snapshot), and this follower cannot restore snapshots: it cannot rebuild its server",
+                store.oldest()
+            );
+        }
         let restored = Restored {
             view: store.view()?,
             log_view: store.log_view()?,
@@ -115,13 +142,30 @@ impl Node {
         );
         // Last of what can fail: a follower that stops after this leaves a
         // restored server behind, attached to the region.
-        let restored_at = match &image {
-            Ok(image) => snapshots::restore_newest(image.as_ref(), &dir, &store),
-            Err(why) => {
-                log::warn!("node {me}: cannot snapshot: {why}; a restart replays the whole log");
-                None
+        // Leftovers of a taker that died midway, and old snapshots.
+        if let Err(e) = catalog.clean(2) {
+            log::warn!("node {me}: cleaning the snapshots: {e}");
+        }
+        let newest_snapshot = match catalog.newest() {
+            Ok(s) => s.map(|s| s.meta.position.seq).unwrap_or(0),
+            Err(e) => {
+                log::warn!("node {me}: reading the snapshots: {e}");
+                0
             }
         };
+        // Last of what can fail: a follower that stops after this leaves a
+        // restored server behind, attached to the region.
+        let server = config.server.as_deref();
+        let restored_at = image
+            .as_ref()
+            .ok()
+            .and_then(|image| snapshots::restore_newest(image.as_ref(), &catalog, &store, server));
+        if restored_at.is_none() && store.oldest() > 1 {
+            bail!(
+                "the log of node {me} starts at seq {} (the entries below were compacted under a snapshot), and no usable snapshot of this node reaches it: it cannot rebuild its server (see the lines above)",
+                store.oldest()
+            );
+        }
         let region_server = RegionServer::new(region.clone());
         let (outbox, outbox_rx) = mpsc::channel();
         let node = Arc::new(Node {
@@ -143,11 +187,13 @@ impl Node {
             region,
             transport,
             store: Mutex::new(store),
-            snapshots: snapshots::Snapshots::new(image, restored_at.is_some()),
+            snapshots: snapshots::Snapshots::new(image, restored_at.is_some(), newest_snapshot),
             metrics: Metrics::default(),
             stop,
             region_server,
             control_listener: Mutex::new(Some(control_listener)),
+            catalog,
+            applied_bytes: AtomicU64::new(0),
         });
         for a in actions {
             node.carry_out(a, Carried::Nothing);
@@ -201,6 +247,10 @@ impl Node {
         std::thread::Builder::new()
             .name("heartbeat".into())
             .spawn(move || n.heartbeat_loop())?;
+        let n = self.clone();
+        std::thread::Builder::new()
+            .name("snapshots".into())
+            .spawn(move || n.snapshot_loop())?;
         let n = self.clone();
         let applier = std::thread::Builder::new()
             .name("apply".into())

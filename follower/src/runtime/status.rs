@@ -27,6 +27,7 @@ impl Node {
             )
         };
         let persisted = self.store().last().seq;
+        let snap = *self.snapshot_state();
         // The leader's server consumed what it was handed itself; shown
         // no further than the commit point, so that the counters read in
         // order (applied <= committed).
@@ -77,6 +78,13 @@ impl Node {
                 .and_then(|w| w.down_for())
                 .map(|d| d.as_millis() as u64),
             commit_wait_ms,
+            snapshot: snap.newest,
+            oldest: self.store().oldest(),
+            snapshotting: snap.taking,
+            bytes_since_snapshot: self
+                .applied_bytes
+                .load(Ordering::Relaxed)
+                .saturating_sub(snap.bytes_at),
         }
     }
 

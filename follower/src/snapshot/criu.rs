@@ -23,7 +23,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use lockstep_common::region::Region;
 
-use super::files::build_id;
+use super::build_id;
 use super::{Position, ServerImage, StreamState, STREAM_FILE};
 
 /// The CRIU version `scripts/setup` builds (and caches in `.cache/`).
@@ -213,11 +213,6 @@ impl Criu {
     }
 }
 
-/// The build id of the file `name` names now (None: unreadable).
-pub fn current_build_id(name: &str) -> Option<String> {
-    build_id(Path::new(name)).ok()
-}
-
 impl ServerImage for Criu {
     fn take(&self, dir: &Path, upto: Position) -> anyhow::Result<Vec<(String, String)>> {
         let pid = self.region.preload_pid();
@@ -242,10 +237,10 @@ impl ServerImage for Criu {
                 a.tail()
             );
         }
-        std::fs::write(dir.join(STREAM_FILE), serde_json::to_vec(&state)?)?;
         let mut ids = Vec::new();
         for b in Self::binaries_of(pid)? {
-            let id = build_id(&b).with_context(|| format!("cannot read {}", b.display()))?;
+            let id =
+                build_id::of_file(&b).with_context(|| format!("cannot read {}", b.display()))?;
             ids.push((b.to_string_lossy().into_owned(), id));
         }
         let log = self.work.join("criu-dump.log");
@@ -255,6 +250,16 @@ impl ServerImage for Criu {
         args.extend(["-D".as_ref(), dir.as_os_str(), "--leave-running".as_ref()]);
         args.extend(COMMON.iter().map(std::ffi::OsStr::new));
         run_criu(&self.criu, &args, &log)?;
+        // A loop thread that had just finished its turn may park on the
+        // doorbell (and count itself) while the dump runs: counted after
+        // it, such a thread is never missing from the count (a restored
+        // thread not yet parked counts itself again: one wake too many,
+        // never one too few).
+        let state = StreamState {
+            waiters: state.waiters.max(a.bell_waiters()),
+            ..state
+        };
+        std::fs::write(dir.join(STREAM_FILE), serde_json::to_vec(&state)?)?;
         let (frozen, memdump) = dump_stats(dir).unwrap_or_default();
         log::info!(
             "image of the server (pid {pid}) at seq {}: {:.1} MB, dump {} ms, frozen {:.1} ms (memory {:.1} ms)",
@@ -310,6 +315,35 @@ impl ServerImage for Criu {
             at.seq,
             t.elapsed().as_millis()
         );
+        Ok(())
+    }
+
+    fn stop_server(&self) -> anyhow::Result<()> {
+        let pid = self.region.preload_pid();
+        if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Ok(());
+        }
+        // The server is the first process of its own PID namespace
+        // (`lockstep launch-server`): killing it ends the namespace.
+        let target = nix::unistd::Pid::from_raw(pid as i32);
+        nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL)
+            .with_context(|| format!("cannot stop the server (pid {pid})"))?;
+        let since = Instant::now();
+        // Not this process's child: gone once /proc no longer shows it
+        // running (a zombie waits for its parent, and holds nothing).
+        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+            !st.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        }) {
+            if since.elapsed() > std::time::Duration::from_secs(10) {
+                bail!("the server (pid {pid}) did not stop within 10 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        self.region.set_preload_pid(0);
         Ok(())
     }
 }

@@ -146,6 +146,18 @@ struct Flight {
     payload: Payload,
 }
 
+/// With `LOCKSTEP_SIM_TRACE` set, a failing run prints every event and
+/// action first.
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.tracing && std::thread::panicking() {
+            for l in &self.trace {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
 /// Fault rates (percent) and delays.
 #[derive(Clone, Copy, Debug)]
 pub struct Faults {
@@ -225,7 +237,7 @@ impl Cluster {
             started: BTreeMap::new(),
             session_timeout: 300,
             trace: Vec::new(),
-            tracing: false,
+            tracing: std::env::var("LOCKSTEP_SIM_TRACE").is_ok(),
         };
         for id in 1..=n {
             c.nodes.push(Node {
@@ -668,22 +680,76 @@ impl Cluster {
                             .filter(|e| e.seq >= from && (upto == 0 || e.seq <= upto))
                             .copied()
                             .collect();
-                        let metas = es.iter().map(|e| e.meta()).collect();
-                        self.send(to, f.from, 0, Payload::Control(Message::Entries(metas), es));
+                        self.stream_entries(to, f.from, es);
                     }
-                    Message::Entries(metas) => {
+                    Message::Entries {
+                        entries: metas,
+                        more,
+                    } => {
                         self.node(to).pending = entries;
                         self.step_node(
                             to,
                             Event::Message {
                                 from: f.from,
-                                msg: Message::Entries(metas),
+                                msg: Message::Entries {
+                                    entries: metas,
+                                    more,
+                                },
                             },
                         );
                     }
                     msg => self.step_node(to, Event::Message { from: f.from, msg }),
                 }
             }
+        }
+    }
+
+    /// A fetch's answer from `from` to `to`, as the runtime's stream
+    /// carries it: chunks one millisecond apart, in order (one stream, no
+    /// duplicates), the last saying `more: false`; a stream may break
+    /// before any chunk (the fault rate's drops), which the fetching node
+    /// hears as no answer, with the chunks before the break delivered.
+    /// Chunks hold 1 to 4 entries, more in a long answer: about 16 chunks
+    /// at most, as the runtime's chunks of a thousand entries take a small
+    /// part of its request timeout, not several times the sim's.
+    fn stream_entries(&mut self, from: u64, to: u64, es: Vec<Entry>) {
+        let mut at = self.now + 1 + self.rng.below(self.faults.max_delay.max(1));
+        let size = es.len() / 16 + 1 + self.rng.below(4) as usize;
+        let mut rest = &es[..];
+        loop {
+            if self.rng.percent(self.faults.drop) {
+                self.flights.push(Flight {
+                    at,
+                    from,
+                    to,
+                    view: u64::MAX,
+                    payload: Payload::Control(Message::Refused, vec![]),
+                });
+                return;
+            }
+            let n = rest.len().min(size);
+            let (chunk, after) = rest.split_at(n);
+            rest = after;
+            let more = !rest.is_empty();
+            let metas = chunk.iter().map(|e| e.meta()).collect();
+            self.flights.push(Flight {
+                at,
+                from,
+                to,
+                view: 0,
+                payload: Payload::Control(
+                    Message::Entries {
+                        entries: metas,
+                        more,
+                    },
+                    chunk.to_vec(),
+                ),
+            });
+            if !more {
+                return;
+            }
+            // Strictly later: due flights are delivered in time order.
+            at += 1;
         }
     }
 

@@ -16,6 +16,7 @@
 mod cluster;
 mod rng;
 mod scenarios;
+mod snapshots;
 
 use cluster::{Cluster, Faults};
 use lockstep_follower::protocol::Election;

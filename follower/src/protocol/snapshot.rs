@@ -1,0 +1,330 @@
+//! Snapshot policy: which node images its server next, how much of the
+//! log every node may delete, and when a node must install a peer's
+//! snapshot instead of fetching entries. Pure rules over what the nodes
+//! tell each other ([`Member`]); the runtime gathers that and carries the
+//! answers out.
+//!
+//! - [`taker`]: a snapshot is due on a backup once its server applied
+//!   `snapshot_every` past its newest snapshot. Never the leader (clients
+//!   wait on it), never a stale or joining node, and never so many at once
+//!   that fewer than a majority keep applying (a backup stops applying
+//!   while its server is imaged). Each node decides for itself on what the
+//!   others reported a moment ago, so the turn must not hang on anything
+//!   that changes meanwhile: the backups take turns in the order of their
+//!   newest snapshot (oldest first, then the lowest id), which changes only
+//!   when a snapshot is complete — the first in that order takes one once
+//!   it is due, the others wait, one at a time whatever the cluster size,
+//!   and only while a majority besides it applies. (Picking among the due
+//!   backups instead let two start at once, one not yet seeing the other
+//!   due: the snapshot sim found it.)
+//! - [`compaction_point`]: once a majority holds a snapshot at ≥ S, every
+//!   node deletes its entries ≤ S — but never entries its own server has
+//!   not applied, nor entries after its own newest snapshot (a restarted
+//!   node rebuilds its server from its own image and the log after it:
+//!   the leader, which takes none, keeps its log until it is a backup that
+//!   snapshot), nor what a live peer still needs to catch up by fetching
+//!   entries (everything after that peer's log end, or after its commit
+//!   point: a view change probes and fetches the log above a node's
+//!   commit point). A dead node does not hold the log back: it installs a
+//!   snapshot when it comes back.
+//! - [`install_source`]: a node whose log ends before the oldest entry a
+//!   peer keeps cannot catch up by entries: it installs a snapshot from an
+//!   up-to-date peer, a backup rather than the leader (the leader serves
+//!   clients), the newest snapshot first, then the lowest id.
+
+use super::viewchange;
+
+/// How much log between two snapshots (the config's `snapshot_every`;
+/// 0: that measure is off).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Every {
+    /// Entries.
+    pub entries: u64,
+    /// Bytes of encoded entries.
+    pub bytes: u64,
+}
+
+/// What a node knows of one member (itself included), from its own state
+/// or the member's latest status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Member {
+    /// Its id.
+    pub node: u64,
+    /// It answered lately (a node always counts itself live).
+    pub live: bool,
+    /// It leads.
+    pub leader: bool,
+    /// It follows the leader as a healthy backup (not stale, not joining).
+    pub backup: bool,
+    /// It is imaging its server now.
+    pub taking: bool,
+    /// Its server applied up to here.
+    pub applied: u64,
+    /// Its log's last seq.
+    pub last: u64,
+    /// The highest seq it knows committed.
+    pub committed: u64,
+    /// The first seq its log still holds (entries below were compacted;
+    /// 1 or 0 when it holds the whole log).
+    pub oldest: u64,
+    /// Its newest complete snapshot's seq (0: none).
+    pub snapshot: u64,
+    /// Bytes of log it applied since that snapshot.
+    pub bytes_since: u64,
+}
+
+fn due(m: &Member, every: Every) -> bool {
+    let entries = m.applied.saturating_sub(m.snapshot);
+    (every.entries != 0 && entries >= every.entries)
+        || (every.bytes != 0 && m.bytes_since >= every.bytes)
+}
+
+/// Which member should image its server now (None: none), from the
+/// members' states (`members` lists every member of the config once).
+pub fn taker(members: &[Member], every: Every) -> Option<u64> {
+    let majority = viewchange::majority(members.len());
+    let applying = members
+        .iter()
+        .filter(|m| m.live && (m.leader || m.backup) && !m.taking)
+        .count();
+    // One more stops applying: the others must still be a majority.
+    if applying < majority + 1 {
+        return None;
+    }
+    if members.iter().any(|m| m.taking) {
+        return None;
+    }
+    // The order counts every live node but the leader, joining ones too:
+    // a node that turns backup this moment must not find itself first
+    // while another, which did not count it yet, starts.
+    members
+        .iter()
+        .filter(|m| m.live && !m.leader)
+        .min_by_key(|m| (m.snapshot, m.node))
+        .filter(|m| m.backup && due(m, every))
+        .map(|m| m.node)
+}
+
+/// The highest seq a majority of members holds a snapshot at or above
+/// (0: no majority holds one).
+pub fn majority_snapshot(members: &[Member]) -> u64 {
+    let mut seqs: Vec<u64> = members.iter().map(|m| m.snapshot).collect();
+    seqs.sort_unstable_by(|a, b| b.cmp(a));
+    seqs.get(viewchange::majority(members.len()) - 1)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// How far node `me` may delete its log (entries ≤ the answer; 0:
+/// nothing), from the members' states.
+pub fn compaction_point(me: u64, members: &[Member]) -> u64 {
+    let Some(own) = members.iter().find(|m| m.node == me) else {
+        return 0;
+    };
+    let mut point = majority_snapshot(members)
+        .min(own.applied)
+        .min(own.last)
+        .min(own.snapshot);
+    for m in members.iter().filter(|m| m.live && m.node != me) {
+        // A live peer fetches what follows its log's end from someone,
+        // and a view change syncs its log above its commit point.
+        point = point.min(m.last).min(m.committed);
+    }
+    point
+}
+
+/// Whether a node whose log ends at `last` can no longer catch up by
+/// entries from a peer whose log starts at `peer_oldest`.
+pub fn behind_compaction(last: u64, peer_oldest: u64) -> bool {
+    peer_oldest > last + 1
+}
+
+/// The peer node `me` installs a snapshot from when its log ends at
+/// `last` before what the leader keeps (None: it need not — it fetches
+/// the entries from the leader —, no leader is known, or no peer can give
+/// one that reaches past `last`).
+pub fn install_source(me: u64, last: u64, members: &[Member]) -> Option<u64> {
+    let peers = || members.iter().filter(|m| m.live && m.node != me);
+    // Entries come from the leader: while its log continues this node's,
+    // fetching them beats replacing the server.
+    if !peers().any(|m| m.leader && behind_compaction(last, m.oldest)) {
+        return None;
+    }
+    peers()
+        .filter(|m| m.snapshot > last && (m.leader || m.backup))
+        // Its log must continue its snapshot: the entries after it come
+        // from the log once installed.
+        .filter(|m| !behind_compaction(m.snapshot, m.oldest))
+        .min_by_key(|m| (m.leader, std::cmp::Reverse(m.snapshot), m.node))
+        .map(|m| m.node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EVERY: Every = Every {
+        entries: 1000,
+        bytes: 0,
+    };
+
+    fn cluster(n: u64) -> Vec<Member> {
+        (1..=n)
+            .map(|node| Member {
+                node,
+                live: true,
+                leader: node == 1,
+                backup: node != 1,
+                applied: 5000,
+                last: 5000,
+                committed: 5000,
+                oldest: 1,
+                ..Member::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_backup_of_three_at_a_time_never_the_leader() {
+        let mut c = cluster(3);
+        assert_eq!(taker(&c, EVERY), Some(2));
+        c[1].taking = true;
+        assert_eq!(taker(&c, EVERY), None, "two backups of three at once");
+        c[1].taking = false;
+        c[1].snapshot = 5000;
+        assert_eq!(taker(&c, EVERY), Some(3), "the oldest snapshot goes next");
+        c[2].snapshot = 4500;
+        assert_eq!(taker(&c, EVERY), None, "not due: 500 entries since");
+        // The first in turn is not due yet: the others wait for it.
+        let mut c = cluster(3);
+        c[1].applied = 500;
+        assert_eq!(taker(&c, EVERY), None);
+        // The leader is never the one, however due; a joining node first
+        // in turn holds the others back until it follows.
+        let mut c = cluster(3);
+        c[1].backup = false; // joining
+        assert_eq!(taker(&c, EVERY), None);
+        c[1].snapshot = 5000;
+        c[2].snapshot = 100;
+        assert_eq!(taker(&c, EVERY), None, "too few apply besides it");
+        let mut c = cluster(5);
+        c[1].backup = false;
+        c[1].snapshot = 5000;
+        assert_eq!(taker(&c, EVERY), Some(3));
+        // A dead backup leaves no room for one to stop applying.
+        let mut c = cluster(3);
+        c[2].live = false;
+        assert_eq!(taker(&c, EVERY), None);
+    }
+
+    #[test]
+    fn one_at_a_time_in_five_nodes_too_and_bytes_count() {
+        let mut c = cluster(5);
+        assert_eq!(taker(&c, EVERY), Some(2));
+        c[1].taking = true;
+        assert_eq!(taker(&c, EVERY), None);
+        // A dead backup is skipped while a majority besides the taker applies.
+        let mut c = cluster(5);
+        c[1].live = false;
+        assert_eq!(taker(&c, EVERY), Some(3));
+        let mut c = cluster(3);
+        for m in &mut c {
+            m.applied = 10;
+            m.bytes_since = 2 << 20;
+        }
+        let bytes = Every {
+            entries: 0,
+            bytes: 1 << 20,
+        };
+        assert_eq!(taker(&c, bytes), Some(2));
+        assert_eq!(taker(&c, EVERY), None);
+    }
+
+    #[test]
+    fn compaction_waits_for_a_majority_and_for_live_nodes_that_need_entries() {
+        let mut c = cluster(3);
+        c[1].snapshot = 4000;
+        assert_eq!(compaction_point(2, &c), 0, "one snapshot is no majority");
+        c[2].snapshot = 3000;
+        assert_eq!(majority_snapshot(&c), 3000);
+        assert_eq!(compaction_point(2, &c), 3000);
+        assert_eq!(compaction_point(3, &c), 3000);
+        // The leader, without a snapshot of its own, keeps its log: it
+        // could not rebuild its server after a restart.
+        assert_eq!(compaction_point(1, &c), 0);
+        // Nor does a backup delete past its own newest snapshot.
+        c[2].snapshot = 3500;
+        assert_eq!(compaction_point(2, &c), 3500);
+        assert_eq!(compaction_point(3, &c), 3500);
+        c[2].snapshot = 3000;
+        // A live node whose log ends at 2000 still fetches from 2001.
+        c[0].last = 2000;
+        assert_eq!(compaction_point(2, &c), 2000);
+        // Nor one that knows the commit only up to 2200.
+        c[0].last = 5000;
+        c[0].committed = 2200;
+        assert_eq!(compaction_point(2, &c), 2200);
+        // Dead, it installs a snapshot instead: no longer holds it back.
+        c[0].live = false;
+        assert_eq!(compaction_point(2, &c), 3000);
+        // Never past what the node's own server applied.
+        c[1].applied = 2500;
+        assert_eq!(compaction_point(2, &c), 2500);
+    }
+
+    #[test]
+    fn a_node_behind_the_compacted_log_installs_from_a_backup() {
+        let mut c = cluster(3);
+        for m in &mut c[..2] {
+            m.snapshot = 3000;
+            m.oldest = 3001;
+        }
+        c[2].last = 100;
+        assert!(behind_compaction(100, 3001));
+        assert!(!behind_compaction(3000, 3001));
+        assert_eq!(
+            install_source(3, 100, &c),
+            Some(2),
+            "a backup, not the leader"
+        );
+        c[1].live = false;
+        assert_eq!(
+            install_source(3, 100, &c),
+            Some(1),
+            "the leader when no backup can"
+        );
+        // Not behind: entries will do.
+        let mut c = cluster(3);
+        assert_eq!(install_source(3, 100, &c), None);
+        // Behind a backup's log only: the leader's log serves.
+        c[1].snapshot = 3000;
+        c[1].oldest = 3001;
+        assert_eq!(install_source(3, 100, &c), None);
+    }
+
+    proptest::proptest! {
+        /// Whoever the rule picks, a majority of members still applies
+        /// (live leader or backups not imaging) while it images.
+        #[test]
+        fn a_majority_keeps_applying(
+            n in 1u64..8, seed in proptest::collection::vec((0u8..4, 0u64..3000, 0u64..3000), 8),
+        ) {
+            let mut c = cluster(n);
+            for (m, (flags, applied, snap)) in c.iter_mut().zip(seed) {
+                m.live = flags & 1 == 0;
+                m.taking = flags & 2 == 2 && !m.leader;
+                m.applied = applied;
+                m.snapshot = snap.min(applied);
+            }
+            if let Some(t) = taker(&c, EVERY) {
+                let m = c.iter().find(|m| m.node == t).unwrap();
+                proptest::prop_assert!(m.backup && !m.leader && m.live && !m.taking);
+                let applying = c
+                    .iter()
+                    .filter(|m| m.live && (m.leader || m.backup) && !m.taking && m.node != t)
+                    .count();
+                proptest::prop_assert!(applying >= viewchange::majority(n as usize));
+            }
+        }
+    }
+}
