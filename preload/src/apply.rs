@@ -852,12 +852,17 @@ impl Pump {
                 self.open(h.seq);
                 self.last_input_conn = h.seq;
             }
-            Kind::Data | Kind::Close => {
+            Kind::Data => {
                 let adjacent = self.last_input_conn == h.conn;
                 self.check_output(&h, adjacent);
                 self.classify_input(&h);
                 self.last_input_conn = h.conn;
             }
+            // What a server wrote after a connection's last input is not
+            // compared at its end: the client may have gone mid-reply, and
+            // then the leader's writes fail where a backup's (dropped)
+            // never do.
+            Kind::Close => self.last_input_conn = h.conn,
             Kind::View => {
                 self.end_all();
                 self.last_input_conn = 0;
