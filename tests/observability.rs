@@ -531,7 +531,16 @@ fn a_rejoining_node_is_catching_up_and_unhealthy_until_it_applied_its_backlog() 
     // entries written next are more than max_apply_lag that it has not.
     c.start_follower(3);
     c.start_server(3);
-    let pid = Pid::from_raw(c.server_pid(3) as i32);
+    // The server itself (it runs in a PID namespace under a launcher): the
+    // pid its preload reports once attached.
+    let mut attached = 0;
+    c.wait("node 3's server to attach", HANG, |c| {
+        c.status(3).is_ok_and(|s| s.server_pid != 0)
+    });
+    if let Ok(s) = c.status(3) {
+        attached = s.server_pid;
+    }
+    let pid = Pid::from_raw(attached as i32);
     kill(pid, Signal::SIGSTOP).expect("SIGSTOP node 3's server");
     set_keys(c.app(1), "rejoin:behind", 2 * LAG);
     c.wait("node 3 to store the leader's log", HANG, |c| {
