@@ -852,17 +852,12 @@ impl Pump {
                 self.open(h.seq);
                 self.last_input_conn = h.seq;
             }
-            Kind::Data => {
+            Kind::Data | Kind::Close => {
                 let adjacent = self.last_input_conn == h.conn;
                 self.check_output(&h, adjacent);
                 self.classify_input(&h);
                 self.last_input_conn = h.conn;
             }
-            // What a server wrote after a connection's last input is not
-            // compared at its end: the client may have gone mid-reply, and
-            // then the leader's writes fail where a backup's (dropped)
-            // never do.
-            Kind::Close => self.last_input_conn = h.conn,
             Kind::View => {
                 self.end_all();
                 self.last_input_conn = 0;
