@@ -138,11 +138,6 @@ pub fn input_logged() {
     let _ = READS.try_with(|c| c.set(c.get().after_input(0)));
 }
 
-/// The calling thread's clock reads of its turn so far.
-pub fn turn_reads() -> TurnReads {
-    READS.try_with(|c| c.get()).unwrap_or(TurnReads::IDLE)
-}
-
 /// A counted clock read of the calling thread's turn: the read is
 /// counted and reads `decide(reads, now)`, which becomes the thread's
 /// time (never back). None outside a turn.

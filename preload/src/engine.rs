@@ -255,14 +255,19 @@ impl Engine {
         }
         w.open = false;
         let last = w.log.next_seq() - 1;
-        self.appended_view.store(view, Ordering::Release);
-        self.appended.store(last, Ordering::Release);
+        self.note_appended(view, last);
         let _ = self.hand_over(Logged {
             first: last,
             last,
             view,
         });
         true
+    }
+
+    /// The last seq appended, in `view` (what `wait_output` waits for).
+    fn note_appended(&self, view: u64, last: u64) {
+        self.appended_view.store(view, Ordering::Release);
+        self.appended.store(last, Ordering::Release);
     }
 
     /// Whether the last logged turn's end is not in the log yet.
@@ -374,8 +379,7 @@ impl Engine {
         let last = w.log.next_seq() - 1;
         // A turn's TICK is appended as it ends: it closes the turn.
         w.open = kind != Kind::Tick;
-        self.appended_view.store(view, Ordering::Release);
-        self.appended.store(last, Ordering::Release);
+        self.note_appended(view, last);
         if matches!(kind, Kind::Accept | Kind::Data | Kind::Close) {
             // The server's clock reads count from this input on.
             crate::clock::input_logged();
