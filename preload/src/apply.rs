@@ -78,6 +78,9 @@ const SHOWN: usize = 48;
 /// A consumed turn counts as handled after this long even when the server
 /// did not re-enter an event-loop wait the hooks see.
 const TURN_PATIENCE: Duration = Duration::from_millis(500);
+/// How long a turn may stay in flight before a warning names what it
+/// waits for.
+const TURN_STUCK: Duration = Duration::from_secs(5);
 /// A clock read that waits this long for the log to say what it reads
 /// gets a warning (once per read).
 const SLOW_CLOCK: Duration = Duration::from_secs(5);
@@ -97,6 +100,11 @@ struct Conn {
     /// when that thread waits again.
     handled_slot: usize,
     handled_turn: u64,
+    /// The thread that last read its input (None: not read yet). Not the
+    /// one that accepted it: a listener thread hands its connections to
+    /// worker loops (memcached), and only the reader's wait sees a turn of
+    /// the connection without the bell.
+    read_slot: Option<usize>,
     /// The log ended the connection (CLOSE): its end is shut, the server
     /// reads EOF once the inbox is empty.
     closing: bool,
@@ -160,6 +168,10 @@ pub struct Pump {
     payloads: Vec<u8>,
     turn_end: u64,
     consumed_at: Option<Instant>,
+    /// When the turn in flight was first found unfinished, and whether a
+    /// warning said it is stuck (once per turn).
+    pending_since: Option<Instant>,
+    stuck_said: bool,
     /// The seq of the entry read last (clock records included).
     prev_seq: u64,
     /// The clock records of the turn in flight not read yet (see
@@ -393,6 +405,7 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
         if !peek && n > 0 {
             c.served += n;
             c.handled_here();
+            c.read_slot = Some(c.handled_slot);
             // The server handles this connection's input now: its time,
             // and its clock reads count from its last entry.
             let turn = p.turn_start();
@@ -654,6 +667,8 @@ impl Pump {
             payloads: Vec::new(),
             turn_end: 0,
             consumed_at: None,
+            pending_since: None,
+            stuck_said: false,
             conns: HashMap::new(),
             by_addr: HashMap::new(),
             broken: false,
@@ -802,7 +817,7 @@ impl Pump {
             .iter()
             .find(|h| h.kind == Kind::Data)
             .and_then(|h| self.conns.get(&h.conn))
-            .is_some_and(|c| c.handled_slot == turns::slot())
+            .is_some_and(|c| c.read_slot == Some(turns::slot()))
     }
 
     /// The server may be blocked in its wait, and the log's bytes make no
@@ -884,6 +899,8 @@ impl Pump {
         self.turn.clear();
         self.payloads.clear();
         self.consumed_at = None;
+        self.pending_since = None;
+        self.stuck_said = false;
         self.tick = None;
         self.times.clear();
         self.anchor = 0;
@@ -973,7 +990,52 @@ impl Pump {
         if all_read && self.consumed_at.is_none() {
             self.consumed_at = Some(Instant::now());
         }
+        if !done {
+            self.say_if_stuck(all_read);
+        }
         done
+    }
+
+    /// A turn still in flight after [`TURN_STUCK`]: one warning naming
+    /// what it waits for (a server that never finishes a turn stops its
+    /// node's apply; the operator and the tests see why).
+    fn say_if_stuck(&mut self, all_read: bool) {
+        let since = *self.pending_since.get_or_insert_with(Instant::now);
+        if self.stuck_said || since.elapsed() < TURN_STUCK {
+            return;
+        }
+        self.stuck_said = true;
+        let mut what = String::new();
+        for h in &self.turn {
+            let c = self.conns.get(&h.conn).or_else(|| self.conns.get(&h.seq));
+            what.push_str(&format!(
+                " [{:?} seq {} conn {} loop {:?}: {}]",
+                h.kind,
+                h.seq,
+                h.conn,
+                h.turn_loop,
+                match c {
+                    None => "no replay connection".to_string(),
+                    Some(c) => format!(
+                        "fd {} served {}/{} eof {} closed {} handled by slot {} turn {} (now {}, running {})",
+                        c.server_fd,
+                        c.served,
+                        c.inbox.1,
+                        c.eof,
+                        c.closed,
+                        c.handled_slot,
+                        c.handled_turn,
+                        turns::count(c.handled_slot),
+                        turns::running(c.handled_slot)
+                    ),
+                }
+            ));
+        }
+        log::warn!(
+            "a turn has been in flight for {:?} (all read: {all_read}, tick {:?}):{what}",
+            since.elapsed(),
+            self.tick
+        );
     }
 
     /// Takes clock record `h` (ending at ring position `end`) from the
@@ -1146,6 +1208,7 @@ impl Pump {
                 closing: false,
                 handled_slot: 0,
                 handled_turn: 0,
+                read_slot: None,
                 eof: false,
                 closed: false,
                 out: OutputDigest::default(),
