@@ -29,7 +29,7 @@ fn uids(pid: u64) -> Vec<u32> {
 }
 
 #[test]
-#[ignore = "open bug: about 1 run in 2 on a loaded machine the leader's memcached -u nobody fails accept() with EINVAL once its region is attached, and nothing replicates; run with --ignored while it is investigated"]
+#[ignore = "open bug: about 1 run in 10 a backup's items differ from the leader's after the workload (a divergence counted at the verifying gets; once in 11 runs since the fix of the apply stall that made nothing replicate); run with --ignored while it is investigated"]
 fn memcached_dropping_to_nobody_replicates() {
     // Only root can make memcached change to another user.
     let me = uids(std::process::id() as u64);
