@@ -237,7 +237,11 @@ fn applier(region: Arc<Region>) {
         let seen = bell.value();
         let busy = pump().is_some_and(|mut p| {
             p.run();
-            !p.turn.is_empty()
+            let busy = !p.turn.is_empty();
+            if busy {
+                p.say_if_stuck();
+            }
+            busy
         });
         let nap = if busy {
             Duration::from_millis(20)
@@ -990,16 +994,14 @@ impl Pump {
         if all_read && self.consumed_at.is_none() {
             self.consumed_at = Some(Instant::now());
         }
-        if !done {
-            self.say_if_stuck(all_read);
-        }
         done
     }
 
     /// A turn still in flight after [`TURN_STUCK`]: one warning naming
     /// what it waits for (a server that never finishes a turn stops its
-    /// node's apply; the operator and the tests see why).
-    fn say_if_stuck(&mut self, all_read: bool) {
+    /// node's apply; the operator and the tests see why). Asked by the
+    /// applier thread while a turn is in flight, off the server's threads.
+    fn say_if_stuck(&mut self) {
         let since = *self.pending_since.get_or_insert_with(Instant::now);
         if self.stuck_said || since.elapsed() < TURN_STUCK {
             return;
@@ -1032,8 +1034,9 @@ impl Pump {
             ));
         }
         log::warn!(
-            "a turn has been in flight for {:?} (all read: {all_read}, tick {:?}):{what}",
+            "a turn has been in flight for {:?} (all read: {}, tick {:?}):{what}",
             since.elapsed(),
+            self.consumed_at.is_some(),
             self.tick
         );
     }
