@@ -55,6 +55,13 @@ fn redis_test_suite_passes_through_lockstep_as_against_plain_redis() {
         .expect("read tests/redis_suite/units.toml"),
     )
     .unwrap_or_else(|e| panic!("tests/redis_suite/units.toml: {e}"));
+    // LOCKSTEP_SUITE_UNITS=unit/a,unit/b runs just those (to chase one unit).
+    let mut plan = plan;
+    if let Ok(only) = std::env::var("LOCKSTEP_SUITE_UNITS") {
+        let only: Vec<&str> = only.split(',').map(str::trim).collect();
+        plan.units.retain(|u| only.contains(&u.name.as_str()));
+        assert!(!plan.units.is_empty(), "LOCKSTEP_SUITE_UNITS names no unit of units.toml");
+    }
     let timeout = Duration::from_secs(plan.unit_timeout_secs);
 
     let mut c = TestCluster::new(
