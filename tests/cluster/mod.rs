@@ -943,10 +943,9 @@ fn kill_restored(slot: &mut Option<u32>) {
     }
 }
 
-/// Spawns `cmd` with no stdin and stdout and stderr into `log`, in a
-/// session of its own (its own CPU share: a test's load does not starve it).
+/// Spawns `cmd` with no stdin and stdout and stderr into `log`.
 fn spawn(mut cmd: Command, log: std::fs::File) -> Child {
-    spawn_logged(&mut cmd, log, Grouping::OwnSession)
+    spawn_logged(&mut cmd, log, Grouping::Inherit)
         .unwrap_or_else(|e| panic!("cannot spawn {cmd:?}: {e}"))
 }
 
