@@ -208,7 +208,7 @@ struct SystemReport {
 /// range: a port from there (what binding port 0 hands out) can become the
 /// local end of an outgoing connection — there are many here, 50 clients
 /// per run — before the server binds it, and then its bind fails.
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     ports::try_free_port().context("no free loopback port outside the ephemeral range")
 }
 
@@ -417,6 +417,28 @@ fn start(sys: System, ctx: &Ctx) -> anyhow::Result<Started> {
 /// Writes a 3-node config for `sys` into `dir` and starts it with
 /// `Cluster::start` (as `lockstep up` would); the load goes to node 1,
 /// the static leader.
+/// A benchmark cluster's `server = [...]` line: redis-server as a replica.
+pub(crate) fn redis_server_line() -> String {
+    let mut server = vec!["redis-server", "--port", "{port}", "--bind", "{host}"];
+    server.extend(REDIS_REPLICA_ARGS);
+    server.extend(["--dir", "{data}"]);
+    let quoted: Vec<String> = server.iter().map(|a| format!("{a:?}")).collect();
+    format!("server = [{}]\n", quoted.join(", "))
+}
+
+/// A benchmark cluster's three `[[nodes]]` on free loopback ports.
+pub(crate) fn three_nodes() -> anyhow::Result<String> {
+    let mut toml = String::new();
+    for id in 1..=3 {
+        toml.push_str(&format!(
+            "[[nodes]]\nid = {id}\napp = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
+            free_port()?,
+            free_port()?
+        ));
+    }
+    Ok(toml)
+}
+
 fn start_lockstep(sys: System, dir: &Path, ctx: &Ctx) -> anyhow::Result<(SocketAddr, Running)> {
     let (transport, commit) = sys.lockstep().expect("a lockstep system");
     let bins = ctx
@@ -433,21 +455,9 @@ fn start_lockstep(sys: System, dir: &Path, ctx: &Ctx) -> anyhow::Result<(SocketA
     if transport == "tcp" {
         toml.push_str(&format!("key = \"lockstep-bench-redis-key-{pid:010}\"\n"));
     }
-    let mut server = vec!["redis-server", "--port", "{port}", "--bind", "{host}"];
-    server.extend(REDIS_REPLICA_ARGS);
-    server.extend(["--dir", "{data}"]);
-    let quoted: Vec<String> = server.iter().map(|a| format!("{a:?}")).collect();
-    toml.push_str(&format!(
-        "server = [{}]\n[election]\nmode = \"static\"\nleader = 1\n",
-        quoted.join(", ")
-    ));
-    for id in 1..=3 {
-        toml.push_str(&format!(
-            "[[nodes]]\nid = {id}\napp = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
-            free_port()?,
-            free_port()?
-        ));
-    }
+    toml.push_str(&redis_server_line());
+    toml.push_str("[election]\nmode = \"static\"\nleader = 1\n");
+    toml.push_str(&three_nodes()?);
     let path = dir.join("cluster.toml");
     std::fs::write(&path, &toml).with_context(|| format!("cannot write {}", path.display()))?;
     let config = Config::load(&path)?;
@@ -873,7 +883,7 @@ fn default_out() -> PathBuf {
         .join(timestamp())
 }
 
-fn in_path(prog: &str) -> bool {
+pub(crate) fn in_path(prog: &str) -> bool {
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
         .unwrap_or(false)

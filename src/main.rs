@@ -6,6 +6,7 @@ mod chart;
 mod check;
 mod failover_bench;
 mod launch;
+mod restart_bench;
 mod status;
 mod up;
 mod up_zookeeper;
@@ -195,6 +196,29 @@ enum BenchCmd {
         #[arg(long)]
         keep: bool,
     },
+    /// Rejoin time of a killed backup, and the first acknowledged write
+    /// after both backups were killed, against the log's length, with
+    /// snapshots on and off (starts its own 3-node Redis clusters).
+    Restart {
+        /// Log lengths in entries (comma list; k and M suffixes).
+        #[arg(long, default_value = "1M,4M", value_parser = restart_bench::parse_entries)]
+        entries: std::vec::Vec<u64>,
+        /// Snapshot modes to compare (comma list of process, off).
+        #[arg(long, default_value = "process,off", value_delimiter = ',')]
+        modes: Vec<String>,
+        /// `snapshot_every.entries` with snapshots on.
+        #[arg(long, default_value_t = lockstep_common::config::DEFAULT_SNAPSHOT_EVERY.entries)]
+        snapshot_every: u64,
+        /// Work directory [default: target/bench-restart].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// One JSON object per run instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Keep each run's data and logs.
+        #[arg(long)]
+        keep: bool,
+    },
 }
 
 fn load(pos: Option<PathBuf>, flag: Option<PathBuf>) -> anyhow::Result<Config> {
@@ -311,6 +335,24 @@ fn main() {
             pipeline,
             duration: duration.map(Duration::from_secs_f64),
             only,
+            keep,
+        }),
+        Cmd::Bench {
+            what:
+                BenchCmd::Restart {
+                    entries,
+                    modes,
+                    snapshot_every,
+                    out,
+                    json,
+                    keep,
+                },
+        } => restart_bench::run(&restart_bench::Options {
+            entries,
+            modes,
+            snapshot_every,
+            out: out.unwrap_or_else(|| PathBuf::from("target/bench-restart")),
+            json,
             keep,
         }),
         Cmd::Snapshot { config, node } => (|| {

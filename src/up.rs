@@ -630,7 +630,7 @@ impl Cluster {
 
     /// Stops what is left of node `id` (SIGTERM to its process groups,
     /// SIGKILL after a grace period) and forgets its processes; blocks.
-    fn stop_node_now(&mut self, id: u64) {
+    pub fn stop_node_now(&mut self, id: u64) {
         self.signal_node(id, Signal::SIGTERM);
         let start = Instant::now();
         let mut killed = false;

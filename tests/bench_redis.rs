@@ -1,6 +1,8 @@
-//! `lockstep bench redis` end to end, kept short: plain Redis and one
-//! lockstep cluster, a few thousand requests; checks the run finishes,
-//! leaves no region file behind, and writes a JSON file with real rows.
+//! `lockstep bench redis` and `lockstep bench restart` end to end, kept
+//! short: `redis` with plain Redis and one lockstep cluster, a few thousand
+//! requests, checks the run finishes, leaves no region file behind, and
+//! writes a JSON file with real rows; `restart` at one short log length,
+//! snapshots on and off, checks it measures both and leaves nothing behind.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -19,30 +21,43 @@ fn lockstep() -> PathBuf {
     exe
 }
 
+/// One bench at a time: each picks free ports for its servers, and two
+/// picking at once can pick the same one.
+static ONE_BENCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `cmd` to its end, one bench at a time; asserts it succeeded;
+/// returns its pid (the cluster names its region files after it) and its
+/// stdout.
+fn run_lockstep(cmd: &mut Command) -> (u32, String) {
+    let _one = ONE_BENCH.lock().unwrap_or_else(|p| p.into_inner());
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    let pid = child.id();
+    let run = child.wait_with_output().expect("wait for lockstep");
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "{cmd:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        run.status
+    );
+    (pid, stdout)
+}
+
 #[test]
 fn bench_redis_writes_rows_for_plain_and_lockstep() {
     let out =
         std::env::temp_dir().join(format!("lockstep-bench-redis-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let child = Command::new(lockstep())
-        .args(["bench", "redis", "--only", "plain,lockstep-output"])
-        .args(["--requests", "2000", "--clients", "10"])
-        .arg("--out")
-        .arg(&out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run lockstep bench redis");
-    let pid = child.id();
-    let run = child
-        .wait_with_output()
-        .expect("wait for lockstep bench redis");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        run.status.success(),
-        "{}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        run.status
+    let (pid, stdout) = run_lockstep(
+        Command::new(lockstep())
+            .args(["bench", "redis", "--only", "plain,lockstep-output"])
+            .args(["--requests", "2000", "--clients", "10"])
+            .arg("--out")
+            .arg(&out),
     );
     assert!(stdout.contains("results in "), "{stdout}");
 
@@ -86,15 +101,61 @@ fn bench_redis_writes_rows_for_plain_and_lockstep() {
     // The servers' work directory is removed after a successful run, and
     // the cluster's region files (named after the bench's pid) with it.
     assert!(!out.join("work").exists());
-    let prefix = format!("lockstep-benchredis-{pid}-");
+    assert_no_regions_left(&format!("lockstep-benchredis-{pid}-"));
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// No region file whose name starts with `prefix` is left in /dev/shm.
+fn assert_no_regions_left(prefix: &str) {
     let left: Vec<_> = std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.filter_map(Result::ok)
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&prefix))
+                .filter(|n| n.starts_with(prefix))
                 .collect()
         })
         .unwrap_or_default();
     assert!(left.is_empty(), "region files left: {left:?}");
+}
+
+#[test]
+fn bench_restart_measures_rejoin_and_majority_loss_with_snapshots_on_and_off() {
+    let out = std::env::temp_dir().join(format!(
+        "lockstep-bench-restart-test-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    let (pid, stdout) = run_lockstep(
+        Command::new(lockstep())
+            .args([
+                "bench",
+                "restart",
+                "--entries",
+                "20k",
+                "--modes",
+                "process,off",
+            ])
+            .args(["--snapshot-every", "1000", "--json", "--out"])
+            .arg(&out),
+    );
+    let runs: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let modes: Vec<&str> = runs
+        .iter()
+        .map(|r| r["snapshot"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["process", "off"], "{stdout}");
+    for r in &runs {
+        assert_eq!(r["log_entries"], 20_000, "{r}");
+        assert!(r["rejoin_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["majority_loss_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // With snapshots off there is nothing to restore from.
+    assert_eq!(runs[1]["rejoin_restored"], false, "{}", runs[1]);
+    // Each run's directory is removed after it succeeded, region files too.
+    assert_eq!(std::fs::read_dir(&out).map(|d| d.count()).unwrap_or(0), 0);
+    assert_no_regions_left(&format!("lockstep-benchrestart-{pid}-"));
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -33,11 +33,15 @@ fn pubsub_subscribers_that_send_commands_count_no_divergence() {
                 let (mut messages, mut pongs) = (0, 0);
                 while messages < MESSAGES {
                     match s.read().unwrap() {
-                        Reply::Array(Some(m)) if m.first() == Some(&Reply::Bulk(Some(b"message".to_vec()))) => {
+                        Reply::Array(Some(m))
+                            if m.first() == Some(&Reply::Bulk(Some(b"message".to_vec()))) =>
+                        {
                             messages += 1;
                             s.send(&[b"PING"]).unwrap();
                         }
-                        Reply::Array(Some(m)) if m.first() == Some(&Reply::Bulk(Some(b"pong".to_vec()))) => {
+                        Reply::Array(Some(m))
+                            if m.first() == Some(&Reply::Bulk(Some(b"pong".to_vec()))) =>
+                        {
                             pongs += 1;
                         }
                         other => panic!("a subscriber read {other:?}"),
@@ -49,9 +53,18 @@ fn pubsub_subscribers_that_send_commands_count_no_divergence() {
                 s.send(&[b"UNSUBSCRIBE"]).unwrap();
                 loop {
                     match s.read().unwrap() {
-                        Reply::Array(Some(m)) if m.first() == Some(&Reply::Bulk(Some(b"unsubscribe".to_vec()))) => break,
-                        Reply::Array(Some(m)) if m.first() == Some(&Reply::Bulk(Some(b"pong".to_vec()))) => pongs += 1,
-                        Reply::Array(Some(m)) if m.first() == Some(&Reply::Bulk(Some(b"message".to_vec()))) => {}
+                        Reply::Array(Some(m))
+                            if m.first() == Some(&Reply::Bulk(Some(b"unsubscribe".to_vec()))) =>
+                        {
+                            break
+                        }
+                        Reply::Array(Some(m))
+                            if m.first() == Some(&Reply::Bulk(Some(b"pong".to_vec()))) =>
+                        {
+                            pongs += 1
+                        }
+                        Reply::Array(Some(m))
+                            if m.first() == Some(&Reply::Bulk(Some(b"message".to_vec()))) => {}
                         other => panic!("a subscriber read {other:?}"),
                     }
                 }

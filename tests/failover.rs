@@ -33,7 +33,7 @@ use lockstep_common::control::NodeStatus;
 use lockstep_testkit::commands::follower_command;
 use lockstep_testkit::leader::find_leader;
 use lockstep_testkit::poll::poll_until;
-use lockstep_testkit::process::open_log;
+use lockstep_testkit::process::{open_log, spawn_logged, Grouping};
 use netns::{enter_netns_at, in_netns, spawn_in, Net};
 
 /// Bound on every wait: reaching it means a hang, not slowness.
@@ -1116,17 +1116,23 @@ fn rebuild_stale_then_check(mut c: TestCluster, f: &Finder, leader: u64, logs: &
 struct CpuHog(Vec<Child>);
 
 impl CpuHog {
-    /// Two busy loops per core.
+    /// Two busy loops per core, in a session of their own: another program
+    /// on the host, as a service is. (Loops started in the followers' own
+    /// session would take that session's CPU share, which the README says
+    /// a follower must not share with busy work: `lockstep up` gives every
+    /// follower a session of its own.)
     fn start() -> CpuHog {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         CpuHog(
             (0..2 * cores)
                 .map(|_| {
-                    Command::new("sh")
-                        .args(["-c", "while :; do :; done"])
-                        .stdin(Stdio::null())
-                        .spawn()
-                        .expect("start a busy loop")
+                    let null = std::fs::File::create("/dev/null").expect("/dev/null");
+                    spawn_logged(
+                        Command::new("sh").args(["-c", "while :; do :; done"]),
+                        null,
+                        Grouping::OwnSession,
+                    )
+                    .expect("start a busy loop")
                 })
                 .collect(),
         )

@@ -558,7 +558,10 @@ fn leader_whose_follower_died_fails_the_waiting_input_and_still_stops() {
         .filter(|r| r.payload != failed_set)
         .map(|r| (r.header.kind, r.header.seq, r.header.conn))
         .collect();
-    assert!(after.is_empty(), "an input was logged after the fence: {after:?}");
+    assert!(
+        after.is_empty(),
+        "an input was logged after the fence: {after:?}"
+    );
     // Back in its event loop, the server still obeys SIGTERM.
     server.assert_stops_on_sigterm();
 }

@@ -60,7 +60,10 @@ fn redis_test_suite_passes_through_lockstep_as_against_plain_redis() {
     if let Ok(only) = std::env::var("LOCKSTEP_SUITE_UNITS") {
         let only: Vec<&str> = only.split(',').map(str::trim).collect();
         plan.units.retain(|u| only.contains(&u.name.as_str()));
-        assert!(!plan.units.is_empty(), "LOCKSTEP_SUITE_UNITS names no unit of units.toml");
+        assert!(
+            !plan.units.is_empty(),
+            "LOCKSTEP_SUITE_UNITS names no unit of units.toml"
+        );
     }
     let timeout = Duration::from_secs(plan.unit_timeout_secs);
 

@@ -51,7 +51,9 @@ fn wait_busy(probe: &mut Resp) {
 /// reach every replica's server at the same point of the script.
 fn busy_then_killed(c: &TestCluster, start: &[&[u8]], kill: &[&[u8]], killed: &str) {
     let mut admin = Resp::connect(c.app(1)).unwrap();
-    ok(admin.cmd(&[b"CONFIG", b"SET", b"busy-reply-threshold", b"100"]).unwrap());
+    ok(admin
+        .cmd(&[b"CONFIG", b"SET", b"busy-reply-threshold", b"100"])
+        .unwrap());
     ok(admin.cmd(&[b"SET", b"before", b"1"]).unwrap());
     let mut runner = Resp::connect(c.app(1)).unwrap();
     runner.set_read_timeout(LIMIT).unwrap();
@@ -73,10 +75,7 @@ fn busy_then_killed(c: &TestCluster, start: &[&[u8]], kill: &[&[u8]], killed: &s
         "the leader serves again"
     );
     ok(admin.cmd(&[b"SET", b"after", b"1"]).unwrap());
-    assert_eq!(
-        admin.cmd(&[b"EXISTS", b"during"]).unwrap(),
-        Reply::Int(0)
-    );
+    assert_eq!(admin.cmd(&[b"EXISTS", b"during"]).unwrap(), Reply::Int(0));
     c.wait_converged(LIMIT);
     c.assert_same_digest();
     c.assert_no_divergence();
@@ -145,8 +144,14 @@ fn durations_inside_a_command_are_real_and_the_same_everywhere() {
     let mut c = TestCluster::new("tt-slowlog", Options::default());
     c.start_all();
     let mut r = Resp::connect(c.app(1)).unwrap();
-    ok(r.cmd(&[b"CONFIG", b"SET", b"slowlog-log-slower-than", b"100000"]).unwrap());
-    ok(r.cmd(&[b"CONFIG", b"SET", b"latency-monitor-threshold", b"50"]).unwrap());
+    ok(
+        r.cmd(&[b"CONFIG", b"SET", b"slowlog-log-slower-than", b"100000"])
+            .unwrap(),
+    );
+    ok(
+        r.cmd(&[b"CONFIG", b"SET", b"latency-monitor-threshold", b"50"])
+            .unwrap(),
+    );
     ok(r.cmd(&[b"SLOWLOG", b"RESET"]).unwrap());
     ok(r.cmd(&[b"DEBUG", b"SLEEP", b"0.2"]).unwrap());
     ok(r.cmd(&[b"SET", b"k", b"v"]).unwrap());

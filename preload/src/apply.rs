@@ -380,7 +380,11 @@ pub fn on_accept(fd: i32, peer: SocketAddr) -> bool {
         c.handled_here();
     }
     // The server's clock reads count from the accept, as the leader's did.
-    if let Some(h) = p.turn.iter().find(|h| h.kind == Kind::Accept && h.seq == conn) {
+    if let Some(h) = p
+        .turn
+        .iter()
+        .find(|h| h.kind == Kind::Accept && h.seq == conn)
+    {
         crate::clock::enter_window(h.seq, h.seq, h.time_us);
     }
     if let Some(slot) = fdtable::slot(fd) {
@@ -1177,9 +1181,9 @@ impl Pump {
     /// Whether the turn in flight holds an input after `anchor` (the
     /// window of reads counted from `anchor` ended there).
     fn window_closed(&self, anchor: u64) -> bool {
-        self.turn.iter().any(|h| {
-            h.seq > anchor && matches!(h.kind, Kind::Data | Kind::Accept | Kind::Close)
-        })
+        self.turn
+            .iter()
+            .any(|h| h.seq > anchor && matches!(h.kind, Kind::Data | Kind::Accept | Kind::Close))
     }
 
     /// ACCEPT: connects to the server (it accepts in its event loop).
@@ -1370,7 +1374,10 @@ mod tests {
             !joins_last(&t, &data(12, 3, false, 7), 4),
             "the leader's next turn"
         );
-        assert!(!joins_last(&t, &data(13, 3, true, 7), 4), "not the next seq");
+        assert!(
+            !joins_last(&t, &data(13, 3, true, 7), 4),
+            "not the next seq"
+        );
     }
 
     #[test]
@@ -1384,7 +1391,10 @@ mod tests {
             !joins_last(&t, &data(12, 2, true, 9), 4),
             "a second input of conn 2"
         );
-        assert!(!joins_last(&t, &data(12, 1, true, 0), 4), "conn 1 after another");
+        assert!(
+            !joins_last(&t, &data(12, 1, true, 0), 4),
+            "conn 1 after another"
+        );
         let mut close = data(12, 3, true, 5);
         close.kind = Kind::Close;
         assert!(!joins_last(&t, &close, 4), "an EOF is a turn of its own");

@@ -113,7 +113,7 @@ pub fn read(engine: &crate::engine::Engine) -> Option<u64> {
         }
         Some(us)
     } else {
-        clock::counted_read(|reads, now| crate::apply::time_at(reads, now))
+        clock::counted_read(crate::apply::time_at)
     }
 }
 
@@ -138,7 +138,11 @@ mod tests {
             (1_000 + GRAIN_US, true)
         );
         assert_eq!(leader_value(500, 1_000), (1_000, false), "never back");
-        assert_eq!(leader_value(5_000, 0), (0, false), "no turn time: no record");
+        assert_eq!(
+            leader_value(5_000, 0),
+            (0, false),
+            "no turn time: no record"
+        );
     }
 
     #[test]

@@ -171,7 +171,11 @@ mod tests {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
         // The command name (field 2) may hold spaces: count after its ')'.
         let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-        rest.split_whitespace().nth(3).expect("session").parse().expect("number")
+        rest.split_whitespace()
+            .nth(3)
+            .expect("session")
+            .parse()
+            .expect("number")
     }
 
     fn sleeper(grouping: Grouping) -> Child {
@@ -180,7 +184,10 @@ mod tests {
     }
 
     fn dev_null() -> File {
-        OpenOptions::new().write(true).open("/dev/null").expect("/dev/null")
+        OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .expect("/dev/null")
     }
 
     #[test]
@@ -194,7 +201,11 @@ mod tests {
             kill_and_reap(&mut c);
         }
         let mut c = Some(sleeper(Grouping::Inherit));
-        assert_eq!(session_of(c.as_ref().unwrap().id()), ours, "Inherit stays in ours");
+        assert_eq!(
+            session_of(c.as_ref().unwrap().id()),
+            ours,
+            "Inherit stays in ours"
+        );
         kill_and_reap(&mut c);
     }
 }

@@ -522,7 +522,11 @@ pub fn check_log(entries: &[Rec], all_closed: bool) -> Summary {
                 if h.conn == 0 {
                     s.turn_ends += 1;
                 } else {
-                    assert_ne!(h.time_us, 0, "seq {}: a clock record carries its time", h.seq);
+                    assert_ne!(
+                        h.time_us, 0,
+                        "seq {}: a clock record carries its time",
+                        h.seq
+                    );
                     s.clock_records += 1;
                 }
             }

@@ -1,0 +1,351 @@
+//! `lockstep bench restart`: how long a node takes to come back against the
+//! length of the log, with snapshots on and off.
+//!
+//! For each snapshot mode and log length it starts a 3-node Redis cluster
+//! (shm, static leader 1, like `lockstep up`), writes SETs until the log
+//! holds that many entries, then measures
+//! - **rejoin**: backup node 3 SIGKILLed (server and follower) and started
+//!   again as `lockstep up` restarts it (from its newest snapshot when there
+//!   is one), until it is a backup again and applied everything the leader
+//!   had committed at the kill;
+//! - **majority loss**: both backups SIGKILLed and started again, until the
+//!   leader acknowledges a write.
+//!
+//! Figures, not tests: `tests/bench_restart.rs` only checks that it runs
+//! and says what it measured.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use lockstep_common::Config;
+use lockstep_testkit::resp::{self, Reply};
+
+use crate::bench_redis::{in_path, redis_server_line, three_nodes};
+use crate::status;
+use crate::up::{self, Binaries, Cluster};
+
+/// How long any one step may take before the bench gives up.
+const STEP_LIMIT: Duration = Duration::from_secs(600);
+
+/// What `lockstep bench restart` runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Log lengths (entries) to measure at.
+    pub entries: Vec<u64>,
+    /// Snapshot modes to compare (`process`, `off`).
+    pub modes: Vec<String>,
+    /// `snapshot_every.entries` of the clusters with snapshots on.
+    pub snapshot_every: u64,
+    /// Work directory (one sub-directory per run).
+    pub out: PathBuf,
+    /// One JSON object per run instead of a table.
+    pub json: bool,
+    /// Keep each run's data and logs.
+    pub keep: bool,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Run {
+    /// `process` or `off`.
+    pub snapshot: String,
+    /// Entries in the leader's log when node 3 was killed.
+    pub log_entries: u64,
+    /// Seconds from the kill of backup 3 to it applying the whole log again.
+    pub rejoin_s: f64,
+    /// Whether node 3's follower restored its server from a snapshot.
+    pub rejoin_restored: bool,
+    /// Seconds from the kill of both backups to the leader's first
+    /// acknowledged write.
+    pub majority_loss_s: f64,
+}
+
+/// Parses `200000,1M,4M` into entry counts.
+pub fn parse_entries(s: &str) -> Result<Vec<u64>, String> {
+    s.split(',')
+        .map(|p| {
+            let p = p.trim();
+            let (num, mult) = match p.strip_suffix(['M', 'm']) {
+                Some(n) => (n, 1_000_000),
+                None => match p.strip_suffix(['k', 'K']) {
+                    Some(n) => (n, 1_000),
+                    None => (p, 1),
+                },
+            };
+            num.parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .map(|n| n * mult)
+                .ok_or_else(|| {
+                    format!("{p:?} is not a positive entry count (e.g. 200000, 500k, 4M)")
+                })
+        })
+        .collect()
+}
+
+/// Runs every mode at every length; prints a table (or JSON lines).
+pub fn run(opts: &Options) -> anyhow::Result<()> {
+    for m in &opts.modes {
+        if m != "process" && m != "off" {
+            bail!("snapshot mode {m:?}: expected process or off");
+        }
+    }
+    if !in_path("redis-benchmark") {
+        bail!("redis-benchmark is not installed (Debian package redis-tools; scripts/setup installs it)");
+    }
+    let bins = Binaries::locate()?;
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("cannot create {}", opts.out.display()))?;
+    let mut runs = Vec::new();
+    for mode in &opts.modes {
+        for &entries in &opts.entries {
+            eprintln!("bench restart: snapshot = {mode}, {entries} entries");
+            let r = one_run(mode, entries, opts, &bins)?;
+            if opts.json {
+                println!("{}", serde_json::to_string(&r)?);
+            }
+            runs.push(r);
+        }
+    }
+    if !opts.json {
+        println!("{}", table(&runs));
+    }
+    Ok(())
+}
+
+/// The markdown table of `runs`.
+fn table(runs: &[Run]) -> String {
+    let mut t = String::from(
+        "| snapshot | log entries | rejoin s | rejoined from a snapshot | majority loss: first write s |\n|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        t.push_str(&format!(
+            "| {} | {} | {:.2} | {} | {:.2} |\n",
+            r.snapshot,
+            r.log_entries,
+            r.rejoin_s,
+            if r.rejoin_restored { "yes" } else { "no" },
+            r.majority_loss_s
+        ));
+    }
+    t
+}
+
+fn one_run(mode: &str, entries: u64, opts: &Options, bins: &Binaries) -> anyhow::Result<Run> {
+    let dir = opts.out.join(format!("{mode}-{entries}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = write_config(&dir, mode, opts.snapshot_every)?;
+    let config = Config::load(&path)?;
+    let cmd = config.server.clone().unwrap_or_default();
+    let stop = AtomicBool::new(false);
+    // What the cluster says, kept to learn whether a restart restored.
+    let said = Mutex::new(Vec::<String>::new());
+    let say = |m: &str| {
+        said.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(m.to_string())
+    };
+    let mut cluster = Cluster::start(config.clone(), &path, &cmd, bins, &stop, &say)?;
+    let result = measure(
+        &mut cluster,
+        &config,
+        &path,
+        entries,
+        bins,
+        &stop,
+        &say,
+        &said,
+    );
+    cluster.stop();
+    if !opts.keep && result.is_ok() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result.map(|(rejoin, restored, majority)| Run {
+        snapshot: mode.to_string(),
+        log_entries: entries,
+        rejoin_s: rejoin.as_secs_f64(),
+        rejoin_restored: restored,
+        majority_loss_s: majority.as_secs_f64(),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    cluster: &mut Cluster,
+    config: &Config,
+    path: &Path,
+    entries: u64,
+    bins: &Binaries,
+    stop: &AtomicBool,
+    say: &dyn Fn(&str),
+    said: &Mutex<Vec<String>>,
+) -> anyhow::Result<(Duration, bool, Duration)> {
+    let leader = config.node(1)?.app;
+    fill(config, leader, entries)?;
+    converged(config)?;
+
+    // Rejoin of one backup.
+    said.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    let at_kill = status::query(config, 1, Duration::from_secs(2))
+        .map_err(anyhow::Error::msg)?
+        .committed;
+    up::kill_node(config, 3)?;
+    let t0 = Instant::now();
+    cluster.restart_node(3, path, bins, stop, say)?;
+    wait(&format!("node 3 to apply up to seq {at_kill}"), || {
+        status::query(config, 3, Duration::from_millis(500))
+            .map(|s| s.role == "backup" && s.applied >= at_kill)
+            .unwrap_or(false)
+    })?;
+    let rejoin = t0.elapsed();
+    let restored = said
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|l| l.contains("restored the server from a snapshot"));
+    converged(config)?;
+
+    // Both backups lost, then back.
+    up::kill_node(config, 2)?;
+    up::kill_node(config, 3)?;
+    let t0 = Instant::now();
+    // Reap both before either restarts: a restart waits on every process
+    // of the cluster and takes another's death for its own failure.
+    cluster.stop_node_now(2);
+    cluster.stop_node_now(3);
+    cluster.restart_node(2, path, bins, stop, say)?;
+    cluster.restart_node(3, path, bins, stop, say)?;
+    wait("the leader to acknowledge a write", || {
+        matches!(
+            resp::command(
+                leader,
+                &["INCR", "lockstep:restart"],
+                Duration::from_millis(500)
+            ),
+            Ok(Reply::Int(_))
+        )
+    })?;
+    Ok((rejoin, restored, t0.elapsed()))
+}
+
+/// Writes SETs (64-byte values over 100k keys) to `leader` until its log
+/// holds `entries` entries.
+fn fill(config: &Config, leader: SocketAddr, entries: u64) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let have = status::query(config, 1, Duration::from_secs(2))
+            .map_err(anyhow::Error::msg)?
+            .committed;
+        if have >= entries {
+            return Ok(());
+        }
+        if started.elapsed() > STEP_LIMIT {
+            bail!("the log reached only {have} of {entries} entries in {STEP_LIMIT:?}");
+        }
+        let n = (entries - have).clamp(1000, 200_000);
+        let st = Command::new("redis-benchmark")
+            .args([
+                "-h",
+                &leader.ip().to_string(),
+                "-p",
+                &leader.port().to_string(),
+            ])
+            .args(["-t", "set", "-r", "100000", "-d", "64", "-c", "20", "-q"])
+            .args(["-n", &n.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .context("cannot run redis-benchmark")?;
+        if !st.success() {
+            bail!("redis-benchmark failed ({st})");
+        }
+    }
+}
+
+/// Waits until every node applied what the leader committed.
+fn converged(config: &Config) -> anyhow::Result<()> {
+    wait("every node to apply the leader's log", || {
+        let Ok(l) = status::query(config, 1, Duration::from_millis(500)) else {
+            return false;
+        };
+        config.ids().all(|id| {
+            status::query(config, id, Duration::from_millis(500))
+                .map(|s| s.applied >= l.committed && (s.role == "leader" || s.role == "backup"))
+                .unwrap_or(false)
+        })
+    })
+}
+
+fn wait(what: &str, mut cond: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while !cond() {
+        if start.elapsed() > STEP_LIMIT {
+            bail!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// A 3-node Redis cluster's config in `dir` (snapshot mode `mode`).
+fn write_config(dir: &Path, mode: &str, every: u64) -> anyhow::Result<PathBuf> {
+    let pid = std::process::id();
+    let mut toml = format!(
+        "cluster = \"benchrestart-{pid}-{mode}\"\ntransport = \"shm\"\nring_size = \"64MiB\"\n\
+         data_dir = \"{}\"\nsnapshot = \"{mode}\"\n{}",
+        dir.join("data").display(),
+        redis_server_line()
+    );
+    if mode == "process" {
+        toml.push_str(&format!("[snapshot_every]\nentries = {every}\n"));
+    }
+    toml.push_str("[election]\nmode = \"static\"\nleader = 1\n");
+    toml.push_str(&three_nodes()?);
+    let path = dir.join("cluster.toml");
+    std::fs::write(&path, &toml).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_lists_parse_with_suffixes_and_refuse_nonsense() {
+        assert_eq!(
+            parse_entries("200000,500k,4M").unwrap(),
+            vec![200_000, 500_000, 4_000_000]
+        );
+        assert!(parse_entries("0").is_err());
+        assert!(parse_entries("lots").is_err());
+        assert!(parse_entries("1,,2").is_err());
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_run() {
+        let r = Run {
+            snapshot: "process".into(),
+            log_entries: 1000,
+            rejoin_s: 0.5,
+            rejoin_restored: true,
+            majority_loss_s: 1.25,
+        };
+        let t = table(&[
+            r.clone(),
+            Run {
+                snapshot: "off".into(),
+                rejoin_restored: false,
+                ..r
+            },
+        ]);
+        assert!(t.contains("| process | 1000 | 0.50 | yes | 1.25 |"), "{t}");
+        assert!(t.contains("| off | 1000 | 0.50 | no | 1.25 |"), "{t}");
+    }
+}
