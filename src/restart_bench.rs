@@ -60,6 +60,9 @@ pub struct Run {
     pub rejoin_s: f64,
     /// Whether node 3's follower restored its server from a snapshot.
     pub rejoin_restored: bool,
+    /// Entries node 3's server replayed to rejoin (after its snapshot, or
+    /// the whole log).
+    pub rejoin_replayed: u64,
     /// Seconds from the kill of both backups to the leader's first
     /// acknowledged write.
     pub majority_loss_s: f64,
@@ -101,11 +104,17 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let bins = Binaries::locate()?;
     std::fs::create_dir_all(&opts.out)
         .with_context(|| format!("cannot create {}", opts.out.display()))?;
+    // The clusters' data_dir must be absolute (a relative one is read
+    // against the config file's directory).
+    let out = opts
+        .out
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", opts.out.display()))?;
     let mut runs = Vec::new();
     for mode in &opts.modes {
         for &entries in &opts.entries {
             eprintln!("bench restart: snapshot = {mode}, {entries} entries");
-            let r = one_run(mode, entries, opts, &bins)?;
+            let r = one_run(mode, entries, &out, opts, &bins)?;
             if opts.json {
                 println!("{}", serde_json::to_string(&r)?);
             }
@@ -121,23 +130,30 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 /// The markdown table of `runs`.
 fn table(runs: &[Run]) -> String {
     let mut t = String::from(
-        "| snapshot | log entries | rejoin s | rejoined from a snapshot | majority loss: first write s |\n|---|---|---|---|---|\n",
+        "| snapshot | log entries | rejoin s | rejoined from a snapshot | entries replayed | majority loss: first write s |\n|---|---|---|---|---|---|\n",
     );
     for r in runs {
         t.push_str(&format!(
-            "| {} | {} | {:.2} | {} | {:.2} |\n",
+            "| {} | {} | {:.2} | {} | {} | {:.2} |\n",
             r.snapshot,
             r.log_entries,
             r.rejoin_s,
             if r.rejoin_restored { "yes" } else { "no" },
+            r.rejoin_replayed,
             r.majority_loss_s
         ));
     }
     t
 }
 
-fn one_run(mode: &str, entries: u64, opts: &Options, bins: &Binaries) -> anyhow::Result<Run> {
-    let dir = opts.out.join(format!("{mode}-{entries}"));
+fn one_run(
+    mode: &str,
+    entries: u64,
+    out: &Path,
+    opts: &Options,
+    bins: &Binaries,
+) -> anyhow::Result<Run> {
+    let dir = out.join(format!("{mode}-{entries}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let path = write_config(&dir, mode, opts.snapshot_every)?;
@@ -154,6 +170,7 @@ fn one_run(mode: &str, entries: u64, opts: &Options, bins: &Binaries) -> anyhow:
     let mut cluster = Cluster::start(config.clone(), &path, &cmd, bins, &stop, &say)?;
     let result = measure(
         &mut cluster,
+        mode == "process",
         &config,
         &path,
         entries,
@@ -166,18 +183,28 @@ fn one_run(mode: &str, entries: u64, opts: &Options, bins: &Binaries) -> anyhow:
     if !opts.keep && result.is_ok() {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    result.map(|(rejoin, restored, majority)| Run {
+    result.map(|m| Run {
         snapshot: mode.to_string(),
         log_entries: entries,
-        rejoin_s: rejoin.as_secs_f64(),
-        rejoin_restored: restored,
-        majority_loss_s: majority.as_secs_f64(),
+        rejoin_s: m.rejoin.as_secs_f64(),
+        rejoin_restored: m.restored,
+        rejoin_replayed: m.replayed,
+        majority_loss_s: m.majority_loss.as_secs_f64(),
     })
+}
+
+/// What [`measure`] found.
+struct Measured {
+    rejoin: Duration,
+    restored: bool,
+    replayed: u64,
+    majority_loss: Duration,
 }
 
 #[allow(clippy::too_many_arguments)]
 fn measure(
     cluster: &mut Cluster,
+    snapshots: bool,
     config: &Config,
     path: &Path,
     entries: u64,
@@ -185,10 +212,19 @@ fn measure(
     stop: &AtomicBool,
     say: &dyn Fn(&str),
     said: &Mutex<Vec<String>>,
-) -> anyhow::Result<(Duration, bool, Duration)> {
+) -> anyhow::Result<Measured> {
     let leader = config.node(1)?.app;
     fill(config, leader, entries)?;
     converged(config)?;
+    if snapshots {
+        // A backup that has been up a while holds a snapshot: measure that.
+        wait("node 3 to hold a snapshot", || {
+            status::query(config, 3, Duration::from_millis(500)).is_ok_and(|s| s.snapshot > 0)
+        })?;
+    }
+    let snapshot_at = status::query(config, 3, Duration::from_secs(2))
+        .map_err(anyhow::Error::msg)?
+        .snapshot;
 
     // Rejoin of one backup.
     said.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -231,7 +267,17 @@ fn measure(
             Ok(Reply::Int(_))
         )
     })?;
-    Ok((rejoin, restored, t0.elapsed()))
+    Ok(Measured {
+        rejoin,
+        restored,
+        replayed: at_kill
+            - if restored {
+                snapshot_at.min(at_kill)
+            } else {
+                0
+            },
+        majority_loss: t0.elapsed(),
+    })
 }
 
 /// Writes SETs (64-byte values over 100k keys) to `leader` until its log
@@ -335,6 +381,7 @@ mod tests {
             log_entries: 1000,
             rejoin_s: 0.5,
             rejoin_restored: true,
+            rejoin_replayed: 10,
             majority_loss_s: 1.25,
         };
         let t = table(&[
@@ -345,7 +392,10 @@ mod tests {
                 ..r
             },
         ]);
-        assert!(t.contains("| process | 1000 | 0.50 | yes | 1.25 |"), "{t}");
-        assert!(t.contains("| off | 1000 | 0.50 | no | 1.25 |"), "{t}");
+        assert!(
+            t.contains("| process | 1000 | 0.50 | yes | 10 | 1.25 |"),
+            "{t}"
+        );
+        assert!(t.contains("| off | 1000 | 0.50 | no | 10 | 1.25 |"), "{t}");
     }
 }

@@ -316,6 +316,24 @@ fn default_snapshot() -> SnapshotMode {
     SnapshotMode::Process
 }
 
+/// `path` made absolute: against `base` (the config file's directory)
+/// when given, else against the current directory. Every process of a node
+/// sees the same `data_dir` whatever its own working directory (CRIU runs
+/// in the snapshot's directory: a relative path broke every dump).
+fn absolute(path: &Path, base: Option<&Path>) -> PathBuf {
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    let base = match base {
+        Some(b) if b.is_absolute() => b.to_path_buf(),
+        Some(b) => std::env::current_dir()
+            .map(|d| d.join(b))
+            .unwrap_or_else(|_| b.to_path_buf()),
+        None => std::env::current_dir().unwrap_or_default(),
+    };
+    base.join(path)
+}
+
 /// A byte size: an integer or a string like "64MiB".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Size(u64);
@@ -708,8 +726,8 @@ impl Config {
             .map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
     }
 
-    /// Parses and validates config text (relative `key_file` paths resolve
-    /// against the current directory).
+    /// Parses and validates config text (relative `key_file` and
+    /// `data_dir` paths resolve against the current directory).
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         Self::parse_in(text, None)
     }
@@ -884,7 +902,7 @@ impl Config {
             cluster: raw.cluster,
             transport: raw.transport,
             ring_size,
-            data_dir: raw.data_dir,
+            data_dir: absolute(&raw.data_dir, base),
             max_entry,
             durability: raw.durability,
             backup_clients: raw.backup_clients,
@@ -1456,6 +1474,23 @@ leader = 1
         assert_eq!(e, "election.session_timeout_ms: 0 is outside 100..=600000");
         let e = bad(&GOOD.replace("leader = 1", "leader = 1\nsession_timeout_ms = 3600000"));
         assert!(e.starts_with("election.session_timeout_ms: 3600000"), "{e}");
+    }
+
+    #[test]
+    fn a_relative_data_dir_is_the_config_files_neighbour() {
+        let dir = std::env::temp_dir().join(format!("lockstep-cfg-rel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cluster.toml");
+        let text = GOOD.replace("data_dir = \"/tmp/lockstep-demo\"", "data_dir = \"data\"");
+        assert_ne!(text, *GOOD, "GOOD names its data_dir as this test expects");
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(Config::load(&path).unwrap().data_dir, dir.join("data"));
+        // Parsed from text: against the current directory.
+        let c =
+            Config::parse(&GOOD.replace("data_dir = \"/tmp/lockstep-demo\"", "data_dir = \"d\""))
+                .unwrap();
+        assert_eq!(c.data_dir, std::env::current_dir().unwrap().join("d"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
