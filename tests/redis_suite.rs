@@ -244,9 +244,20 @@ fn run_lockstep_side(c: &TestCluster, plan: &Plan, dir: &Path, timeout: Duration
             break;
         }
         if !converged(c, SETTLE) {
+            let status: Vec<String> = (1..=c.nodes.len() as u64)
+                .map(|id| match c.status(id) {
+                    Ok(s) => format!(
+                        "node {id}: {} persisted {} applied {}",
+                        s.role, s.persisted, s.applied
+                    ),
+                    Err(e) => format!("node {id}: {e}"),
+                })
+                .collect();
             side.problems.push(format!(
-                "{}: the backups did not apply the unit's log within {SETTLE:?}",
-                u.name
+                "{}: the backups did not apply the unit's log within {SETTLE:?}\n{}\n{}",
+                u.name,
+                status.join("\n"),
+                c.logs()
             ));
             break;
         }
