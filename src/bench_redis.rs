@@ -208,7 +208,7 @@ struct SystemReport {
 /// range: a port from there (what binding port 0 hands out) can become the
 /// local end of an outgoing connection — there are many here, 50 clients
 /// per run — before the server binds it, and then its bind fails.
-pub(crate) fn free_port() -> anyhow::Result<u16> {
+fn free_port() -> anyhow::Result<u16> {
     ports::try_free_port().context("no free loopback port outside the ephemeral range")
 }
 
@@ -414,9 +414,6 @@ fn start(sys: System, ctx: &Ctx) -> anyhow::Result<Started> {
     })
 }
 
-/// Writes a 3-node config for `sys` into `dir` and starts it with
-/// `Cluster::start` (as `lockstep up` would); the load goes to node 1,
-/// the static leader.
 /// A benchmark cluster's `server = [...]` line: redis-server as a replica.
 pub(crate) fn redis_server_line() -> String {
     let mut server = vec!["redis-server", "--port", "{port}", "--bind", "{host}"];
@@ -439,6 +436,9 @@ pub(crate) fn three_nodes() -> anyhow::Result<String> {
     Ok(toml)
 }
 
+/// Writes a 3-node config for `sys` into `dir` and starts it with
+/// `Cluster::start` (as `lockstep up` would); the load goes to node 1,
+/// the static leader.
 fn start_lockstep(sys: System, dir: &Path, ctx: &Ctx) -> anyhow::Result<(SocketAddr, Running)> {
     let (transport, commit) = sys.lockstep().expect("a lockstep system");
     let bins = ctx

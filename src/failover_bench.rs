@@ -34,7 +34,7 @@ fn leader(config: &Config) -> Option<u64> {
 }
 
 /// Waits until every node is up with nothing left to apply.
-fn wait_converged(config: &Config, limit: Duration) -> anyhow::Result<()> {
+pub(crate) fn wait_converged(config: &Config, limit: Duration) -> anyhow::Result<()> {
     let start = Instant::now();
     loop {
         let nodes = status::query_all(config, Duration::from_millis(500));

@@ -11,7 +11,7 @@
 //! - **majority loss**: both backups SIGKILLed and started again, until the
 //!   leader acknowledges a write.
 //!
-//! Figures, not tests: `tests/bench_restart.rs` only checks that it runs
+//! Figures, not tests: `tests/bench_redis.rs` only checks that it runs
 //! and says what it measured.
 
 use std::net::SocketAddr;
@@ -26,6 +26,7 @@ use lockstep_common::Config;
 use lockstep_testkit::resp::{self, Reply};
 
 use crate::bench_redis::{in_path, redis_server_line, three_nodes};
+use crate::failover_bench::wait_converged;
 use crate::status;
 use crate::up::{self, Binaries, Cluster};
 
@@ -215,7 +216,7 @@ fn measure(
 ) -> anyhow::Result<Measured> {
     let leader = config.node(1)?.app;
     fill(config, leader, entries)?;
-    converged(config)?;
+    wait_converged(config, STEP_LIMIT)?;
     if snapshots {
         // A backup that has been up a while holds a snapshot: measure that.
         wait("node 3 to hold a snapshot", || {
@@ -245,7 +246,7 @@ fn measure(
         .unwrap_or_else(|p| p.into_inner())
         .iter()
         .any(|l| l.contains("restored the server from a snapshot"));
-    converged(config)?;
+    wait_converged(config, STEP_LIMIT)?;
 
     // Both backups lost, then back.
     up::kill_node(config, 2)?;
@@ -313,20 +314,6 @@ fn fill(config: &Config, leader: SocketAddr, entries: u64) -> anyhow::Result<()>
             bail!("redis-benchmark failed ({st})");
         }
     }
-}
-
-/// Waits until every node applied what the leader committed.
-fn converged(config: &Config) -> anyhow::Result<()> {
-    wait("every node to apply the leader's log", || {
-        let Ok(l) = status::query(config, 1, Duration::from_millis(500)) else {
-            return false;
-        };
-        config.ids().all(|id| {
-            status::query(config, id, Duration::from_millis(500))
-                .map(|s| s.applied >= l.committed && (s.role == "leader" || s.role == "backup"))
-                .unwrap_or(false)
-        })
-    })
 }
 
 fn wait(what: &str, mut cond: impl FnMut() -> bool) -> anyhow::Result<()> {

@@ -48,7 +48,7 @@ fn settings(data: &str) -> Vec<String> {
 #[test]
 fn redis_test_suite_passes_through_lockstep_as_against_plain_redis() {
     let tree = suite_tree();
-    let plan = Plan::parse(
+    let mut plan = Plan::parse(
         &std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/redis_suite/units.toml"),
         )
@@ -56,7 +56,6 @@ fn redis_test_suite_passes_through_lockstep_as_against_plain_redis() {
     )
     .unwrap_or_else(|e| panic!("tests/redis_suite/units.toml: {e}"));
     // LOCKSTEP_SUITE_UNITS=unit/a,unit/b runs just those (to chase one unit).
-    let mut plan = plan;
     if let Ok(only) = std::env::var("LOCKSTEP_SUITE_UNITS") {
         let only: Vec<&str> = only.split(',').map(str::trim).collect();
         plan.units.retain(|u| only.contains(&u.name.as_str()));
