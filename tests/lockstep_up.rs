@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cluster::*;
+use lockstep_testkit::process::session_of;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -258,6 +259,14 @@ fn redis_up_workload_kill_backup_ctrl_c() {
         assert_eq!(
             s.divergences, 0,
             "node {id} reports divergent replies: {s:?}"
+        );
+        // Each follower leads a session of its own (its own CPU share:
+        // README, "CPU: the follower needs its own share").
+        let pid = s.follower_pid as u32;
+        assert_eq!(
+            session_of(pid),
+            Some(pid),
+            "node {id}'s follower shares a session"
         );
     }
 

@@ -70,6 +70,15 @@ pub fn spawn_logged(cmd: &mut Command, log: File, grouping: Grouping) -> io::Res
     cmd.spawn()
 }
 
+/// The session process `pid` is in (field 6 of `/proc/PID/stat`), if it
+/// lives.
+pub fn session_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count after its ')'.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    rest.split_whitespace().nth(3)?.parse().ok()
+}
+
 /// SIGKILLs the child in `slot`, if any, and reaps it.
 pub fn kill_and_reap(slot: &mut Option<Child>) {
     if let Some(mut c) = slot.take() {
@@ -166,18 +175,6 @@ pub fn stop_on_signals() -> io::Result<Arc<AtomicBool>> {
 mod tests {
     use super::*;
 
-    /// The session a process is in (field 6 of /proc/PID/stat).
-    fn session_of(pid: u32) -> u32 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-        // The command name (field 2) may hold spaces: count after its ')'.
-        let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-        rest.split_whitespace()
-            .nth(3)
-            .expect("session")
-            .parse()
-            .expect("number")
-    }
-
     fn sleeper(grouping: Grouping) -> Child {
         let log = dev_null();
         spawn_logged(Command::new("sleep").arg("30"), log, grouping).expect("spawn sleep")
@@ -192,17 +189,18 @@ mod tests {
 
     #[test]
     fn own_kinds_lead_a_session_of_their_own_and_inherit_shares_ours() {
-        let ours = session_of(std::process::id());
+        let session = |pid: u32| session_of(pid).expect("session of a live process");
+        let ours = session(std::process::id());
         for grouping in [Grouping::OwnSession, Grouping::OwnGroup] {
             let mut c = Some(sleeper(grouping));
             let pid = c.as_ref().unwrap().id();
             // pre_exec ran before exec: the session exists once spawn returned.
-            assert_eq!(session_of(pid), pid, "{grouping:?} leads its own session");
+            assert_eq!(session(pid), pid, "{grouping:?} leads its own session");
             kill_and_reap(&mut c);
         }
         let mut c = Some(sleeper(Grouping::Inherit));
         assert_eq!(
-            session_of(c.as_ref().unwrap().id()),
+            session(c.as_ref().unwrap().id()),
             ours,
             "Inherit stays in ours"
         );
