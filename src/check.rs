@@ -58,37 +58,17 @@ pub fn server_problems(cmd: &[String], field: &str) -> Vec<String> {
     out
 }
 
-/// memcached must run one worker thread (lockstep replicates
-/// single-threaded servers), and refuses to run as root without `-u`.
+/// memcached refuses to run as root without `-u`. Its worker threads
+/// (`-t`, 4 by default) are event loops, which lockstep replicates (see
+/// [`memcached_workers`]).
 fn memcached_problems(cmd: &[String], field: &str) -> Vec<String> {
     let mut out = Vec::new();
-    // (index of the value, the value) of the last thread option.
-    let mut threads: Option<(usize, &str)> = None;
-    let mut user = false;
-    for (i, a) in cmd.iter().enumerate().skip(1) {
-        let next = || cmd.get(i + 1).map(|v| (i + 1, v.as_str()));
-        match a.as_str() {
-            "-t" | "--threads" => threads = next().or(Some((i, ""))),
-            "-u" | "--user" => user = true,
-            _ if a.starts_with("--threads=") => threads = Some((i, &a["--threads=".len()..])),
-            _ if a.starts_with("--user=") => user = true,
-            _ if a.starts_with("-t") && a[2..].chars().all(|c| c.is_ascii_digit()) => {
-                threads = Some((i, &a[2..]))
-            }
-            _ if a.starts_with("-u") && a.len() > 2 && !a.starts_with("--") => user = true,
-            _ => {}
-        }
-    }
-    const WHY: &str = "lockstep replicates single-threaded servers (expected \"-t\", \"1\")";
-    match threads {
-        None => out.push(format!(
-            "{field}: memcached runs 4 worker threads unless told otherwise; {WHY}"
-        )),
-        Some((_, "1")) => {}
-        Some((i, n)) => out.push(format!(
-            "{field}[{i}]: memcached with {n:?} worker threads; {WHY}"
-        )),
-    }
+    let user = cmd.iter().skip(1).any(|a| {
+        a == "-u"
+            || a == "--user"
+            || a.starts_with("--user=")
+            || (a.starts_with("-u") && a.len() > 2 && !a.starts_with("--"))
+    });
     // SAFETY: geteuid(2) takes nothing and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     if !user && root {
@@ -134,11 +114,38 @@ pub fn data_dir_problem(dir: &Path) -> Option<String> {
     }
 }
 
+/// How many worker threads memcached command `cmd` runs (`-t N`,
+/// `-tN`, `--threads N`, `--threads=N`; memcached's default is 4); None
+/// when `cmd` is not memcached or the count is not a number.
+pub fn memcached_workers(cmd: &[String]) -> Option<u32> {
+    let name = Path::new(cmd.first()?).file_name()?.to_str()?;
+    if name != "memcached" {
+        return None;
+    }
+    let mut threads = "4";
+    for (i, a) in cmd.iter().enumerate().skip(1) {
+        let next = || cmd.get(i + 1).map(String::as_str).unwrap_or("");
+        match a.as_str() {
+            "-t" | "--threads" => threads = next(),
+            _ if a.starts_with("--threads=") => threads = &a["--threads=".len()..],
+            _ if a.starts_with("-t") && a.len() > 2 => threads = &a[2..],
+            _ => {}
+        }
+    }
+    threads.parse().ok()
+}
+
 /// Everything `check` finds wrong beyond what loading the config checks.
 pub fn problems(config: &Config) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(cmd) = &config.server {
         out.extend(server_problems(cmd, "server"));
+        let workers = memcached_workers(cmd).unwrap_or(1);
+        if workers > 1 && config.backup_clients == BackupClients::Allow {
+            out.push(format!(
+                "backup_clients: \"allow\" with memcached's {workers} worker threads: memcached hands each connection to the next worker in turn, so a client a backup took would move every later replicated connection to another worker than the leader's; backups refuse their own clients with several workers (expected backup_clients = \"deny\", or \"-t\", \"1\")"
+            ));
+        }
     }
     out.extend(data_dir_problem(&config.data_dir));
     out.extend(key_file_problem(config));
@@ -321,34 +328,24 @@ mod tests {
     }
 
     #[test]
-    fn memcached_runs_one_thread() {
-        // Thread options only (the binary may be missing where this runs).
-        let threads = |args: &[&str]| -> Vec<String> {
+    fn memcached_worker_threads_are_counted() {
+        let workers = |args: &[&str]| {
             let mut c = cmd(&["memcached", "-u", "root", "-p", "{port}"]);
             c.extend(cmd(args));
-            server_problems(&c, "server")
-                .into_iter()
-                .filter(|p| !p.starts_with("server[0]: program"))
-                .collect()
+            memcached_workers(&c)
         };
-        assert!(threads(&["-t", "1"]).is_empty());
-        assert!(threads(&["-t1"]).is_empty());
-        assert!(threads(&["--threads=1"]).is_empty());
-        assert!(threads(&["--threads", "1"]).is_empty());
-        let p = threads(&[]);
-        assert!(
-            p.len() == 1 && p[0].contains("4 worker threads") && p[0].contains("\"-t\", \"1\""),
-            "{p:?}"
-        );
-        let p = threads(&["-t", "4"]);
-        assert!(
-            p.len() == 1 && p[0].starts_with("server[6]: memcached with \"4\" worker threads"),
-            "{p:?}"
-        );
-        let p = threads(&["--threads=2"]);
-        assert!(p[0].starts_with("server[5]:"), "{p:?}");
-        // redis-server has no such rule.
-        assert!(server_problems(&cmd(&["sh", "--port", "{port}", "-t", "4"]), "server").is_empty());
+        assert_eq!(workers(&[]), Some(4));
+        assert_eq!(workers(&["-t", "1"]), Some(1));
+        assert_eq!(workers(&["-t1"]), Some(1));
+        assert_eq!(workers(&["--threads=2"]), Some(2));
+        assert_eq!(workers(&["--threads", "8"]), Some(8));
+        assert_eq!(workers(&["-t", "x"]), None);
+        assert_eq!(memcached_workers(&cmd(&["redis-server", "-t", "4"])), None);
+        // Worker threads are no problem of the command itself.
+        let c = cmd(&["memcached", "-u", "root", "-t", "4", "-p", "{port}"]);
+        assert!(server_problems(&c, "server")
+            .iter()
+            .all(|p| p.starts_with("server[0]: program")));
     }
 
     #[test]

@@ -138,19 +138,20 @@ fn mistakes_up_would_hit_are_caught_first() {
             ],
         ),
         (
-            "memcached",
+            "memcachedroot",
             "[\"redis-server\", \"--port\", \"{port}\", \"--save\", \"\"]",
-            "[\"memcached\", \"-u\", \"root\", \"-p\", \"{port}\"]",
-            &[
-                "server: memcached runs 4 worker threads",
-                "(expected \"-t\", \"1\")",
-            ],
+            "[\"memcached\", \"-p\", \"{port}\"]",
+            &["server: memcached refuses to run as root without -u"],
         ),
         (
+            // Worker threads replicate; a backup's own clients cannot.
             "memcached4",
             "[\"redis-server\", \"--port\", \"{port}\", \"--save\", \"\"]",
-            "[\"memcached\", \"-u\", \"root\", \"-t\", \"4\", \"-p\", \"{port}\"]",
-            &["server[4]: memcached with \"4\" worker threads"],
+            "[\"memcached\", \"-u\", \"root\", \"-t\", \"4\", \"-p\", \"{port}\"]\nbackup_clients = \"allow\"",
+            &[
+                "backup_clients: \"allow\" with memcached's 4 worker threads",
+                "(expected backup_clients = \"deny\", or \"-t\", \"1\")",
+            ],
         ),
         (
             "datadir",

@@ -403,12 +403,18 @@ pub fn serve(conn: u64, peek: bool, fill: &mut dyn FnMut(&[u8]) -> usize) -> Ser
         return Served::Empty;
     };
     let p = &mut *guard;
+    let behind = p.waits_behind(conn);
     let Some(c) = p.conns.get_mut(&conn) else {
         // Ended by a CLOSE or a view change.
         return Served::Eof;
     };
     let (_, end) = c.inbox;
     if c.served < end {
+        if behind {
+            // The leader's server read an earlier connection of this turn
+            // first: so must this one (see `Pump::waits_behind`).
+            return Served::Empty;
+        }
         let n = fill(&p.payloads[c.served..end]);
         if !peek && n > 0 {
             c.served += n;
@@ -451,9 +457,13 @@ pub fn unread() -> [i32; MAX_WIDTH] {
         let Some(c) = p.conns.get(&h.conn) else {
             continue;
         };
-        if c.closing || c.served >= c.inbox.1 || c.server_fd < 0 || fds[..n].contains(&c.server_fd)
-        {
+        if c.closing || c.served >= c.inbox.1 || fds[..n].contains(&c.server_fd) {
             continue;
+        }
+        if c.server_fd < 0 {
+            // Not accepted yet: the connections after it wait, or the
+            // server would read them before it, against the log's order.
+            break;
         }
         if n == MAX_WIDTH {
             break;
@@ -482,15 +492,21 @@ pub fn after_wait(mine: impl Fn(i32) -> bool) -> Option<i32> {
 }
 
 /// The epoll keys of this turn's unread replay connections registered for
-/// reading in `epfd`, in log order (`n` of them).
+/// reading in `epfd`, in log order (`n` of them): those before the first
+/// one that is not. A connection a listener thread handed to a worker
+/// loop is not registered there until the worker took the hand-off (in a
+/// later wait of its own): the connections behind it wait for that, or
+/// the worker would read them first, against the log's order (memcached
+/// `-t 1` stored an `append` before the `set` the leader ran first).
 pub fn epoll_unread(epfd: i32) -> ([u64; MAX_WIDTH], usize) {
     let mut keys = [0; MAX_WIDTH];
     let mut n = 0;
     for fd in unread().into_iter().take_while(|fd| *fd >= 0) {
-        if let Some(s) = fdtable::slot(fd).filter(|s| s.wait_epfd() == epfd) {
-            keys[n] = s.wait_key();
-            n += 1;
-        }
+        let Some(s) = fdtable::slot(fd).filter(|s| s.wait_epfd() == epfd) else {
+            break;
+        };
+        keys[n] = s.wait_key();
+        n += 1;
     }
     (keys, n)
 }
@@ -649,6 +665,28 @@ fn joins(turn: &[EntryHeader], next: &EntryHeader, prev_seq: u64, width: usize) 
 }
 
 impl Pump {
+    /// Whether replay connection `conn` has bytes in the turn in flight
+    /// behind an earlier connection of the turn the server has not read
+    /// yet (or not accepted yet). Its read gets nothing for now (EAGAIN):
+    /// the server reads the turn's connections in the leader's order even
+    /// where a wait reports several at once and the server passes over
+    /// some — memcached takes a new connection's first readiness to arm it
+    /// and reads it at the next, so it read a later connection of the same
+    /// wait first and stored an `append` before the leader's `set`.
+    fn waits_behind(&self, conn: u64) -> bool {
+        for h in self.turn.iter().filter(|h| h.kind == Kind::Data) {
+            if h.conn == conn {
+                return false;
+            }
+            let Some(c) = self.conns.get(&h.conn) else {
+                continue;
+            };
+            if !c.closing && c.served < c.inbox.1 {
+                return true;
+            }
+        }
+        false
+    }
     fn new(region: Arc<Region>, app: SocketAddr, max_entry: u32) -> Pump {
         let size = apply_ring_size(region.ring_size());
         Pump {
@@ -1023,8 +1061,12 @@ impl Pump {
                 match c {
                     None => "no replay connection".to_string(),
                     Some(c) => format!(
-                        "fd {} served {}/{} eof {} closed {} handled by slot {} turn {} (now {}, running {})",
+                        "fd {} (read by loop {:?}) served {}/{} eof {} closed {} handled by slot {} turn {} (now {}, running {})",
                         c.server_fd,
+                        fdtable::slot(c.server_fd)
+                            .map(|s| s.wait_epfd())
+                            .filter(|e| *e >= 0)
+                            .map(crate::loops::of_epfd),
                         c.served,
                         c.inbox.1,
                         c.eof,

@@ -16,6 +16,8 @@
 //! Output on a Replay fd is dropped without a syscall; the pump compares
 //! its digest with the leader's (see `apply`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use lockstep_common::config::BackupClients;
 use lockstep_common::entry::Kind;
 use lockstep_common::region::Role;
@@ -631,9 +633,17 @@ fn passive_accept(engine: &Engine, role: Role, fd: i32, slot: &Slot) -> bool {
         return true;
     }
     if role == Role::Backup && engine.config.backup_clients == BackupClients::Allow {
-        slot.set_guest();
-        log::debug!("fd {fd}: unreplicated client allowed on a backup");
-        return true;
+        if !crate::loops::several_workers() {
+            slot.set_guest();
+            log::debug!("fd {fd}: unreplicated client allowed on a backup");
+            return true;
+        }
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "refusing clients on this backup although backup_clients = \"allow\": the server hands connections to several worker loops in turn, and one it took here but not on the leader would move every later replicated connection to another worker"
+            );
+        }
     }
     slot.clear();
     log::debug!(

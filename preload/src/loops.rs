@@ -46,6 +46,16 @@ pub fn any() -> bool {
     CREATED.load(Ordering::Acquire) > 0
 }
 
+/// Whether the server runs more than one loop besides its first (a
+/// listener handing connections to several worker loops, memcached
+/// `-t 2` and up). Such a server picks a connection's worker by how many
+/// it accepted before (round robin): a client it accepts on a backup and
+/// not on the leader would move every later replicated connection to
+/// another worker than the leader's, so backups let none in.
+pub fn several_workers() -> bool {
+    CREATED.load(Ordering::Acquire) > 2
+}
+
 /// The loop that waits on `epfd` (0: not one of the named ones).
 pub fn of_epfd(epfd: i32) -> u64 {
     EPFDS
