@@ -11,8 +11,8 @@
 //! replaying the log through the same event loop.
 //!
 //! The small servers live in tests/apply_servers/: `kv.pl` (Perl, select or
-//! poll), `kv_epoll_et.c` and `two_loops.c` (compiled with `cc` into the
-//! test's temp dir).
+//! poll), `kv_epoll_et.c`, `two_loops.c` and `workers.c` (compiled with `cc`
+//! into the test's temp dir).
 
 mod cluster;
 
@@ -401,6 +401,69 @@ fn a_listeners_turn_ends_before_the_worker_reads_the_next_input() {
     for _ in 0..8 {
         let mut k = Client::connect(c.app(1));
         assert_eq!(k.cmd("ACCEPTED\n"), "ACCEPTED yes");
+    }
+    c.wait_converged(LIMIT);
+    c.assert_no_divergence();
+}
+
+/// A listener loop hands each connection to the next of four worker loops
+/// in turn, and the workers append to shared keys (`workers.c`, shaped
+/// like memcached `-t 4`). Sixteen connections ask which worker serves
+/// them and append to three shared keys, some reading them back: every
+/// backup's server answers each of them as the leader's did (the same
+/// worker, the same interleaving of the workers' appends: any difference
+/// is a divergence, checked at each connection's next input and close),
+/// and the leader's values hold each connection's appends in its order.
+/// Backups refuse their own clients with several workers, so the log's
+/// own digests compare them.
+#[test]
+fn a_connection_runs_on_the_leaders_worker_loop_on_every_backup() {
+    let mut c = TestCluster::new("fourloops", Options::default());
+    let bin = build_c_server(&c.dir, "workers");
+    c.use_server_command(&[&bin, "{port}", "4"]);
+    c.start_all();
+    const CONNS: usize = 16;
+    const OPS: usize = 60;
+    let app = c.app(1);
+    let handles: Vec<_> = (0..CONNS)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut k = Client::connect(app);
+                let who = k.cmd("WHO\n");
+                assert!(who.starts_with("WORKER "), "WHO answered {who:?}");
+                for i in 0..OPS {
+                    let r = k.cmd(&format!("APPEND shared:{} {t}.{i}\n", i % 3));
+                    assert!(r.starts_with("OK "), "APPEND answered {r:?}");
+                    if i % 7 == 0 {
+                        let r = k.cmd(&format!("GET shared:{}\n", (i + t) % 3));
+                        assert!(r.starts_with("VALUE "), "GET answered {r:?}");
+                    }
+                }
+                who
+            })
+        })
+        .collect();
+    let mut workers = BTreeSet::new();
+    for h in handles {
+        workers.insert(h.join().expect("client"));
+    }
+    assert_eq!(workers.len(), 4, "connections landed on {workers:?}");
+    {
+        let mut k = Client::connect(app);
+        for key in 0..3 {
+            let v = k.cmd(&format!("GET shared:{key}\n"));
+            for t in 0..CONNS {
+                let mine: Vec<usize> = v
+                    .split(' ')
+                    .filter_map(|tok| tok.strip_prefix(&format!("{t}.")))
+                    .map(|i| i.parse().expect("token"))
+                    .collect();
+                assert!(
+                    mine.windows(2).all(|w| w[0] < w[1]) && mine.len() == OPS / 3,
+                    "shared:{key} holds connection {t}'s appends as {mine:?}"
+                );
+            }
+        }
     }
     c.wait_converged(LIMIT);
     c.assert_no_divergence();
