@@ -17,7 +17,9 @@
 mod cluster;
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cluster::{memcached_mixed_workload, Memcache, Options, Server, TestCluster};
@@ -25,8 +27,16 @@ use cluster::{memcached_mixed_workload, Memcache, Options, Server, TestCluster};
 const LIMIT: Duration = Duration::from_secs(120);
 const KEYS: usize = 16;
 
-/// A 3-node memcached cluster whose servers run `threads` worker threads.
+/// A 3-node memcached cluster whose servers run `threads` worker threads,
+/// started (static election).
 fn cluster(test: &str, threads: &str) -> TestCluster {
+    let mut c = configured(test, threads);
+    c.start_all();
+    c
+}
+
+/// The same, configured and not started.
+fn configured(test: &str, threads: &str) -> TestCluster {
     let mut c = TestCluster::new(
         test,
         Options {
@@ -49,7 +59,6 @@ fn cluster(test: &str, threads: &str) -> TestCluster {
         "-p",
         "{port}",
     ]);
-    c.start_all();
     c
 }
 
@@ -161,4 +170,125 @@ fn memcached_with_four_workers_backup_restart_replays_the_log() {
     c.start_server(3);
     let deltas = during.join().expect("load during the restart");
     read_back_and_compare(&c, &[1, 2, 3], &deltas);
+}
+
+/// One client of the failover load: increments its own counter, one
+/// `incr` at a time, on whichever node answers as leader (a refused or
+/// broken connection moves on to the next node). Returns the highest value
+/// an `incr` was answered with (what the client was told is stored) and
+/// how many it sent.
+fn counting_client(
+    apps: Vec<SocketAddr>,
+    key: String,
+    stop: Arc<AtomicBool>,
+    acks: Arc<AtomicU64>,
+) -> (u64, u64) {
+    let (mut acked, mut sent) = (0u64, 0u64);
+    let mut target = 0;
+    let mut conn: Option<Memcache> = None;
+    while !stop.load(Ordering::Relaxed) {
+        if conn.is_none() {
+            conn = Memcache::connect(apps[target]).ok();
+        }
+        let Some(m) = conn.as_mut() else {
+            target = (target + 1) % apps.len();
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
+        sent += 1;
+        match m.request(format!("incr {key} 1\r\n").as_bytes()) {
+            Ok(r) if r.parse::<u64>().is_ok() => {
+                let v: u64 = r.parse().unwrap();
+                assert!(v > acked, "{key}: incr answered {v} after {acked}");
+                acked = v;
+                acks.fetch_add(1, Ordering::Relaxed);
+            }
+            // A backup's refusal, a connection the old leader's death
+            // broke: try the next node.
+            _ => {
+                conn = None;
+                target = (target + 1) % apps.len();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    (acked, sent)
+}
+
+/// Failover under load with four workers: eight clients increment their own
+/// counters through the leader (their connections spread over its
+/// workers), the leader's server and follower are SIGKILLed, ZooKeeper
+/// elects another node and the clients go on there. No increment a client
+/// was answered is lost, the two live replicas answer a read-back alike,
+/// and the old node, back with a fresh server that replays the whole log
+/// (its connections on the same workers), agrees too.
+#[test]
+fn memcached_with_four_workers_fails_over_under_load_losing_nothing() {
+    let mut c = configured("mcthreadsfailover", "4");
+    let _zk = c.start_zookeeper(2000);
+    c.start_nodes();
+    let first = c.wait_leader_among(&[1, 2, 3], LIMIT);
+    const CLIENTS: usize = 8;
+    let keys: Vec<String> = (0..CLIENTS).map(|t| format!("own:{t}")).collect();
+    c.wait("the leader to take a write", LIMIT, |c| {
+        Memcache::connect(c.app(first))
+            .and_then(|mut m| {
+                keys.iter()
+                    .map(|k| m.request(format!("set {k} 0 0 1\r\n0\r\n").as_bytes()))
+                    .collect::<std::io::Result<Vec<_>>>()
+            })
+            .is_ok_and(|r| r.iter().all(|r| r == "STORED"))
+    });
+    let apps: Vec<SocketAddr> = (1..=3).map(|id| c.app(id)).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (apps, k, stop, acks) = (apps.clone(), k.clone(), stop.clone(), acks.clone());
+            std::thread::spawn(move || counting_client(apps, k, stop, acks))
+        })
+        .collect();
+    let wait_acks = |c: &TestCluster, n: u64| {
+        let from = acks.load(Ordering::Relaxed);
+        c.wait("the clients' increments", LIMIT, |_| {
+            acks.load(Ordering::Relaxed) >= from + n
+        });
+    };
+    wait_acks(&c, 2000);
+    c.kill_server(first);
+    c.kill_follower(first);
+    let rest: Vec<u64> = (1..=3).filter(|&i| i != first).collect();
+    let second = c.wait_leader_among(&rest, LIMIT);
+    wait_acks(&c, 1000);
+    stop.store(true, Ordering::Relaxed);
+    let told: Vec<(u64, u64)> = clients
+        .into_iter()
+        .map(|h| h.join().expect("client"))
+        .collect();
+    {
+        let mut leader = Memcache::connect(c.app(second)).expect("connect the new leader");
+        for (k, (acked, sent)) in keys.iter().zip(&told) {
+            let (_, v, _) = leader.gets(k).expect("gets").expect("counter");
+            let v: u64 = String::from_utf8_lossy(&v).trim().parse().expect("number");
+            assert!(
+                v >= *acked && v <= *sent,
+                "{k} is {v}: its client was answered up to {acked} and sent {sent}\n{}",
+                c.logs()
+            );
+        }
+    }
+    let other = rest.iter().copied().find(|&i| i != second).unwrap();
+    c.wait_converged_on(&[second, other], LIMIT);
+    c.start_follower(first);
+    c.start_server(first);
+    c.wait_converged_on(&[second, other, first], LIMIT);
+    for id in 1..=3 {
+        assert_eq!(
+            c.status(id).expect("status").divergences,
+            0,
+            "node {id} answered differently from the leader\n{}",
+            c.logs()
+        );
+    }
 }
