@@ -32,7 +32,7 @@ use crate::up::{Binaries, Cluster};
 use lockstep_testkit::commands::redis_command;
 use lockstep_testkit::ports;
 use lockstep_testkit::process::{last_line, open_log, spawn_logged, stop_on_signals, Grouping};
-use lockstep_testkit::redis_load::{self, LoadSpec};
+use lockstep_testkit::load::{self, LoadSpec, Request};
 use lockstep_testkit::resp::{self, Reply};
 
 /// How long a started server may take to answer PING / a replica to sync.
@@ -677,13 +677,15 @@ fn load(sys: System, st: &Started, opts: &Options, ctx: &Ctx) -> anyhow::Result<
         },
         opts.clients
     );
-    let res = redis_load::run(
+    let res = load::run(
         &LoadSpec {
             addr: st.addr,
             clients: opts.clients,
             requests: opts.requests,
             duration: opts.duration,
-            wait_replicas: wait,
+            request: Request::RedisSet {
+                wait_replicas: wait,
+            },
             value_size: 3,
         },
         stop,
@@ -703,7 +705,7 @@ fn load(sys: System, st: &Started, opts: &Options, ctx: &Ctx) -> anyhow::Result<
 
 /// Sum of the divergences the nodes report, once the backups applied
 /// everything the leader committed (or after 30 s).
-fn lockstep_divergences(config: &Config) -> Option<u64> {
+pub(crate) fn lockstep_divergences(config: &Config) -> Option<u64> {
     let t0 = Instant::now();
     loop {
         let nodes = status::query_all(config, Duration::from_secs(1));

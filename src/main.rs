@@ -6,6 +6,7 @@ mod chart;
 mod check;
 mod failover_bench;
 mod launch;
+mod memcached_bench;
 mod restart_bench;
 mod status;
 mod up;
@@ -196,6 +197,25 @@ enum BenchCmd {
         #[arg(long)]
         keep: bool,
     },
+    /// memcached with 1 and with 4 worker threads (`-t`), plain and through
+    /// a 3-node lockstep cluster, under the same set and get loads.
+    Memcached {
+        /// Worker thread counts to compare (comma list).
+        #[arg(long, default_value = "1,4", value_delimiter = ',')]
+        workers: Vec<u32>,
+        /// Client connections (one load thread each).
+        #[arg(long, default_value_t = 50)]
+        clients: usize,
+        /// Seconds each load (set, then get) runs.
+        #[arg(long, default_value_t = 5.0)]
+        duration: f64,
+        /// Work directory [default: target/bench-memcached].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// One JSON object per row instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Rejoin time of a killed backup, and the first acknowledged write
     /// after both backups were killed, against the log's length, with
     /// snapshots on and off (starts its own 3-node Redis clusters).
@@ -336,6 +356,22 @@ fn main() {
             duration: duration.map(Duration::from_secs_f64),
             only,
             keep,
+        }),
+        Cmd::Bench {
+            what:
+                BenchCmd::Memcached {
+                    workers,
+                    clients,
+                    duration,
+                    out,
+                    json,
+                },
+        } => memcached_bench::run(&memcached_bench::Options {
+            workers,
+            clients,
+            duration: Duration::from_secs_f64(duration.max(0.1)),
+            out: out.unwrap_or_else(|| PathBuf::from("target/bench-memcached")),
+            json,
         }),
         Cmd::Bench {
             what:

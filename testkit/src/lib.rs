@@ -2,8 +2,8 @@
 //! cluster and look at it: launching processes with their logs
 //! ([`process`]), the processes' command lines ([`commands`]), a private
 //! ZooKeeper ([`zookeeper`]), loopback ports ([`ports`]), the Redis and
-//! memcached clients ([`resp`], [`memcache`]), the Redis load of the
-//! benchmark ([`redis_load`]), finding the leader ([`leader`]), waiting for a condition ([`poll`]), a seeded generator ([`rng`]) and
+//! memcached clients ([`resp`], [`memcache`]), the Redis and memcached load of the
+//! benchmarks ([`load`]), finding the leader ([`leader`]), waiting for a condition ([`poll`]), a seeded generator ([`rng`]) and
 //! the three-node config text of the unit tests ([`config_fixture`]).
 //!
 //! Quick start, a server under test with its output in a log:
@@ -25,7 +25,7 @@ pub mod memcache;
 pub mod poll;
 pub mod ports;
 pub mod process;
-pub mod redis_load;
+pub mod load;
 pub mod resp;
 pub mod rng;
 pub mod zookeeper;

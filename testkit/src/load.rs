@@ -1,13 +1,15 @@
-//! The Redis load of `lockstep bench redis`: N connections,
-//! one thread each, every thread sending `SET` (optionally followed by
-//! `WAIT n 0`) and waiting for the reply before the next request, with
-//! every request's latency recorded in an HDR histogram.
+//! The load of `lockstep bench redis` and `lockstep bench memcached`: N
+//! connections, one thread each, every thread sending one request (a Redis
+//! `SET`, optionally followed by `WAIT n 0`; a memcached `set` or `get`)
+//! and waiting for the reply before the next, with every request's latency
+//! recorded in an HDR histogram.
 //!
 //! It exists beside `redis-benchmark` because `redis-benchmark` cannot send
 //! `WAIT` after each write: with one client of our own, the `WAIT` row is
-//! compared with the other systems under exactly the same load.
+//! compared with the other systems under exactly the same load. Debian
+//! ships no memcached load tool that measures latency per request.
 
-use std::io::{BufReader, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
@@ -36,10 +38,27 @@ pub struct LoadSpec {
     pub requests: u64,
     /// Run for this long instead of a request count.
     pub duration: Option<Duration>,
-    /// Send `WAIT n 0` after every SET and count both as one request.
-    pub wait_replicas: Option<u32>,
-    /// Bytes of each SET's value (`redis-benchmark -d`, default 3).
+    /// What each request is.
+    pub request: Request,
+    /// Bytes of each stored value (`redis-benchmark -d`, default 3).
     pub value_size: usize,
+}
+
+/// One request of the load. Keys cycle over 1000 per connection: the same
+/// small working set for every system, and no single hot key shared by all
+/// clients (a `get` run after a `set` run finds every key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Redis `SET`; with `wait_replicas`, followed by `WAIT n 0` in the
+    /// same write, the pair counted as one request.
+    RedisSet {
+        /// The `n` of `WAIT n 0`.
+        wait_replicas: Option<u32>,
+    },
+    /// memcached `set`.
+    MemcachedSet,
+    /// memcached `get`.
+    MemcachedGet,
 }
 
 /// What one load run measured.
@@ -148,7 +167,7 @@ pub fn run(spec: &LoadSpec, stop: &AtomicBool) -> anyhow::Result<LoadResult> {
     })
 }
 
-/// One connection's loop: SET (and WAIT), read the reply, record latency.
+/// One connection's loop: send the request, read its reply, record the latency.
 fn client(
     c: Client,
     spec: &LoadSpec,
@@ -160,8 +179,8 @@ fn client(
     let mut reader = BufReader::new(c.stream.try_clone()?);
     let mut w = c.stream;
     let deadline = spec.duration.map(|d| Instant::now() + d);
-    let wait_n = spec.wait_replicas.map(|n| n.to_string());
     let mut buf = Vec::with_capacity(128);
+    let mut line = String::new();
     let mut done = 0u64;
     loop {
         let more = match deadline {
@@ -171,36 +190,76 @@ fn client(
         if !more || stop.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed) {
             break;
         }
-        // Keys cycle over 1000 per connection: the same small working set
-        // for every system, and no single hot key shared by all clients.
         let key = format!("lockstep:lg:{}:{}", c.id, done % 1000);
         buf.clear();
-        encode(&[b"SET", key.as_bytes(), value], &mut buf);
-        if let Some(n) = &wait_n {
-            // WAIT goes out in the same write as its SET: the pair costs
-            // one round trip, the cheapest way a client gets "a replica has
-            // it" from Redis, so the WAIT row is Redis's best case.
-            encode(&[b"WAIT", n.as_bytes(), b"0"], &mut buf);
+        match spec.request {
+            Request::RedisSet { wait_replicas } => {
+                encode(&[b"SET", key.as_bytes(), value], &mut buf);
+                if let Some(n) = wait_replicas {
+                    // WAIT goes out in the same write as its SET: the pair
+                    // costs one round trip, the cheapest way a client gets
+                    // "a replica has it" from Redis, so the WAIT row is
+                    // Redis's best case.
+                    encode(&[b"WAIT", n.to_string().as_bytes(), b"0"], &mut buf);
+                }
+            }
+            Request::MemcachedSet => {
+                buf.extend_from_slice(format!("set {key} 0 0 {}\r\n", value.len()).as_bytes());
+                buf.extend_from_slice(value);
+                buf.extend_from_slice(b"\r\n");
+            }
+            Request::MemcachedGet => buf.extend_from_slice(format!("get {key}\r\n").as_bytes()),
         }
         let t = Instant::now();
         w.write_all(&buf)
             .with_context(|| format!("load client {}: cannot send", c.id))?;
-        match read_reply(&mut reader) {
-            Ok(Reply::Status(s)) if s == "OK" => {}
-            Ok(r) => bail!("load client {}: SET answered {r:?}", c.id),
-            Err(e) => bail!("load client {}: no reply to SET: {e}", c.id),
-        }
-        if let Some(n) = spec.wait_replicas {
-            match read_reply(&mut reader) {
-                Ok(Reply::Int(k)) if k >= i64::from(n) => {}
-                Ok(r) => bail!("load client {}: WAIT {n} 0 answered {r:?}", c.id),
-                Err(e) => bail!("load client {}: no reply to WAIT: {e}", c.id),
+        match spec.request {
+            Request::RedisSet { wait_replicas } => {
+                match read_reply(&mut reader) {
+                    Ok(Reply::Status(s)) if s == "OK" => {}
+                    Ok(r) => bail!("load client {}: SET answered {r:?}", c.id),
+                    Err(e) => bail!("load client {}: no reply to SET: {e}", c.id),
+                }
+                if let Some(n) = wait_replicas {
+                    match read_reply(&mut reader) {
+                        Ok(Reply::Int(k)) if k >= i64::from(n) => {}
+                        Ok(r) => bail!("load client {}: WAIT {n} 0 answered {r:?}", c.id),
+                        Err(e) => bail!("load client {}: no reply to WAIT: {e}", c.id),
+                    }
+                }
             }
+            Request::MemcachedSet => {
+                read_line(&mut reader, &mut line, c.id)?;
+                if line != "STORED\r\n" {
+                    bail!("load client {}: set answered {line:?}", c.id);
+                }
+            }
+            Request::MemcachedGet => loop {
+                // VALUE lines with their data, then END.
+                read_line(&mut reader, &mut line, c.id)?;
+                if line == "END\r\n" {
+                    break;
+                }
+                if !line.starts_with("VALUE ") {
+                    bail!("load client {}: get answered {line:?}", c.id);
+                }
+                read_line(&mut reader, &mut line, c.id)?;
+            },
         }
         hist.saturating_record(t.elapsed().as_nanos() as u64);
         done += 1;
     }
     Ok((done, hist, Instant::now()))
+}
+
+/// Reads one reply line into `line` (a closed connection is an error).
+fn read_line(reader: &mut impl BufRead, line: &mut String, id: usize) -> anyhow::Result<()> {
+    line.clear();
+    match reader.read_line(line) {
+        Ok(0) => bail!("load client {id}: the server closed the connection"),
+        Ok(_) => Ok(()),
+        Err(e) => bail!("load client {id}: no reply: {e}"),
+    }
 }
 
 #[cfg(test)]
