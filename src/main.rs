@@ -215,6 +215,9 @@ enum BenchCmd {
         /// One JSON object per row instead of a table.
         #[arg(long)]
         json: bool,
+        /// Keep each run's data and logs (under --out).
+        #[arg(long)]
+        keep: bool,
     },
     /// Rejoin time of a killed backup, and the first acknowledged write
     /// after both backups were killed, against the log's length, with
@@ -365,6 +368,7 @@ fn main() {
                     duration,
                     out,
                     json,
+                    keep,
                 },
         } => memcached_bench::run(&memcached_bench::Options {
             workers,
@@ -372,6 +376,7 @@ fn main() {
             duration: Duration::from_secs_f64(duration.max(0.1)),
             out: out.unwrap_or_else(|| PathBuf::from("target/bench-memcached")),
             json,
+            keep,
         }),
         Cmd::Bench {
             what:

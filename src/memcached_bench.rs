@@ -44,6 +44,8 @@ pub struct Options {
     pub out: PathBuf,
     /// One JSON object per row instead of a table.
     pub json: bool,
+    /// Keep each run's data and logs.
+    pub keep: bool,
 }
 
 /// One measured load.
@@ -109,6 +111,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                     r
                 }
             };
+            // A run that succeeded leaves nothing behind (unless kept).
+            if !opts.keep {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
             for row in &mut measured {
                 row.ratio_to_plain = rows
                     .iter()
@@ -133,7 +139,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 fn loads(addr: SocketAddr, workers: u32, system: &str, opts: &Options) -> anyhow::Result<Vec<Row>> {
     let stop = AtomicBool::new(false);
     let mut rows = Vec::new();
-    for (workload, request) in [("set", Request::MemcachedSet), ("get", Request::MemcachedGet)] {
+    for (workload, request) in [
+        ("set", Request::MemcachedSet),
+        ("get", Request::MemcachedGet),
+    ] {
         let res = load::run(
             &LoadSpec {
                 addr,
@@ -157,8 +166,12 @@ fn loads(addr: SocketAddr, workers: u32, system: &str, opts: &Options) -> anyhow
             divergences: None,
         };
         eprintln!(
-            "  {workload}: {:.0} req/s, p50 {:.3} ms, p99 {:.3} ms",
-            row.rps, row.p50_ms, row.p99_ms
+            "  {workload}: {:.0} req/s, p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms",
+            row.rps,
+            row.p50_ms,
+            row.p99_ms,
+            res.quantile_ms(0.999),
+            res.latency_ns.max() as f64 / 1e6
         );
         rows.push(row);
     }
@@ -194,7 +207,18 @@ fn table(rows: &[Row]) -> String {
 fn memcached_args(workers: u32) -> Vec<String> {
     let t = workers.to_string();
     [
-        "memcached", "-u", "root", "-t", &t, "-U", "0", "-m", "256", "-l", "{host}", "-p",
+        "memcached",
+        "-u",
+        "root",
+        "-t",
+        &t,
+        "-U",
+        "0",
+        "-m",
+        "256",
+        "-l",
+        "{host}",
+        "-p",
         "{port}",
     ]
     .iter()
@@ -301,8 +325,17 @@ mod tests {
             ratio_to_plain: ratio,
             divergences: (system == "lockstep").then_some(0),
         };
-        let t = table(&[row("plain", 1000.0, None), row("lockstep", 500.0, Some(0.5))]);
-        assert!(t.contains("| 4 | plain | set | 1000 | - | 0.250 | 1.500 | - |"), "{t}");
-        assert!(t.contains("| 4 | lockstep | set | 500 | 0.50 | 0.250 | 1.500 | 0 |"), "{t}");
+        let t = table(&[
+            row("plain", 1000.0, None),
+            row("lockstep", 500.0, Some(0.5)),
+        ]);
+        assert!(
+            t.contains("| 4 | plain | set | 1000 | - | 0.250 | 1.500 | - |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| 4 | lockstep | set | 500 | 0.50 | 0.250 | 1.500 | 0 |"),
+            "{t}"
+        );
     }
 }

@@ -166,3 +166,50 @@ fn bench_restart_measures_rejoin_and_majority_loss_with_snapshots_on_and_off() {
     assert_no_regions_left(&format!("lockstep-benchrestart-{pid}-"));
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn bench_memcached_compares_worker_counts_plain_and_through_lockstep() {
+    let out = std::env::temp_dir().join(format!(
+        "lockstep-bench-memcached-test-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    let (pid, stdout) = run_lockstep(
+        Command::new(lockstep())
+            .args(["bench", "memcached", "--workers", "1,4", "--clients", "8"])
+            .args(["--duration", "0.5", "--json", "--out"])
+            .arg(&out),
+    );
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let runs: Vec<String> = rows
+        .iter()
+        .map(|r| format!("{} {} {}", r["workers"], r["system"], r["workload"]))
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            "1 \"plain\" \"set\"",
+            "1 \"plain\" \"get\"",
+            "1 \"lockstep\" \"set\"",
+            "1 \"lockstep\" \"get\"",
+            "4 \"plain\" \"set\"",
+            "4 \"plain\" \"get\"",
+            "4 \"lockstep\" \"set\"",
+            "4 \"lockstep\" \"get\"",
+        ],
+        "{stdout}"
+    );
+    for r in &rows {
+        assert!(r["requests"].as_u64().unwrap() > 0, "{r}");
+        if r["system"] == "lockstep" {
+            assert!(r["ratio_to_plain"].as_f64().unwrap() > 0.0, "{r}");
+            assert_eq!(r["divergences"], 0, "{r}");
+        }
+    }
+    assert_eq!(std::fs::read_dir(&out).map(|d| d.count()).unwrap_or(0), 0);
+    assert_no_regions_left(&format!("lockstep-benchmc-{pid}-"));
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -113,10 +113,13 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32) {
         if engine.region.role() == Role::Leader && crate::turn_lock::held() && engine.turn_open() {
             // The log must say where the turn ends before the loop blocks
             // (see `turn_time`). An epoll wait looks first (`closing_probe`):
-            // under load the next turn's entries say it for free.
+            // under load the next turn's entries say it for free. Not when
+            // another loop waits for its turn: a loop that always finds
+            // input would keep the lock for good (memcached `-t 4` held one
+            // worker's clients for seconds).
             match wait {
-                crate::turns::Wait::Epoll => closing = true,
-                crate::turns::Wait::Scan => {
+                crate::turns::Wait::Epoll if !crate::turn_lock::others_wait() => closing = true,
+                _ => {
                     engine.close_turn();
                 }
             }

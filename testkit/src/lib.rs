@@ -21,11 +21,11 @@
 pub mod commands;
 pub mod config_fixture;
 pub mod leader;
+pub mod load;
 pub mod memcache;
 pub mod poll;
 pub mod ports;
 pub mod process;
-pub mod load;
 pub mod resp;
 pub mod rng;
 pub mod zookeeper;
