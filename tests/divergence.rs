@@ -103,3 +103,46 @@ fn pubsub_subscribers_that_send_commands_count_no_divergence() {
     c.assert_same_digest();
     c.assert_no_divergence();
 }
+
+/// A command that keeps a backup's server busy inside its turn — `DEBUG
+/// RELOAD` runs its event loop while it loads (the pump takes the next
+/// turn at those waits), `DEBUG SLEEP` holds it past the pump's patience —
+/// answers after the pump took the next input: each reply is still compared
+/// with the leader's at the input that followed it on the leader, so
+/// nothing is counted (both were counted on every backup, one input late).
+#[test]
+fn replies_of_long_commands_are_compared_where_the_leader_wrote_them() {
+    let mut c = TestCluster::new("div-long", Options::default());
+    c.start_all();
+    {
+        let mut r = Resp::connect(c.app(1)).unwrap();
+        r.set_read_timeout(LIMIT).unwrap();
+        // Enough data (about 8 MB of RDB) that loading it runs the event
+        // loop (every 2 MB: `loading-process-events-interval-bytes`).
+        let value = vec![b'v'; 64];
+        for chunk in 0..100 {
+            for i in 0..1000 {
+                let key = format!("k{}", chunk * 1000 + i);
+                r.send(&[b"SET", key.as_bytes(), &value]).unwrap();
+            }
+            for _ in 0..1000 {
+                assert_eq!(r.read().unwrap(), Reply::Status("OK".into()));
+            }
+        }
+        for round in 0..2 {
+            assert_eq!(
+                r.cmd(&[b"DEBUG", b"RELOAD"]).unwrap(),
+                Reply::Status("OK".into()),
+                "DEBUG RELOAD, round {round}"
+            );
+            assert_eq!(r.cmd(&[b"TTL", b"k1"]).unwrap(), Reply::Int(-1));
+            assert_eq!(
+                r.cmd(&[b"DEBUG", b"SLEEP", b"0.7"]).unwrap(),
+                Reply::Status("OK".into())
+            );
+            assert_eq!(r.cmd(&[b"PING"]).unwrap(), Reply::Status("PONG".into()));
+        }
+    }
+    c.wait_converged(LIMIT);
+    c.assert_no_divergence();
+}

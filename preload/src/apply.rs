@@ -189,6 +189,9 @@ pub struct Pump {
     /// `cut`), and the connection of the last input handed over.
     cut_at: u64,
     last_input_conn: u64,
+    /// The turn in flight's output checks are still to run (see
+    /// `check_turn`), from a cut at this seq when it begins a leader turn.
+    checks_due: Option<Option<u64>>,
     /// The waits the leader's thread entered before the turn in flight
     /// (`EntryHeader::waits` of its first entry, or of its first clock
     /// record), those of the stash's turn, and whether a server thread
@@ -312,6 +315,7 @@ pub fn turn_returned(loop_id: u64, delivers: bool) {
         _ => runs_in(&first, loop_id, delivers),
     };
     if mine {
+        p.check_turn();
         p.started = true;
         turns::handed(first.view);
         crate::clock::enter_turn(first.seq, first.time_us);
@@ -706,6 +710,7 @@ impl Pump {
             turn_last: 0,
             cut_at: 0,
             last_input_conn: 0,
+            checks_due: None,
             turn_waits: 0,
             stash_waits: 0,
             started: false,
@@ -772,7 +777,11 @@ impl Pump {
     /// Takes the next turn from the log and starts handing it over: false
     /// when there is none.
     fn take_turn(&mut self, from_server: bool) -> bool {
+        // A turn that ended without a wait of the server starting it (a
+        // server whose waits the hooks do not see) is checked now.
+        self.check_turn();
         let width = turns::batch_width();
+        let mut cut = None;
         while let Some((h, end)) = self.next_entry() {
             if h.kind == Kind::Time {
                 if self.absorb_time(h, end) {
@@ -788,7 +797,7 @@ impl Pump {
                 let adopted = self.adopt_stash(&h);
                 self.turn_waits = if adopted { self.stash_waits } else { h.waits };
                 if adopted || h.flags & SAME_TURN == 0 {
-                    self.cut(h.seq);
+                    cut = Some(h.seq);
                 }
             }
             self.prev_seq = h.seq;
@@ -827,6 +836,7 @@ impl Pump {
         if self.turn.is_empty() {
             return false;
         }
+        self.checks_due = Some(cut);
         if self.tick.is_some() {
             self.wake_tick_loop();
         } else if !(from_server && self.read_here()) {
@@ -909,20 +919,10 @@ impl Pump {
     fn begin(&mut self, h: EntryHeader) {
         crate::clock::enter_input(h.time_us);
         match h.kind {
-            Kind::Accept => {
-                self.open(h.seq);
-                self.last_input_conn = h.seq;
-            }
-            Kind::Data | Kind::Close => {
-                let adjacent = self.last_input_conn == h.conn;
-                self.check_output(&h, adjacent);
-                self.classify_input(&h);
-                self.last_input_conn = h.conn;
-            }
-            Kind::View => {
-                self.end_all();
-                self.last_input_conn = 0;
-            }
+            Kind::Accept => self.open(h.seq),
+            // Their output checks run as the server starts the turn.
+            Kind::Data | Kind::Close => {}
+            Kind::View => self.end_all(),
             Kind::Tick => self.tick = Some((h.conn, None)),
             Kind::Noop | Kind::Wrap | Kind::Time => {}
         }
@@ -1168,6 +1168,36 @@ impl Pump {
             .find(|h| h.kind == Kind::Close && h.conn == conn)
         {
             crate::clock::enter_window(self.turn_start(), h.seq, h.time_us);
+        }
+    }
+
+    /// The output checks of the turn in flight, once: each input's digest
+    /// against what this server wrote on its connection before it. They
+    /// run when a wait of the server starts the turn, not when the pump
+    /// takes it from the log: a server still inside its last turn (Redis's
+    /// `DEBUG RELOAD` waits in its event loop while it loads, and the pump
+    /// takes the next turn at such a wait) writes that turn's reply after
+    /// the pump took the next one, and a check then counted the reply one
+    /// input late on every backup.
+    fn check_turn(&mut self) {
+        let Some(cut) = self.checks_due.take() else {
+            return;
+        };
+        if let Some(at) = cut {
+            self.cut(at);
+        }
+        for i in 0..self.turn.len() {
+            let h = self.turn[i];
+            if matches!(h.kind, Kind::Data | Kind::Close) {
+                let adjacent = self.last_input_conn == h.conn;
+                self.check_output(&h, adjacent);
+                self.classify_input(&h);
+                self.last_input_conn = h.conn;
+            } else if matches!(h.kind, Kind::Accept) {
+                self.last_input_conn = h.seq;
+            } else if matches!(h.kind, Kind::View) {
+                self.last_input_conn = 0;
+            }
         }
     }
 
