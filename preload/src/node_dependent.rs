@@ -28,9 +28,13 @@
 //!   field is the node's and whose arrival (newlines keep the link alive
 //!   until it is ready) is the child's timing, not the log's.
 //!
-//! A reply that depends on the node's *configuration* (`CONFIG GET port`:
-//! each replica listens on its own port) is not in a class: replicas are
-//! meant to be configured alike, so such a difference is counted.
+//! - The node's own configuration: `CONFIG GET` (replicas on one host
+//!   listen on their own ports, with their own `dir`, unix socket, pid and
+//!   log files, and `CONFIG GET *` lists them all; what `CONFIG SET`
+//!   changes is replicated, so the other values agree anyway), and a
+//!   `CONFIG SET` of such a node's own parameter (`port`, `tls-port`,
+//!   `bind`, `unixsocket`, `dir`, `pidfile`, `logfile`: a backup on the
+//!   leader's host cannot take the port the leader just took).
 //!
 //! The classes go by command, not by reply, so a command queued in
 //! `MULTI` makes its `EXEC`'s reply node-dependent, and a pipelined input
@@ -75,10 +79,25 @@ impl std::fmt::Display for Word {
 
 /// Whether the reply to `name sub…` (lowercase) describes the node, not
 /// the data (see the module doc for each class).
-fn dependent(name: &Word, sub: &Word) -> bool {
+fn dependent(name: &Word, sub: &Word, param: &Word) -> bool {
     match name.text() {
         "info" | "hello" | "memory" | "monitor" | "sync" | "psync" => true,
         "client" => matches!(sub.text(), "list" | "info" | "id"),
+        "config" => {
+            sub.is("get")
+                || (sub.is("set")
+                    && matches!(
+                        param.text(),
+                        "port"
+                            | "tls-port"
+                            | "bind"
+                            | "unixsocket"
+                            | "unixsocketperm"
+                            | "dir"
+                            | "pidfile"
+                            | "logfile"
+                    ))
+        }
         "debug" => sub.is("object"),
         "slowlog" => sub.is("get"),
         "acl" => sub.is("log"),
@@ -115,6 +134,8 @@ pub struct Replies {
     arg: u64,
     name: Word,
     sub: Word,
+    /// The argument after the subcommand (`CONFIG SET`'s parameter).
+    param: Word,
     /// The last complete command's name, for the divergence line.
     last: Word,
     /// Whether the current input held a node-dependent command.
@@ -179,6 +200,7 @@ impl Replies {
                     let word = match self.arg {
                         0 => Some(&mut self.name),
                         1 => Some(&mut self.sub),
+                        2 => Some(&mut self.param),
                         _ => None,
                     };
                     match word {
@@ -215,6 +237,8 @@ impl Replies {
                             self.name.push(b);
                         } else if self.arg == 1 {
                             self.sub.push(b);
+                        } else if self.arg == 2 {
+                            self.param.push(b);
                         }
                         self.at = At::Inline(true);
                     }
@@ -229,6 +253,7 @@ impl Replies {
         self.arg = 0;
         self.name = Word::default();
         self.sub = Word::default();
+        self.param = Word::default();
     }
 
     /// A bulk argument ended.
@@ -250,7 +275,7 @@ impl Replies {
             return;
         }
         self.last = self.name;
-        let node = dependent(&self.name, &self.sub);
+        let node = dependent(&self.name, &self.sub, &self.param);
         if self.name.is("reset") {
             self.streaming = false;
             self.in_multi = false;
@@ -321,15 +346,20 @@ mod tests {
             &["ACL", "LOG"],
             &["DEBUG", "OBJECT", "k"],
             &["SYNC"],
+            &["CONFIG", "GET", "port"],
+            &["config", "get", "*"],
+            &["CONFIG", "SET", "port", "7001"],
+            &["CONFIG", "SET", "dir", "/tmp"],
         ] {
             assert_eq!(verdicts(&[resp(cmd)]), [true], "{cmd:?}");
         }
     }
 
     #[test]
-    fn replies_about_the_data_or_the_configuration_are_not() {
+    fn replies_about_the_data_or_the_shared_configuration_are_not() {
         for cmd in [
-            &["CONFIG", "GET", "port"][..],
+            &["CONFIG", "SET", "maxmemory", "10mb"][..],
+            &["CONFIG", "SET", "portx", "1"],
             &["GET", "info"],
             &["CLIENT", "SETNAME", "list"],
             &["SLOWLOG", "LEN"],
@@ -403,7 +433,8 @@ mod tests {
             verdicts(&[b"client  list\r\n".to_vec(), b"PING\r\n".to_vec()]),
             [true, false]
         );
-        assert_eq!(verdicts(&[b"config get port\r\n".to_vec()]), [false]);
+        assert_eq!(verdicts(&[b"config get port\r\n".to_vec()]), [true]);
+        assert_eq!(verdicts(&[b"config set maxmemory 1\r\n".to_vec()]), [false]);
     }
 
     #[test]
