@@ -11,8 +11,8 @@
 //! replaying the log through the same event loop.
 //!
 //! The small servers live in tests/apply_servers/: `kv.pl` (Perl, select or
-//! poll), `kv_epoll_et.c`, `two_loops.c` and `workers.c` (compiled with `cc`
-//! into the test's temp dir).
+//! poll), `kv_epoll_et.c` and `workers.c` (compiled with `cc` into the
+//! test's temp dir).
 
 mod cluster;
 
@@ -388,15 +388,15 @@ fn edge_triggered_epoll_backup_restart_replays_the_log() {
 /// an accept, in the same turn (memcached runs its clock timer there: the
 /// time its worker's commands read), comes before the worker loop reads
 /// the connection's first input, as on the leader, whose turns never
-/// overlap. `two_loops.c` marks an accept finished at the end of the
-/// listener's turn; every connection's first command must see its own
-/// accept finished, on every replica (each connection's close carries the
-/// digest of what it was answered).
+/// overlap. `workers.c` with one worker (memcached `-t 1`) marks an accept
+/// finished at the end of the listener's turn; every connection's first
+/// command must see its own accept finished, on every replica (each
+/// connection's close carries the digest of what it was answered).
 #[test]
 fn a_listeners_turn_ends_before_the_worker_reads_the_next_input() {
     let mut c = TestCluster::new("twoloops", Options::default());
-    let bin = build_c_server(&c.dir, "two_loops");
-    c.use_server_command(&[&bin, "{port}"]);
+    let bin = build_c_server(&c.dir, "workers");
+    c.use_server_command(&[&bin, "{port}", "1"]);
     c.start_all();
     for _ in 0..8 {
         let mut k = Client::connect(c.app(1));
@@ -429,6 +429,7 @@ fn a_connection_runs_on_the_leaders_worker_loop_on_every_backup() {
         .map(|t| {
             std::thread::spawn(move || {
                 let mut k = Client::connect(app);
+                assert_eq!(k.cmd("ACCEPTED\n"), "ACCEPTED yes");
                 let who = k.cmd("WHO\n");
                 assert!(who.starts_with("WORKER "), "WHO answered {who:?}");
                 for i in 0..OPS {

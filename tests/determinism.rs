@@ -449,18 +449,7 @@ fn memcached_replicas_agree_after_a_failover() {
     missed += memcached_expiry_workload(c.app(second), "b", 12);
     assert!(missed > 0, "no item expired while the test ran");
     let other = rest.iter().copied().find(|&i| i != second).unwrap();
-    c.wait_converged_on(&[second, other], LIMIT);
-    c.start_follower(first);
-    c.start_server(first);
-    c.wait_converged_on(&[second, other, first], LIMIT);
-    for id in 1..=3 {
-        assert_eq!(
-            c.status(id).unwrap().divergences,
-            0,
-            "node {id}\n{}",
-            c.logs()
-        );
-    }
+    c.rebuild_old_leader_and_agree(first, second, other, LIMIT);
     let mut keys = expiry_keys("a", 12);
     keys.extend(expiry_keys("b", 12));
     assert_same_items(&c, &[other, first], second, &keys);

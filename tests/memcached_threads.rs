@@ -46,19 +46,7 @@ fn configured(test: &str, threads: &str) -> TestCluster {
             ..Options::default()
         },
     );
-    c.use_server_command(&[
-        "memcached",
-        "-u",
-        "root",
-        "-t",
-        threads,
-        "-U",
-        "0",
-        "-l",
-        "127.0.0.1",
-        "-p",
-        "{port}",
-    ]);
+    c.use_memcached("root", threads);
     c
 }
 
@@ -279,18 +267,7 @@ fn memcached_with_four_workers_fails_over_under_load_losing_nothing() {
         }
     }
     let other = rest.iter().copied().find(|&i| i != second).unwrap();
-    c.wait_converged_on(&[second, other], LIMIT);
-    c.start_follower(first);
-    c.start_server(first);
-    c.wait_converged_on(&[second, other, first], LIMIT);
-    for id in 1..=3 {
-        assert_eq!(
-            c.status(id).expect("status").divergences,
-            0,
-            "node {id} answered differently from the leader\n{}",
-            c.logs()
-        );
-    }
+    c.rebuild_old_leader_and_agree(first, second, other, LIMIT);
 }
 
 /// The leader's workers take turns fairly: while one worker always finds

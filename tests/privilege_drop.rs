@@ -40,19 +40,7 @@ fn memcached_dropping_to_nobody_replicates() {
             ..Options::default()
         },
     );
-    c.use_server_command(&[
-        "memcached",
-        "-u",
-        "nobody",
-        "-t",
-        "1",
-        "-U",
-        "0",
-        "-l",
-        "127.0.0.1",
-        "-p",
-        "{port}",
-    ]);
+    c.use_memcached("nobody", "1");
     c.start_all();
     for id in 1..=3 {
         let s = c.status(id).expect("status");

@@ -7,9 +7,19 @@
  *   WHO             -> WORKER i        (the worker serving this connection)
  *   APPEND key tok  -> OK len          (appends " tok" to key's value)
  *   GET key         -> VALUE value     (or VALUE -)
+ *   ACCEPTED        -> ACCEPTED yes|no (whether the listener had finished
+ *                                       this connection's accept)
  *
  * Which worker a connection lands on, and the order in which the workers'
  * APPENDs to a shared key interleave, are what a backup must reproduce.
+ *
+ * What the listener does after an accept, in the same turn, must keep its
+ * order too: memcached's listener runs its clock timer after an accept,
+ * and the worker's commands read the clock it set. Here the listener,
+ * after handing the connection over, works a while (a sleep) and then
+ * marks the accept finished. On the leader a worker's turn never overlaps
+ * the listener's (lockstep's turn lock): always yes. A backup that handed
+ * the worker the command before the listener's turn ended would answer no.
  *
  * Usage: workers PORT N
  */
@@ -19,13 +29,17 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
+/* How long the listener works after an accept (µs). */
+#define LISTENER_WORK_US 100000
 #define MAX_WORKERS 16
 #define MAX_CONNS 1024
 #define MAX_KEYS 64
@@ -41,6 +55,8 @@ struct worker {
 struct conn {
 	int fd;
 	struct worker *w;
+	/* Set by the listener at the end of the turn that accepted it. */
+	atomic_int accept_done;
 	char in[LINE_MAX_LEN];
 	size_t len;
 };
@@ -104,6 +120,9 @@ static void command(struct conn *c, char *line)
 	char key[64], tok[64];
 	if (strcmp(line, "WHO") == 0) {
 		snprintf(out, sizeof(out), "WORKER %d\n", c->w->index);
+	} else if (strcmp(line, "ACCEPTED") == 0) {
+		snprintf(out, sizeof(out), "ACCEPTED %s\n",
+			 atomic_load(&c->accept_done) ? "yes" : "no");
 	} else if (sscanf(line, "APPEND %63s %63s", key, tok) == 2) {
 		pthread_mutex_lock(&store_lock);
 		struct entry *e = lookup(key, 1);
@@ -258,7 +277,12 @@ int main(int argc, char **argv)
 			if (write(c->w->handoff[1], &c, sizeof(c)) != sizeof(c)) {
 				close(fd);
 				free(c);
+				continue;
 			}
+			/* The rest of the listener's turn. */
+			struct timespec work = {.tv_sec = 0, .tv_nsec = LISTENER_WORK_US * 1000L};
+			nanosleep(&work, NULL);
+			atomic_store(&c->accept_done, 1);
 		}
 	}
 }

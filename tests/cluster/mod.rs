@@ -931,6 +931,48 @@ impl TestCluster {
         assert!(!argv.is_empty(), "empty server command");
         self.command = Some(argv.iter().map(|a| a.to_string()).collect());
     }
+
+    /// Every node runs memcached as `user` with `threads` worker threads.
+    pub fn use_memcached(&mut self, user: &str, threads: &str) {
+        self.use_server_command(&[
+            "memcached",
+            "-u",
+            user,
+            "-t",
+            threads,
+            "-U",
+            "0",
+            "-l",
+            "127.0.0.1",
+            "-p",
+            "{port}",
+        ]);
+    }
+
+    /// After a failover from `old` to `leader`: waits until `leader` and
+    /// `other` applied everything, restarts `old` (follower, then a fresh
+    /// server that replays the whole log), waits until it applied
+    /// everything too, and checks that no node counted a divergence.
+    pub fn rebuild_old_leader_and_agree(
+        &mut self,
+        old: u64,
+        leader: u64,
+        other: u64,
+        limit: Duration,
+    ) {
+        self.wait_converged_on(&[leader, other], limit);
+        self.start_follower(old);
+        self.start_server(old);
+        self.wait_converged_on(&[leader, other, old], limit);
+        for id in [leader, other, old] {
+            assert_eq!(
+                self.status(id).expect("status").divergences,
+                0,
+                "node {id} answered differently from the leader\n{}",
+                self.logs()
+            );
+        }
+    }
 }
 
 /// SIGKILLs a restored server (by pid: it is nobody's child here).
