@@ -686,6 +686,7 @@ fn load(sys: System, st: &Started, opts: &Options, ctx: &Ctx) -> anyhow::Result<
             request: Request::RedisSet {
                 wait_replicas: wait,
             },
+            pipeline: 1,
             value_size: 3,
         },
         stop,

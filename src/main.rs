@@ -198,7 +198,8 @@ enum BenchCmd {
         keep: bool,
     },
     /// memcached with 1 and with 4 worker threads (`-t`), plain and through
-    /// a 3-node lockstep cluster, under the same set and get loads.
+    /// 3-node lockstep clusters (shm, tcp), under the same set, get and
+    /// pipelined set loads.
     Memcached {
         /// Worker thread counts to compare (comma list).
         #[arg(long, default_value = "1,4", value_delimiter = ',')]
@@ -206,7 +207,17 @@ enum BenchCmd {
         /// Client connections (one load thread each).
         #[arg(long, default_value_t = 50)]
         clients: usize,
-        /// Seconds each load (set, then get) runs.
+        /// Depth of the pipelined set run.
+        #[arg(long, default_value_t = 16)]
+        pipeline: usize,
+        /// Systems (comma list of plain, lockstep-shm, lockstep-tcp).
+        #[arg(
+            long,
+            default_value = "plain,lockstep-shm,lockstep-tcp",
+            value_delimiter = ','
+        )]
+        systems: Vec<String>,
+        /// Seconds each load (set, get, pipelined set) runs.
         #[arg(long, default_value_t = 5.0)]
         duration: f64,
         /// Work directory [default: target/bench-memcached].
@@ -365,6 +376,8 @@ fn main() {
                 BenchCmd::Memcached {
                     workers,
                     clients,
+                    pipeline,
+                    systems,
                     duration,
                     out,
                     json,
@@ -373,6 +386,8 @@ fn main() {
         } => memcached_bench::run(&memcached_bench::Options {
             workers,
             clients,
+            pipeline,
+            systems,
             duration: Duration::from_secs_f64(duration.max(0.1)),
             out: out.unwrap_or_else(|| PathBuf::from("target/bench-memcached")),
             json,

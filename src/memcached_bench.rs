@@ -1,11 +1,13 @@
-//! `lockstep bench memcached`: what memcached's worker threads give through
-//! lockstep. For each worker count (`-t`) it runs the same closed-loop load
-//! (every connection sends a `set`, or a `get` of a key set before, and
-//! waits for the reply; `lockstep_testkit::load`) against a plain memcached
-//! and against a 3-node lockstep cluster of them (shm, output commit,
-//! static leader 1, started as `lockstep up` starts one), and prints a
-//! table (or JSON lines) of requests per second and latency, each lockstep
-//! row with its ratio to plain memcached at the same worker count.
+//! `lockstep bench memcached`: memcached through lockstep, and what its
+//! worker threads give there. For each worker count (`-t`) it runs the same
+//! closed-loop loads (every connection sends a `set`, or a `get` of a key
+//! set before, and waits for the reply; then `set`s pipelined `--pipeline`
+//! deep; `lockstep_testkit::load`) against a plain memcached and against
+//! 3-node lockstep clusters of them (shm and tcp transports, output
+//! commit, static leader 1, started as `lockstep up` starts one), and
+//! prints a table (or JSON lines) of requests per second and latency, each
+//! lockstep row with its ratio to plain memcached at the same worker
+//! count.
 //!
 //! The leader runs one event-loop turn at a time (the turn lock): its
 //! workers take turns instead of running at once, which is what this
@@ -38,6 +40,10 @@ pub struct Options {
     pub workers: Vec<u32>,
     /// Client connections (one thread each).
     pub clients: usize,
+    /// Depth of the pipelined `set` run.
+    pub pipeline: usize,
+    /// Systems to run: `plain`, `lockstep-shm`, `lockstep-tcp`.
+    pub systems: Vec<String>,
     /// How long each load runs.
     pub duration: Duration,
     /// Work directory (one sub-directory per run).
@@ -53,9 +59,9 @@ pub struct Options {
 pub struct Row {
     /// memcached `-t`.
     pub workers: u32,
-    /// `plain` or `lockstep`.
+    /// `plain`, `lockstep-shm` or `lockstep-tcp`.
     pub system: String,
-    /// `set` or `get`.
+    /// `set`, `get` or `set -P<depth>`.
     pub workload: String,
     /// Requests completed.
     pub requests: u64,
@@ -79,6 +85,11 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if opts.workers.is_empty() || opts.workers.contains(&0) {
         bail!("--workers: expected worker counts of 1 or more, e.g. 1,4");
     }
+    for s in &opts.systems {
+        if !matches!(s.as_str(), "plain" | "lockstep-shm" | "lockstep-tcp") {
+            bail!("--systems: {s:?} is none of plain, lockstep-shm, lockstep-tcp");
+        }
+    }
     let bins = Binaries::locate()?;
     std::fs::create_dir_all(&opts.out)
         .with_context(|| format!("cannot create {}", opts.out.display()))?;
@@ -88,7 +99,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         .with_context(|| format!("cannot resolve {}", opts.out.display()))?;
     let mut rows: Vec<Row> = Vec::new();
     for &workers in &opts.workers {
-        for system in ["plain", "lockstep"] {
+        for system in opts.systems.iter().map(String::as_str) {
             eprintln!("bench memcached: -t {workers}, {system}");
             let dir = out.join(format!("{system}-t{workers}"));
             let _ = std::fs::remove_dir_all(&dir);
@@ -100,7 +111,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                     loads(server.addr, workers, system, opts)?
                 }
                 _ => {
-                    let (mut cluster, config) = start_lockstep(workers, &dir, &bins)?;
+                    let transport = system.trim_start_matches("lockstep-");
+                    let (mut cluster, config) = start_lockstep(workers, transport, &dir, &bins)?;
                     let r = loads(config.node(1)?.app, workers, system, opts);
                     let divergences = lockstep_divergences(&config);
                     cluster.stop();
@@ -135,13 +147,15 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `set` load, then the `get` load of the keys it set.
+/// The `set` load, the `get` load of the keys it set, the pipelined `set`s.
 fn loads(addr: SocketAddr, workers: u32, system: &str, opts: &Options) -> anyhow::Result<Vec<Row>> {
     let stop = AtomicBool::new(false);
     let mut rows = Vec::new();
-    for (workload, request) in [
-        ("set", Request::MemcachedSet),
-        ("get", Request::MemcachedGet),
+    let pipelined = format!("set -P{}", opts.pipeline);
+    for (workload, request, pipeline) in [
+        ("set", Request::MemcachedSet, 1),
+        ("get", Request::MemcachedGet, 1),
+        (pipelined.as_str(), Request::MemcachedSet, opts.pipeline),
     ] {
         let res = load::run(
             &LoadSpec {
@@ -150,6 +164,7 @@ fn loads(addr: SocketAddr, workers: u32, system: &str, opts: &Options) -> anyhow
                 requests: 0,
                 duration: Some(opts.duration),
                 request,
+                pipeline,
                 value_size: 32,
             },
             &stop,
@@ -281,18 +296,30 @@ fn wait_stores(addr: SocketAddr) -> anyhow::Result<()> {
     }
 }
 
-/// Writes a 3-node memcached config into `dir` and starts it as `lockstep
-/// up` would; returns once the leader (node 1) stores an item.
-fn start_lockstep(workers: u32, dir: &Path, bins: &Binaries) -> anyhow::Result<(Cluster, Config)> {
+/// Writes a 3-node memcached config (`transport` shm or tcp) into `dir`
+/// and starts it as `lockstep up` would; returns once the leader (node 1)
+/// stores an item.
+fn start_lockstep(
+    workers: u32,
+    transport: &str,
+    dir: &Path,
+    bins: &Binaries,
+) -> anyhow::Result<(Cluster, Config)> {
     let pid = std::process::id();
     let server: Vec<String> = memcached_args(workers)
         .iter()
         .map(|a| format!("{a:?}"))
         .collect();
+    // A tcp cluster's peers prove a shared key (before the tables below).
+    let key = if transport == "tcp" {
+        format!("key = \"lockstep-bench-memcached-key-{pid:010}\"\n")
+    } else {
+        String::new()
+    };
     let mut toml = format!(
-        "cluster = \"benchmc-{pid}-t{workers}\"\ntransport = \"shm\"\ncommit = \"output\"\n\
+        "cluster = \"benchmc-{pid}-{transport}-t{workers}\"\ntransport = \"{transport}\"\ncommit = \"output\"\n\
          ring_size = \"64MiB\"\ndata_dir = \"{}\"\nprotocol = \"memcached\"\n\
-         backup_clients = \"deny\"\nserver = [{}]\n[election]\nmode = \"static\"\nleader = 1\n",
+         backup_clients = \"deny\"\n{key}server = [{}]\n[election]\nmode = \"static\"\nleader = 1\n",
         dir.join("data").display(),
         server.join(", ")
     );
@@ -323,18 +350,18 @@ mod tests {
             p50_ms: 0.25,
             p99_ms: 1.5,
             ratio_to_plain: ratio,
-            divergences: (system == "lockstep").then_some(0),
+            divergences: (system != "plain").then_some(0),
         };
         let t = table(&[
             row("plain", 1000.0, None),
-            row("lockstep", 500.0, Some(0.5)),
+            row("lockstep-shm", 500.0, Some(0.5)),
         ]);
         assert!(
             t.contains("| 4 | plain | set | 1000 | - | 0.250 | 1.500 | - |"),
             "{t}"
         );
         assert!(
-            t.contains("| 4 | lockstep | set | 500 | 0.50 | 0.250 | 1.500 | 0 |"),
+            t.contains("| 4 | lockstep-shm | set | 500 | 0.50 | 0.250 | 1.500 | 0 |"),
             "{t}"
         );
     }

@@ -40,6 +40,9 @@ pub struct LoadSpec {
     pub duration: Option<Duration>,
     /// What each request is.
     pub request: Request,
+    /// Requests each connection sends in one write before it reads their
+    /// replies (1: one at a time).
+    pub pipeline: usize,
     /// Bytes of each stored value (`redis-benchmark -d`, default 3).
     pub value_size: usize,
 }
@@ -167,7 +170,8 @@ pub fn run(spec: &LoadSpec, stop: &AtomicBool) -> anyhow::Result<LoadResult> {
     })
 }
 
-/// One connection's loop: send the request, read its reply, record the latency.
+/// One connection's loop: send `pipeline` requests in one write, read
+/// their replies, record the round's latency for each of them.
 fn client(
     c: Client,
     spec: &LoadSpec,
@@ -179,7 +183,8 @@ fn client(
     let mut reader = BufReader::new(c.stream.try_clone()?);
     let mut w = c.stream;
     let deadline = spec.duration.map(|d| Instant::now() + d);
-    let mut buf = Vec::with_capacity(128);
+    let depth = spec.pipeline.max(1) as u64;
+    let mut buf = Vec::with_capacity(128 * depth as usize);
     let mut line = String::new();
     let mut done = 0u64;
     loop {
@@ -190,66 +195,93 @@ fn client(
         if !more || stop.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed) {
             break;
         }
-        let key = format!("lockstep:lg:{}:{}", c.id, done % 1000);
+        let round = match deadline {
+            Some(_) => depth,
+            None => depth.min(c.quota - done),
+        };
         buf.clear();
-        match spec.request {
-            Request::RedisSet { wait_replicas } => {
-                encode(&[b"SET", key.as_bytes(), value], &mut buf);
-                if let Some(n) = wait_replicas {
-                    // WAIT goes out in the same write as its SET: the pair
-                    // costs one round trip, the cheapest way a client gets
-                    // "a replica has it" from Redis, so the WAIT row is
-                    // Redis's best case.
-                    encode(&[b"WAIT", n.to_string().as_bytes(), b"0"], &mut buf);
-                }
-            }
-            Request::MemcachedSet => {
-                buf.extend_from_slice(format!("set {key} 0 0 {}\r\n", value.len()).as_bytes());
-                buf.extend_from_slice(value);
-                buf.extend_from_slice(b"\r\n");
-            }
-            Request::MemcachedGet => buf.extend_from_slice(format!("get {key}\r\n").as_bytes()),
+        for i in 0..round {
+            let key = format!("lockstep:lg:{}:{}", c.id, (done + i) % 1000);
+            encode_request(spec.request, &key, value, &mut buf);
         }
         let t = Instant::now();
         w.write_all(&buf)
             .with_context(|| format!("load client {}: cannot send", c.id))?;
-        match spec.request {
-            Request::RedisSet { wait_replicas } => {
-                match read_reply(&mut reader) {
-                    Ok(Reply::Status(s)) if s == "OK" => {}
-                    Ok(r) => bail!("load client {}: SET answered {r:?}", c.id),
-                    Err(e) => bail!("load client {}: no reply to SET: {e}", c.id),
-                }
-                if let Some(n) = wait_replicas {
-                    match read_reply(&mut reader) {
-                        Ok(Reply::Int(k)) if k >= i64::from(n) => {}
-                        Ok(r) => bail!("load client {}: WAIT {n} 0 answered {r:?}", c.id),
-                        Err(e) => bail!("load client {}: no reply to WAIT: {e}", c.id),
-                    }
-                }
-            }
-            Request::MemcachedSet => {
-                read_line(&mut reader, &mut line, c.id)?;
-                if line != "STORED\r\n" {
-                    bail!("load client {}: set answered {line:?}", c.id);
-                }
-            }
-            Request::MemcachedGet => loop {
-                // VALUE lines with their data, then END.
-                read_line(&mut reader, &mut line, c.id)?;
-                if line == "END\r\n" {
-                    break;
-                }
-                if !line.starts_with("VALUE ") {
-                    bail!("load client {}: get answered {line:?}", c.id);
-                }
-                read_line(&mut reader, &mut line, c.id)?;
-            },
+        for _ in 0..round {
+            read_response(spec.request, &mut reader, &mut line, c.id)?;
         }
-        hist.saturating_record(t.elapsed().as_nanos() as u64);
-        done += 1;
+        let took = t.elapsed().as_nanos() as u64;
+        for _ in 0..round {
+            hist.saturating_record(took);
+        }
+        done += round;
     }
     Ok((done, hist, Instant::now()))
+}
+
+/// Appends `request` on `key` to `buf`.
+fn encode_request(request: Request, key: &str, value: &[u8], buf: &mut Vec<u8>) {
+    match request {
+        Request::RedisSet { wait_replicas } => {
+            encode(&[b"SET", key.as_bytes(), value], buf);
+            if let Some(n) = wait_replicas {
+                // WAIT goes out in the same write as its SET: the pair
+                // costs one round trip, the cheapest way a client gets "a
+                // replica has it" from Redis, so the WAIT row is Redis's
+                // best case.
+                encode(&[b"WAIT", n.to_string().as_bytes(), b"0"], buf);
+            }
+        }
+        Request::MemcachedSet => {
+            buf.extend_from_slice(format!("set {key} 0 0 {}\r\n", value.len()).as_bytes());
+            buf.extend_from_slice(value);
+            buf.extend_from_slice(b"\r\n");
+        }
+        Request::MemcachedGet => buf.extend_from_slice(format!("get {key}\r\n").as_bytes()),
+    }
+}
+
+/// Reads the whole response to one `request` (an error names client `id`).
+fn read_response(
+    request: Request,
+    reader: &mut BufReader<TcpStream>,
+    line: &mut String,
+    id: usize,
+) -> anyhow::Result<()> {
+    match request {
+        Request::RedisSet { wait_replicas } => {
+            match read_reply(reader) {
+                Ok(Reply::Status(s)) if s == "OK" => {}
+                Ok(r) => bail!("load client {id}: SET answered {r:?}"),
+                Err(e) => bail!("load client {id}: no reply to SET: {e}"),
+            }
+            if let Some(n) = wait_replicas {
+                match read_reply(reader) {
+                    Ok(Reply::Int(k)) if k >= i64::from(n) => {}
+                    Ok(r) => bail!("load client {id}: WAIT {n} 0 answered {r:?}"),
+                    Err(e) => bail!("load client {id}: no reply to WAIT: {e}"),
+                }
+            }
+        }
+        Request::MemcachedSet => {
+            read_line(reader, line, id)?;
+            if line != "STORED\r\n" {
+                bail!("load client {id}: set answered {line:?}");
+            }
+        }
+        Request::MemcachedGet => loop {
+            // VALUE lines with their data, then END.
+            read_line(reader, line, id)?;
+            if line == "END\r\n" {
+                break;
+            }
+            if !line.starts_with("VALUE ") {
+                bail!("load client {id}: get answered {line:?}");
+            }
+            read_line(reader, line, id)?;
+        },
+    }
+    Ok(())
 }
 
 /// Reads one reply line into `line` (a closed connection is an error).
