@@ -189,15 +189,43 @@ fn assert_nothing_left(tc: &TestCluster, held: &[SocketAddr]) {
         .filter(|n| n.starts_with(&prefix))
         .collect();
     assert!(regions.is_empty(), "region files left: {regions:?}");
+    let ours = tc.dir.display().to_string();
     for n in &tc.nodes {
         for a in [n.app, n.control] {
-            if !held.contains(&a) {
-                TcpListener::bind(a).unwrap_or_else(|e| {
-                    panic!("port {a} still in use after stop: {e}\n{}", listener_of(a))
+            if held.contains(&a) {
+                continue;
+            }
+            if let Err(e) = TcpListener::bind(a) {
+                // Tests run side by side: a port this test's config named
+                // and never used may be another test's by now. Only a
+                // listener that is this test's (its command line names
+                // this test's directory, or cannot be read) is left over.
+                let holder = listener_of(a);
+                let others = holder_pids(&holder).iter().all(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| !String::from_utf8_lossy(&c).contains(&ours))
                 });
+                assert!(
+                    others && !holder_pids(&holder).is_empty(),
+                    "port {a} still in use after stop: {e}\n{holder}"
+                );
             }
         }
     }
+}
+
+/// The pids `ss -p` names in `listing` (`pid=N`).
+fn holder_pids(listing: &str) -> Vec<u32> {
+    listing
+        .split("pid=")
+        .skip(1)
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
 }
 
 /// Waits until every node applied the leader's log, then until all

@@ -62,7 +62,10 @@ pub enum Kind {
     /// clock run), identically everywhere. `conn` 0 ends the leader's last
     /// logged turn: no more records of it follow (a backup's server that
     /// reads the clock after the turn's last record need not wait for the
-    /// next turn's entries to know that).
+    /// next turn's entries to know that). A poll for ended children counts
+    /// as such a read; where the leader's reaped one, its record carries
+    /// the child (12 bytes: fork ordinal, pid, wait status, little-endian)
+    /// and every backup reaps its own copy of that child there.
     Time = 8,
 }
 

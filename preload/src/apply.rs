@@ -329,21 +329,34 @@ pub fn turn_returned(loop_id: u64, delivers: bool) {
 /// the apply ring), as the server's wait would for its next input; not
 /// once this node leads or its server is stopping.
 pub fn time_at(at: TurnReads, now: u64) -> u64 {
+    settled_at(at, now).0
+}
+
+/// A backup's server thread polls for its children inside its turn (a
+/// counted read `at`, see `turn_time`): the time it reads and the child
+/// the leader's poll of the same count reaped, if any.
+pub fn child_at(at: TurnReads, now: u64) -> (u64, Option<turn_time::Child>) {
+    settled_at(at, now)
+}
+
+/// What read `at` of a backup's turn reads, and the child its record
+/// names: waits while the log does not say yet.
+fn settled_at(at: TurnReads, now: u64) -> (u64, Option<turn_time::Child>) {
     let mut now = now;
     let mut since = None;
     loop {
         let Some(mut p) = pump() else {
-            return now;
+            return (now, None);
         };
         let region = p.region.clone();
         let seen = region.apply().bell().value();
         match p.time_lookup(at, now) {
-            Ok(us) => return us,
+            Ok(found) => return found,
             Err(us) => now = us,
         }
         drop(p);
         if region.role() == Role::Leader || crate::clock::stopping() {
-            return now;
+            return (now, None);
         }
         let started: &mut Instant = since.get_or_insert_with(Instant::now);
         if started.elapsed() >= SLOW_CLOCK {
@@ -1093,6 +1106,11 @@ impl Pump {
     /// and the turn in flight is not done (then it is held).
     fn absorb_time(&mut self, h: EntryHeader, end: u64) -> bool {
         let k = u32::try_from(h.conn).unwrap_or(u32::MAX);
+        // A poll for children that reaped one names it (see `turn_time`).
+        let child = self
+            .buf
+            .get(HEADER_LEN..HEADER_LEN + h.len as usize)
+            .and_then(turn_time::Child::decode);
         let continues = h.flags & SAME_TURN != 0 && h.seq == self.prev_seq + 1;
         if !self.turn.is_empty() {
             if self.closed || !continues {
@@ -1107,6 +1125,7 @@ impl Pump {
                     anchor: self.anchor,
                     k,
                     us: h.time_us,
+                    child,
                 });
             }
             self.prev_seq = h.seq;
@@ -1124,6 +1143,7 @@ impl Pump {
                 anchor: 0,
                 k,
                 us: h.time_us,
+                child,
             });
             self.prev_seq = h.seq;
             self.region.apply().set_head(end);
@@ -1223,18 +1243,25 @@ impl Pump {
     /// What a clock read `at` of the turn in flight reads (see
     /// [`time_at`]): Err with the time so far when the log does not say
     /// yet.
-    fn time_lookup(&mut self, at: TurnReads, mut now: u64) -> Result<u64, u64> {
+    fn time_lookup(
+        &mut self,
+        at: TurnReads,
+        mut now: u64,
+    ) -> Result<(u64, Option<turn_time::Child>), u64> {
         if at.turn != self.turn_start() {
             // A read of a turn that is over (or not begun): nothing of the
             // log is its.
-            return Ok(now);
+            return Ok((now, None));
         }
         loop {
             let s = turn_time::settle(self.times.make_contiguous(), at, now);
             self.times.drain(..s.passed);
             now = s.us;
+            if s.child.is_some() {
+                return Ok((now, s.child));
+            }
             if s.decided || self.closed || self.turn.is_empty() || self.window_closed(at.anchor) {
-                return Ok(now);
+                return Ok((now, None));
             }
             match self.next_entry() {
                 None => return Err(now),

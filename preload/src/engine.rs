@@ -234,6 +234,28 @@ impl Engine {
         self.hand_over(logged)
     }
 
+    /// Replicates the calling thread's `k`-th read of its window being a
+    /// poll for children that reaped `child` (a clock record naming it;
+    /// see `turn_time`). The server acts on the child's end once this
+    /// returns, as on an input.
+    pub fn replicate_child(
+        &self,
+        k: u32,
+        time_us: u64,
+        child: crate::turn_time::Child,
+    ) -> Result<Logged, Fail> {
+        let payload = child.encode();
+        let logged = self.append(
+            Kind::Time,
+            u64::from(k),
+            0,
+            &[&payload],
+            payload.len(),
+            Some(time_us),
+        )?;
+        self.hand_over(logged)
+    }
+
     /// The calling loop thread is about to block: when the last logged
     /// turn's end is not in the log yet, logs it (a `TIME` entry with read
     /// index 0), so that a backup's server knows no more clock records of
@@ -374,7 +396,8 @@ impl Engine {
         if kind == Kind::Data {
             for_each_chunk(segments, total, self.max_entry, gather, one)?;
         } else {
-            one(&[])?;
+            // A clock record naming a child carries it (one small segment).
+            one(segments.first().copied().unwrap_or(&[]))?;
         }
         let last = w.log.next_seq() - 1;
         // A turn's TICK is appended as it ends: it closes the turn.

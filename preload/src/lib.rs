@@ -54,6 +54,7 @@ pub mod dispatch;
 pub mod engine;
 pub mod entropy;
 pub mod fdtable;
+pub mod forks;
 #[allow(unsafe_code)]
 pub mod hooks;
 pub mod logger;

@@ -28,6 +28,15 @@
 //! `CLOCK_MONOTONIC`): the coarse clocks, which allocators read at moments
 //! of their own (jemalloc's decay), read the thread's time without
 //! counting.
+//!
+//! When a child process ends is the same kind of fact: a server that polls
+//! for its children (`waitpid(-1, …, WNOHANG)`: Redis's cron, which then
+//! finishes an AOF rewrite or a save) learns of one at a moment of the
+//! machine's. A poll counts as a read of the turn; where the leader's
+//! reaped a child, its record names the child and its status, and a
+//! backup's poll with that count reaps the same child (waiting for its
+//! own copy of it to end) and reads the leader's status, while a poll
+//! with no record reaps nothing (`tests/children.rs`).
 
 use crate::clock::{self, TurnReads, GRAIN_US};
 
@@ -41,6 +50,51 @@ pub struct Record {
     pub k: u32,
     /// What it reads (µs since the epoch).
     pub us: u64,
+    /// The child a poll for children reaped at this read, if any.
+    pub child: Option<Child>,
+}
+
+/// A child process the leader's server reaped: which of its forks made it
+/// (a replica's own copy of the child has another pid: see `forks`), its
+/// pid on the leader (for a child the fork table forgot) and the status
+/// `waitpid` stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Child {
+    /// The fork's ordinal (`NO_FORK`: unknown).
+    pub fork: u32,
+    /// The child's pid on the leader.
+    pub pid: i32,
+    /// Its wait status.
+    pub status: i32,
+}
+
+/// A `Child::fork` that names no fork the preload saw.
+pub const NO_FORK: u32 = u32::MAX;
+
+impl Child {
+    /// The record's payload.
+    pub fn encode(&self) -> [u8; 12] {
+        let mut b = [0u8; 12];
+        b[..4].copy_from_slice(&self.fork.to_le_bytes());
+        b[4..8].copy_from_slice(&self.pid.to_le_bytes());
+        b[8..].copy_from_slice(&self.status.to_le_bytes());
+        b
+    }
+
+    /// A record's payload (None: a plain clock record).
+    pub fn decode(payload: &[u8]) -> Option<Child> {
+        let word = |at: usize| -> Option<[u8; 4]> { payload.get(at..at + 4)?.try_into().ok() };
+        Some(Child {
+            fork: u32::from_le_bytes(word(0)?),
+            pid: i32::from_le_bytes(word(4)?),
+            status: i32::from_le_bytes(word(8)?),
+        })
+    }
+
+    /// This replica's pid of the child.
+    pub fn here(&self) -> i32 {
+        crate::forks::pid_of(self.fork).unwrap_or(self.pid)
+    }
 }
 
 /// The leader's rule: what a read at real time `real` reads, the thread
@@ -63,6 +117,8 @@ pub struct Settled {
     pub passed: usize,
     /// A later record exists: no record still to come can be this read's.
     pub decided: bool,
+    /// The child of the record of exactly this read, if it passed it.
+    pub child: Option<Child>,
 }
 
 /// A backup's read `at` (its window and count), the thread reading `now`:
@@ -70,6 +126,7 @@ pub struct Settled {
 /// set its time, in log order.
 pub fn settle(records: &[Record], at: TurnReads, now: u64) -> Settled {
     let mut us = now;
+    let mut child = None;
     for (i, r) in records.iter().enumerate() {
         let passed = r.anchor < at.anchor || (r.anchor == at.anchor && r.k <= at.count);
         if !passed {
@@ -77,14 +134,19 @@ pub fn settle(records: &[Record], at: TurnReads, now: u64) -> Settled {
                 us,
                 passed: i,
                 decided: true,
+                child,
             };
         }
         us = us.max(r.us);
+        if r.anchor == at.anchor && r.k == at.count {
+            child = r.child;
+        }
     }
     Settled {
         us,
         passed: records.len(),
         decided: false,
+        child,
     }
 }
 
@@ -117,6 +179,68 @@ pub fn read(engine: &crate::engine::Engine) -> Option<u64> {
     }
 }
 
+/// A poll for ended children (`waitpid(pid, …, options)` with `WNOHANG`)
+/// of a server thread inside its turn, `real(pid, options)` being the
+/// real call (its result and the status it stored): what the server gets,
+/// or None outside a turn (then the real call answers).
+///
+/// The leader polls for real and, when a child was reaped, logs it as the
+/// record of this read. A backup returns what the leader's poll of the
+/// same read returned: the child its record names — reaping its own copy
+/// of that child, waiting for it to end if it still runs, and reading the
+/// leader's status — or no child (0) where the leader reaped none, even
+/// when one of its own has ended already (it is reaped when the leader's
+/// was).
+pub fn poll_children(
+    pid: libc::pid_t,
+    options: i32,
+    real: &mut dyn FnMut(libc::pid_t, i32) -> (libc::pid_t, i32),
+) -> Option<(libc::pid_t, i32)> {
+    let engine = crate::setup::engine()?;
+    if clock::stopping() {
+        return None;
+    }
+    if engine.region.role() == lockstep_common::region::Role::Leader {
+        let (r, status) = real(pid, options);
+        let mut k = None;
+        let us = clock::counted_read(|reads, now| {
+            k = Some(reads.count);
+            now
+        });
+        if let (Some(us), Some(k)) = (us, k) {
+            if r > 0 {
+                let child = Child {
+                    fork: crate::forks::ordinal_of(r).unwrap_or(NO_FORK),
+                    pid: r,
+                    status,
+                };
+                if let Err(f) = engine.replicate_child(k, us, child) {
+                    log::debug!("child {r} reaped at read {k}: not logged: {f}");
+                }
+                clock::record_logged();
+            }
+        }
+        return Some((r, status));
+    }
+    let mut found = None;
+    clock::counted_read(|at, now| {
+        let (us, child) = crate::apply::child_at(at, now);
+        found = child;
+        us
+    })?;
+    Some(match found {
+        Some(child) => {
+            // Ours ends as the leader's did (same code, same input); wait
+            // for it. A child this server does not have (gone already, or
+            // never forked here) still reads as the leader's.
+            let pid = child.here();
+            let _ = real(pid, 0);
+            (pid, child.status)
+        }
+        None => (0, 0),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,7 +271,12 @@ mod tests {
 
     #[test]
     fn a_read_takes_the_records_up_to_it() {
-        let r = |anchor, k, us| Record { anchor, k, us };
+        let r = |anchor, k, us| Record {
+            anchor,
+            k,
+            us,
+            child: None,
+        };
         let records = [r(0, 2, 20), r(7, 1, 30), r(7, 4, 40), r(9, 1, 50)];
         // Read 1 of the turn's start: before the first record.
         assert_eq!(
@@ -155,7 +284,8 @@ mod tests {
             Settled {
                 us: 10,
                 passed: 0,
-                decided: true
+                decided: true,
+                child: None,
             }
         );
         // Read 3 of the start: the record of read 2 holds.
@@ -174,7 +304,8 @@ mod tests {
             Settled {
                 us: 10,
                 passed: 0,
-                decided: false
+                decided: false,
+                child: None,
             }
         );
     }
@@ -186,9 +317,40 @@ mod tests {
             anchor: 12,
             k: 1,
             us: 99,
+            child: None,
         }];
         assert_eq!(settle(&records, at(11, 5), 10).us, 10);
         assert!(settle(&records, at(11, 5), 10).decided);
         assert_eq!(settle(&records, at(12, 1), 10).us, 99);
+    }
+
+    #[test]
+    fn a_poll_finds_the_child_of_its_own_read_only() {
+        let child = Some(Child {
+            fork: 3,
+            pid: 7,
+            status: 256,
+        });
+        let records = [
+            Record {
+                anchor: 0,
+                k: 2,
+                us: 20,
+                child,
+            },
+            Record {
+                anchor: 0,
+                k: 3,
+                us: 20,
+                child: None,
+            },
+        ];
+        assert_eq!(settle(&records, at(0, 1), 10).child, None);
+        let s = settle(&records, at(0, 2), 10);
+        assert_eq!((s.child, s.decided), (child, true));
+        assert_eq!(settle(&records, at(0, 3), 10).child, None);
+        assert_eq!(Child::decode(&child.unwrap().encode()), child);
+        assert_eq!(Child::decode(&[]), None);
+        assert_eq!(Child::decode(&[0; 8]), None);
     }
 }

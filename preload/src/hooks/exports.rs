@@ -12,7 +12,7 @@ use std::ffi::c_void;
 use libc::{iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
 use super::bufs::Bufs;
-use super::{clocks, epoll, fds, io, privileges, random, scan, signals};
+use super::{children, clocks, epoll, fds, io, privileges, random, scan, signals};
 use crate::sys::real::*;
 
 /// Defines each `fn name(args) -> ret = body;` as the exported
@@ -160,6 +160,13 @@ exports! {
     /// Interposed `accept4(2)`.
     fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int =
         fds::accept(fd, addr, len, |f, a, l| real_accept4(f, a, l, flags));
+    /// Interposed `fork(2)`: the server's children are counted in the
+    /// order it forks them (`forks`).
+    fn fork() -> libc::pid_t = children::fork(|| real_fork());
+    /// Interposed `waitpid(2)`: a poll for ended children (`WNOHANG`) in a
+    /// turn reaps, on a backup, what the leader's reaped (`children`).
+    fn waitpid(pid: libc::pid_t, status: *mut c_int, options: c_int) -> libc::pid_t =
+        children::waitpid(pid, status, options, |p, s, o| real_waitpid(p, s, o));
     /// Interposed `setuid(2)`: the region files are opened before the
     /// server gives up the user id that may open them.
     fn setuid(uid: libc::uid_t) -> c_int =

@@ -3,8 +3,8 @@
 //! one line each), binding the real function to a body; the bodies live
 //! by job: `io` (recv- and send-type calls), `fds` (accept, listen,
 //! close, shutdown, dup), `epoll` and `scan` (the event-loop waits,
-//! with `turn`), `clocks`, `random` (entropy), `signals` and
-//! `privileges` (user-id changes);
+//! with `turn`), `clocks`, `random` (entropy), `signals`, `children`
+//! (polls for ended child processes) and `privileges` (user-id changes);
 //! `bufs` turns the caller's raw buffers into slices and `guards`
 //! keeps panics and errno in check.
 //!
@@ -35,6 +35,7 @@
 //! [`crate::sys::real`].
 
 mod bufs;
+mod children;
 mod clocks;
 mod epoll;
 pub mod exports;

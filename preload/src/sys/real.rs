@@ -219,6 +219,12 @@ real_fn!(REAL_SETREUID, real_setreuid, c"setreuid",
 real_fn!(REAL_SETRESUID, real_setresuid, c"setresuid",
     (ruid: libc::uid_t, euid: libc::uid_t, suid: libc::uid_t) -> c_int, unresolved());
 
+// Children: their forks (counted) and polls for their end (a backup's
+// reap where the log says).
+real_fn!(REAL_WAITPID, real_waitpid, c"waitpid",
+    (pid: libc::pid_t, status: *mut c_int, options: c_int) -> libc::pid_t, unresolved());
+real_fn!(REAL_FORK, real_fork, c"fork", () -> libc::pid_t, unresolved());
+
 /// Fails with ENOSYS: a wait, signal or user-id call made before its real
 /// function could be resolved.
 fn unresolved() -> c_int {
@@ -226,7 +232,7 @@ fn unresolved() -> c_int {
     -1
 }
 
-static ALL_REAL: [&RealFn; 44] = [
+static ALL_REAL: [&RealFn; 46] = [
     &REAL_READ,
     &REAL_READV,
     &REAL_RECV,
@@ -271,6 +277,8 @@ static ALL_REAL: [&RealFn; 44] = [
     &REAL_SETEUID,
     &REAL_SETREUID,
     &REAL_SETRESUID,
+    &REAL_WAITPID,
+    &REAL_FORK,
 ];
 
 /// Load-time constructor: resolves every real function (dlsym only; no
