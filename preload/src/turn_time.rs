@@ -326,11 +326,12 @@ mod tests {
 
     #[test]
     fn a_poll_finds_the_child_of_its_own_read_only() {
-        let child = Some(Child {
+        let reaped = Child {
             fork: 3,
             pid: 7,
             status: 256,
-        });
+        };
+        let child = Some(reaped);
         let records = [
             Record {
                 anchor: 0,
@@ -349,7 +350,7 @@ mod tests {
         let s = settle(&records, at(0, 2), 10);
         assert_eq!((s.child, s.decided), (child, true));
         assert_eq!(settle(&records, at(0, 3), 10).child, None);
-        assert_eq!(Child::decode(&child.unwrap().encode()), child);
+        assert_eq!(Child::decode(&reaped.encode()), child);
         assert_eq!(Child::decode(&[]), None);
         assert_eq!(Child::decode(&[0; 8]), None);
     }
