@@ -886,6 +886,15 @@ fn default_out() -> PathBuf {
         .join(timestamp())
 }
 
+/// Creates a bench's work directory `out` and returns it absolute (the
+/// clusters' `data_dir` must be: a relative one is read against the
+/// config file's directory).
+pub(crate) fn work_dir(out: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    out.canonicalize()
+        .with_context(|| format!("cannot resolve {}", out.display()))
+}
+
 pub(crate) fn in_path(prog: &str) -> bool {
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))

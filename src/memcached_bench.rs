@@ -27,7 +27,7 @@ use lockstep_common::Config;
 use lockstep_testkit::load::{self, LoadSpec, Request};
 use lockstep_testkit::memcache::Memcache;
 
-use crate::bench_redis::{in_path, lockstep_divergences, three_nodes};
+use crate::bench_redis::{in_path, lockstep_divergences, three_nodes, work_dir};
 use crate::up::{Binaries, Cluster};
 
 /// How long a server or cluster may take to take its first `set`.
@@ -91,12 +91,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         }
     }
     let bins = Binaries::locate()?;
-    std::fs::create_dir_all(&opts.out)
-        .with_context(|| format!("cannot create {}", opts.out.display()))?;
-    let out = opts
-        .out
-        .canonicalize()
-        .with_context(|| format!("cannot resolve {}", opts.out.display()))?;
+    let out = work_dir(&opts.out)?;
     let mut rows: Vec<Row> = Vec::new();
     for &workers in &opts.workers {
         for system in opts.systems.iter().map(String::as_str) {

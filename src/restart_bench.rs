@@ -25,7 +25,7 @@ use anyhow::{bail, Context};
 use lockstep_common::Config;
 use lockstep_testkit::resp::{self, Reply};
 
-use crate::bench_redis::{in_path, redis_server_line, three_nodes};
+use crate::bench_redis::{in_path, redis_server_line, three_nodes, work_dir};
 use crate::failover_bench::wait_converged;
 use crate::status;
 use crate::up::{self, Binaries, Cluster};
@@ -103,14 +103,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         bail!("redis-benchmark is not installed (Debian package redis-tools; scripts/setup installs it)");
     }
     let bins = Binaries::locate()?;
-    std::fs::create_dir_all(&opts.out)
-        .with_context(|| format!("cannot create {}", opts.out.display()))?;
-    // The clusters' data_dir must be absolute (a relative one is read
-    // against the config file's directory).
-    let out = opts
-        .out
-        .canonicalize()
-        .with_context(|| format!("cannot resolve {}", opts.out.display()))?;
+    let out = work_dir(&opts.out)?;
     let mut runs = Vec::new();
     for mode in &opts.modes {
         for &entries in &opts.entries {
