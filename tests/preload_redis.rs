@@ -584,14 +584,22 @@ fn a_server_started_before_its_region_waits_for_it_and_attaches_when_it_comes() 
         server.assert_running();
         std::net::TcpStream::connect(f.app()).is_ok()
     });
-    // Clients that come meanwhile are refused; the server runs on.
-    for _ in 0..3 {
-        let (got, eof) = refusal(f.app(), &resp_encode(&[b"SET", b"k", b"v"]));
+    // Clients that come meanwhile are refused; the server runs on. A
+    // client that sends nothing reads the line and a clean end; one that
+    // sends a command may find the connection reset instead of ended (its
+    // bytes can arrive after the refused socket was drained and closed).
+    for i in 0..3 {
+        let sent = if i == 0 {
+            Vec::new()
+        } else {
+            resp_encode(&[b"SET", b"k", b"v"])
+        };
+        let (got, eof) = refusal(f.app(), &sent);
         assert_eq!(
             String::from_utf8_lossy(&got),
             "-READONLY lockstep backup; no leader is known now\r\n"
         );
-        assert!(eof);
+        assert!(eof || i > 0, "no clean end after the refusal");
     }
     server.assert_running();
     let waits = |log: &str| {
