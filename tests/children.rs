@@ -52,14 +52,7 @@ fn backups_reap_their_children_where_the_leader_did() {
     c.start_all();
     let mut r = Resp::connect(c.app(1)).unwrap();
     r.set_read_timeout(LIMIT).unwrap();
-    let value = vec![b'x'; 1000];
-    for i in 0..20_000 {
-        r.send(&[b"SET", format!("k{i}").as_bytes(), &value])
-            .unwrap();
-    }
-    for _ in 0..20_000 {
-        r.read().unwrap();
-    }
+    fill_keys(&mut r, 20_000, &[b'x'; 1000]);
     let (mut started, mut busy) = (0, 0);
     let start = Instant::now();
     while started < 15 && start.elapsed() < LIMIT {

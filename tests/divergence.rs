@@ -119,16 +119,7 @@ fn replies_of_long_commands_are_compared_where_the_leader_wrote_them() {
         r.set_read_timeout(LIMIT).unwrap();
         // Enough data (about 8 MB of RDB) that loading it runs the event
         // loop (every 2 MB: `loading-process-events-interval-bytes`).
-        let value = vec![b'v'; 64];
-        for chunk in 0..100 {
-            for i in 0..1000 {
-                let key = format!("k{}", chunk * 1000 + i);
-                r.send(&[b"SET", key.as_bytes(), &value]).unwrap();
-            }
-            for _ in 0..1000 {
-                assert_eq!(r.read().unwrap(), Reply::Status("OK".into()));
-            }
-        }
+        fill_keys(&mut r, 100_000, &[b'v'; 64]);
         for round in 0..2 {
             assert_eq!(
                 r.cmd(&[b"DEBUG", b"RELOAD"]).unwrap(),

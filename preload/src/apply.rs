@@ -126,6 +126,12 @@ struct Conn {
 }
 
 impl Conn {
+    /// Whether the server has bytes of the turn in flight to read here
+    /// (a closing connection's end is the kernel's to report).
+    fn has_unread(&self) -> bool {
+        !self.closing && self.served < self.inbox.1
+    }
+
     /// The calling server thread handled this connection in its current
     /// turn.
     fn handled_here(&mut self) {
@@ -329,19 +335,13 @@ pub fn turn_returned(loop_id: u64, delivers: bool) {
 /// the apply ring), as the server's wait would for its next input; not
 /// once this node leads or its server is stopping.
 pub fn time_at(at: TurnReads, now: u64) -> u64 {
-    settled_at(at, now).0
+    child_at(at, now).0
 }
 
-/// A backup's server thread polls for its children inside its turn (a
-/// counted read `at`, see `turn_time`): the time it reads and the child
-/// the leader's poll of the same count reaped, if any.
+/// What read `at` of a backup's turn reads (see [`time_at`]) and the
+/// child its record names: a poll for children (see `turn_time`) reaps
+/// the child the leader's poll of the same count reaped, if any.
 pub fn child_at(at: TurnReads, now: u64) -> (u64, Option<turn_time::Child>) {
-    settled_at(at, now)
-}
-
-/// What read `at` of a backup's turn reads, and the child its record
-/// names: waits while the log does not say yet.
-fn settled_at(at: TurnReads, now: u64) -> (u64, Option<turn_time::Child>) {
     let mut now = now;
     let mut since = None;
     loop {
@@ -474,7 +474,7 @@ pub fn unread() -> [i32; MAX_WIDTH] {
         let Some(c) = p.conns.get(&h.conn) else {
             continue;
         };
-        if c.closing || c.served >= c.inbox.1 || fds[..n].contains(&c.server_fd) {
+        if !c.has_unread() || fds[..n].contains(&c.server_fd) {
             continue;
         }
         if c.server_fd < 0 {
@@ -695,10 +695,7 @@ impl Pump {
             if h.conn == conn {
                 return false;
             }
-            let Some(c) = self.conns.get(&h.conn) else {
-                continue;
-            };
-            if !c.closing && c.served < c.inbox.1 {
+            if self.conns.get(&h.conn).is_some_and(Conn::has_unread) {
                 return true;
             }
         }
@@ -1208,15 +1205,16 @@ impl Pump {
         }
         for i in 0..self.turn.len() {
             let h = self.turn[i];
-            if matches!(h.kind, Kind::Data | Kind::Close) {
-                let adjacent = self.last_input_conn == h.conn;
-                self.check_output(&h, adjacent);
-                self.classify_input(&h);
-                self.last_input_conn = h.conn;
-            } else if matches!(h.kind, Kind::Accept) {
-                self.last_input_conn = h.seq;
-            } else if matches!(h.kind, Kind::View) {
-                self.last_input_conn = 0;
+            match h.kind {
+                Kind::Data | Kind::Close => {
+                    let adjacent = self.last_input_conn == h.conn;
+                    self.check_output(&h, adjacent);
+                    self.classify_input(&h);
+                    self.last_input_conn = h.conn;
+                }
+                Kind::Accept => self.last_input_conn = h.seq,
+                Kind::View => self.last_input_conn = 0,
+                Kind::Tick | Kind::Noop | Kind::Wrap | Kind::Time => {}
             }
         }
     }

@@ -202,12 +202,12 @@ pub fn poll_children(
     }
     if engine.region.role() == lockstep_common::region::Role::Leader {
         let (r, status) = real(pid, options);
-        let mut k = None;
+        let mut k = 0;
         let us = clock::counted_read(|reads, now| {
-            k = Some(reads.count);
+            k = reads.count;
             now
         });
-        if let (Some(us), Some(k)) = (us, k) {
+        if let Some(us) = us {
             if r > 0 {
                 let child = Child {
                     fork: crate::forks::ordinal_of(r).unwrap_or(NO_FORK),

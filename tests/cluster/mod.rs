@@ -504,6 +504,26 @@ pub fn set_keys(addr: SocketAddr, prefix: &str, n: usize) {
     }
 }
 
+/// `n` SETs of `value` pipelined on `r` a thousand at a time: keys
+/// `k<i>`, each answered OK (enough data for a save or a load to take a
+/// while).
+pub fn fill_keys(r: &mut Resp, n: usize, value: &[u8]) {
+    for chunk in (0..n).step_by(1000) {
+        let end = (chunk + 1000).min(n);
+        for i in chunk..end {
+            r.send(&[b"SET", format!("k{i}").as_bytes(), value])
+                .expect("send SET");
+        }
+        for i in chunk..end {
+            assert_eq!(
+                r.read().expect("SET reply"),
+                Reply::Status("OK".into()),
+                "SET k{i}"
+            );
+        }
+    }
+}
+
 /// Removes a path if it exists.
 pub fn remove(p: &Path) {
     let _ = std::fs::remove_dir_all(p);
