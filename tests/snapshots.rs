@@ -539,10 +539,9 @@ fn backups_snapshot_by_themselves_in_turn_and_every_node_compacts_its_log() {
     let load = BackgroundLoad::start(c.app(1), 2);
     // Under load until each backup snapshot twice by itself and each
     // backup's log start moved up twice (a majority's snapshots covered
-    // it); the leader never snapshots (so it keeps its log: it could not
-    // rebuild its server without an image of its own), and the two backups
-    // never image their servers at once (checked below on the logged
-    // snapshots' spans).
+    // it); the leader never snapshots (it deletes its log all the same: a
+    // backup's image rebuilds it), and the two backups never image their
+    // servers at once (checked below on the logged snapshots' spans).
     let peak_store = std::cell::RefCell::new([0u64; 4]);
     let firsts = std::cell::RefCell::new([0u64; 4]);
     c.wait(
@@ -565,12 +564,6 @@ fn backups_snapshot_by_themselves_in_turn_and_every_node_compacts_its_log() {
                 }
             }
             let taken = |id: u64| snapshots_logged(c, id).len();
-            assert_eq!(
-                st[0].oldest,
-                1,
-                "the leader deleted log it cannot rebuild from\n{}",
-                c.logs()
-            );
             taken(2) >= 2
                 && taken(3) >= 2
                 && st[1..]
@@ -580,16 +573,16 @@ fn backups_snapshot_by_themselves_in_turn_and_every_node_compacts_its_log() {
     );
     load.wait_more(&c, 1000, LIMIT);
     load.stop();
-    // Once the load stops, each backup's log starts right after the
+    // Once the load stops, every node's log starts right after the
     // majority's snapshot (the leader has none: the older of the two
     // backups' newest), and no earlier.
     c.wait(
-        "the backups' logs start after the majority's snapshot",
+        "every log starts after the majority's snapshot",
         LIMIT,
         |c| {
             let st: Vec<_> = (1..=3).map(|id| c.status(id).expect("status")).collect();
             let majority = st[1].snapshot.min(st[2].snapshot);
-            st[1..].iter().all(|s| s.oldest == majority + 1)
+            st.iter().all(|s| s.oldest == majority + 1)
         },
     );
     c.wait_converged(LIMIT);
@@ -620,9 +613,7 @@ fn backups_snapshot_by_themselves_in_turn_and_every_node_compacts_its_log() {
             peak_store.borrow()[id as usize],
             store_bytes(&c, id)
         );
-        if id != 1 {
-            assert!(s.oldest > EVERY, "node {id}'s log starts at {}", s.oldest);
-        }
+        assert!(s.oldest > EVERY, "node {id}'s log starts at {}", s.oldest);
     }
     for id in [2, 3] {
         for (seq, bytes, took, _) in snapshots_logged(&c, id) {
@@ -635,32 +626,89 @@ fn backups_snapshot_by_themselves_in_turn_and_every_node_compacts_its_log() {
     }
 }
 
+/// Node `id`'s server log (its stderr: the preload's lines).
+fn server_log(c: &TestCluster, id: u64) -> String {
+    std::fs::read_to_string(c.dir.join(format!("server-{id}.log"))).unwrap_or_default()
+}
+
+/// Waits until every node's log (the leader's too) starts past
+/// `EVERY`: a majority's snapshots covered it.
+fn wait_every_log_compacted(c: &TestCluster) {
+    c.wait("every node compacted its log", LIMIT * 3, |c| {
+        (1..=3).all(|id| c.status(id).is_ok_and(|s| s.oldest > EVERY))
+    });
+}
+
 #[test]
-fn a_fresh_node_joins_a_cluster_whose_backups_compacted_from_the_leaders_log() {
+fn a_fresh_node_installs_a_backups_snapshot_taken_on_another_node() {
     let mut c = often_snapshotting("snapjoin");
     c.start_all();
     let load = BackgroundLoad::start(c.app(1), 2);
-    c.wait("both backups compacted their logs", LIMIT * 3, |c| {
-        (2..=3).all(|id| c.status(id).is_ok_and(|s| s.oldest > EVERY))
-    });
-    // Node 3 comes back with an empty data dir while the leader serves.
+    // The leader deletes its log too: nobody can give node 3 the log
+    // from seq 1.
+    wait_every_log_compacted(&c);
+    // Node 3 comes back with an empty data dir while the leader serves;
+    // its fresh server attaches (and is replaced by the image).
     c.kill_follower(3);
     c.kill_server(3);
     std::fs::remove_dir_all(c.config().node_data_dir(3)).unwrap();
     c.start_follower(3);
     c.start_server(3);
+    c.wait("node 3 installs node 2's snapshot", LIMIT, |c| {
+        follower_log(c, 3).contains("installed node 2's snapshot")
+    });
+    c.wait("node 3 applies the restored server", LIMIT, |c| {
+        follower_log(c, 3).contains("(restored server)")
+    });
+    let pid = c.adopt_restored(3);
     load.wait_more(&c, 2000, LIMIT);
     load.stop();
     c.wait_converged(LIMIT);
     c.assert_same_digest();
     c.assert_no_divergence();
-    // Node 2's log no longer reaches seq 1: node 3 fetched the leader's,
-    // and installed nothing (see the README: a peer's image cannot
-    // rebuild another node's server yet).
-    assert!(c.status(2).unwrap().oldest > EVERY);
     let log = follower_log(&c, 3);
-    assert!(log.contains("entries from node 1"), "{log}");
-    assert!(!log.contains("installed node"), "{log}");
+    assert!(log.contains("node 2's image moved to node 3"), "{log}");
+    // Node 2's server, imaged, now serves as node 3: it says so, and it
+    // is node 3's (its region, its port: it answered above as node 3).
+    assert!(
+        server_log(&c, 3).contains("this server is node 3 now"),
+        "{}",
+        server_log(&c, 3)
+    );
+    assert_eq!(c.status(3).unwrap().server_pid as u32, pid);
+}
+
+#[test]
+fn a_restarted_leader_that_deleted_its_log_rebuilds_from_a_backups_snapshot() {
+    let mut c = often_snapshotting("snapleader");
+    c.start_all();
+    let load = BackgroundLoad::start(c.app(1), 2);
+    wait_every_log_compacted(&c);
+    load.wait_more(&c, 500, LIMIT);
+    let acked = load.stop();
+    // The leader (static: it leads again once rebuilt) loses its server and
+    // comes back with a log that starts past seq 1 and no snapshot.
+    let before = c.status(1).unwrap();
+    assert_eq!(before.snapshot, 0, "the leader took a snapshot");
+    c.kill_follower(1);
+    c.kill_server(1);
+    c.start_follower(1);
+    c.wait_leader(1);
+    c.adopt_restored(1);
+    let log = follower_log(&c, 1);
+    assert!(log.contains("rebuilt from a peer's snapshot"), "{log}");
+    assert!(log.contains("'s image moved to node 1"), "{log}");
+    // No acknowledged write lost, and every replica agrees.
+    c.wait_converged(LIMIT);
+    assert_acked_counters(&c, &acked);
+    c.assert_same_digest();
+    // It serves as before.
+    let load = BackgroundLoad::start(c.app(1), 2);
+    load.wait_more(&c, 1000, LIMIT);
+    load.stop();
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
 }
 
 #[test]

@@ -202,6 +202,12 @@ impl LogStore {
         self.base.seq + 1
     }
 
+    /// The view of entry `seq` when it is the (compacted) entry this log
+    /// starts after; None for any other seq.
+    pub fn base_view_at(&self, seq: u64) -> Option<u64> {
+        (seq != 0 && seq == self.base.seq).then_some(self.base.view)
+    }
+
     /// Deletes every entry up to `seq` (a snapshot a majority holds covers
     /// them; see `protocol::snapshot::compaction_point`): one range delete
     /// with the new base and a commit point at least `seq` (compacted

@@ -157,6 +157,9 @@ static BELL_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// The passive preload's applier state (one per process, behind a mutex).
 pub struct Pump {
+    /// The node whose region this is, as the pump last saw it (another
+    /// after a restore from a peer's image: see [`Pump::moved_to`]).
+    node: u64,
     region: Arc<Region>,
     app: SocketAddr,
     max_entry: u32,
@@ -704,6 +707,7 @@ impl Pump {
     fn new(region: Arc<Region>, app: SocketAddr, max_entry: u32) -> Pump {
         let size = apply_ring_size(region.ring_size());
         Pump {
+            node: region.node(),
             region,
             app: connect_addr(app),
             max_entry,
@@ -739,6 +743,10 @@ impl Pump {
     /// Hands over turns until one is in flight or none is left
     /// (`from_server`: on the server thread, about to wait).
     fn run_from(&mut self, from_server: bool) {
+        let node = self.region.node();
+        if node != self.node {
+            self.moved_to(node);
+        }
         if self.region.role() == Role::Leader {
             return;
         }
@@ -901,6 +909,17 @@ impl Pump {
     /// Hands over turns, off the server thread.
     fn run(&mut self) {
         self.run_from(false);
+    }
+
+    /// The region belongs to node `node` now: this server was restored
+    /// from another node's image (whose listener and replay connections the
+    /// follower moved to this node's app address). Before anything else
+    /// connects, the preload takes that node's identity.
+    fn moved_to(&mut self, node: u64) {
+        if let Some(app) = crate::setup::take_identity(node) {
+            self.app = connect_addr(app);
+        }
+        self.node = node;
     }
 
     /// A new stream starts at `start`: whatever was in flight is gone.

@@ -27,6 +27,7 @@ use once_cell::sync::OnceCell;
 
 use crate::engine::Engine;
 use crate::sys;
+use crate::sys::published::Published;
 
 /// Set in a child after `fork`: every hook passes straight through.
 static INERT: AtomicBool = AtomicBool::new(false);
@@ -53,7 +54,7 @@ pub struct Settings {
 }
 
 static SETTINGS: OnceCell<Option<Result<Settings, String>>> = OnceCell::new();
-static ENGINE: OnceCell<Engine> = OnceCell::new();
+static ENGINE: Published<Engine> = Published::new();
 static ATTACHING: Mutex<()> = Mutex::new(());
 /// Set once a thread waits for the region (see [`attach_when_ready`]).
 static WAITING: AtomicBool = AtomicBool::new(false);
@@ -221,9 +222,41 @@ fn attach_when(ready: impl FnOnce(&Region) -> bool) -> Result<&'static Engine, U
         engine.region.view()
     );
     crate::apply::start(engine.region.clone(), s.app, s.config.max_entry);
-    let _ = ENGINE.set(engine);
+    let engine = ENGINE.publish(engine);
     MODE.store(MODE_ATTACHED, Ordering::Relaxed);
-    Ok(ENGINE.get().expect("just set"))
+    Ok(engine)
+}
+
+/// This process was restored from an image taken on another node, and its
+/// region is now node `node`'s (the follower that restored it relocated
+/// the image's files and sockets): from now on it is that node, with that
+/// node's app address (returned; None when the config has no such node or
+/// its transport cannot open, said in one line).
+pub fn take_identity(node: u64) -> Option<SocketAddr> {
+    let _g = ATTACHING.lock().unwrap_or_else(|p| p.into_inner());
+    let old = ENGINE.get()?;
+    if old.me == node {
+        return Some(old.app);
+    }
+    match Engine::new(old.config.clone(), node, old.region.clone()) {
+        Ok(engine) => {
+            let engine = ENGINE.publish(engine);
+            log::warn!(
+                "restored from an image of node {}: this server is node {} now (app {})",
+                old.me,
+                node,
+                engine.app
+            );
+            Some(engine.app)
+        }
+        Err(e) => {
+            log::error!(
+                "restored from an image of node {} onto node {node}, which cannot be this server: {e}",
+                old.me
+            );
+            None
+        }
+    }
 }
 
 /// Why a region could not be opened, as a reason to wait or to give up.

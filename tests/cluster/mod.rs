@@ -319,6 +319,21 @@ impl TestCluster {
         Some(pid as u32)
     }
 
+    /// Takes the server node `id`'s follower runs now (one it restored or
+    /// installed from a snapshot) as the node's, stopped with the cluster;
+    /// returns its pid.
+    pub fn adopt_restored(&mut self, id: u64) -> u32 {
+        let pid = self.status(id).map(|s| s.server_pid).unwrap_or(0) as u32;
+        assert!(pid != 0, "node {id} runs no server\n{}", self.logs());
+        let i = self.idx(id);
+        if self.servers[i].as_ref().is_some_and(|c| c.id() == pid) {
+            return pid;
+        }
+        kill_launched_and_reap(&mut self.servers[i]);
+        self.restored[i] = Some(pid);
+        pid
+    }
+
     /// Node `id`'s status over the control channel.
     pub fn status(&self, id: u64) -> Result<NodeStatus, String> {
         query_status(&self.config(), id)

@@ -322,6 +322,11 @@ impl Region {
         false
     }
 
+    /// The node this region belongs to (its identity word).
+    pub fn node(&self) -> u64 {
+        self.words()[W_NODE].load(Ordering::Relaxed)
+    }
+
     /// Path of the backing file.
     pub fn path(&self) -> &Path {
         &self.path

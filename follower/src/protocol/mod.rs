@@ -262,6 +262,14 @@ pub enum Event {
     },
     /// The server (attached once) exited.
     ServerExited,
+    /// A peer's snapshot at `seq` replaced the server, and the log now
+    /// starts after it (or continues it): everything up to `seq` is
+    /// committed and applied, and a sync or catch-up planned on the log
+    /// before it is void.
+    Installed {
+        /// The snapshot's seq.
+        seq: u64,
+    },
 }
 
 /// Something the replica wants done, in order.

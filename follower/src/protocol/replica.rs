@@ -279,6 +279,7 @@ impl Replica {
                 }
             }
             Event::Applied { seq } => self.on_applied(seq),
+            Event::Installed { seq } => self.on_installed(seq),
             Event::ServerExited => {
                 if stale::server_exited(1, false, self.stale.is_some()) {
                     self.go_stale("its server exited".into());
@@ -1319,6 +1320,18 @@ impl Replica {
 
     fn on_applied(&mut self, seq: u64) {
         self.applied = self.applied.max(seq);
+    }
+
+    fn on_installed(&mut self, seq: u64) {
+        self.applied = self.applied.max(seq);
+        self.committed = self.committed.max(seq);
+        match self.job {
+            // Planned on the old log: start over on the new one (the
+            // leader's next round, or the gap watch, asks again).
+            Job::Follow(_) => self.fail_follow(),
+            Job::CatchUp { .. } => self.job = Job::Idle,
+            Job::Candidate(_) | Job::Idle => {}
+        }
     }
 
     fn maybe_apply(&mut self, host: &mut impl Host) {

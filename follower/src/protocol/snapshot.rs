@@ -18,19 +18,22 @@
 //!   backups instead let two start at once, one not yet seeing the other
 //!   due: the snapshot sim found it.)
 //! - [`compaction_point`]: once a majority holds a snapshot at ≥ S, every
-//!   node deletes its entries ≤ S — but never entries its own server has
-//!   not applied, nor entries after its own newest snapshot (a restarted
-//!   node rebuilds its server from its own image and the log after it:
-//!   the leader, which takes none, keeps its log until it is a backup that
-//!   snapshot), nor what a live peer still needs to catch up by fetching
-//!   entries (everything after that peer's log end, or after its commit
-//!   point: a view change probes and fetches the log above a node's
-//!   commit point). A dead node does not hold the log back: it installs a
-//!   snapshot when it comes back.
+//!   node deletes its entries ≤ S, the leader too — but never entries its
+//!   own server has not applied, nor what a live peer still needs to catch
+//!   up by fetching entries (everything after that peer's log end, or
+//!   after its commit point: a view change probes and fetches the log
+//!   above a node's commit point). A dead node does not hold the log back:
+//!   it installs a snapshot when it comes back. A node may delete past its
+//!   own newest snapshot (the leader takes none): restarted, it rebuilds
+//!   its server from a peer's image instead (an image moves between nodes,
+//!   see `snapshot::relocate`).
 //! - [`install_source`]: a node whose log ends before the oldest entry a
-//!   peer keeps cannot catch up by entries: it installs a snapshot from an
-//!   up-to-date peer, a backup rather than the leader (the leader serves
-//!   clients), the newest snapshot first, then the lowest id.
+//!   peer keeps cannot catch up by entries, and a node whose own log and
+//!   snapshots cannot rebuild its server (restarted after deleting past
+//!   its newest snapshot) has nothing to replay: either installs a
+//!   snapshot from an up-to-date peer, a backup rather than the leader
+//!   (the leader serves clients), the newest snapshot first, then the
+//!   lowest id.
 
 use super::viewchange;
 
@@ -121,10 +124,7 @@ pub fn compaction_point(me: u64, members: &[Member]) -> u64 {
     let Some(own) = members.iter().find(|m| m.node == me) else {
         return 0;
     };
-    let mut point = majority_snapshot(members)
-        .min(own.applied)
-        .min(own.last)
-        .min(own.snapshot);
+    let mut point = majority_snapshot(members).min(own.applied).min(own.last);
     for m in members.iter().filter(|m| m.live && m.node != me) {
         // A live peer fetches what follows its log's end from someone,
         // and a view change syncs its log above its commit point.
@@ -140,18 +140,21 @@ pub fn behind_compaction(last: u64, peer_oldest: u64) -> bool {
 }
 
 /// The peer node `me` installs a snapshot from when its log ends at
-/// `last` before what the leader keeps (None: it need not — it fetches
-/// the entries from the leader —, no leader is known, or no peer can give
-/// one that reaches past `last`).
-pub fn install_source(me: u64, last: u64, members: &[Member]) -> Option<u64> {
+/// `last` before what the leader keeps, or when its server cannot be
+/// rebuilt from its own log and snapshots (`can_rebuild`: false). None: it
+/// need not (it fetches the entries from the leader), no leader is known,
+/// or no peer can give one that reaches past `last`.
+pub fn install_source(me: u64, last: u64, can_rebuild: bool, members: &[Member]) -> Option<u64> {
     let peers = || members.iter().filter(|m| m.live && m.node != me);
     // Entries come from the leader: while its log continues this node's,
-    // fetching them beats replacing the server.
-    if !peers().any(|m| m.leader && behind_compaction(last, m.oldest)) {
+    // and this node can replay them onto its server, fetching beats
+    // replacing the server.
+    if can_rebuild && !peers().any(|m| m.leader && behind_compaction(last, m.oldest)) {
         return None;
     }
     peers()
-        .filter(|m| m.snapshot > last && (m.leader || m.backup))
+        .filter(|m| m.snapshot > 0 && (m.leader || m.backup))
+        .filter(|m| !can_rebuild || m.snapshot > last)
         // Its log must continue its snapshot: the entries after it come
         // from the log once installed.
         .filter(|m| !behind_compaction(m.snapshot, m.oldest))
@@ -249,10 +252,9 @@ mod tests {
         assert_eq!(majority_snapshot(&c), 3000);
         assert_eq!(compaction_point(2, &c), 3000);
         assert_eq!(compaction_point(3, &c), 3000);
-        // The leader, without a snapshot of its own, keeps its log: it
-        // could not rebuild its server after a restart.
-        assert_eq!(compaction_point(1, &c), 0);
-        // Nor does a backup delete past its own newest snapshot.
+        // The leader too, without a snapshot of its own: restarted, it
+        // installs a backup's.
+        assert_eq!(compaction_point(1, &c), 3000);
         c[2].snapshot = 3500;
         assert_eq!(compaction_point(2, &c), 3500);
         assert_eq!(compaction_point(3, &c), 3500);
@@ -283,23 +285,43 @@ mod tests {
         assert!(behind_compaction(100, 3001));
         assert!(!behind_compaction(3000, 3001));
         assert_eq!(
-            install_source(3, 100, &c),
+            install_source(3, 100, true, &c),
             Some(2),
             "a backup, not the leader"
         );
         c[1].live = false;
         assert_eq!(
-            install_source(3, 100, &c),
+            install_source(3, 100, true, &c),
             Some(1),
             "the leader when no backup can"
         );
         // Not behind: entries will do.
         let mut c = cluster(3);
-        assert_eq!(install_source(3, 100, &c), None);
+        assert_eq!(install_source(3, 100, true, &c), None);
         // Behind a backup's log only: the leader's log serves.
         c[1].snapshot = 3000;
         c[1].oldest = 3001;
-        assert_eq!(install_source(3, 100, &c), None);
+        assert_eq!(install_source(3, 100, true, &c), None);
+    }
+
+    #[test]
+    fn a_node_that_cannot_rebuild_its_server_installs_whatever_its_log() {
+        // The leader restarted after deleting its log up to 3000 with no
+        // snapshot of its own: its log reaches 5000, but nothing of its own
+        // rebuilds its server.
+        let mut c = cluster(3);
+        c[0].leader = false;
+        c[0].oldest = 3001;
+        c[1].snapshot = 2000;
+        c[1].oldest = 2001;
+        c[2].snapshot = 3000;
+        c[2].oldest = 3001;
+        assert_eq!(install_source(1, 5000, false, &c), Some(3), "the newest");
+        // A peer whose log does not continue its snapshot cannot serve.
+        c[2].oldest = 3500;
+        assert_eq!(install_source(1, 5000, false, &c), Some(2));
+        c[1].snapshot = 0;
+        assert_eq!(install_source(1, 5000, false, &c), None, "nobody has one");
     }
 
     proptest::proptest! {

@@ -23,7 +23,12 @@ impl Host for StoreHost<'_> {
     }
 
     fn view_at(&self, seq: u64) -> Option<u64> {
-        match self.node.store().get(seq) {
+        let store = self.node.store();
+        // The entry a compacted log starts after is known by its view.
+        if let Some(view) = store.base_view_at(seq) {
+            return Some(view);
+        }
+        match store.get(seq) {
             Ok(e) => e.map(|e| e.header().view),
             Err(e) => {
                 // Read as "no such entry": a sync then keeps less and

@@ -60,9 +60,11 @@ pub(crate) struct SnapshotState {
     pub(crate) bytes_at: u64,
 }
 
-/// Makes the image taker of a node's server from its region and its
-/// snapshots directory, or says in one line why there is none.
-pub type ImageMaker = fn(Arc<Region>, &Path) -> Result<Arc<dyn ServerImage>, String>;
+/// Makes the image taker of a node's server from its region, its
+/// snapshots directory and its app address, or says in one line why there
+/// is none.
+pub type ImageMaker =
+    fn(Arc<Region>, &Path, std::net::SocketAddr) -> Result<Arc<dyn ServerImage>, String>;
 
 /// A node's snapshots: the image taker, triggers waiting for the apply
 /// thread, the state its status reports.
@@ -77,6 +79,10 @@ pub struct Snapshots {
     /// An installed image is replacing the server: the apply thread feeds
     /// nothing and drops its stream.
     installing: AtomicBool,
+    /// Neither this node's log nor its snapshots can rebuild its server
+    /// (it deleted its log past its own newest snapshot, as a leader does,
+    /// and restarted): it feeds nothing until a peer's image is installed.
+    needs_image: AtomicBool,
     state: Mutex<SnapshotState>,
 }
 
@@ -86,6 +92,7 @@ impl Snapshots {
     pub fn new(
         image: Result<Arc<dyn ServerImage>, String>,
         restored: bool,
+        needs_image: bool,
         newest: u64,
     ) -> Snapshots {
         Snapshots {
@@ -93,6 +100,7 @@ impl Snapshots {
             requests: Mutex::new(Vec::new()),
             resume: AtomicBool::new(restored),
             installing: AtomicBool::new(false),
+            needs_image: AtomicBool::new(needs_image),
             state: Mutex::new(SnapshotState {
                 newest,
                 ..SnapshotState::default()
@@ -106,9 +114,15 @@ impl Snapshots {
         self.resume.swap(false, Ordering::AcqRel)
     }
 
-    /// Whether an installed image is replacing the server now.
+    /// Whether an installed image is replacing the server now, or one must
+    /// before the server can apply anything.
     pub(super) fn installing(&self) -> bool {
-        self.installing.load(Ordering::Acquire)
+        self.installing.load(Ordering::Acquire) || self.needs_image()
+    }
+
+    /// Whether the server can only be rebuilt from a peer's image.
+    pub(super) fn needs_image(&self) -> bool {
+        self.needs_image.load(Ordering::Acquire)
     }
 
     fn pending(&self) -> Vec<mpsc::Sender<Result<u64, String>>> {
@@ -124,11 +138,16 @@ impl Snapshots {
     }
 }
 
-/// The CRIU image taker for the server attached to `region` (logging into
-/// `work`), or one line saying why this machine cannot snapshot.
-pub fn criu_image(region: Arc<Region>, work: &Path) -> Result<Arc<dyn ServerImage>, String> {
+/// The CRIU image taker for the server attached to `region` and serving
+/// `app` (logging into `work`), or one line saying why this machine cannot
+/// snapshot.
+pub fn criu_image(
+    region: Arc<Region>,
+    work: &Path,
+    app: std::net::SocketAddr,
+) -> Result<Arc<dyn ServerImage>, String> {
     std::fs::create_dir_all(work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
-    criu::Criu::find(region, work).map(|c| Arc::new(c) as Arc<dyn ServerImage>)
+    criu::Criu::find(region, work, app).map(|c| Arc::new(c) as Arc<dyn ServerImage>)
 }
 
 /// Restores the newest usable snapshot in `catalog` (the node's log in
@@ -335,7 +354,9 @@ impl Node {
             }
             self.compact(&members);
             let last = self.store().last().seq;
-            if let Some(peer) = rules::install_source(self.me, last, &members) {
+            if let Some(peer) =
+                rules::install_source(self.me, last, !self.snapshots.needs_image(), &members)
+            {
                 if let Err(e) = self.install_from(peer) {
                     log::warn!("node {}: installing node {peer}'s snapshot: {e:#}", self.me);
                 }
@@ -386,7 +407,13 @@ impl Node {
     /// by it; the log then starts after it (fetched from peers).
     fn install_from(&self, peer: u64) -> anyhow::Result<()> {
         let image = self.snapshots.image.clone().map_err(anyhow::Error::msg)?;
-        let have = self.store().last().seq.max(self.snapshot_state().newest);
+        // What a snapshot must pass to be worth installing: anything, for a
+        // node whose server cannot be rebuilt otherwise.
+        let have = if self.snapshots.needs_image() {
+            0
+        } else {
+            self.store().last().seq.max(self.snapshot_state().newest)
+        };
         let mut src = PeerSource { node: self, peer };
         // This node's builds of what the peer's image names (a second
         // look at its meta: the transfer reads it again, in case it moved).
@@ -411,16 +438,27 @@ impl Node {
             self.snapshots.installing.store(false, Ordering::Release);
             return Err(e);
         }
-        self.store().restart_after(LogEnd {
-            seq: at.seq,
-            view: at.view,
-            end_pos: 0,
-        })?;
+        {
+            // A log that continues the image stays (a leader rebuilding its
+            // server keeps the entries only it may hold); else the log
+            // starts after the image, fetched from peers.
+            let mut store = self.store();
+            if store.oldest() <= at.seq + 1 && at.seq <= store.last().seq {
+                store.compact_through(at.seq)?;
+            } else {
+                store.restart_after(LogEnd {
+                    seq: at.seq,
+                    view: at.view,
+                    end_pos: 0,
+                })?;
+            }
+        }
         self.snapshot_state().newest = at.seq;
         self.snapshots.resume.store(true, Ordering::Release);
+        self.snapshots.needs_image.store(false, Ordering::Release);
         self.snapshots.installing.store(false, Ordering::Release);
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        self.step(Event::Applied { seq: at.seq }, Carried::Nothing);
+        self.step(Event::Installed { seq: at.seq }, Carried::Nothing);
         if let Some(t) = self.applier.get() {
             t.unpark();
         }

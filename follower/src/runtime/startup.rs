@@ -93,7 +93,7 @@ impl Node {
         let catalog = Catalog::new(crate::snapshot::snapshots_dir(&config, me));
         let image = match config.snapshot {
             SnapshotMode::Off => Err("snapshot = \"off\" in the config".to_string()),
-            SnapshotMode::Process => make_image(region.clone(), catalog.root()).inspect_err(|why| {
+            SnapshotMode::Process => make_image(region.clone(), catalog.root(), config.node(me)?.app).inspect_err(|why| {
                 log::warn!("node {me}: snapshots are off: {why}; the log is kept and a restart replays it whole")
             }),
         };
@@ -160,9 +160,10 @@ impl Node {
             .as_ref()
             .ok()
             .and_then(|image| snapshots::restore_newest(image.as_ref(), &catalog, &store, server));
-        if restored_at.is_none() && store.oldest() > 1 {
-            bail!(
-                "the log of node {me} starts at seq {} (the entries below were compacted under a snapshot), and no usable snapshot of this node reaches it: it cannot rebuild its server (see the lines above)",
+        let needs_image = restored_at.is_none() && store.oldest() > 1;
+        if needs_image {
+            log::warn!(
+                "node {me}: the log starts at seq {} (the entries below were compacted under a snapshot) and no snapshot of this node reaches it: the server is rebuilt from a peer's snapshot, installed as soon as a peer offers one",
                 store.oldest()
             );
         }
@@ -187,7 +188,12 @@ impl Node {
             region,
             transport,
             store: Mutex::new(store),
-            snapshots: snapshots::Snapshots::new(image, restored_at.is_some(), newest_snapshot),
+            snapshots: snapshots::Snapshots::new(
+                image,
+                restored_at.is_some(),
+                needs_image,
+                newest_snapshot,
+            ),
             metrics: Metrics::default(),
             stop,
             region_server,

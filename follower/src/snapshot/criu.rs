@@ -12,6 +12,12 @@
 //! apply stream position is written beside the image ([`STREAM_FILE`]):
 //! the follower resumes that stream instead of starting a new one.
 //!
+//! An image names its node's region file, working directory, log and app
+//! address ([`Origin`], written beside it): restored on another node (a
+//! peer's snapshot installed), a relocated copy of it is restored instead
+//! ([`relocate`](super::relocate)), and the restored preload takes this
+//! node's identity.
+//!
 //! Needs CRIU 4.2 or newer (see `scripts/setup`) and root. [`Criu::find`]
 //! says in one line why a machine cannot snapshot.
 
@@ -24,6 +30,7 @@ use anyhow::{bail, Context};
 use lockstep_common::region::Region;
 
 use super::build_id;
+use super::relocate::{self, Origin, Relocation, ORIGIN_FILE};
 use super::{Position, ServerImage, StreamState, STREAM_FILE};
 
 /// The CRIU version `scripts/setup` builds (and caches in `.cache/`).
@@ -50,6 +57,12 @@ const COMMON: [&str; 4] = [
 pub struct Criu {
     criu: PathBuf,
     region: Arc<Region>,
+    /// This node's app address.
+    app: std::net::SocketAddr,
+    /// Where this node's last server stood ([`Criu::stop_server`] reads it
+    /// before it stops the server): where a relocated image's directory
+    /// and log go.
+    last_server: std::sync::Mutex<Option<Origin>>,
     /// Where CRIU's logs and the restore's pid file go (the snapshots
     /// directory, beside the images).
     work: PathBuf,
@@ -163,7 +176,11 @@ impl Criu {
     /// CRIU for the server attached to `region`, logging into `work`; Err
     /// with one line saying why this machine cannot snapshot (no criu,
     /// `criu check` fails, not root).
-    pub fn find(region: Arc<Region>, work: &Path) -> Result<Criu, String> {
+    pub fn find(
+        region: Arc<Region>,
+        work: &Path,
+        app: std::net::SocketAddr,
+    ) -> Result<Criu, String> {
         let Some(criu) = locate() else {
             return Err(format!(
                 "no criu found (${CRIU_ENV}, .cache/criu-{CRIU_VERSION}/criu from scripts/setup, or PATH)"
@@ -188,6 +205,8 @@ impl Criu {
         Ok(Criu {
             criu,
             region,
+            app,
+            last_server: std::sync::Mutex::new(None),
             work: work.to_path_buf(),
         })
     }
@@ -210,6 +229,75 @@ impl Criu {
             .map(PathBuf::from)
             .context("the server has no liblockstep.so mapped")?;
         Ok(vec![exe, preload])
+    }
+
+    /// This node's server `pid` as an image records it: the node, its app
+    /// address and region, the server's working directory and stdio files.
+    fn origin_of(&self, pid: u64) -> Origin {
+        let link = |what: &str| std::fs::read_link(format!("/proc/{pid}/{what}")).ok();
+        let file = |fd: u32| link(&format!("fd/{fd}")).filter(|p| p.is_absolute() && p.is_file());
+        Origin {
+            node: self.region.node(),
+            app: self.app,
+            region: self.region.path().to_path_buf(),
+            cwd: link("cwd"),
+            stdio: (0..3).map(file).collect(),
+        }
+    }
+
+    /// Where an image taken as `from` goes on this node: this node's last
+    /// server's directory and stdio when it had one, else `from`'s paths
+    /// with the node id swapped.
+    fn here(&self, from: &Origin) -> Origin {
+        let me = self.region.node();
+        let last = self
+            .last_server
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let swap = |p: &Option<PathBuf>| {
+            p.as_deref()
+                .and_then(|p| relocate::swap_node_id(p, from.node, me))
+        };
+        let (cwd, stdio) = match last {
+            Some(o) if o.cwd.is_some() => (o.cwd, o.stdio),
+            _ => (swap(&from.cwd), from.stdio.iter().map(swap).collect()),
+        };
+        Origin {
+            node: me,
+            app: self.app,
+            region: self.region.path().to_path_buf(),
+            cwd,
+            stdio,
+        }
+    }
+
+    /// The image in `dir` as this node restores it: `dir` itself when it
+    /// was taken here, else a relocated copy beside the snapshots.
+    fn for_this_node(&self, dir: &Path) -> anyhow::Result<PathBuf> {
+        let from: Origin = match std::fs::read(dir.join(ORIGIN_FILE)) {
+            Ok(b) => serde_json::from_slice(&b).context("the image's origin.json is unreadable")?,
+            // Taken before images said where: by this node.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(dir.to_path_buf()),
+            Err(e) => return Err(e).context("cannot read the image's origin.json"),
+        };
+        if from.node == self.region.node() {
+            return Ok(dir.to_path_buf());
+        }
+        let here = self.here(&from);
+        let relocation = Relocation::between(&from, &here);
+        let copy = self.work.join("relocated");
+        let _ = std::fs::remove_dir_all(&copy);
+        let changes = relocation.copy_image(dir, &copy)?;
+        log::info!(
+            "node {}'s image moved to node {}: {} paths and {} socket addresses rewritten ({:?})",
+            from.node,
+            here.node,
+            changes.paths,
+            changes.addrs,
+            relocation
+        );
+        Ok(copy)
     }
 }
 
@@ -260,6 +348,10 @@ impl ServerImage for Criu {
             ..state
         };
         std::fs::write(dir.join(STREAM_FILE), serde_json::to_vec(&state)?)?;
+        std::fs::write(
+            dir.join(ORIGIN_FILE),
+            serde_json::to_vec(&self.origin_of(pid))?,
+        )?;
         let (frozen, memdump) = dump_stats(dir).unwrap_or_default();
         log::info!(
             "image of the server (pid {pid}) at seq {}: {:.1} MB, dump {} ms, frozen {:.1} ms (memory {:.1} ms)",
@@ -297,11 +389,16 @@ impl ServerImage for Criu {
         let _ = std::fs::remove_file(&pidfile);
         let log = self.work.join("criu-restore.log");
         let t = Instant::now();
+        let images = self.for_this_node(dir)?;
         let mut args: Vec<&std::ffi::OsStr> = vec!["restore".as_ref(), "-D".as_ref()];
-        args.extend([dir.as_os_str(), "--restore-detached".as_ref()]);
+        args.extend([images.as_os_str(), "--restore-detached".as_ref()]);
         args.extend(COMMON.iter().map(std::ffi::OsStr::new));
         args.extend(["--pidfile".as_ref(), pidfile.as_os_str()]);
-        run_criu(&self.criu, &args, &log)?;
+        let restored = run_criu(&self.criu, &args, &log);
+        if images != dir {
+            let _ = std::fs::remove_dir_all(&images);
+        }
+        restored?;
         let pid: u64 = std::fs::read_to_string(&pidfile)
             .context("criu wrote no pid file")?
             .trim()
@@ -323,6 +420,7 @@ impl ServerImage for Criu {
         if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             return Ok(());
         }
+        *self.last_server.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.origin_of(pid));
         // The server is the first process of its own PID namespace
         // (`lockstep launch-server`): killing it ends the namespace.
         let target = nix::unistd::Pid::from_raw(pid as i32);
@@ -363,7 +461,12 @@ mod tests {
         let region = Arc::new(Region::anonymous(&spec).unwrap());
         // Only this test reads the variable in this process.
         std::env::set_var(CRIU_ENV, "/nonexistent/criu");
-        let e = Criu::find(region, &std::env::temp_dir()).err();
+        let e = Criu::find(
+            region,
+            &std::env::temp_dir(),
+            "127.0.0.1:1".parse().unwrap(),
+        )
+        .err();
         std::env::remove_var(CRIU_ENV);
         let e = e.expect("no criu there");
         assert!(e.contains("/nonexistent/criu") && !e.contains('\n'), "{e}");

@@ -21,6 +21,7 @@
 pub mod build_id;
 pub mod catalog;
 pub mod criu;
+pub mod relocate;
 pub mod transfer;
 
 use std::path::{Path, PathBuf};

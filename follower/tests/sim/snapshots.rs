@@ -6,7 +6,10 @@
 //! than a majority never stop applying; every compacted entry is covered
 //! by a majority's snapshots (or the node's own installed one); while a
 //! majority lives, every live node can still catch up (a live peer keeps
-//! the entry after its log's end, or holds a snapshot past it).
+//! the entry after its log's end, or holds a snapshot past it), and a node
+//! that came back unable to rebuild its server from its own log (it had
+//! deleted past its own newest snapshot, as a leader does) finds a peer's
+//! image to install.
 
 use lockstep_follower::protocol::snapshot::{self as rules, Every, Member};
 
@@ -22,6 +25,10 @@ struct Node {
     m: Member,
     /// Steps left of the image being taken, and its seq.
     taking: Option<(u64, u64)>,
+    /// Came back after deleting its log past its own newest snapshot: its
+    /// server cannot be rebuilt from its own log, it waits for a peer's
+    /// image and applies nothing meanwhile.
+    needy: bool,
 }
 
 fn run(seed: u64) {
@@ -38,6 +45,7 @@ fn run(seed: u64) {
                 ..Member::default()
             },
             taking: None,
+            needy: false,
         })
         .collect();
     let mut top = 0u64;
@@ -56,6 +64,9 @@ fn run(seed: u64) {
                 x.m.last = (x.m.last + rng.below(10)).min(top);
             }
             x.m.committed = x.m.last;
+            if x.needy {
+                continue;
+            }
             if x.taking.is_none() {
                 x.m.applied = (x.m.applied + rng.below(10)).min(x.m.last);
             }
@@ -92,10 +103,11 @@ fn run(seed: u64) {
             let point = rules::compaction_point(me, &view);
             let x = &mut nodes[i].m;
             x.oldest = x.oldest.max(point + 1);
-            if let Some(src) = rules::install_source(me, x.last, &view) {
+            if let Some(src) = rules::install_source(me, x.last, !nodes[i].needy, &view) {
                 let s = view[src as usize - 1].snapshot;
                 // The runtime installs and images one after the other.
                 nodes[i].taking = None;
+                nodes[i].needy = false;
                 let x = &mut nodes[i].m;
                 x.taking = false;
                 x.last = s;
@@ -112,6 +124,10 @@ fn run(seed: u64) {
             nodes[i].m.live = !nodes[i].m.live;
             nodes[i].taking = None;
             nodes[i].m.taking = false;
+            let m = nodes[i].m;
+            if m.live && m.oldest > 1 && m.oldest > m.snapshot + 1 {
+                nodes[i].needy = true;
+            }
         }
         // Invariants.
         let live_applying = nodes
@@ -134,9 +150,12 @@ fn run(seed: u64) {
             );
             if x.m.live {
                 let reachable = nodes.iter().any(|y| {
-                    y.m.live
-                        && y.m.node != x.m.node
-                        && (y.m.oldest.max(1) <= x.m.last + 1 || y.m.snapshot > x.m.last)
+                    let peer = y.m.live && y.m.node != x.m.node;
+                    if x.needy {
+                        // Any peer's image whose log continues it will do.
+                        return peer && y.m.snapshot > 0 && y.m.oldest <= y.m.snapshot + 1;
+                    }
+                    peer && (y.m.oldest.max(1) <= x.m.last + 1 || y.m.snapshot > x.m.last)
                 });
                 // With a live majority, one of them holds a snapshot at
                 // or past every compaction (majorities intersect).

@@ -4,6 +4,7 @@
 //! functions, never the hooks. Imports nothing of the crate's, so every
 //! other module may use it.
 
+pub mod published;
 pub mod real;
 
 use std::ffi::{c_int, c_void, CStr};
