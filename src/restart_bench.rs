@@ -9,7 +9,12 @@
 //!   is one), until it is a backup again and applied everything the leader
 //!   had committed at the kill;
 //! - **majority loss**: both backups SIGKILLed and started again, until the
-//!   leader acknowledges a write.
+//!   leader acknowledges a write;
+//! - **leader restart**: leader node 1 SIGKILLed and started again, until it
+//!   acknowledges a write (with snapshots it deleted its log like every
+//!   node, so it rebuilds its server from a backup's image);
+//! - **disk**: the largest node data directory (log and snapshots) once
+//!   the log holds that many entries.
 //!
 //! Figures, not tests: `tests/bench_redis.rs` only checks that it runs
 //! and says what it measured.
@@ -67,6 +72,13 @@ pub struct Run {
     /// Seconds from the kill of both backups to the leader's first
     /// acknowledged write.
     pub majority_loss_s: f64,
+    /// Seconds from the kill of the leader to its first acknowledged write
+    /// after its restart.
+    pub leader_restart_s: f64,
+    /// Whether the restarted leader installed a backup's snapshot.
+    pub leader_installed: bool,
+    /// The largest node data directory (RocksDB and snapshots), MB.
+    pub disk_max_mb: f64,
 }
 
 /// Parses `200000,1M,4M` into entry counts.
@@ -124,17 +136,21 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 /// The markdown table of `runs`.
 fn table(runs: &[Run]) -> String {
     let mut t = String::from(
-        "| snapshot | log entries | rejoin s | rejoined from a snapshot | entries replayed | majority loss: first write s |\n|---|---|---|---|---|---|\n",
+        "| snapshot | log entries | rejoin s | rejoined from a snapshot | entries replayed | majority loss: first write s | leader restart: first write s | leader installed a backup's image | disk per node MB |\n|---|---|---|---|---|---|---|---|---|\n",
     );
+    let yes = |b: bool| if b { "yes" } else { "no" };
     for r in runs {
         t.push_str(&format!(
-            "| {} | {} | {:.2} | {} | {} | {:.2} |\n",
+            "| {} | {} | {:.2} | {} | {} | {:.2} | {:.2} | {} | {:.0} |\n",
             r.snapshot,
             r.log_entries,
             r.rejoin_s,
-            if r.rejoin_restored { "yes" } else { "no" },
+            yes(r.rejoin_restored),
             r.rejoin_replayed,
-            r.majority_loss_s
+            r.majority_loss_s,
+            r.leader_restart_s,
+            yes(r.leader_installed),
+            r.disk_max_mb
         ));
     }
     t
@@ -184,7 +200,24 @@ fn one_run(
         rejoin_restored: m.restored,
         rejoin_replayed: m.replayed,
         majority_loss_s: m.majority_loss.as_secs_f64(),
+        leader_restart_s: m.leader_restart.as_secs_f64(),
+        leader_installed: m.leader_installed,
+        disk_max_mb: m.disk_max as f64 / 1e6,
     })
+}
+
+/// Bytes of the files under `dir`.
+fn tree_bytes(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// What [`measure`] found.
@@ -193,6 +226,9 @@ struct Measured {
     restored: bool,
     replayed: u64,
     majority_loss: Duration,
+    leader_restart: Duration,
+    leader_installed: bool,
+    disk_max: u64,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -219,6 +255,11 @@ fn measure(
     let snapshot_at = status::query(config, 3, Duration::from_secs(2))
         .map_err(anyhow::Error::msg)?
         .snapshot;
+    let disk_max = config
+        .ids()
+        .map(|id| tree_bytes(&config.node_data_dir(id)))
+        .max()
+        .unwrap_or(0);
 
     // Rejoin of one backup.
     said.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -251,7 +292,7 @@ fn measure(
     cluster.stop_node_now(3);
     cluster.restart_node(2, path, bins, stop, say)?;
     cluster.restart_node(3, path, bins, stop, say)?;
-    wait("the leader to acknowledge a write", || {
+    let acked = || {
         matches!(
             resp::command(
                 leader,
@@ -260,7 +301,26 @@ fn measure(
             ),
             Ok(Reply::Int(_))
         )
-    })?;
+    };
+    wait("the leader to acknowledge a write", acked)?;
+    let majority_loss = t0.elapsed();
+    wait_converged(config, STEP_LIMIT)?;
+
+    // The leader lost and back (static election: it leads again once its
+    // server is rebuilt).
+    up::kill_node(config, 1)?;
+    let t0 = Instant::now();
+    cluster.stop_node_now(1);
+    cluster.restart_node(1, path, bins, stop, say)?;
+    wait("the restarted leader to acknowledge a write", acked)?;
+    let leader_restart = t0.elapsed();
+    // A server replaced by an installed image is the node's from now on.
+    cluster.adopt_replaced_server(1, say);
+    // The leader takes no snapshots: one it holds was installed.
+    let leader_installed = status::query(config, 1, Duration::from_secs(2))
+        .map_err(anyhow::Error::msg)?
+        .snapshot
+        > 0;
     Ok(Measured {
         rejoin,
         restored,
@@ -270,7 +330,10 @@ fn measure(
             } else {
                 0
             },
-        majority_loss: t0.elapsed(),
+        majority_loss,
+        leader_restart,
+        leader_installed,
+        disk_max,
     })
 }
 
@@ -363,6 +426,9 @@ mod tests {
             rejoin_restored: true,
             rejoin_replayed: 10,
             majority_loss_s: 1.25,
+            leader_restart_s: 2.5,
+            leader_installed: true,
+            disk_max_mb: 12.0,
         };
         let t = table(&[
             r.clone(),
@@ -373,9 +439,12 @@ mod tests {
             },
         ]);
         assert!(
-            t.contains("| process | 1000 | 0.50 | yes | 10 | 1.25 |"),
+            t.contains("| process | 1000 | 0.50 | yes | 10 | 1.25 | 2.50 | yes | 12 |"),
             "{t}"
         );
-        assert!(t.contains("| off | 1000 | 0.50 | no | 10 | 1.25 |"), "{t}");
+        assert!(
+            t.contains("| off | 1000 | 0.50 | no | 10 | 1.25 | 2.50 | yes | 12 |"),
+            "{t}"
+        );
     }
 }

@@ -44,6 +44,9 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 /// report `stale` before it is restarted anyway: the follower steps down
 /// and leaves the election first, so the others do not wait for it.
 const STALE_GRACE: Duration = Duration::from_secs(10);
+/// How long a server that exited at start may take to be replaced by its
+/// follower's installed snapshot (stop, then restore: under a second).
+const REPLACE_GRACE: Duration = Duration::from_secs(5);
 
 /// How long a restarted follower may take to answer its control channel.
 const FOLLOWER_LIMIT: Duration = Duration::from_secs(60);
@@ -674,6 +677,54 @@ impl Cluster {
         kill_attached_server(&self.config, id);
     }
 
+    /// Node `id`'s server exited and another is attached to its region:
+    /// its follower replaced the server by a snapshot it installed (a
+    /// peer's image, see the README's "Snapshots"). `up` watches that one
+    /// from now on; returns whether it did.
+    pub fn adopt_replaced_server(&mut self, id: u64, say: &dyn Fn(&str)) -> bool {
+        self.reap();
+        if self.exited_kind(id, Kind::Server).is_none() {
+            return false;
+        }
+        let Some(pid) = attached_server(&self.config, id) else {
+            return false;
+        };
+        let log = self.server_log(id);
+        let mut c = Command::new(&self.bins.lockstep);
+        c.args(["watch-server", "--pid", &pid.to_string()]);
+        let child = match spawn(c, &log, true) {
+            Ok(child) => child,
+            Err(e) => {
+                say(&format!(
+                    "node {id}: cannot watch its new server (pid {pid}): {e:#}"
+                ));
+                return false;
+            }
+        };
+        self.procs
+            .retain(|p| !(p.node == id && p.kind == Kind::Server && p.exited));
+        self.push_server(id, log, child, Some(pid as u32));
+        say(&format!(
+            "node {id}: its follower replaced the server by an installed snapshot (pid {pid})"
+        ));
+        true
+    }
+
+    /// Node `id`'s server exited while `up` waits for it to start: its
+    /// follower may be replacing it by a snapshot it installs (it stops the
+    /// server, then restores the image). Waits a moment for that, and
+    /// adopts the new server; false when none came.
+    fn await_replaced_server(&mut self, id: u64) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < REPLACE_GRACE {
+            if attached_server(&self.config, id).is_some() {
+                return self.adopt_replaced_server(id, &|m| log::info!("{m}"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
     /// The first process of node `id` (server, then follower) that exited.
     fn exited_proc(&self, id: u64) -> Option<&Proc> {
         [Kind::Server, Kind::Follower].into_iter().find_map(|k| {
@@ -733,6 +784,9 @@ impl Cluster {
                     say(&format!("node {id} is down ({why}): restarting it"));
                     return self.begin_restart(id, quick, say);
                 }
+                if self.adopt_replaced_server(id, say) {
+                    return Phase::Running { since, healed };
+                }
                 if let Some(s) = self.exited_kind(id, Kind::Server) {
                     // Its follower notices within 100 ms, steps down and
                     // says `stale`.
@@ -751,6 +805,12 @@ impl Cluster {
                 Phase::Running { since, healed }
             }
             Phase::ServerGone { since, how, quick } => {
+                if self.adopt_replaced_server(id, say) {
+                    return Phase::Running {
+                        since: now,
+                        healed: true,
+                    };
+                }
                 if let Some(f) = self.exited_kind(id, Kind::Follower) {
                     say(&format!(
                         "node {id} is down (its server exited{how}, its follower exited{}): restarting it",
@@ -982,6 +1042,10 @@ impl Cluster {
         let start = Instant::now();
         loop {
             if let Some(p) = self.reap().into_iter().next() {
+                let (kind, node) = (self.procs[p].kind, self.procs[p].node);
+                if kind == Kind::Server && self.await_replaced_server(node) {
+                    continue;
+                }
                 let p = &self.procs[p];
                 let why = last_line(&p.log);
                 bail!(

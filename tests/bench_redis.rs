@@ -119,7 +119,7 @@ fn assert_no_regions_left(prefix: &str) {
 }
 
 #[test]
-fn bench_restart_measures_rejoin_and_majority_loss_with_snapshots_on_and_off() {
+fn bench_restart_measures_rejoin_majority_loss_and_leader_restart_with_snapshots_on_and_off() {
     let out = std::env::temp_dir().join(format!(
         "lockstep-bench-restart-test-{}",
         std::process::id()
@@ -151,7 +151,13 @@ fn bench_restart_measures_rejoin_and_majority_loss_with_snapshots_on_and_off() {
         assert_eq!(r["log_entries"], 20_000, "{r}");
         assert!(r["rejoin_s"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["majority_loss_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["leader_restart_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["disk_max_mb"].as_f64().unwrap() > 0.0, "{r}");
     }
+    // With snapshots on the leader deleted its log too, and a backup's
+    // image rebuilt its server; off, it replayed its whole log.
+    assert_eq!(runs[0]["leader_installed"], true, "{}", runs[0]);
+    assert_eq!(runs[1]["leader_installed"], false, "{}", runs[1]);
     // With snapshots on the backup comes back from its snapshot and replays
     // less than the log; off, there is nothing to restore from.
     assert_eq!(runs[0]["rejoin_restored"], true, "{}", runs[0]);
