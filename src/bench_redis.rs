@@ -479,7 +479,7 @@ fn start_lockstep(sys: System, dir: &Path, ctx: &Ctx) -> anyhow::Result<(SocketA
 /// Runs redis-benchmark once; returns (test name, rps, p50 ms, p99 ms)
 /// per test from its `--csv` output.
 #[allow(clippy::type_complexity)]
-fn redis_benchmark(
+pub(crate) fn redis_benchmark(
     addr: SocketAddr,
     args: &[String],
     log_dir: &Path,

@@ -14,7 +14,10 @@
 //!   acknowledges a write (with snapshots it deleted its log like every
 //!   node, so it rebuilds its server from a backup's image);
 //! - **disk**: the largest node data directory (log and snapshots) once
-//!   the log holds that many entries.
+//!   the log holds that many entries;
+//! - **leader p99 while a backup snapshots** (snapshots on): SET p99 of a
+//!   `redis-benchmark` run on the leader, alone and while backup 2 takes
+//!   one snapshot after another.
 //!
 //! Figures, not tests: `tests/bench_redis.rs` only checks that it runs
 //! and says what it measured.
@@ -22,15 +25,15 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use lockstep_common::Config;
+use lockstep_common::{control, Config};
 use lockstep_testkit::resp::{self, Reply};
 
-use crate::bench_redis::{in_path, redis_server_line, three_nodes, work_dir};
+use crate::bench_redis::{in_path, redis_benchmark, redis_server_line, three_nodes, work_dir};
 use crate::failover_bench::wait_converged;
 use crate::status;
 use crate::up::{self, Binaries, Cluster};
@@ -79,6 +82,13 @@ pub struct Run {
     pub leader_installed: bool,
     /// The largest node data directory (RocksDB and snapshots), MB.
     pub disk_max_mb: f64,
+    /// The leader's SET p99 (ms) with no snapshot requested (snapshots on
+    /// only).
+    pub p99_ms: Option<f64>,
+    /// The same while backup 2 snapshots again and again.
+    pub p99_ms_snapshotting: Option<f64>,
+    /// Snapshots backup 2 completed during that run.
+    pub snapshots_during: u64,
 }
 
 /// Parses `200000,1M,4M` into entry counts.
@@ -136,12 +146,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 /// The markdown table of `runs`.
 fn table(runs: &[Run]) -> String {
     let mut t = String::from(
-        "| snapshot | log entries | rejoin s | rejoined from a snapshot | entries replayed | majority loss: first write s | leader restart: first write s | leader installed a backup's image | disk per node MB |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| snapshot | log entries | rejoin s | rejoined from a snapshot | entries replayed | majority loss: first write s | leader restart: first write s | leader installed a backup's image | disk per node MB | leader SET p99 ms | p99 ms while a backup snapshots (snapshots taken) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let yes = |b: bool| if b { "yes" } else { "no" };
     for r in runs {
         t.push_str(&format!(
-            "| {} | {} | {:.2} | {} | {} | {:.2} | {:.2} | {} | {:.0} |\n",
+            "| {} | {} | {:.2} | {} | {} | {:.2} | {:.2} | {} | {:.0} | {} | {} |\n",
             r.snapshot,
             r.log_entries,
             r.rejoin_s,
@@ -150,7 +160,10 @@ fn table(runs: &[Run]) -> String {
             r.majority_loss_s,
             r.leader_restart_s,
             yes(r.leader_installed),
-            r.disk_max_mb
+            r.disk_max_mb,
+            r.p99_ms.map_or("-".into(), |p| format!("{p:.2}")),
+            r.p99_ms_snapshotting
+                .map_or("-".into(), |p| format!("{p:.2} ({})", r.snapshots_during)),
         ));
     }
     t
@@ -203,7 +216,48 @@ fn one_run(
         leader_restart_s: m.leader_restart.as_secs_f64(),
         leader_installed: m.leader_installed,
         disk_max_mb: m.disk_max as f64 / 1e6,
+        p99_ms: m.p99.map(|p| p.0),
+        p99_ms_snapshotting: m.p99.map(|p| p.1),
+        snapshots_during: m.p99.map_or(0, |p| p.2),
     })
+}
+
+/// The leader's SET p99 alone, and while backup 2 snapshots over and
+/// over (with the count it took meanwhile).
+fn p99_while_snapshotting(
+    config: &Config,
+    leader: SocketAddr,
+    dir: &Path,
+    stop: &AtomicBool,
+) -> anyhow::Result<(f64, f64, u64)> {
+    let args: Vec<String> = [
+        "-t", "set", "-r", "100000", "-d", "64", "-c", "20", "-n", "100000",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let p99 = |rows: Vec<(String, f64, Option<f64>, Option<f64>)>| {
+        rows.first()
+            .and_then(|r| r.3)
+            .context("redis-benchmark gave no p99")
+    };
+    let alone = p99(redis_benchmark(leader, &args, dir, stop)?)?;
+    let done = AtomicBool::new(false);
+    let (busy, taken) = std::thread::scope(|s| {
+        let snapper = s.spawn(|| {
+            let mut n = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                if control::take_snapshot(config, 2, Duration::from_secs(60)).is_ok() {
+                    n += 1;
+                }
+            }
+            n
+        });
+        let busy = redis_benchmark(leader, &args, dir, stop);
+        done.store(true, Ordering::Relaxed);
+        (busy, snapper.join().unwrap_or(0))
+    });
+    Ok((alone, p99(busy?)?, taken))
 }
 
 /// Bytes of the files under `dir`.
@@ -229,6 +283,7 @@ struct Measured {
     leader_restart: Duration,
     leader_installed: bool,
     disk_max: u64,
+    p99: Option<(f64, f64, u64)>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -321,6 +376,18 @@ fn measure(
         .map_err(anyhow::Error::msg)?
         .snapshot
         > 0;
+    // Last: its load lengthens the log.
+    let p99 = if snapshots {
+        wait_converged(config, STEP_LIMIT)?;
+        Some(p99_while_snapshotting(
+            config,
+            leader,
+            &config.data_dir,
+            stop,
+        )?)
+    } else {
+        None
+    };
     Ok(Measured {
         rejoin,
         restored,
@@ -334,6 +401,7 @@ fn measure(
         leader_restart,
         leader_installed,
         disk_max,
+        p99,
     })
 }
 
@@ -429,21 +497,28 @@ mod tests {
             leader_restart_s: 2.5,
             leader_installed: true,
             disk_max_mb: 12.0,
+            p99_ms: Some(0.5),
+            p99_ms_snapshotting: Some(0.75),
+            snapshots_during: 3,
         };
         let t = table(&[
             r.clone(),
             Run {
                 snapshot: "off".into(),
                 rejoin_restored: false,
+                p99_ms: None,
+                p99_ms_snapshotting: None,
                 ..r
             },
         ]);
         assert!(
-            t.contains("| process | 1000 | 0.50 | yes | 10 | 1.25 | 2.50 | yes | 12 |"),
+            t.contains(
+                "| process | 1000 | 0.50 | yes | 10 | 1.25 | 2.50 | yes | 12 | 0.50 | 0.75 (3) |"
+            ),
             "{t}"
         );
         assert!(
-            t.contains("| off | 1000 | 0.50 | no | 10 | 1.25 | 2.50 | yes | 12 |"),
+            t.contains("| off | 1000 | 0.50 | no | 10 | 1.25 | 2.50 | yes | 12 | - | - |"),
             "{t}"
         );
     }

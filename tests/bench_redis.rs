@@ -157,6 +157,19 @@ fn bench_restart_measures_rejoin_majority_loss_and_leader_restart_with_snapshots
     // With snapshots on the leader deleted its log too, and a backup's
     // image rebuilt its server; off, it replayed its whole log.
     assert_eq!(runs[0]["leader_installed"], true, "{}", runs[0]);
+    // The leader's p99 is measured alone and while backup 2 snapshots
+    // (which it did at least once meanwhile).
+    assert!(runs[0]["p99_ms"].as_f64().unwrap() > 0.0, "{}", runs[0]);
+    assert!(
+        runs[0]["p99_ms_snapshotting"].as_f64().unwrap() > 0.0,
+        "{}",
+        runs[0]
+    );
+    assert!(
+        runs[0]["snapshots_during"].as_u64().unwrap() > 0,
+        "{}",
+        runs[0]
+    );
     assert_eq!(runs[1]["leader_installed"], false, "{}", runs[1]);
     // With snapshots on the backup comes back from its snapshot and replays
     // less than the log; off, there is nothing to restore from.
