@@ -678,6 +678,87 @@ fn a_fresh_node_installs_a_backups_snapshot_taken_on_another_node() {
     assert_eq!(c.status(3).unwrap().server_pid as u32, pid);
 }
 
+/// Bytes of the files under `dir` (0 when it is not there).
+fn tree_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| {
+                    let p = e.path();
+                    if p.is_dir() {
+                        tree_bytes(&p)
+                    } else {
+                        e.metadata().map(|m| m.len()).unwrap_or(0)
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn an_install_killed_midway_resumes_from_the_chunks_it_stored() {
+    let mut c = often_snapshotting("snapresume");
+    c.start_all();
+    // About 60 MB in the server: an image of some sixty 1 MiB chunks.
+    let mut r = Resp::connect(c.app(1)).expect("connect");
+    assert_eq!(
+        ok(r.cmd(&[b"DEBUG", b"POPULATE", b"250000", b"big", b"200"])),
+        Reply::Status("OK".into())
+    );
+    let load = BackgroundLoad::start(c.app(1), 2);
+    wait_every_log_compacted(&c);
+    load.wait_more(&c, 500, LIMIT);
+    load.stop();
+    c.kill_follower(3);
+    c.kill_server(3);
+    std::fs::remove_dir_all(c.config().node_data_dir(3)).unwrap();
+    let incoming = c
+        .config()
+        .node_data_dir(3)
+        .join("snapshots")
+        .join("incoming");
+    c.start_follower(3);
+    // Killed once a few chunks are stored, well before the end.
+    c.wait("node 3 stores part of the image", LIMIT, |_| {
+        tree_bytes(&incoming) >= 4 << 20
+    });
+    c.kill_follower(3);
+    let partial = tree_bytes(&incoming);
+    c.start_follower(3);
+    c.wait("node 3 installs node 2's snapshot", LIMIT, |c| {
+        follower_log(c, 3).contains("installed node 2's snapshot")
+    });
+    c.wait("node 3 applies the restored server", LIMIT, |c| {
+        follower_log(c, 3).contains("(restored server)")
+    });
+    c.adopt_restored(3);
+    let log = follower_log(&c, 3);
+    let fetched: u64 = log
+        .lines()
+        .find(|l| l.contains("installed node 2's snapshot"))
+        .and_then(|l| l.split('(').nth(1))
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no fetched bytes in {log}"));
+    let seq = c.status(3).unwrap().snapshot;
+    let image = tree_bytes(&snapshot_dir(&c, 3, seq));
+    println!("image {image} bytes; {partial} stored before the kill; {fetched} fetched after it");
+    assert!(partial < image, "the whole image arrived before the kill");
+    // At least 4 MiB were stored: at least three whole 1 MiB chunks of
+    // them are not fetched again.
+    assert!(
+        fetched <= image - (3 << 20),
+        "the transfer started over: {fetched} of {image} bytes fetched after the kill\n{log}"
+    );
+    let load = BackgroundLoad::start(c.app(1), 2);
+    load.wait_more(&c, 500, LIMIT);
+    load.stop();
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}
+
 #[test]
 fn a_restarted_leader_that_deleted_its_log_rebuilds_from_a_backups_snapshot() {
     let mut c = often_snapshotting("snapleader");
