@@ -676,6 +676,13 @@ fn a_fresh_node_installs_a_backups_snapshot_taken_on_another_node() {
         server_log(&c, 3)
     );
     assert_eq!(c.status(3).unwrap().server_pid as u32, pid);
+    // Killed and restarted, node 3 restores the installed image (node 2's)
+    // from its own catalog, moved to node 3 again.
+    let line = kill_and_restore(&mut c, 3);
+    assert!(line.contains("restored server"), "{line}");
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
 }
 
 /// Bytes of the files under `dir` (0 when it is not there).
