@@ -243,6 +243,10 @@ enum BenchCmd {
         /// `snapshot_every.entries` with snapshots on.
         #[arg(long, default_value_t = lockstep_common::config::DEFAULT_SNAPSHOT_EVERY.entries)]
         snapshot_every: u64,
+        /// Megabytes of data loaded into Redis first (`DEBUG POPULATE`,
+        /// 1000-byte values), as one log entry: the dataset an image holds.
+        #[arg(long, default_value_t = 0)]
+        dataset_mb: u64,
         /// Work directory [default: target/bench-restart].
         #[arg(long)]
         out: Option<PathBuf>,
@@ -399,6 +403,7 @@ fn main() {
                     entries,
                     modes,
                     snapshot_every,
+                    dataset_mb,
                     out,
                     json,
                     keep,
@@ -407,6 +412,7 @@ fn main() {
             entries,
             modes,
             snapshot_every,
+            dataset_mb,
             out: out.unwrap_or_else(|| PathBuf::from("target/bench-restart")),
             json,
             keep,

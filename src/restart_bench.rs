@@ -50,6 +50,8 @@ pub struct Options {
     pub modes: Vec<String>,
     /// `snapshot_every.entries` of the clusters with snapshots on.
     pub snapshot_every: u64,
+    /// Megabytes loaded first with `DEBUG POPULATE` (1000-byte values).
+    pub dataset_mb: u64,
     /// Work directory (one sub-directory per run).
     pub out: PathBuf,
     /// One JSON object per run instead of a table.
@@ -65,6 +67,8 @@ pub struct Run {
     pub snapshot: String,
     /// Entries in the leader's log when node 3 was killed.
     pub log_entries: u64,
+    /// Megabytes loaded first (`--dataset-mb`).
+    pub dataset_mb: u64,
     /// Seconds from the kill of backup 3 to it applying the whole log again.
     pub rejoin_s: f64,
     /// Whether node 3's follower restored its server from a snapshot.
@@ -197,6 +201,7 @@ fn one_run(
         &config,
         &path,
         entries,
+        opts.dataset_mb,
         bins,
         &stop,
         &say,
@@ -209,6 +214,7 @@ fn one_run(
     result.map(|m| Run {
         snapshot: mode.to_string(),
         log_entries: entries,
+        dataset_mb: opts.dataset_mb,
         rejoin_s: m.rejoin.as_secs_f64(),
         rejoin_restored: m.restored,
         rejoin_replayed: m.replayed,
@@ -293,12 +299,24 @@ fn measure(
     config: &Config,
     path: &Path,
     entries: u64,
+    dataset_mb: u64,
     bins: &Binaries,
     stop: &AtomicBool,
     say: &dyn Fn(&str),
     said: &Mutex<Vec<String>>,
 ) -> anyhow::Result<Measured> {
     let leader = config.node(1)?.app;
+    if dataset_mb > 0 {
+        let keys = (dataset_mb * 1000).to_string();
+        let r = resp::command(
+            leader,
+            &["DEBUG", "POPULATE", &keys, "data", "1000"],
+            STEP_LIMIT,
+        )?;
+        if r != Reply::Status("OK".into()) {
+            bail!("DEBUG POPULATE {keys} answered {r:?}");
+        }
+    }
     fill(config, leader, entries)?;
     wait_converged(config, STEP_LIMIT)?;
     if snapshots {
@@ -490,6 +508,7 @@ mod tests {
         let r = Run {
             snapshot: "process".into(),
             log_entries: 1000,
+            dataset_mb: 0,
             rejoin_s: 0.5,
             rejoin_restored: true,
             rejoin_replayed: 10,
