@@ -364,6 +364,13 @@ pub struct OutputDigest {
 }
 
 impl OutputDigest {
+    /// The `out_hash` of an input after which the leader withheld its
+    /// server's output (it could not commit, or stopped leading, and reset
+    /// the connection instead): what its server produced then is unknown,
+    /// so backups compare nothing for it. A real digest never packs to it
+    /// (its length would be 4 GiB - 1 with a hash of all ones).
+    pub const WITHHELD: u64 = u64::MAX;
+
     /// Folds more output in.
     pub fn update(&mut self, bytes: &[u8]) {
         self.hash.update(bytes);

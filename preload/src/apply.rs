@@ -1355,6 +1355,20 @@ impl Pump {
         let Some(c) = self.conns.get_mut(&h.conn) else {
             return;
         };
+        if h.out_hash == OutputDigest::WITHHELD {
+            // The leader's server output never left it (it failed the
+            // connection): nothing to compare; start over.
+            c.at_cut = OutputDigest::default();
+            c.out = c.since_cut;
+            c.last_input = h.seq;
+            c.replies.take();
+            log::debug!(
+                "connection {}: the leader withheld its output before seq {} (not compared)",
+                h.conn,
+                h.seq
+            );
+            return;
+        }
         let mine = if adjacent && c.last_input >= self.cut_at {
             // The leader's server read this connection's last input just
             // before, in this same turn (a server that reads a connection
@@ -1432,6 +1446,28 @@ mod tests {
             h.flags = SAME_TURN;
         }
         h
+    }
+
+    #[test]
+    fn output_the_leader_withheld_is_not_compared_and_a_real_difference_is() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let spec = lockstep_common::region::RegionSpec {
+            cluster: "withheld".into(),
+            node: 2,
+            ring_size: 1 << 16,
+        };
+        let region = Arc::new(Region::anonymous(&spec).unwrap());
+        let mut p = Pump::new(region.clone(), listener.local_addr().unwrap(), 4096);
+        p.open(7);
+        // This server answered input 7; the leader failed the connection
+        // instead of writing its answer.
+        p.conns.get_mut(&7).unwrap().at_cut.update(b":863340\r\n");
+        p.check_output(&data(8, 7, false, OutputDigest::WITHHELD), false);
+        assert_eq!(region.apply().diverged(), 0);
+        // A reply that differs is still counted.
+        p.conns.get_mut(&7).unwrap().at_cut.update(b":1\r\n");
+        p.check_output(&data(9, 7, false, OutputDigest::default().pack()), false);
+        assert_eq!(region.apply().diverged(), 1);
     }
 
     #[test]

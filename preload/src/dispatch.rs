@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use lockstep_common::config::BackupClients;
-use lockstep_common::entry::Kind;
+use lockstep_common::entry::{Kind, OutputDigest};
 use lockstep_common::region::Role;
 
 use crate::apply;
@@ -320,7 +320,7 @@ pub fn after_input(t: Ticket, n: isize, errno: i32, segments: &[&[u8]]) -> Ret {
         Class::Client => {
             let conn = t.slot.conn();
             if n > 0 {
-                let out = t.slot.take_digest().pack();
+                let out = withheld_or(t.slot);
                 match engine.replicate(Kind::Data, conn, out, segments, n as usize) {
                     Ok(_) => Ret::pass(n),
                     Err(f) => fail_with(t.fd, conn, &f),
@@ -353,10 +353,23 @@ fn log_close(engine: &Engine, slot: &Slot) -> Result<(), Fail> {
     if !leading(engine, slot) {
         return Ok(());
     }
-    let out = slot.take_digest().pack();
+    let out = withheld_or(slot);
     engine
         .replicate(Kind::Close, slot.conn(), out, &[], 0)
         .map(|_| ())
+}
+
+/// The `out_hash` a client's next entry carries: its output's digest, or
+/// [`OutputDigest::WITHHELD`] once this leader refused some of it (a
+/// connection it failed: the server's replies never left, so the digest
+/// is not the server's output and backups must not count the difference).
+fn withheld_or(slot: &Slot) -> u64 {
+    let digest = slot.take_digest();
+    if slot.state() & FAILED != 0 {
+        OutputDigest::WITHHELD
+    } else {
+        digest.pack()
+    }
 }
 
 /// Before output to a tracked fd: a client's output is held until every
