@@ -767,6 +767,55 @@ fn an_install_killed_midway_resumes_from_the_chunks_it_stored() {
 }
 
 #[test]
+fn an_install_whose_source_dies_midway_resumes_once_it_is_back() {
+    let mut c = often_snapshotting("snapsrc");
+    c.start_all();
+    let mut r = Resp::connect(c.app(1)).expect("connect");
+    assert_eq!(
+        ok(r.cmd(&[b"DEBUG", b"POPULATE", b"250000", b"big", b"200"])),
+        Reply::Status("OK".into())
+    );
+    let load = BackgroundLoad::start(c.app(1), 2);
+    wait_every_log_compacted(&c);
+    load.wait_more(&c, 500, LIMIT);
+    load.stop();
+    c.kill_follower(3);
+    c.kill_server(3);
+    std::fs::remove_dir_all(c.config().node_data_dir(3)).unwrap();
+    let incoming = c
+        .config()
+        .node_data_dir(3)
+        .join("snapshots")
+        .join("incoming");
+    c.start_follower(3);
+    c.wait("node 3 stores part of node 2's image", LIMIT, |_| {
+        tree_bytes(&incoming) >= 4 << 20
+    });
+    // Node 2, the only node with a snapshot, dies while it sends; it comes
+    // back from that same snapshot, and node 3 goes on where it stopped.
+    let line = kill_and_restore(&mut c, 2);
+    assert!(line.contains("restored server"), "{line}");
+    c.wait("node 3 installs node 2's snapshot", LIMIT, |c| {
+        follower_log(c, 3).contains("installed node 2's snapshot")
+    });
+    c.wait("node 3 applies the restored server", LIMIT, |c| {
+        follower_log(c, 3).contains("(restored server)")
+    });
+    c.adopt_restored(3);
+    let log = follower_log(&c, 3);
+    assert!(
+        log.contains("installing node 2's snapshot"),
+        "the broken transfer was not reported\n{log}"
+    );
+    let load = BackgroundLoad::start(c.app(1), 2);
+    load.wait_more(&c, 500, LIMIT);
+    load.stop();
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}
+
+#[test]
 fn a_restarted_leader_that_deleted_its_log_rebuilds_from_a_backups_snapshot() {
     let mut c = often_snapshotting("snapleader");
     c.start_all();
