@@ -703,72 +703,12 @@ fn tree_bytes(dir: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
-#[test]
-fn an_install_killed_midway_resumes_from_the_chunks_it_stored() {
-    let mut c = often_snapshotting("snapresume");
-    c.start_all();
-    // About 60 MB in the server: an image of some sixty 1 MiB chunks.
-    let mut r = Resp::connect(c.app(1)).expect("connect");
-    assert_eq!(
-        ok(r.cmd(&[b"DEBUG", b"POPULATE", b"250000", b"big", b"200"])),
-        Reply::Status("OK".into())
-    );
-    let load = BackgroundLoad::start(c.app(1), 2);
-    wait_every_log_compacted(&c);
-    load.wait_more(&c, 500, LIMIT);
-    load.stop();
-    c.kill_follower(3);
-    c.kill_server(3);
-    std::fs::remove_dir_all(c.config().node_data_dir(3)).unwrap();
-    let incoming = c
-        .config()
-        .node_data_dir(3)
-        .join("snapshots")
-        .join("incoming");
-    c.start_follower(3);
-    // Killed once a few chunks are stored, well before the end.
-    c.wait("node 3 stores part of the image", LIMIT, |_| {
-        tree_bytes(&incoming) >= 4 << 20
-    });
-    c.kill_follower(3);
-    let partial = tree_bytes(&incoming);
-    c.start_follower(3);
-    c.wait("node 3 installs node 2's snapshot", LIMIT, |c| {
-        follower_log(c, 3).contains("installed node 2's snapshot")
-    });
-    c.wait("node 3 applies the restored server", LIMIT, |c| {
-        follower_log(c, 3).contains("(restored server)")
-    });
-    c.adopt_restored(3);
-    let log = follower_log(&c, 3);
-    let fetched: u64 = log
-        .lines()
-        .find(|l| l.contains("installed node 2's snapshot"))
-        .and_then(|l| l.split('(').nth(1))
-        .and_then(|t| t.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no fetched bytes in {log}"));
-    let seq = c.status(3).unwrap().snapshot;
-    let image = tree_bytes(&snapshot_dir(&c, 3, seq));
-    println!("image {image} bytes; {partial} stored before the kill; {fetched} fetched after it");
-    assert!(partial < image, "the whole image arrived before the kill");
-    // At least 4 MiB were stored: at least three whole 1 MiB chunks of
-    // them are not fetched again.
-    assert!(
-        fetched <= image - (3 << 20),
-        "the transfer started over: {fetched} of {image} bytes fetched after the kill\n{log}"
-    );
-    let load = BackgroundLoad::start(c.app(1), 2);
-    load.wait_more(&c, 500, LIMIT);
-    load.stop();
-    c.wait_converged(LIMIT);
-    c.assert_same_digest();
-    c.assert_no_divergence();
-}
-
-#[test]
-fn an_install_whose_source_dies_midway_resumes_once_it_is_back() {
-    let mut c = often_snapshotting("snapsrc");
+/// A cluster whose every log is compacted, holding about 60 MB (an image
+/// of some sixty 1 MiB chunks), and node 3 back with an empty data dir:
+/// returns once node 3 stored at least 4 MiB of node 2's image (well
+/// before the end), with that incoming directory.
+fn node_3_midway_through_an_install(test: &str) -> (TestCluster, PathBuf) {
+    let mut c = often_snapshotting(test);
     c.start_all();
     let mut r = Resp::connect(c.app(1)).expect("connect");
     assert_eq!(
@@ -791,10 +731,13 @@ fn an_install_whose_source_dies_midway_resumes_once_it_is_back() {
     c.wait("node 3 stores part of node 2's image", LIMIT, |_| {
         tree_bytes(&incoming) >= 4 << 20
     });
-    // Node 2, the only node with a snapshot, dies while it sends; it comes
-    // back from that same snapshot, and node 3 goes on where it stopped.
-    let line = kill_and_restore(&mut c, 2);
-    assert!(line.contains("restored server"), "{line}");
+    (c, incoming)
+}
+
+/// Waits until node 3 installed node 2's snapshot and its restored server
+/// applies; then, under load, every replica agrees. Returns node 3's
+/// follower log as it was once installed.
+fn node_3_installs_and_agrees(c: &mut TestCluster) -> String {
     c.wait("node 3 installs node 2's snapshot", LIMIT, |c| {
         follower_log(c, 3).contains("installed node 2's snapshot")
     });
@@ -802,17 +745,54 @@ fn an_install_whose_source_dies_midway_resumes_once_it_is_back() {
         follower_log(c, 3).contains("(restored server)")
     });
     c.adopt_restored(3);
-    let log = follower_log(&c, 3);
-    assert!(
-        log.contains("installing node 2's snapshot"),
-        "the broken transfer was not reported\n{log}"
-    );
+    let log = follower_log(c, 3);
     let load = BackgroundLoad::start(c.app(1), 2);
-    load.wait_more(&c, 500, LIMIT);
+    load.wait_more(c, 500, LIMIT);
     load.stop();
     c.wait_converged(LIMIT);
     c.assert_same_digest();
     c.assert_no_divergence();
+    log
+}
+
+#[test]
+fn an_install_killed_midway_resumes_from_the_chunks_it_stored() {
+    let (mut c, incoming) = node_3_midway_through_an_install("snapresume");
+    c.kill_follower(3);
+    let partial = tree_bytes(&incoming);
+    c.start_follower(3);
+    let log = node_3_installs_and_agrees(&mut c);
+    let fetched: u64 = log
+        .lines()
+        .find(|l| l.contains("installed node 2's snapshot"))
+        .and_then(|l| l.split('(').nth(1))
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no fetched bytes in {log}"));
+    let seq = c.status(3).unwrap().snapshot;
+    let image = tree_bytes(&snapshot_dir(&c, 3, seq));
+    println!("image {image} bytes; {partial} stored before the kill; {fetched} fetched after it");
+    assert!(partial < image, "the whole image arrived before the kill");
+    // At least 4 MiB were stored: at least three whole 1 MiB chunks of
+    // them are not fetched again.
+    assert!(
+        fetched <= image - (3 << 20),
+        "the transfer started over: {fetched} of {image} bytes fetched after the kill\n{log}"
+    );
+}
+
+#[test]
+fn an_install_whose_source_dies_midway_resumes_once_it_is_back() {
+    let (mut c, _) = node_3_midway_through_an_install("snapsrc");
+    // Node 2, the only node with a snapshot, dies while it sends; it comes
+    // back from that same snapshot, and node 3 goes on where it stopped.
+    let line = kill_and_restore(&mut c, 2);
+    assert!(line.contains("restored server"), "{line}");
+    let log = node_3_installs_and_agrees(&mut c);
+    assert!(
+        log.contains("installing node 2's snapshot"),
+        "the broken transfer was not reported\n{log}"
+    );
 }
 
 #[test]
