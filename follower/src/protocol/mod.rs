@@ -62,6 +62,7 @@
 pub mod catchup;
 pub mod commit;
 pub mod fence;
+pub mod membership;
 pub mod replica;
 pub mod session;
 pub mod snapshot;
@@ -71,7 +72,7 @@ pub mod trim;
 pub mod viewchange;
 
 pub use lockstep_common::region::Role;
-pub use replica::{Config, Election, Replica};
+pub use replica::{LeaderChoice, Replica, ReplicaConfig};
 
 /// Milliseconds on the caller's monotonic clock.
 pub type Millis = u64;

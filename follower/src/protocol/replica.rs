@@ -16,7 +16,7 @@ use super::{Action, EntryMeta, Event, Host, Message, Millis, Role, Session, Word
 
 /// How the leader is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Election {
+pub enum LeaderChoice {
     /// The configured node leads; it alone starts views.
     Static {
         /// The configured leader.
@@ -28,13 +28,13 @@ pub enum Election {
 
 /// A replica's fixed settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Config {
+pub struct ReplicaConfig {
     /// This node.
     pub me: u64,
     /// Every member's id, this node included.
     pub members: Vec<u64>,
     /// How the leader is chosen.
-    pub election: Election,
+    pub election: LeaderChoice,
     /// ZooKeeper session timeout (also the patience with a stray view).
     pub session_timeout: Millis,
     /// How long a control request may go unanswered.
@@ -121,7 +121,7 @@ enum Job {
 /// One node's protocol state.
 #[derive(Clone, Debug)]
 pub struct Replica {
-    cfg: Config,
+    cfg: ReplicaConfig,
     now: Millis,
     promised: u64,
     log_view: u64,
@@ -147,12 +147,12 @@ pub struct Replica {
 impl Replica {
     /// A replica starting from `restored` (the runtime's `Node::start`);
     /// the actions set up its region.
-    pub fn new(cfg: Config, restored: Restored, now: Millis) -> (Replica, Vec<Action>) {
+    pub fn new(cfg: ReplicaConfig, restored: Restored, now: Millis) -> (Replica, Vec<Action>) {
         let view = restored.view.max(1);
         let stored_log_view = restored.log_view;
         let (leader, log_view, role) = match cfg.election {
-            Election::Zookeeper => (0, stored_log_view, Role::Joining),
-            Election::Static { leader } => {
+            LeaderChoice::Zookeeper => (0, stored_log_view, Role::Joining),
+            LeaderChoice::Static { leader } => {
                 let log_view = if stored_log_view == 0 {
                     view
                 } else {
@@ -236,7 +236,7 @@ impl Replica {
             && viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
     }
     /// The settings.
-    pub fn config(&self) -> &Config {
+    pub fn config(&self) -> &ReplicaConfig {
         &self.cfg
     }
 
@@ -409,7 +409,7 @@ impl Replica {
         }
         self.expire_job(host);
         self.maybe_catch_up(false, w.tail_ahead, host);
-        if let Election::Static { leader } = self.cfg.election {
+        if let LeaderChoice::Static { leader } = self.cfg.election {
             if leader == self.cfg.me
                 && !viewchange::leading(self.cfg.me, self.leader, self.promised, self.log_view)
                 && self.stale.is_none()
@@ -1080,7 +1080,7 @@ impl Replica {
     }
 
     fn on_leader_status(&mut self, view: u64, serving: bool, host: &mut impl Host) {
-        let Election::Static { leader } = self.cfg.election else {
+        let LeaderChoice::Static { leader } = self.cfg.election else {
             return;
         };
         if leader == self.cfg.me || !matches!(self.job, Job::Idle) {
@@ -1353,7 +1353,7 @@ impl Replica {
         ) && matches!(self.job, Job::Idle)
         {
             self.set_role(Role::Leader);
-            if self.cfg.election == Election::Zookeeper {
+            if self.cfg.election == LeaderChoice::Zookeeper {
                 self.out.push(Action::Announce {
                     view: self.promised,
                 });
@@ -1433,8 +1433,8 @@ mod tests {
         }
     }
 
-    fn config(election: Election) -> Config {
-        Config {
+    fn config(election: LeaderChoice) -> ReplicaConfig {
+        ReplicaConfig {
             me: 1,
             members: vec![1, 2, 3],
             election,
@@ -1456,7 +1456,7 @@ mod tests {
 
     #[test]
     fn a_view_claim_zookeeper_does_not_answer_is_tried_again_after_the_pause() {
-        let (mut r, _) = Replica::new(config(Election::Zookeeper), Restored::default(), 0);
+        let (mut r, _) = Replica::new(config(LeaderChoice::Zookeeper), Restored::default(), 0);
         let mut log = Log::default();
         let candidate = Event::Election {
             session: Session::Connected,
@@ -1488,7 +1488,7 @@ mod tests {
     /// start entry is seq 1) and serves.
     fn leading_view_2() -> (Replica, Log) {
         let (mut r, _) = Replica::new(
-            config(Election::Static { leader: 1 }),
+            config(LeaderChoice::Static { leader: 1 }),
             Restored::default(),
             0,
         );
@@ -1546,7 +1546,7 @@ mod tests {
     /// A replica that leads view `view` (ZooKeeper election) with its
     /// `VIEW` entry (seq 1) stored by both peers and applied.
     fn zookeeper_leader(log: &mut Log) -> Replica {
-        let (mut r, _) = Replica::new(config(Election::Zookeeper), Restored::default(), 0);
+        let (mut r, _) = Replica::new(config(LeaderChoice::Zookeeper), Restored::default(), 0);
         let candidate = Event::Election {
             session: Session::Connected,
             candidate: true,
@@ -1731,9 +1731,9 @@ mod tests {
     }
 
     fn backup_of_1() -> (Replica, Log) {
-        let cfg = Config {
+        let cfg = ReplicaConfig {
             me: 2,
-            ..config(Election::Static { leader: 1 })
+            ..config(LeaderChoice::Static { leader: 1 })
         };
         let (r, _) = Replica::new(cfg, Restored::default(), 0);
         (r, Log::default())

@@ -12,7 +12,7 @@
 //!    prefixes of that leader's log, so the longest one of the highest log
 //!    view holds every entry any earlier view committed (a committed entry
 //!    is on a majority, which meets the promise majority);
-//! 3. makes the others' logs equal to it ([`sync_point`]: everything above
+//! 3. makes the others' logs equal to it ([`sync_point`](super::sync::sync_point): everything above
 //!    a node's own commit point is discarded and fetched again), appends a
 //!    `VIEW` entry and counts the view as started once a majority holds it.
 //!

@@ -1,6 +1,6 @@
 //! The apply thread: hands the entries the replica says are applicable
 //! ([`crate::protocol::Action::ApplyUpTo`]) to the local server's passive
-//! preload in log order (see [`crate::feed`]), and tells the replica how
+//! preload in log order (see [`crate::io::feed`]), and tells the replica how
 //! far the server got ([`crate::protocol::Event::Applied`]: a restarted
 //! leader's rebuilt server then serves).
 
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use lockstep_common::apply_lag::{self, REPORT_PERIOD};
 use lockstep_common::region::{self, Role};
 
-use crate::feed::Feeder;
+use crate::io::feed::Feeder;
 use crate::protocol::Event;
 
 use super::node::Carried;

@@ -1,5 +1,5 @@
 //! The server side of the control channel: accepts connections, admits
-//! members ([`crate::membership`]), serves region writes, status, view
+//! members ([`crate::protocol::membership`]), serves region writes, status, view
 //! change requests and fetches.
 
 use std::net::{TcpListener, TcpStream};
@@ -9,7 +9,7 @@ use std::time::Duration;
 use lockstep_common::control::{self, FetchedEntry, Request, Response};
 use lockstep_common::handshake::{self, Channel};
 
-use crate::membership;
+use crate::protocol::membership;
 use crate::protocol::{Event, Message};
 use crate::snapshot::transfer::read_chunk;
 
@@ -166,7 +166,7 @@ impl Node {
 
     /// The answer to a control request that node `peer` (as its
     /// handshake proved) may not make, if it may not (see
-    /// [`crate::membership`]); the refusal is logged.
+    /// [`crate::protocol::membership`]); the refusal is logged.
     pub(crate) fn refuse_request(
         &self,
         peer: u64,

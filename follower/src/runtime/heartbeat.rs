@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use lockstep_common::apply_lag::{self, Appliers};
 use lockstep_common::region::Role;
 
-use crate::election;
+use crate::io::zookeeper;
 use crate::protocol::{Event, Millis, Session, Words};
 
 use super::node::Carried;
@@ -136,10 +136,10 @@ impl Node {
 }
 
 /// The election's session state as the protocol sees it.
-pub(super) fn protocol_session(session: election::Session) -> Session {
+pub(super) fn protocol_session(session: zookeeper::Session) -> Session {
     match session {
-        election::Session::Connected => Session::Connected,
-        election::Session::Disconnected(d) => Session::Disconnected(d.as_millis() as Millis),
-        election::Session::Expired => Session::Expired,
+        zookeeper::Session::Connected => Session::Connected,
+        zookeeper::Session::Disconnected(d) => Session::Disconnected(d.as_millis() as Millis),
+        zookeeper::Session::Expired => Session::Expired,
     }
 }

@@ -36,6 +36,7 @@ mod control_server;
 mod execute;
 mod heartbeat;
 mod host;
+pub mod log_limit;
 pub mod node;
 mod poll;
 pub mod snapshots;

@@ -14,10 +14,10 @@ use lockstep_common::region::Region;
 use lockstep_common::ring::RingReader;
 use lockstep_common::transport::{tcp::RegionServer, Transport};
 
-use crate::metrics::Metrics;
+use crate::io::store::LogStore;
 use crate::protocol::{Event, Message, Millis, Replica};
+use crate::serve::metrics::Metrics;
 use crate::snapshot::catalog::Catalog;
-use crate::store::LogStore;
 
 use super::host::StoreHost;
 
@@ -95,10 +95,10 @@ pub struct Node {
     /// The origin of [`Node::clock`].
     pub(super) started: Instant,
     /// ZooKeeper membership (election mode "zookeeper").
-    pub(crate) election: Mutex<Option<crate::election::Election>>,
+    pub(crate) election: Mutex<Option<crate::io::zookeeper::ZkElection>>,
     /// The election's session state, readable while the election thread
     /// waits on ZooKeeper.
-    pub(crate) session_watch: Mutex<Option<crate::election::SessionWatch>>,
+    pub(crate) session_watch: Mutex<Option<crate::io::zookeeper::SessionWatch>>,
     /// ZooKeeper requests of the replica, for the election thread.
     pub(super) zk_requests: Mutex<Vec<ZkRequest>>,
     /// Control requests to peers, for the dispatcher thread.

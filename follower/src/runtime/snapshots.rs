@@ -28,13 +28,13 @@ use lockstep_common::config::SnapshotMode;
 use lockstep_common::control::{self, NodeStatus, Request, Response};
 use lockstep_common::region::{Region, Role};
 
-use crate::feed::Feeder;
+use crate::io::feed::Feeder;
+use crate::io::store::{LogEnd, LogStore};
 use crate::protocol::snapshot::{self as rules, Every, Member};
 use crate::protocol::Event;
 use crate::snapshot::catalog::{Catalog, Snapshot};
 use crate::snapshot::transfer::{self, ChunkSource};
 use crate::snapshot::{build_id, criu, sum_files, write_meta, Meta, Position, ServerImage};
-use crate::store::{LogEnd, LogStore};
 
 use super::node::Carried;
 use super::Node;

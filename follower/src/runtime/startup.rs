@@ -14,11 +14,11 @@ use lockstep_common::config::{Config, ElectionMode, SnapshotMode};
 use lockstep_common::region::Region;
 use lockstep_common::transport::{self, tcp::RegionServer};
 
-use crate::metrics::{self, Metrics};
+use crate::io::store::LogStore;
 use crate::protocol::replica::Restored;
 use crate::protocol::{self, Millis, Replica};
+use crate::serve::metrics::{self, Metrics};
 use crate::snapshot::catalog::Catalog;
-use crate::store::LogStore;
 
 use super::control_client::REQUEST_PATIENCE;
 use super::heartbeat::now_ms;
@@ -58,7 +58,7 @@ impl Node {
         let zookeeper = config.election.mode == ElectionMode::Zookeeper;
         // Before touching anything: no ZooKeeper, no node.
         let election = if zookeeper {
-            Some(crate::election::Election::connect(
+            Some(crate::io::zookeeper::ZkElection::connect(
                 &config.election.zookeeper,
                 Duration::from_millis(config.election.session_timeout_ms),
                 &config.cluster,
@@ -111,13 +111,13 @@ impl Node {
             committed: store.commit()?,
         };
         let election_mode = if zookeeper {
-            protocol::Election::Zookeeper
+            protocol::LeaderChoice::Zookeeper
         } else {
-            protocol::Election::Static {
+            protocol::LeaderChoice::Static {
                 leader: config.election.leader,
             }
         };
-        let cfg = protocol::Config {
+        let cfg = protocol::ReplicaConfig {
             me,
             members: config.ids().collect(),
             election: election_mode,
@@ -233,7 +233,8 @@ impl Node {
             let n = self.clone();
             let last = Arc::new(Mutex::new(None));
             let known = last.clone();
-            let peers = crate::sentinel::PeerStatuses::new(crate::sentinel::PEERS_FRESH_FOR);
+            let peers =
+                crate::serve::sentinel::PeerStatuses::new(crate::serve::sentinel::PEERS_FRESH_FOR);
             let source = move || {
                 let own = n.status();
                 // Whether the leader can commit needs the others' word;
@@ -244,9 +245,9 @@ impl Node {
                     peers.get(|| n.peer_statuses())
                 };
                 let known = *known.lock().unwrap_or_else(|p| p.into_inner());
-                crate::sentinel::Snapshot::of(&n.config, n.me, &own, &peers, known)
+                crate::serve::sentinel::Snapshot::of(&n.config, n.me, &own, &peers, known)
             };
-            crate::sentinel::serve(addr, Arc::new(source), last)
+            crate::serve::sentinel::serve(addr, Arc::new(source), last)
                 .with_context(|| format!("cannot listen on sentinel address {addr}"))?;
         }
         let n = self.clone();

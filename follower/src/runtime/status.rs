@@ -7,7 +7,7 @@ use lockstep_common::apply_lag;
 use lockstep_common::control::NodeStatus;
 use lockstep_common::region::Role;
 
-use crate::metrics;
+use crate::serve::metrics;
 
 use super::Node;
 
@@ -107,7 +107,7 @@ impl Node {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .map(|w| w.session() == crate::election::Session::Connected);
+            .map(|w| w.session() == crate::io::zookeeper::Session::Connected);
         metrics::NodeGauges {
             role: &s.role,
             server_up: self.region.server_attached(),

@@ -8,9 +8,9 @@ use std::time::Duration;
 use lockstep_common::control;
 use lockstep_common::region::Role;
 
-use crate::election::{Election, ElectionError, Session};
-use crate::log_limit::Repeats;
+use crate::io::zookeeper::{ElectionError, Session, ZkElection};
 use crate::protocol::Event;
+use crate::runtime::log_limit::Repeats;
 
 use super::heartbeat::protocol_session;
 use super::node::{Carried, ZkRequest};
@@ -67,7 +67,7 @@ impl Node {
                             self.config.election.zookeeper
                         );
                     }
-                    match Election::connect(
+                    match ZkElection::connect(
                         &self.config.election.zookeeper,
                         timeout,
                         &self.config.cluster,
@@ -183,7 +183,7 @@ impl Node {
 
     /// Tells the replica the election's state, then carries out its
     /// ZooKeeper requests.
-    fn election_step(&self, election: &mut Election) -> Result<(), ElectionError> {
+    fn election_step(&self, election: &mut ZkElection) -> Result<(), ElectionError> {
         let candidate = election.is_candidate()?;
         let announced = election.leader()?.map(|r| (r.view, r.leader));
         let followed_serving = candidate && self.followed_leader_serves();

@@ -15,8 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lockstep_follower::protocol::replica::Restored;
 use lockstep_follower::protocol::{
-    commit, fence, Action, Config, Election, EntryMeta, Event, Message, Millis, Replica, Role,
-    Session, Words,
+    commit, fence, Action, EntryMeta, Event, LeaderChoice, Message, Millis, Replica, ReplicaConfig,
+    Role, Session, Words,
 };
 
 use crate::rng::Rng;
@@ -178,7 +178,7 @@ impl Faults {
 pub struct Cluster {
     pub now: Millis,
     pub nodes: Vec<Node>,
-    pub election: Election,
+    pub election: LeaderChoice,
     flights: Vec<Flight>,
     pub faults: Faults,
     /// Cut links (unordered pairs); node 0 stands for ZooKeeper.
@@ -219,7 +219,7 @@ fn link(a: u64, b: u64) -> (u64, u64) {
 
 impl Cluster {
     /// `n` nodes, fresh, with `election`.
-    pub fn new(n: u64, election: Election, seed: u64) -> Cluster {
+    pub fn new(n: u64, election: LeaderChoice, seed: u64) -> Cluster {
         let mut c = Cluster {
             now: 0,
             nodes: Vec::new(),
@@ -258,8 +258,8 @@ impl Cluster {
         c
     }
 
-    fn config(&self, id: u64) -> Config {
-        Config {
+    fn config(&self, id: u64) -> ReplicaConfig {
+        ReplicaConfig {
             me: id,
             members: (1..=self.nodes.len() as u64).collect(),
             election: self.election,
@@ -944,8 +944,8 @@ impl Cluster {
         }
         if now.is_multiple_of(20) {
             match self.election {
-                Election::Zookeeper => self.election_round(),
-                Election::Static { leader } => self.static_round(leader),
+                LeaderChoice::Zookeeper => self.election_round(),
+                LeaderChoice::Static { leader } => self.static_round(leader),
             }
         }
         if now.is_multiple_of(200) {

@@ -19,7 +19,7 @@ mod scenarios;
 mod snapshots;
 
 use cluster::{Cluster, Faults};
-use lockstep_follower::protocol::Election;
+use lockstep_follower::protocol::LeaderChoice;
 
 /// How long, once faults stop, a leader may take to commit a new input.
 const LIVENESS_BOUND_MS: u64 = 3000;
@@ -30,9 +30,9 @@ pub fn run_seed(seed: u64) {
     let mut rng = rng::Rng::new(seed ^ 0x5eed);
     let n = if rng.percent(70) { 3 } else { 5 };
     let election = if rng.percent(50) {
-        Election::Zookeeper
+        LeaderChoice::Zookeeper
     } else {
-        Election::Static { leader: 1 }
+        LeaderChoice::Static { leader: 1 }
     };
     let mut c = Cluster::new(n, election, seed);
     c.faults = Faults {

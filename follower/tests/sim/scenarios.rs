@@ -1,12 +1,12 @@
 //! Named scenarios: the view changes of the VR paper and every failover
 //! bug found so far, each driven through the same simulated cluster.
 
-use lockstep_follower::protocol::{Election, Message, Role};
+use lockstep_follower::protocol::{LeaderChoice, Message, Role};
 
 use crate::cluster::Cluster;
 
-const ZK: Election = Election::Zookeeper;
-const STATIC: Election = Election::Static { leader: 1 };
+const ZK: LeaderChoice = LeaderChoice::Zookeeper;
+const STATIC: LeaderChoice = LeaderChoice::Static { leader: 1 };
 
 /// Waits until the deposed leader's session ran out, then for a leader.
 fn settle_after_isolation(c: &mut Cluster) -> u64 {

@@ -21,10 +21,10 @@
 //! run on a worker thread and callers wait for them with a limit, and a
 //! client left `NotConnected` counts as expired; requests queued while it
 //! is disconnected wait for the reconnect, so callers only issue them
-//! while [`Election::session`] says connected; and a session that expired
+//! while [`ZkElection::session`] says connected; and a session that expired
 //! (the client also gives up by itself once it could not reconnect within
 //! the session timeout) leaves the handle dead, so the owner makes a new
-//! [`Election`].
+//! [`ZkElection`].
 
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -116,7 +116,7 @@ struct Shared {
     last_answer: Mutex<Instant>,
     /// The probe period.
     probe: Duration,
-    /// Set when the [`Election`] is dropped: its threads stop.
+    /// Set when the [`ZkElection`] is dropped: its threads stop.
     closed: AtomicBool,
     /// Bumped by every watch and state change; waiters sleep on it.
     wake: Mutex<u64>,
@@ -178,7 +178,7 @@ impl SessionWatch {
         }
     }
 
-    /// Wakes [`Election::wait`] (another thread has work for the election
+    /// Wakes [`ZkElection::wait`] (another thread has work for the election
     /// thread: a view to claim, a leader to announce).
     pub fn wake(&self) {
         self.0.bump();
@@ -272,7 +272,7 @@ fn request_limit(timeout: Duration) -> Duration {
 }
 
 /// One follower's membership in the election.
-pub struct Election {
+pub struct ZkElection {
     zk: Arc<Client>,
     root: String,
     me: u64,
@@ -288,7 +288,7 @@ fn op_err<'a>(op: &'static str, path: &'a str) -> impl FnOnce(ZkError) -> Electi
     }
 }
 
-impl Election {
+impl ZkElection {
     /// Connects (waiting up to `timeout` for a session), creates the
     /// cluster's znodes if missing and registers this follower. A session
     /// lost on the way (a ZooKeeper that just started may drop its first
@@ -298,7 +298,7 @@ impl Election {
         timeout: Duration,
         cluster: &str,
         me: u64,
-    ) -> Result<Election, ElectionError> {
+    ) -> Result<ZkElection, ElectionError> {
         let deadline = Instant::now() + timeout.max(SESSION_START);
         loop {
             match Self::connect_once(addr, timeout, cluster, me) {
@@ -320,7 +320,7 @@ impl Election {
         timeout: Duration,
         cluster: &str,
         me: u64,
-    ) -> Result<Election, ElectionError> {
+    ) -> Result<ZkElection, ElectionError> {
         // The client retries a refused connection in a tight loop until
         // the session timeout: find a dead address out cheaply first.
         let reachable = addr
@@ -407,7 +407,7 @@ impl Election {
         let znode = register(&zk, &root, me)?;
         log::info!("node {me}: registered in the election as {znode}");
         spawn_probe(Arc::downgrade(&zk), shared.clone(), root.clone());
-        Ok(Election {
+        Ok(ZkElection {
             zk,
             root,
             me,
@@ -439,7 +439,7 @@ impl Election {
     }
 
     /// Whether this follower's znode is the lowest. When it is not, a watch
-    /// on its predecessor wakes [`Election::wait`] when that one goes.
+    /// on its predecessor wakes [`ZkElection::wait`] when that one goes.
     pub fn is_candidate(&self) -> Result<bool, ElectionError> {
         let dir = format!("{}/election", self.root);
         let d = dir.clone();
@@ -570,7 +570,7 @@ impl Election {
     }
 }
 
-impl Election {
+impl ZkElection {
     fn get_data(&self, path: &str) -> Result<ZkResult<(Vec<u8>, Stat)>, ElectionError> {
         let p = path.to_string();
         self.zk.call("read", path, move |zk| zk.get_data(&p, false))
@@ -588,7 +588,7 @@ impl Election {
     }
 }
 
-impl Drop for Election {
+impl Drop for ZkElection {
     fn drop(&mut self) {
         // The worker drops the client once the probe's handle is gone too;
         // dropping it ends the session: our znode goes at once, not after

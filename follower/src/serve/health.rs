@@ -8,8 +8,8 @@ use lockstep_common::control::NodeStatus;
 use lockstep_common::Config;
 use serde_json::json;
 
-use crate::metrics::Reply;
 use crate::node::Node;
+use crate::serve::metrics::Reply;
 
 /// Whether the node of `s` leads and can commit: leader role in its current
 /// view (its preload active, which also means not stale: a stale node has
