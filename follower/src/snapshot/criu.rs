@@ -285,6 +285,23 @@ impl Criu {
             return Ok(dir.to_path_buf());
         }
         let here = self.here(&from);
+        // CRIU reopens them by path: a node whose server never ran here
+        // may not have them yet.
+        if let Some(cwd) = &here.cwd {
+            std::fs::create_dir_all(cwd)
+                .with_context(|| format!("cannot create {}", cwd.display()))?;
+        }
+        for f in here.stdio.iter().flatten() {
+            if let Some(dir) = f.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(f)
+                .with_context(|| format!("cannot create {}", f.display()))?;
+        }
         let relocation = Relocation::between(&from, &here);
         let copy = self.work.join("relocated");
         let _ = std::fs::remove_dir_all(&copy);
