@@ -344,8 +344,13 @@ impl Node {
             entries: self.config.snapshot_every.entries,
             bytes: self.config.snapshot_every.bytes,
         };
+        // A node that cannot rebuild its server without a peer's image
+        // asks for one at once.
+        let mut first = self.snapshots.needs_image();
         while !self.stopping() {
-            std::thread::sleep(PERIOD);
+            if !std::mem::take(&mut first) {
+                std::thread::sleep(PERIOD);
+            }
             let members = self.members();
             if rules::taker(&members, every) == Some(self.me) {
                 if let Err(e) = self.request_snapshot() {
