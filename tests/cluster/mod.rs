@@ -397,6 +397,19 @@ impl Drop for TestCluster {
         for c in self.followers.iter_mut() {
             kill_and_reap(c);
         }
+        // A server nobody here knows of (one a follower restored while the
+        // test looked elsewhere) must not outlive the test: it works in a
+        // directory of this cluster.
+        for pid in processes_working_in(&self.dir) {
+            eprintln!(
+                "{}: stopping pid {pid}, left running in the cluster's directory",
+                self.name
+            );
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
         for n in &self.nodes {
             let _ = std::fs::remove_file(lockstep_common::region::region_path(&self.name, n.id));
         }
@@ -1008,6 +1021,20 @@ impl TestCluster {
             );
         }
     }
+}
+
+/// The processes whose working directory is `dir` or below it.
+fn processes_working_in(dir: &Path) -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != std::process::id() as i32)
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
+        })
+        .collect()
 }
 
 /// SIGKILLs a restored server (by pid: it is nobody's child here).

@@ -415,7 +415,21 @@ impl ServerImage for Criu {
         if images != dir {
             let _ = std::fs::remove_dir_all(&images);
         }
-        restored?;
+        if let Err(e) = restored {
+            // A restore that failed late may have left its process running
+            // (it wrote the pid file): never leave an orphan server behind.
+            if let Some(pid) = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|p| p.trim().parse::<i32>().ok())
+            {
+                log::warn!("the failed restore left pid {pid} behind: stopping it");
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            return Err(e);
+        }
         let pid: u64 = std::fs::read_to_string(&pidfile)
             .context("criu wrote no pid file")?
             .trim()
