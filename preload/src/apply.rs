@@ -160,6 +160,10 @@ pub struct Pump {
     /// The node whose region this is, as the pump last saw it (another
     /// after a restore from a peer's image: see [`Pump::moved_to`]).
     node: u64,
+    /// That node's identity could not be taken (see [`Pump::moved_to`]):
+    /// nothing is applied, as a replay connection would reach the app
+    /// address of the node the image came from.
+    foreign: bool,
     region: Arc<Region>,
     app: SocketAddr,
     max_entry: u32,
@@ -708,6 +712,7 @@ impl Pump {
         let size = apply_ring_size(region.ring_size());
         Pump {
             node: region.node(),
+            foreign: false,
             region,
             app: connect_addr(app),
             max_entry,
@@ -746,6 +751,9 @@ impl Pump {
         let node = self.region.node();
         if node != self.node {
             self.moved_to(node);
+        }
+        if self.foreign {
+            return;
         }
         if self.region.role() == Role::Leader {
             return;
@@ -916,8 +924,9 @@ impl Pump {
     /// follower moved to this node's app address). Before anything else
     /// connects, the preload takes that node's identity.
     fn moved_to(&mut self, node: u64) {
-        if let Some(app) = crate::setup::take_identity(node) {
-            self.app = connect_addr(app);
+        match crate::setup::take_identity(node) {
+            Some(app) => self.app = connect_addr(app),
+            None => self.foreign = true,
         }
         self.node = node;
     }

@@ -419,7 +419,11 @@ impl Node {
         } else {
             self.store().last().seq.max(self.snapshot_state().newest)
         };
-        let mut src = PeerSource { node: self, peer };
+        let mut src = PeerSource {
+            node: self,
+            peer,
+            conn: None,
+        };
         // This node's builds of what the peer's image names (a second
         // look at its meta: the transfer reads it again, in case it moved).
         let names = src.meta()?.map(|m| m.build_ids).unwrap_or_default();
@@ -504,6 +508,10 @@ fn member_of(st: &NodeStatus) -> Member {
 struct PeerSource<'a> {
     node: &'a Node,
     peer: u64,
+    /// The connection the last chunk came over, used for the next one (a
+    /// handshake per chunk cost more than the chunk); dropped on any error,
+    /// so a broken one costs one chunk.
+    conn: Option<std::net::TcpStream>,
 }
 
 impl ChunkSource for PeerSource<'_> {
@@ -518,8 +526,10 @@ impl ChunkSource for PeerSource<'_> {
     }
 
     fn chunk(&mut self, seq: u64, file: &str, offset: u64, len: u32) -> anyhow::Result<Vec<u8>> {
-        // One connection per chunk: a broken one costs one chunk.
-        let mut s = self.node.control_connect(self.peer, STATUS_TIMEOUT)?;
+        let mut s = match self.conn.take() {
+            Some(s) => s,
+            None => self.node.control_connect(self.peer, STATUS_TIMEOUT)?,
+        };
         let req = Request::SnapshotChunk {
             seq,
             file: file.into(),
@@ -527,6 +537,8 @@ impl ChunkSource for PeerSource<'_> {
             len,
         };
         control::send_json(&mut s, &req)?;
-        Ok(control::recv_snapshot_chunk(&mut s)?)
+        let bytes = control::recv_snapshot_chunk(&mut s)?;
+        self.conn = Some(s);
+        Ok(bytes)
     }
 }
