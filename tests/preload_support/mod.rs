@@ -18,6 +18,7 @@ use lockstep_common::entry::{self, EntryHeader, Kind};
 use lockstep_common::region::{self, Region, Role};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use lockstep_common::Config;
+use lockstep_follower::io::feed::Feeder;
 
 #[path = "../commit_mode/mod.rs"]
 mod commit_mode;
@@ -705,12 +706,11 @@ pub fn is_closed_by_peer(s: &mut TcpStream, limit: Duration) -> bool {
 }
 
 /// Plays the follower's part for a backup's server: writes committed
-/// entries into node 1's apply ring, as the follower's feeder does.
+/// entries into node 1's apply ring with the follower's own writer
+/// ([`Feeder`]).
 pub struct ApplyFeed {
     region: Arc<Region>,
-    writer: lockstep_common::ring::RingWriter,
-    scratch: Vec<u8>,
-    next: u64,
+    feeder: Feeder,
     max_entry: usize,
 }
 
@@ -718,15 +718,11 @@ impl ApplyFeed {
     /// Starts a new apply stream at `first` (the seq of its first entry).
     pub fn start(f: &Fixture, first: u64) -> ApplyFeed {
         let region = f.region(1).clone();
-        region.apply().restart(first);
-        let size = region::apply_ring_size(region.ring_size());
-        let max_entry = Config::load(&f.config_path).expect("config").max_entry as usize;
+        let max_entry = Config::load(&f.config_path).expect("config").max_entry;
         ApplyFeed {
+            feeder: Feeder::start(region.clone(), first, max_entry),
             region,
-            writer: lockstep_common::ring::RingWriter::new(size, 0),
-            scratch: vec![0; entry::footprint(max_entry)],
-            next: first,
-            max_entry,
+            max_entry: max_entry as usize,
         }
     }
 
@@ -736,7 +732,7 @@ impl ApplyFeed {
     /// connection's last input (None: not checked). Returns the seq of its
     /// first entry (an ACCEPT's conn id).
     pub fn entry(&mut self, kind: Kind, conn: u64, after: Option<&[u8]>, payload: &[u8]) -> u64 {
-        let first = self.next;
+        let first = self.feeder.next();
         let mut chunks = payload.chunks(self.max_entry.max(1)).peekable();
         if chunks.peek().is_none() {
             return self.one(kind, conn, after, &[]);
@@ -751,7 +747,7 @@ impl ApplyFeed {
     }
 
     fn one(&mut self, kind: Kind, conn: u64, after: Option<&[u8]>, payload: &[u8]) -> u64 {
-        let seq = self.next;
+        let seq = self.feeder.next();
         let conn = if kind == Kind::Accept { seq } else { conn };
         let mut h = EntryHeader::new(kind, 1, seq, conn, payload.len() as u32);
         if let Some(out) = after {
@@ -759,18 +755,11 @@ impl ApplyFeed {
             d.update(out);
             h.out_hash = d.pack();
         }
-        let head = self.region.apply().head();
-        self.writer
-            .append(
-                self.region.apply_ring(),
-                &h,
-                payload,
-                head,
-                &mut self.scratch,
-            )
-            .expect("apply ring full");
-        self.region.apply().set_tail(self.writer.pos());
-        self.next += 1;
+        assert!(
+            self.feeder.feed(&h, payload).expect("apply ring"),
+            "apply ring full"
+        );
+        self.feeder.publish();
         seq
     }
 
@@ -778,7 +767,7 @@ impl ApplyFeed {
     pub fn wait_applied(&self, server: &mut Server) {
         wait_for("the server to consume the fed entries", LIMIT, || {
             server.assert_running();
-            self.region.apply().applied() + 1 >= self.next
+            self.region.apply().applied() + 1 >= self.feeder.next()
         });
     }
 
