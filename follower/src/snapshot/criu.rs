@@ -30,6 +30,7 @@ use anyhow::{bail, Context};
 use lockstep_common::region::Region;
 
 use super::build_id;
+use super::protobuf;
 use super::relocate::{self, Origin, Relocation, ORIGIN_FILE};
 use super::{Position, ServerImage, StreamState, STREAM_FILE};
 
@@ -122,42 +123,21 @@ fn run_criu(criu: &Path, args: &[&std::ffi::OsStr], log: &Path) -> anyhow::Resul
 fn dump_stats(dir: &Path) -> Option<(u64, u64)> {
     let b = std::fs::read(dir.join("stats-dump")).ok()?;
     let len = u32::from_le_bytes(b.get(8..12)?.try_into().ok()?) as usize;
-    let msg = b.get(12..12 + len)?;
+    let entry = protobuf::parse(b.get(12..12 + len)?).ok()?;
     // Field 1 (dump), length-delimited, holds varint fields: 2 frozen_time,
     // 3 memdump_time.
-    let (tag, rest) = varint(msg)?;
-    if tag != (1 << 3 | 2) {
+    let dump = entry.first()?;
+    if dump.num != 1 || dump.wire != protobuf::WIRE_LEN {
         return None;
     }
-    let (n, mut rest) = varint(rest)?;
-    rest = rest.get(..n as usize)?;
-    let (mut frozen, mut memdump) = (None, None);
-    while !rest.is_empty() {
-        let (key, r) = varint(rest)?;
-        if key & 7 != 0 {
-            return None;
-        }
-        let (v, r) = varint(r)?;
-        match key >> 3 {
-            2 => frozen = Some(v),
-            3 => memdump = Some(v),
-            _ => {}
-        }
-        rest = r;
+    let fields = protobuf::parse(&dump.bytes).ok()?;
+    if fields.iter().any(|f| f.wire != protobuf::WIRE_VARINT) {
+        return None;
     }
-    Some((frozen?, memdump?))
-}
-
-/// A protobuf varint and what follows it.
-fn varint(b: &[u8]) -> Option<(u64, &[u8])> {
-    let mut v = 0u64;
-    for (i, byte) in b.iter().enumerate().take(10) {
-        v |= u64::from(byte & 0x7f) << (7 * i);
-        if byte & 0x80 == 0 {
-            return Some((v, &b[i + 1..]));
-        }
-    }
-    None
+    Some((
+        protobuf::varint_field(&fields, 2)?,
+        protobuf::varint_field(&fields, 3)?,
+    ))
 }
 
 /// Bytes in the files of `dir`.
@@ -415,26 +395,22 @@ impl ServerImage for Criu {
         if images != dir {
             let _ = std::fs::remove_dir_all(&images);
         }
+        let pid = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|p| p.trim().parse::<u64>().ok());
         if let Err(e) = restored {
             // A restore that failed late may have left its process running
             // (it wrote the pid file): never leave an orphan server behind.
-            if let Some(pid) = std::fs::read_to_string(&pidfile)
-                .ok()
-                .and_then(|p| p.trim().parse::<i32>().ok())
-            {
+            if let Some(pid) = pid {
                 log::warn!("the failed restore left pid {pid} behind: stopping it");
                 let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
+                    nix::unistd::Pid::from_raw(pid as i32),
                     nix::sys::signal::Signal::SIGKILL,
                 );
             }
             return Err(e);
         }
-        let pid: u64 = std::fs::read_to_string(&pidfile)
-            .context("criu wrote no pid file")?
-            .trim()
-            .parse()
-            .context("criu's pid file holds no pid")?;
+        let pid = pid.context("criu wrote no pid file, or no pid in it")?;
         // The restored preload attached long ago: the follower learns its
         // pid here.
         self.region.set_preload_pid(pid);

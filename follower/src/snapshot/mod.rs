@@ -21,6 +21,7 @@
 pub mod build_id;
 pub mod catalog;
 pub mod criu;
+pub mod protobuf;
 pub mod relocate;
 pub mod transfer;
 
