@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use lockstep_common::{control, Config};
+use lockstep_testkit::disk::tree_bytes;
 use lockstep_testkit::resp::{self, Reply};
 
 use crate::bench_redis::{in_path, redis_benchmark, redis_server_line, three_nodes, work_dir};
@@ -266,20 +267,6 @@ fn p99_while_snapshotting(
     Ok((alone, p99(busy?)?, taken))
 }
 
-/// Bytes of the files under `dir`.
-fn tree_bytes(dir: &Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    rd.flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => tree_bytes(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
-            _ => 0,
-        })
-        .sum()
-}
-
 /// What [`measure`] found.
 struct Measured {
     rejoin: Duration,
@@ -394,6 +381,9 @@ fn measure(
     wait("the restarted leader to acknowledge a write", acked)?;
     let leader_restart = t0.elapsed();
     // A server replaced by an installed image is the node's from now on.
+    for line in cluster.reap_lines() {
+        say(&line);
+    }
     cluster.adopt_replaced_server(1, say);
     // The leader takes no snapshots: one it holds was installed.
     let leader_installed = status::query(config, 1, Duration::from_secs(2))

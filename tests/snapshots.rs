@@ -12,6 +12,8 @@ mod cluster;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lockstep_testkit::disk::tree_bytes;
+
 use cluster::{
     assert_acked_counters, BackgroundLoad, Memcache, Options, Reply, Resp, Server, TestCluster,
 };
@@ -683,24 +685,6 @@ fn a_fresh_node_installs_a_backups_snapshot_taken_on_another_node() {
     c.wait_converged(LIMIT);
     c.assert_same_digest();
     c.assert_no_divergence();
-}
-
-/// Bytes of the files under `dir` (0 when it is not there).
-fn tree_bytes(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| {
-                    let p = e.path();
-                    if p.is_dir() {
-                        tree_bytes(&p)
-                    } else {
-                        e.metadata().map(|m| m.len()).unwrap_or(0)
-                    }
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }
 
 /// A cluster whose every log is compacted, holding about 60 MB (an image

@@ -4,7 +4,8 @@
 //! ZooKeeper ([`zookeeper`]), loopback ports ([`ports`]), the Redis and
 //! memcached clients ([`resp`], [`memcache`]), the Redis and memcached load of the
 //! benchmarks ([`load`]), finding the leader ([`leader`]), waiting for a condition ([`poll`]), a seeded generator ([`rng`]) and
-//! the three-node config text of the unit tests ([`config_fixture`]).
+//! the three-node config text of the unit tests ([`config_fixture`]), and
+//! the bytes a node keeps on disk ([`disk`]).
 //!
 //! Quick start, a server under test with its output in a log:
 //!
@@ -20,6 +21,7 @@
 
 pub mod commands;
 pub mod config_fixture;
+pub mod disk;
 pub mod leader;
 pub mod load;
 pub mod memcache;
