@@ -517,11 +517,18 @@ impl Cluster {
         say(&format!(
             "node {id}: its follower restored the server from a snapshot (pid {restored})"
         ));
+        self.watch_server(id, restored)
+    }
+
+    /// Takes server `pid`, which node `id`'s follower restored from a
+    /// snapshot (nobody's child here), as the node's: a `lockstep
+    /// watch-server` stands in for it.
+    fn watch_server(&mut self, id: u64, pid: u64) -> anyhow::Result<()> {
         let log = self.server_log(id);
-        let mut c = Command::new(&bins.lockstep);
-        c.args(["watch-server", "--pid", &restored.to_string()]);
+        let mut c = Command::new(&self.bins.lockstep);
+        c.args(["watch-server", "--pid", &pid.to_string()]);
         let child = spawn(c, &log, true).context("cannot start lockstep watch-server")?;
-        self.push_server(id, log, child, Some(restored as u32));
+        self.push_server(id, log, child, Some(pid as u32));
         Ok(())
     }
 
@@ -680,30 +687,23 @@ impl Cluster {
     /// Node `id`'s server exited and another is attached to its region:
     /// its follower replaced the server by a snapshot it installed (a
     /// peer's image, see the README's "Snapshots"). `up` watches that one
-    /// from now on; returns whether it did.
+    /// from now on; returns whether it did. Sees only exits already reaped
+    /// (the caller's `reap_lines`, or `wait_for`'s reaping).
     pub fn adopt_replaced_server(&mut self, id: u64, say: &dyn Fn(&str)) -> bool {
-        self.reap();
         if self.exited_kind(id, Kind::Server).is_none() {
             return false;
         }
         let Some(pid) = attached_server(&self.config, id) else {
             return false;
         };
-        let log = self.server_log(id);
-        let mut c = Command::new(&self.bins.lockstep);
-        c.args(["watch-server", "--pid", &pid.to_string()]);
-        let child = match spawn(c, &log, true) {
-            Ok(child) => child,
-            Err(e) => {
-                say(&format!(
-                    "node {id}: cannot watch its new server (pid {pid}): {e:#}"
-                ));
-                return false;
-            }
-        };
+        if let Err(e) = self.watch_server(id, pid) {
+            say(&format!(
+                "node {id}: cannot watch its new server (pid {pid}): {e:#}"
+            ));
+            return false;
+        }
         self.procs
             .retain(|p| !(p.node == id && p.kind == Kind::Server && p.exited));
-        self.push_server(id, log, child, Some(pid as u32));
         say(&format!(
             "node {id}: its follower replaced the server by an installed snapshot (pid {pid})"
         ));
