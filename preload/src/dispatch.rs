@@ -129,6 +129,12 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32) {
     if !closing {
         crate::turn_lock::end();
     }
+    if let Some(engine) = engine {
+        // The turn's entries move now, with one wake-up per follower (the
+        // writer defers them: see `Engine::post`); its replies waited for
+        // them already if it had any.
+        engine.post();
+    }
     apply::on_loop();
 }
 
@@ -155,6 +161,7 @@ pub fn closing_probe(timeout: i32, probe: impl FnOnce() -> i32) -> Option<i32> {
     }
     if let Some(engine) = setup::engine() {
         engine.close_turn();
+        engine.post();
     }
     crate::turn_lock::end();
     (timeout == 0).then_some(0)

@@ -124,7 +124,15 @@ pub struct Engine {
     /// `appended_view`: outputs covered by it pass without looking at the
     /// ack array.
     released: AtomicU64,
+    /// Entries appended since the last [`Engine::post`]: the writer
+    /// defers its wake-ups (see `LeaderWriter::defer_posts`).
+    unposted: AtomicU64,
 }
+
+/// Appended entries wait at most this many for a post: a turn that reads
+/// many inputs (or a busy script logging clock records) lets the
+/// followers store them while it goes on.
+const POST_EVERY: u64 = 32;
 
 impl Engine {
     /// Sets up the writer and opens the transport (which does no I/O yet).
@@ -132,7 +140,8 @@ impl Engine {
         let app = config.node(me).map_err(|e| e.0)?.app;
         let transport = transport::open(&config, me, region.clone()).map_err(|e| e.to_string())?;
         let max_entry = config.max_entry as usize;
-        let log = LeaderWriter::for_node(&config, me);
+        let mut log = LeaderWriter::for_node(&config, me);
+        log.defer_posts();
         let writer = Writer {
             log,
             gather: vec![0; max_entry],
@@ -151,6 +160,7 @@ impl Engine {
             appended: AtomicU64::new(0),
             appended_view: AtomicU64::new(0),
             released: AtomicU64::new(0),
+            unposted: AtomicU64::new(0),
             config,
         })
     }
@@ -428,6 +438,9 @@ impl Engine {
                 AppendError::Fenced(_) => Fail::Lost("a peer is in a newer view"),
                 e => Fail::Internal(e.to_string()),
             })?;
+        if self.unposted.fetch_add(1, Ordering::AcqRel) + 1 >= POST_EVERY {
+            self.post();
+        }
         log::trace!(
             "appended {:?} seq {} conn {} ({} bytes)",
             fields.kind,
@@ -436,6 +449,15 @@ impl Engine {
             payload.len()
         );
         Ok(())
+    }
+
+    /// Wakes the followers for what was appended since the last post (see
+    /// `LeaderWriter::defer_posts`): before any wait for them, and when
+    /// the server's loop is about to block. Needs no writer lock.
+    pub fn post(&self) {
+        if self.unposted.swap(0, Ordering::AcqRel) != 0 {
+            leader_writer::post(&self.region, &*self.transport);
+        }
     }
 
     /// Whether a majority (this node included) acknowledged `seq`.
@@ -491,6 +513,7 @@ impl Engine {
         what: Waiting,
         done: impl FnMut() -> bool,
     ) -> Result<(), Fail> {
+        self.post();
         let mut warned_at = Duration::ZERO;
         leader_writer::wait_until(&self.region, PARK, done, |waited| {
             let Waited::Parked(waited) = waited else {

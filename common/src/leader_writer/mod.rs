@@ -110,6 +110,19 @@ pub struct LeaderWriter {
     /// The commit point the entries carry: this view's (see
     /// [`LeaderWriter::header_commit`]).
     header_commit: u64,
+    /// Whether [`LeaderWriter::append`] leaves the doorbells and the
+    /// transport's flush to the caller's [`post`] (see
+    /// [`LeaderWriter::defer_posts`]).
+    deferred: bool,
+}
+
+/// Makes what was appended so far move: rings `region`'s doorbell (the
+/// local follower parks there) and flushes `transport` (the peers'
+/// doorbells, batched network writes). For a writer whose appends are
+/// deferred ([`LeaderWriter::defer_posts`]); needs no writer lock.
+pub fn post(region: &Region, transport: &dyn Transport) {
+    region.bell().ring();
+    transport.flush();
 }
 
 impl LeaderWriter {
@@ -131,6 +144,7 @@ impl LeaderWriter {
             scratch: vec![0; entry::footprint(max_entry)],
             missed: 0,
             header_commit: 0,
+            deferred: false,
         }
     }
 
@@ -177,6 +191,16 @@ impl LeaderWriter {
     /// Ring position of the next entry.
     pub fn pos(&self) -> u64 {
         self.ring.pos()
+    }
+
+    /// From now on [`LeaderWriter::append`] writes everywhere but wakes
+    /// nobody: the caller calls [`post`] before it waits for acks, and
+    /// whenever what it appended must move without a wait. A turn's
+    /// inputs then reach the followers with one wake-up each (one
+    /// `futex` syscall per parked poller, one network flush) instead of
+    /// one per entry, and each follower stores them in one write.
+    pub fn defer_posts(&mut self) {
+        self.deferred = true;
     }
 
     /// The majority acks are counted over.
@@ -267,8 +291,9 @@ impl LeaderWriter {
             }
         }
         region.set_tail(a.end);
-        region.bell().ring();
-        transport.flush();
+        if !self.deferred {
+            post(region, transport);
+        }
         Ok(Posted {
             seq,
             conn,

@@ -280,6 +280,28 @@ mod tests {
         assert_eq!(t.local().commit(), 7);
     }
 
+    #[test]
+    fn shm_rings_a_doorbell_once_per_flush_not_per_write() {
+        let c = config("shm");
+        let local = Arc::new(Region::anonymous(&c.region_spec(1)).unwrap());
+        let t = open(&c, 1, local).unwrap();
+        let before = t.local().bell().value();
+        for v in 1..=3u64 {
+            t.write(1, 1, crate::region::commit_offset(), &v.to_le_bytes())
+                .unwrap();
+        }
+        assert_eq!(t.local().commit(), 3, "the writes landed");
+        assert_eq!(t.local().bell().value(), before, "no ring before the flush");
+        t.flush();
+        assert_eq!(t.local().bell().value(), before.wrapping_add(1));
+        t.flush();
+        assert_eq!(
+            t.local().bell().value(),
+            before.wrapping_add(1),
+            "nothing written since: no ring"
+        );
+    }
+
     struct FakePeer {
         len: u64,
         fenced: u64,

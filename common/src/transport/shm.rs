@@ -3,6 +3,7 @@
 //! host (and /dev/shm).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::{check_view, Transport, TransportError};
@@ -16,6 +17,9 @@ pub struct ShmTransport {
     local: Arc<Region>,
     config: Config,
     peers: Mutex<HashMap<u64, Arc<Region>>>,
+    /// Nodes written to since the last [`Transport::flush`] (bit `id`):
+    /// their doorbells ring once there, not once per write.
+    unrung: AtomicU64,
 }
 
 impl ShmTransport {
@@ -29,6 +33,7 @@ impl ShmTransport {
             local,
             config: config.clone(),
             peers: Mutex::new(HashMap::new()),
+            unrung: AtomicU64::new(0),
         })
     }
 
@@ -71,8 +76,26 @@ impl Transport for ShmTransport {
             }
         };
         check_view(node, view, region.view())?;
-        region.write(offset, bytes)?;
+        region.write_unrung(offset, bytes)?;
+        self.unrung.fetch_or(1 << (node & 63), Ordering::AcqRel);
         Ok(())
+    }
+
+    /// Rings the doorbell of every region written to since the last flush:
+    /// a poller parked there wakes once per batch of writes (every
+    /// `futex` wake is a syscall on the writer's thread, the leader's
+    /// server's own).
+    fn flush(&self) {
+        let mut nodes = self.unrung.swap(0, Ordering::AcqRel);
+        while nodes != 0 {
+            let node = u64::from(nodes.trailing_zeros());
+            nodes &= nodes - 1;
+            if node == self.me & 63 {
+                self.local.bell().ring();
+            } else if let Ok(r) = self.peer(node) {
+                r.bell().ring();
+            }
+        }
     }
 
     fn local(&self) -> &Region {

@@ -126,10 +126,14 @@ impl LogStore {
         opts.set_max_total_wal_size(wal_limit);
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
+        // Entries are small, short-lived (deleted below the next snapshot)
+        // and mostly incompressible inputs: compressing them costs the
+        // flushes and compactions CPU the servers need. A column family
+        // takes its own options, not the DB's: each gets these.
         opts.set_compression_type(rocksdb::DBCompressionType::None);
         let cfs = vec![
-            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, Options::default()),
-            ColumnFamilyDescriptor::new(META, Options::default()),
+            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, opts.clone()),
+            ColumnFamilyDescriptor::new(META, opts.clone()),
         ];
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
         let mut store = LogStore {
