@@ -25,6 +25,7 @@ use lockstep_common::region::Role;
 use crate::apply;
 use crate::engine::{Engine, Fail};
 use crate::fdtable::{self, Class, Slot, CLOSED, FAILED, TABLE_SIZE};
+use crate::held_output;
 use crate::setup;
 use crate::sys;
 
@@ -101,6 +102,10 @@ pub fn passive_hooked() -> bool {
 /// count), and a backup's pump may move on.
 pub fn before_wait(wait: crate::turns::Wait, max: i32) {
     let engine = setup::engine();
+    if let Some(engine) = engine {
+        // The turn's held replies leave, after one commit wait for all.
+        held_output::release_all(engine, &mut fail_held);
+    }
     // The turn's TICK is the turn's last entry: logged before the wait
     // counts (it is the turn's, and may continue its clock records).
     if let Some(engine) = engine {
@@ -409,6 +414,66 @@ fn hold_for_commit(engine: &Engine, fd: i32, slot: &Slot) -> Option<Ret> {
         .map(|f| fail_with(fd, slot.conn(), &f))
 }
 
+/// Before output to a tracked fd, with its bytes: a client's output
+/// written before the commit, on a loop thread of a leader in output
+/// mode, is held until the turn ends (see `held_output`). Some: what the
+/// call returns (`segments` held: their length); None: the output goes
+/// the usual way (`before_output`, then the real call).
+pub fn try_hold(fd: i32, segments: &[&[u8]]) -> Option<Ret> {
+    let slot = fdtable::slot(fd)?;
+    if slot.class() != Class::Client || slot.state() & FAILED != 0 {
+        return None;
+    }
+    let engine = setup::engine()?;
+    if engine.region.role() != Role::Leader || !crate::clock::is_loop_thread() {
+        return None;
+    }
+    let conn = slot.conn();
+    let total: usize = segments.iter().map(|s| s.len()).sum();
+    if held_output::holds(fd, conn) {
+        if held_output::hold(fd, conn, segments) {
+            slot.add_output(segments);
+            return Some(Ret::pass(total as isize));
+        }
+        // Over the bound: what it holds goes first.
+        return match held_output::release(engine, fd, conn, &mut fail_held) {
+            held_output::Released::Sent => None,
+            held_output::Released::Stuck => Some(Ret::err(libc::EAGAIN)),
+            held_output::Released::Failed => Some(Ret::err(libc::ECONNRESET)),
+        };
+    }
+    if engine.output_free() {
+        return None;
+    }
+    // The turn's time goes into the log before any of its output.
+    log_turn_time(engine);
+    if !held_output::hold(fd, conn, segments) {
+        return None;
+    }
+    slot.add_output(segments);
+    Some(Ret::pass(total as isize))
+}
+
+/// A held output's commit failed: its connection is reset (see
+/// `hold_for_commit`).
+fn fail_held(fd: i32, conn: u64, f: &Fail) {
+    fail_with(fd, conn, f);
+}
+
+/// Sends what a client connection holds (see `held_output`) before its
+/// close or shutdown.
+fn release_held(engine: &Engine, fd: i32, slot: &Slot) {
+    if held_output::holds(fd, slot.conn())
+        && held_output::release(engine, fd, slot.conn(), &mut fail_held)
+            == held_output::Released::Stuck
+    {
+        log::info!(
+            "connection {} (fd {fd}): the client did not take all of its replies before the server closed it",
+            slot.conn()
+        );
+    }
+}
+
 /// Output to a replay connection: the pump takes its digest and the bytes
 /// go nowhere. Some(bytes "written") when `fd` is one.
 pub fn replay_output(fd: i32, segments: &[&[u8]]) -> Option<usize> {
@@ -460,6 +525,7 @@ pub fn before_close(fd: i32) {
     }
     if slot.class() == Class::Client {
         if let Some(engine) = setup::engine() {
+            release_held(engine, fd, slot);
             if let Err(f) = log_close(engine, slot) {
                 log::info!(
                     "connection {}: closed; its CLOSE was not replicated: {f}",
@@ -490,6 +556,7 @@ pub fn before_shutdown(fd: i32, how: i32) {
     if slot.class() != Class::Client {
         return;
     }
+    release_held(engine, fd, slot);
     if how != libc::SHUT_WR {
         if let Err(f) = log_close(engine, slot) {
             log::info!(

@@ -331,19 +331,26 @@ impl Engine {
     /// released. Input mode: every input was committed before the server
     /// saw it, so this returns at once.
     pub fn wait_output(&self) -> Result<(), Fail> {
-        if self.mode == CommitMode::Input {
+        if self.output_free() {
             return Ok(());
         }
         let view = self.appended_view.load(Ordering::Acquire);
         let seq = self.appended.load(Ordering::Acquire);
-        if seq == 0 || self.released.load(Ordering::Acquire) >= seq {
-            // The released mark is reset (under the writer lock) before
-            // any seq of a new view is appended.
-            return Ok(());
-        }
         self.wait_majority(seq, view)?;
         self.release(seq);
         Ok(())
+    }
+
+    /// Whether output may leave now without a wait: input mode, or a
+    /// majority stored every input appended so far (see `wait_output`).
+    pub fn output_free(&self) -> bool {
+        if self.mode == CommitMode::Input {
+            return true;
+        }
+        let seq = self.appended.load(Ordering::Acquire);
+        // The released mark is reset (under the writer lock) before any
+        // seq of a new view is appended.
+        seq == 0 || self.released.load(Ordering::Acquire) >= seq
     }
 
     /// Records that a majority stored everything up to `seq` and raises the

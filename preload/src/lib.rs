@@ -55,6 +55,7 @@ pub mod engine;
 pub mod entropy;
 pub mod fdtable;
 pub mod forks;
+pub mod held_output;
 #[allow(unsafe_code)]
 pub mod hooks;
 pub mod logger;

@@ -105,8 +105,19 @@ pub(super) unsafe fn output(fd: c_int, bufs: Bufs, real: impl FnOnce() -> ssize_
         }
     }
     // Output commit: nothing leaves for a client before the inputs it may
-    // depend on are committed. A panic deciding fails the connection
-    // rather than release an output unchecked.
+    // depend on are committed: held until the turn's end, or waited for.
+    // A panic deciding fails the connection rather than release an
+    // output unchecked.
+    // SAFETY: per the contract, `bufs` holds the bytes to send.
+    let total = unsafe { bufs.total() };
+    let kept = caught(|| {
+        // SAFETY: the caller's buffers hold `total` bytes to send.
+        unsafe { with_segments(bufs, total, |segs| dispatch::try_hold(fd, segs)) }
+    })
+    .unwrap_or_else(|| Some(dispatch::internal_error(fd)));
+    if let Some(r) = kept {
+        return finish(r, errno());
+    }
     let held = caught(|| dispatch::before_output(fd))
         .unwrap_or_else(|| Some(dispatch::internal_error(fd)));
     if let Some(r) = held {
