@@ -15,13 +15,6 @@ use crate::protocol::{EntryMeta, Event};
 use super::node::Carried;
 use super::Node;
 
-/// Empty reads spent spinning (about 250 pause instructions in all)
-/// before the loop parks on the doorbell. Not yielding: a yield hands the
-/// core to whatever else is runnable and costs a context switch either
-/// way; the leader posts a turn at once, so a short spin catches the next
-/// post only under heavy load, and a park costs the writer one wake-up.
-const SPINS: u32 = 7;
-
 /// Entries handed to the replica at once.
 const BATCH: usize = 256;
 
@@ -38,7 +31,6 @@ impl Node {
         let mut batch: Vec<FetchedEntry> = Vec::with_capacity(BATCH);
         let mut metas: Vec<EntryMeta> = Vec::with_capacity(BATCH);
         let backoff = Backoff::new();
-        let mut spins = 0;
         let mut seen_record = (0, 0);
         while !self.stopping() {
             let now_epoch = self.epoch.load(Ordering::Acquire);
@@ -105,7 +97,6 @@ impl Node {
                         self.metrics.ack.observe(f.elapsed());
                     }
                     backoff.reset();
-                    spins = 0;
                 } else {
                     // Dropped (a view change is rewriting the log, or the
                     // entries belong to a fenced view): reading them again
@@ -126,13 +117,12 @@ impl Node {
                 seen_record = record;
                 self.step(Event::Tick(self.words()), Carried::Nothing);
             }
-            if spins >= SPINS {
+            if backoff.is_completed() {
                 // Writers ring after writing: a write since `seen` makes
                 // this return at once.
                 self.region.bell().wait(seen, Duration::from_millis(5));
             } else {
-                spins += 1;
-                backoff.spin();
+                backoff.snooze();
             }
         }
     }
