@@ -400,8 +400,8 @@ fn fuzz_tcp_frames() {
             stream.extend_from_slice(&rng.bytes(n));
         }
         let mut notices = Vec::new();
-        let (r, largest) =
-            largest_allocation(|| server.apply_frames(&mut &stream[..], &mut notices));
+        let mut rd = std::io::BufReader::new(&stream[..]);
+        let (r, largest) = largest_allocation(|| server.apply_frames(&mut rd, &mut notices));
         assert!(
             largest <= MAX_WRITE,
             "the decoder allocated {largest} bytes"

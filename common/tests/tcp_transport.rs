@@ -177,6 +177,7 @@ fn old_view_writes_are_refused() {
     let before = snapshot(&r2);
     let off = region::ring_offset(4096);
     t.write(2, 4, off, &[0xAA; 64]).unwrap();
+    t.flush();
     wait_until("the fence notice", || t.fenced_by() == 5);
     assert_eq!(
         snapshot(&r2),
@@ -192,7 +193,9 @@ fn old_view_writes_are_refused() {
     }
     // Current and newer views still land on the same connection.
     t.write(2, 5, off + 64, &[0xBB; 64]).unwrap();
+    t.flush();
     t.write(2, 6, off + 128, &[0xCC; 64]).unwrap();
+    t.flush();
     wait_until("the view-6 write", || {
         read_region(&r2, off + 128, 64) == vec![0xCC; 64]
     });
@@ -303,6 +306,7 @@ fn garbage_does_not_corrupt_the_region() {
     // Some content first, so that "unchanged" means something.
     t.write(2, 1, region::ring_offset(0), &noise(9, 4096))
         .unwrap();
+    t.flush();
     wait_until("the first write", || {
         read_region(&r2, region::ring_offset(0), 4096) == noise(9, 4096)
     });
@@ -370,6 +374,7 @@ fn garbage_does_not_corrupt_the_region() {
 
     // The transport's own connection is unaffected; a new one works too.
     t.write(2, 1, ring0 + 16384, &[0x44; 64]).unwrap();
+    t.flush();
     let t2 = TcpTransport::new(&config(addr, KEY, RING), 1, region(1, RING)).unwrap();
     t2.write(2, 1, ring0 + 16448, &[0x45; 64]).unwrap();
     wait_until("good writes after garbage", || {
@@ -427,6 +432,7 @@ fn peer_down_at_start_gets_later_writes() {
     let mut l = region_listener::spawn_listener(addr, r2.clone(), CLUSTER, KEY).unwrap();
     let off = region::ring_offset(65536);
     t.write(2, 1, off, &[0x5A; 128]).unwrap();
+    t.flush();
     wait_until("a write posted once the peer is up", || {
         read_region(&r2, off, 128) == vec![0x5A; 128]
     });
@@ -435,10 +441,12 @@ fn peer_down_at_start_gets_later_writes() {
     l.shutdown();
     drop(l);
     t.write(2, 1, off, &[0x01; 128]).unwrap();
+    t.flush();
     std::thread::sleep(Duration::from_millis(50));
     let _l = region_listener::spawn_listener(addr, r2.clone(), CLUSTER, KEY).unwrap();
     wait_until("a write after the peer came back", || {
         t.write(2, 1, off + 128, &[0x6B; 64]).unwrap();
+        t.flush();
         std::thread::sleep(Duration::from_millis(20));
         read_region(&r2, off + 128, 64) == vec![0x6B; 64]
     });
@@ -451,6 +459,7 @@ fn writes_longer_than_a_frame_are_split() {
     let big = noise(77, MAX_WRITE + 4096);
     let off = region::ring_offset(8);
     t.write(2, 1, off, &big).unwrap();
+    t.flush();
     wait_until("the big write", || {
         read_region(&r2, off + big.len() as u64 - 8, 8) == big[big.len() - 8..]
     });

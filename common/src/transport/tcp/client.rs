@@ -155,7 +155,7 @@ impl RemotePeer for Peer {
 }
 
 impl Peer {
-    /// Queues a checked write and wakes the sender.
+    /// Queues a checked write for the sender (see `TcpTransport::flush`).
     fn post(self: &Arc<Self>, view: u64, offset: u64, bytes: &[u8]) -> Result<(), TransportError> {
         self.ensure_started()?;
         let frames = bytes.len().div_ceil(MAX_WRITE);
@@ -180,10 +180,8 @@ impl Peer {
             st.queue.extend_from_slice(chunk);
             at += chunk.len() as u64;
         }
-        if st.idle {
-            st.idle = false;
-            self.cv.notify_one();
-        }
+        // The sender is woken by `flush`: a leader's turn (its entries,
+        // wraps and tails) goes out in one send, with one wake-up.
         Ok(())
     }
 

@@ -47,8 +47,10 @@
 //!
 //! [`TcpTransport::write`] never blocks on the network: it appends the frame
 //! to the peer's queue (one mutex, no allocation once the buffers have
-//! grown) and wakes the peer's sender thread if it is idle. Writes to the
-//! local node go straight into the local region.
+//! grown); [`Transport::flush`] wakes the senders of peers with queued
+//! frames, so what a writer posts between two flushes (a leader's turn)
+//! goes out in one send after one wake-up. Writes to the local node go
+//! straight into the local region.
 //!
 //! Each peer gets a sender thread, started lazily on the first write to that
 //! peer (constructing a `TcpTransport` does no I/O and starts no thread, so

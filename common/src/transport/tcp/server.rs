@@ -87,8 +87,26 @@ impl RegionServer {
     /// (at most [`MAX_WRITE`](super::MAX_WRITE) bytes).
     pub fn apply_frames(
         &self,
-        rd: &mut impl Read,
+        rd: &mut BufReader<impl Read>,
         notices: &mut impl Write,
+    ) -> Result<ServeStats, ServeError> {
+        let region = &*self.region;
+        // The doorbell rings once per batch the writer sent (when nothing
+        // more is buffered, before a read that may block), not per frame:
+        // an entry and its tail are one message to the poller.
+        let mut unrung = false;
+        let result = self.apply_each(rd, notices, &mut unrung);
+        if unrung {
+            region.bell().ring();
+        }
+        result
+    }
+
+    fn apply_each(
+        &self,
+        rd: &mut BufReader<impl Read>,
+        notices: &mut impl Write,
+        unrung: &mut bool,
     ) -> Result<ServeStats, ServeError> {
         let region = &*self.region;
         let mut hdr = [0u8; HEADER_LEN];
@@ -96,6 +114,10 @@ impl RegionServer {
         let mut told = 0u64;
         let mut stats = ServeStats::default();
         loop {
+            if *unrung && rd.buffer().is_empty() {
+                region.bell().ring();
+                *unrung = false;
+            }
             if !read_header(rd, &mut hdr)? {
                 return Ok(stats);
             }
@@ -129,8 +151,9 @@ impl RegionServer {
                 continue;
             }
             region
-                .write(h.offset, &body[..len])
+                .write_unrung(h.offset, &body[..len])
                 .map_err(|e| ServeError::Garbage(e.to_string()))?;
+            *unrung = true;
             stats.applied += 1;
             if body.len() > KEEP_BUF {
                 body.truncate(KEEP_BUF);
@@ -157,4 +180,44 @@ fn read_header(rd: &mut impl Read, hdr: &mut [u8; HEADER_LEN]) -> Result<bool, S
         }
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::region::{self, RegionSpec};
+
+    #[test]
+    fn a_batch_of_frames_rings_the_doorbell_once() {
+        let r = Arc::new(
+            Region::anonymous(&RegionSpec {
+                cluster: "frames".into(),
+                node: 2,
+                ring_size: 1 << 20,
+            })
+            .unwrap(),
+        );
+        let server = RegionServer::new(r.clone());
+        let mut stream = Vec::new();
+        for (i, body) in [[1u8; 16], [2u8; 16], [3u8; 16]].iter().enumerate() {
+            let h = FrameHeader {
+                view: 0,
+                offset: region::ring_offset(i as u64 * 16),
+                len: 16,
+                flags: 0,
+            };
+            stream.extend_from_slice(&h.encode());
+            stream.extend_from_slice(body);
+        }
+        let before = r.bell().value();
+        let stats = server
+            .apply_frames(&mut BufReader::new(&stream[..]), &mut Vec::new())
+            .unwrap();
+        assert_eq!(stats.applied, 3);
+        assert_eq!(
+            r.bell().value(),
+            before.wrapping_add(1),
+            "one ring for the batch"
+        );
+    }
 }
