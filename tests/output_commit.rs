@@ -299,14 +299,46 @@ fn the_leader_waits_while_the_backups_are_further_behind_than_max_apply_lag() {
 /// (`held_output`). None may leave before the commit, nor out of order.
 #[test]
 fn memcached_replies_written_mid_turn_wait_for_the_commit() {
+    mid_turn_replies_wait("1");
+}
+
+/// The same with four worker threads: a worker lets the turn lock go
+/// before its commit wait (the workers' waits overlap), and still nothing
+/// leaves before the commit.
+#[test]
+fn memcached_workers_replies_wait_for_the_commit_too() {
+    mid_turn_replies_wait("4");
+}
+
+fn mid_turn_replies_wait(threads: &str) {
     let mut c = TestCluster::new(
-        "oc-mc-held",
+        &format!("oc-mc-held-{threads}"),
         Options {
             server: Server::Memcached,
             ..Options::default()
         },
     );
+    c.use_memcached("root", threads);
     c.start_all();
+    // Other clients keep every worker busy meanwhile (with four workers
+    // the turn lock then has waiters).
+    let busy: Vec<_> = (0..4)
+        .map(|t| {
+            let addr = c.app(1);
+            std::thread::spawn(move || {
+                let Ok(mut m) = Memcache::connect(addr) else {
+                    return;
+                };
+                for i in 0..300 {
+                    if m.store("set", &format!("busy{t}-{i}"), 0, b"x", None)
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
     let mut a = Memcache::connect(c.app(1)).unwrap();
     assert_eq!(a.store("set", "k", 0, b"old", None).unwrap(), "STORED");
     let mut raw = std::net::TcpStream::connect(c.app(1)).unwrap();
@@ -337,6 +369,9 @@ fn memcached_replies_written_mid_turn_wait_for_the_commit() {
         got.extend_from_slice(&b[..n]);
     }
     assert_eq!(String::from_utf8_lossy(&got), String::from_utf8_lossy(want));
+    for b in busy {
+        b.join().unwrap();
+    }
     c.wait_converged(LIMIT);
     c.assert_no_divergence();
 }

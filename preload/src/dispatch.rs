@@ -102,9 +102,15 @@ pub fn passive_hooked() -> bool {
 /// count), and a backup's pump may move on.
 pub fn before_wait(wait: crate::turns::Wait, max: i32) {
     let engine = setup::engine();
-    if let Some(engine) = engine {
-        // The turn's held replies leave, after one commit wait for all.
-        held_output::release_all(engine, &mut fail_held);
+    // The turn's held replies leave after one commit wait for all: here,
+    // or, when another loop waits for the turn lock, once this turn has
+    // ended and let the lock go (the loops' commit waits overlap).
+    let overlap = engine.is_some()
+        && crate::turn_lock::held()
+        && crate::turn_lock::others_wait()
+        && held_output::any();
+    if let (Some(engine), false) = (engine, overlap) {
+        held_output::release_all(&mut || engine.wait_output(), &mut fail_held);
     }
     // The turn's TICK is the turn's last entry: logged before the wait
     // counts (it is the turn's, and may continue its clock records).
@@ -131,6 +137,7 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32) {
         }
     }
     let _ = CLOSING.try_with(|c| c.set(closing));
+    let mark = engine.map(|e| e.appended_mark());
     if !closing {
         crate::turn_lock::end();
     }
@@ -139,6 +146,11 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32) {
         // writer defers them: see `Engine::post`); its replies waited for
         // them already if it had any.
         engine.post();
+        if let (true, Some(mark)) = (overlap, mark) {
+            // Everything this turn's replies may depend on was appended
+            // by the time it ended.
+            held_output::release_all(&mut || engine.wait_output_upto(mark), &mut fail_held);
+        }
     }
     apply::on_loop();
 }

@@ -20,7 +20,9 @@
 //!   on a client connection and waits until a majority stored *every* input
 //!   appended so far (the server is single-threaded: any reply may depend
 //!   on any earlier input). After a burst of N inputs the first reply waits
-//!   once, the other N-1 find the commit point already past them.
+//!   once, the other N-1 find the commit point already past them; replies
+//!   written before the commit on a loop thread are held instead and wait
+//!   together when the turn ends (`held_output`).
 //!
 //! Either way the commit point never passes what the server was handed
 //! (the region's hand-over word), so a deposed leader knows exactly which
@@ -336,6 +338,32 @@ impl Engine {
         }
         let view = self.appended_view.load(Ordering::Acquire);
         let seq = self.appended.load(Ordering::Acquire);
+        self.wait_majority(seq, view)?;
+        self.release(seq);
+        Ok(())
+    }
+
+    /// The last seq appended and its view: what output produced so far
+    /// may depend on (see [`Engine::wait_output_upto`]).
+    pub fn appended_mark(&self) -> (u64, u64) {
+        (
+            self.appended.load(Ordering::Acquire),
+            self.appended_view.load(Ordering::Acquire),
+        )
+    }
+
+    /// [`Engine::wait_output`] for output that depends on no input past
+    /// `mark` (an [`Engine::appended_mark`] taken before): inputs other
+    /// loops appended since are not waited for.
+    pub fn wait_output_upto(&self, mark: (u64, u64)) -> Result<(), Fail> {
+        let (seq, view) = mark;
+        if self.mode == CommitMode::Input
+            || seq == 0
+            || (view == self.appended_view.load(Ordering::Acquire)
+                && self.released.load(Ordering::Acquire) >= seq)
+        {
+            return Ok(());
+        }
         self.wait_majority(seq, view)?;
         self.release(seq);
         Ok(())

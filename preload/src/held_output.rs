@@ -88,6 +88,11 @@ pub fn holds(fd: i32, conn: u64) -> bool {
     with(|h| h.find(fd, conn).is_some()).unwrap_or(false)
 }
 
+/// Whether this thread holds output for any connection.
+pub fn any() -> bool {
+    with(|h| !h.held.is_empty()).unwrap_or(false)
+}
+
 /// Holds `segments` (the server's write on `fd`, connection `conn`)
 /// behind what the connection holds already. False when they do not fit
 /// in [`HOLD_MAX`]: nothing was held.
@@ -137,7 +142,14 @@ pub enum Released {
 /// Sends what every connection of this thread holds, once the commit
 /// allows (one wait for all). `on_fail(fd, conn, why)` resets a
 /// connection whose output can never leave.
-pub fn release_all(engine: &Engine, on_fail: &mut dyn FnMut(i32, u64, &Fail)) {
+///
+/// `wait` is the commit wait: `Engine::wait_output`, or a wait for what
+/// was appended when the turn ended (`Engine::wait_output_upto`) once the
+/// turn lock is let go.
+pub fn release_all(
+    wait: &mut dyn FnMut() -> Result<(), Fail>,
+    on_fail: &mut dyn FnMut(i32, u64, &Fail),
+) {
     let Some(mut held) = with(|h| std::mem::take(&mut h.held)) else {
         return;
     };
@@ -148,7 +160,7 @@ pub fn release_all(engine: &Engine, on_fail: &mut dyn FnMut(i32, u64, &Fail)) {
     let waited = if held.iter().all(|h| h.committed) {
         Ok(())
     } else {
-        engine.wait_output()
+        wait()
     };
     let mut i = 0;
     while i < held.len() {
