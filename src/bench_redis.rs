@@ -27,6 +27,7 @@ use plotters::style::RGBColor;
 use serde::Serialize;
 
 use crate::chart;
+use crate::cpu_cost;
 use crate::status;
 use crate::up::{Binaries, Cluster};
 use lockstep_testkit::commands::redis_command;
@@ -476,6 +477,43 @@ fn start_lockstep(sys: System, dir: &Path, ctx: &Ctx) -> anyhow::Result<(SocketA
 
 // ------------------------------------------------------------- the loads
 
+/// The processes of a running system, by part (see `cpu_cost`): the
+/// server clients talk to, the other servers (replicas, backups), the
+/// followers.
+fn processes(st: &Started) -> cpu_cost::Processes {
+    let mut p = cpu_cost::Processes::default();
+    match &st.running {
+        Running::Redis(servers) => {
+            for s in servers {
+                let part = if s.addr == st.addr {
+                    "leader server"
+                } else {
+                    "backup servers"
+                };
+                p.add(part, s.child.id());
+            }
+        }
+        Running::Lockstep { config, .. } => {
+            for n in &config.nodes {
+                let Ok(s) = crate::status::query(config, n.id, Duration::from_secs(2)) else {
+                    continue;
+                };
+                let part = if n.app == st.addr {
+                    "leader server"
+                } else {
+                    "backup servers"
+                };
+                p.add(part, s.server_pid as u32);
+                p.add("followers", s.follower_pid as u32);
+            }
+        }
+    }
+    p
+}
+
+/// What each part of a system spent per request in one load.
+pub type Cost = (String, String, std::collections::BTreeMap<String, f64>);
+
 /// Runs redis-benchmark once; returns (test name, rps, p50 ms, p99 ms)
 /// per test from its `--csv` output.
 #[allow(clippy::type_complexity)]
@@ -597,10 +635,25 @@ fn parse_csv(csv: &str) -> Vec<(String, f64, Option<f64>, Option<f64>)> {
 }
 
 /// Runs every workload against one started system.
-fn load(sys: System, st: &Started, opts: &Options, ctx: &Ctx) -> anyhow::Result<Vec<Row>> {
+fn load(
+    sys: System,
+    st: &Started,
+    opts: &Options,
+    ctx: &Ctx,
+) -> anyhow::Result<(Vec<Row>, Vec<Cost>)> {
     let stop = &*ctx.stop;
     let log_dir = ctx.work.join(sys.name());
     let mut rows = Vec::new();
+    let mut costs = Vec::new();
+    let procs = processes(st);
+    let mut cost = |load: String, before: &cpu_cost::Sample, requests: u64| {
+        let after = cpu_cost::sample(&procs);
+        costs.push((
+            sys.name().to_string(),
+            load,
+            cpu_cost::per_request(before, &after, requests),
+        ));
+    };
     let row = |workload: &str, client: &str, requests: u64, rps, p50, p99| Row {
         system: sys.name().into(),
         workload: workload.into(),
@@ -638,11 +691,17 @@ fn load(sys: System, st: &Started, opts: &Options, ctx: &Ctx) -> anyhow::Result<
         );
         let mut args = common.to_vec();
         args.extend(["-t".into(), RB_TESTS.join(",").to_lowercase()]);
+        let before = cpu_cost::sample(&procs);
         for (test, rps, p50, p99) in redis_benchmark(st.addr, &args, &log_dir, stop)? {
             let r = row(&test, "redis-benchmark", opts.requests, rps, p50, p99);
             report(&r);
             rows.push(r);
         }
+        cost(
+            RB_TESTS.join(","),
+            &before,
+            opts.requests * RB_TESTS.len() as u64,
+        );
         eprintln!(
             "  redis-benchmark SET pipelined -P {}: {} requests",
             opts.pipeline, opts.requests
@@ -654,7 +713,10 @@ fn load(sys: System, st: &Started, opts: &Options, ctx: &Ctx) -> anyhow::Result<
             "-P".into(),
             opts.pipeline.to_string(),
         ]);
-        for (test, rps, p50, p99) in redis_benchmark(st.addr, &args, &log_dir, stop)? {
+        let before = cpu_cost::sample(&procs);
+        let pipelined = redis_benchmark(st.addr, &args, &log_dir, stop)?;
+        cost(format!("SET -P{}", opts.pipeline), &before, opts.requests);
+        for (test, rps, p50, p99) in pipelined {
             let r = row(
                 &format!("{test} -P{}", opts.pipeline),
                 "redis-benchmark",
@@ -677,6 +739,7 @@ fn load(sys: System, st: &Started, opts: &Options, ctx: &Ctx) -> anyhow::Result<
         },
         opts.clients
     );
+    let before = cpu_cost::sample(&procs);
     let res = load::run(
         &LoadSpec {
             addr: st.addr,
@@ -701,7 +764,13 @@ fn load(sys: System, st: &Started, opts: &Options, ctx: &Ctx) -> anyhow::Result<
     );
     report(&r);
     rows.push(r);
-    Ok(rows)
+    // The load client runs in this process: its CPU is not the client
+    // part's (which counts the children this bench waited for).
+    cost("loadgen SET".into(), &before, res.requests);
+    if let Some((_, _, parts)) = costs.last_mut() {
+        parts.remove("client");
+    }
+    Ok((rows, costs))
 }
 
 /// Sum of the divergences the nodes report, once the backups applied
@@ -951,6 +1020,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let t_all = Instant::now();
     let mut rows = Vec::new();
     let mut reports = Vec::new();
+    let mut costs: Vec<Cost> = Vec::new();
     let res = (|| -> anyhow::Result<()> {
         for (i, &sys) in systems.iter().enumerate() {
             eprintln!(
@@ -962,9 +1032,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             );
             let st = start(sys, &ctx).with_context(|| format!("starting {}", sys.name()))?;
             eprintln!("  ready after {:.1} s at {}", st.start_s, st.addr);
-            rows.extend(
-                load(sys, &st, opts, &ctx).with_context(|| format!("loading {}", sys.name()))?,
-            );
+            let (r, c) =
+                load(sys, &st, opts, &ctx).with_context(|| format!("loading {}", sys.name()))?;
+            rows.extend(r);
+            costs.extend(c);
             let divergences = match &st.running {
                 Running::Lockstep { config, .. } => {
                     let d = lockstep_divergences(config);
@@ -1032,12 +1103,27 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         },
         "systems": reports,
         "rows": rows,
+        "cpu_us_per_request": costs
+            .iter()
+            .map(|(system, load, parts)| serde_json::json!({
+                "system": system, "load": load, "parts": parts,
+            }))
+            .collect::<Vec<_>>(),
         "took_s": t_all.elapsed().as_secs_f64(),
     });
     let json_path = out.join("results.json");
     std::fs::File::create(&json_path)
         .and_then(|mut f| writeln!(f, "{}", serde_json::to_string_pretty(&json)?))
         .with_context(|| format!("cannot write {}", json_path.display()))?;
+    let cost_path = out.join("cost.md");
+    let cost_table = format!(
+        "# CPU per request ({cores} cores; µs of CPU time each part spent per request)\n\n{}",
+        cpu_cost::table(&costs)
+    );
+    std::fs::write(&cost_path, &cost_table)
+        .with_context(|| format!("cannot write {}", cost_path.display()))?;
+    println!("CPU per request (µs), also in {}:", cost_path.display());
+    print!("{}", cpu_cost::table(&costs));
     let png = out.join("chart.png");
     match chart::draw(&chart_of(&rows, &systems, subtitle), &png) {
         Ok(()) => {}

@@ -4,6 +4,7 @@ mod bench;
 mod bench_redis;
 mod chart;
 mod check;
+mod cpu_cost;
 mod failover_bench;
 mod launch;
 mod memcached_bench;
