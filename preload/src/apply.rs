@@ -297,6 +297,54 @@ pub fn must_not_block(loop_id: u64) -> bool {
     })
 }
 
+/// A backup's wait that asks not to block (timeout 0) while the pump has
+/// no turn in flight: the server has a timer due (or polls inside a
+/// command), and a due timer must run in the turn the leader ran it in,
+/// whose entries may not be here yet — the leader's previous turn moved
+/// the time past the timer with clock records, and its next turn (a
+/// `TICK`, maybe with records of children it reaped) is on its way.
+/// Returned at once, the wait would let the server run the timer outside
+/// any turn (its cron then reaped a child for real where the log named no
+/// reap). So it waits for the log's next entries: up to
+/// [`TURN_NEWS_WAIT`] when the log has said nothing yet, longer
+/// ([`TURN_STARTED_WAIT`]) when records of a turn whose kind is not known
+/// yet are here (that turn comes for sure). True when a turn came.
+pub fn await_turn(loop_id: u64) -> bool {
+    let since = Instant::now();
+    loop {
+        let Some(p) = pump() else {
+            return false;
+        };
+        if p.region.role() == Role::Leader || crate::clock::stopping() || loop_id == 0 {
+            return false;
+        }
+        if !p.turn.is_empty() {
+            return true;
+        }
+        let limit = if p.stash.is_empty() {
+            TURN_NEWS_WAIT
+        } else {
+            TURN_STARTED_WAIT
+        };
+        let Some(left) = limit.checked_sub(since.elapsed()).filter(|d| !d.is_zero()) else {
+            return false;
+        };
+        let region = p.region.clone();
+        let seen = region.apply().bell().value();
+        drop(p);
+        region
+            .apply()
+            .bell()
+            .wait(seen, left.min(Duration::from_millis(5)));
+        on_loop();
+    }
+}
+
+/// How long [`await_turn`] waits when the log has said nothing yet.
+const TURN_NEWS_WAIT: Duration = Duration::from_millis(20);
+/// How long [`await_turn`] waits when a turn's clock records are here.
+const TURN_STARTED_WAIT: Duration = Duration::from_secs(2);
+
 /// The server's wait in loop `loop_id` returned, on this thread: the turn
 /// in flight starts here when it is this loop's, and the thread's clock
 /// reads its time from now on. A `TICK` of this loop: this turn is the

@@ -35,10 +35,17 @@ pub(super) unsafe fn epoll_turn(
         turn_returned(loop_id, false);
         return n;
     }
-    let (keys, k) = caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
-    let k = k.min(max as usize);
+    let (mut keys, mut k) =
+        caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
     // A TICK of this loop is due: this wait is its turn.
-    let tick = caught(|| crate::apply::must_not_block(loop_id)).unwrap_or(false);
+    let mut tick = caught(|| crate::apply::must_not_block(loop_id)).unwrap_or(false);
+    if k == 0 && !tick && timeout == 0 && caught(|| crate::apply::await_turn(loop_id)) == Some(true)
+    {
+        // A timer of the server's is due: not before its turn is here.
+        (keys, k) = caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
+        tick = caught(|| crate::apply::must_not_block(loop_id)).unwrap_or(false);
+    }
+    let k = k.min(max as usize);
     let n = match k {
         0 => probed(wait_timeout(tick, timeout), |t| real(max, t)),
         // No room left for the kernel's events: they wait for the next
