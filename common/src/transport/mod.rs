@@ -58,10 +58,13 @@ pub enum TransportError {
 pub trait Transport: Send + Sync {
     /// Posts `bytes` (8-aligned length) to region offset `offset` of node
     /// `node`, tagged with the writer's `view`. Returns once posted, not
-    /// once landed. The last 8 bytes become visible last.
+    /// once landed. The last 8 bytes become visible last. A write may wait
+    /// for the next [`Transport::flush`] to leave (tcp) or to wake the
+    /// region's pollers (shm): writers flush after each batch.
     fn write(&self, node: u64, view: u64, offset: u64, bytes: &[u8]) -> Result<(), TransportError>;
 
-    /// Pushes batched writes towards the network without waiting.
+    /// Sends what was written since the last flush and wakes the pollers
+    /// of the regions written to, without waiting.
     fn flush(&self) {}
 
     /// The highest view a peer reported when it refused one of our writes
