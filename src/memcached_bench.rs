@@ -142,7 +142,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `set` load, the `get` load of the keys it set, the pipelined `set`s.
+/// The `set` load, the `get` and `incr` loads of the keys it set, the
+/// pipelined `set`s.
 fn loads(addr: SocketAddr, workers: u32, system: &str, opts: &Options) -> anyhow::Result<Vec<Row>> {
     let stop = AtomicBool::new(false);
     let mut rows = Vec::new();
@@ -150,6 +151,7 @@ fn loads(addr: SocketAddr, workers: u32, system: &str, opts: &Options) -> anyhow
     for (workload, request, pipeline) in [
         ("set", Request::MemcachedSet, 1),
         ("get", Request::MemcachedGet, 1),
+        ("incr", Request::MemcachedIncr, 1),
         (pipelined.as_str(), Request::MemcachedSet, opts.pipeline),
     ] {
         let res = load::run(

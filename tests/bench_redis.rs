@@ -210,7 +210,7 @@ fn bench_memcached_compares_worker_counts_plain_and_through_lockstep() {
     let mut want = Vec::new();
     for workers in [1, 4] {
         for system in ["plain", "lockstep-shm", "lockstep-tcp"] {
-            for workload in ["set", "get", "set -P4"] {
+            for workload in ["set", "get", "incr", "set -P4"] {
                 want.push(format!("{workers} \"{system}\" \"{workload}\""));
             }
         }

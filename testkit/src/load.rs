@@ -62,6 +62,9 @@ pub enum Request {
     MemcachedSet,
     /// memcached `get`.
     MemcachedGet,
+    /// memcached `incr key 1` (the set load stores digits, so a key it
+    /// set holds a number; a key it never reached answers `NOT_FOUND`).
+    MemcachedIncr,
 }
 
 /// What one load run measured.
@@ -121,7 +124,12 @@ pub fn run(spec: &LoadSpec, stop: &AtomicBool) -> anyhow::Result<LoadResult> {
     let start_line = Barrier::new(spec.clients + 1);
     // Raised by the first client that fails, so the others stop early.
     let abort = AtomicBool::new(false);
-    let value = vec![b'x'; spec.value_size];
+    // Digits: memcached's `incr` can then count on what a set stored.
+    let filler = match spec.request {
+        Request::MemcachedSet => b'0',
+        _ => b'x',
+    };
+    let value = vec![filler; spec.value_size];
     std::thread::scope(|s| {
         let handles: Vec<_> = conns
             .into_iter()
@@ -238,6 +246,7 @@ fn encode_request(request: Request, key: &str, value: &[u8], buf: &mut Vec<u8>) 
             buf.extend_from_slice(b"\r\n");
         }
         Request::MemcachedGet => buf.extend_from_slice(format!("get {key}\r\n").as_bytes()),
+        Request::MemcachedIncr => buf.extend_from_slice(format!("incr {key} 1\r\n").as_bytes()),
     }
 }
 
@@ -267,6 +276,15 @@ fn read_response(
             read_line(reader, line, id)?;
             if line != "STORED\r\n" {
                 bail!("load client {id}: set answered {line:?}");
+            }
+        }
+        Request::MemcachedIncr => {
+            read_line(reader, line, id)?;
+            let number = line.trim_end();
+            if number != "NOT_FOUND"
+                && (number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()))
+            {
+                bail!("load client {id}: incr answered {line:?}");
             }
         }
         Request::MemcachedGet => loop {
