@@ -396,16 +396,28 @@ fn withheld_or(slot: &Slot) -> u64 {
     }
 }
 
-/// Before output to a tracked fd: a client's output is held until every
-/// input appended so far is committed (output mode). Some: the output is
-/// refused (this node stopped leading: never released; the connection is
-/// reset).
-pub fn before_output(fd: i32) -> Option<Ret> {
+/// Before output of `segments` to a tracked fd: a client's output waits
+/// until every input appended so far is committed (output mode). Written
+/// before the commit on a loop thread of a leader, it is held until the
+/// turn ends instead (see `held_output`). Some: what the call returns —
+/// the segments' length when held; an error when refused (this node
+/// stopped leading: never released, the connection is reset) or when
+/// the client's socket still holds earlier output (`EAGAIN`). None: the
+/// real call sends them now.
+pub fn before_output(fd: i32, segments: &[&[u8]]) -> Option<Ret> {
     let slot = fdtable::slot(fd)?;
     if slot.class() != Class::Client {
         return None;
     }
     let engine = setup::engine()?;
+    let holds = slot.state() & FAILED == 0
+        && engine.region.role() == Role::Leader
+        && crate::clock::is_loop_thread();
+    if holds {
+        if let Some(r) = try_hold(engine, fd, slot, segments) {
+            return Some(r);
+        }
+    }
     log_turn_time(engine);
     hold_for_commit(engine, fd, slot)
 }
@@ -426,43 +438,32 @@ fn hold_for_commit(engine: &Engine, fd: i32, slot: &Slot) -> Option<Ret> {
         .map(|f| fail_with(fd, slot.conn(), &f))
 }
 
-/// Before output to a tracked fd, with its bytes: a client's output
-/// written before the commit, on a loop thread of a leader in output
-/// mode, is held until the turn ends (see `held_output`). Some: what the
-/// call returns (`segments` held: their length); None: the output goes
-/// the usual way (`before_output`, then the real call).
-pub fn try_hold(fd: i32, segments: &[&[u8]]) -> Option<Ret> {
-    let slot = fdtable::slot(fd)?;
-    if slot.class() != Class::Client || slot.state() & FAILED != 0 {
-        return None;
-    }
-    let engine = setup::engine()?;
-    if engine.region.role() != Role::Leader || !crate::clock::is_loop_thread() {
-        return None;
-    }
+/// `before_output`'s held path: Some when decided (held, or refused);
+/// None when the output waits for the commit and goes out itself (it is
+/// committed already, or too large to hold).
+fn try_hold(engine: &Engine, fd: i32, slot: &Slot, segments: &[&[u8]]) -> Option<Ret> {
     let conn = slot.conn();
-    let total: usize = segments.iter().map(|s| s.len()).sum();
     if held_output::holds(fd, conn) {
-        if held_output::hold(fd, conn, segments) {
-            slot.add_output(segments);
-            return Some(Ret::pass(total as isize));
+        if !held_output::hold(fd, conn, segments) {
+            // Over the bound: what it holds goes first.
+            return match held_output::release(engine, fd, conn, &mut fail_held) {
+                held_output::Released::Sent => None,
+                held_output::Released::Stuck => Some(Ret::err(libc::EAGAIN)),
+                held_output::Released::Failed => Some(Ret::err(libc::ECONNRESET)),
+            };
         }
-        // Over the bound: what it holds goes first.
-        return match held_output::release(engine, fd, conn, &mut fail_held) {
-            held_output::Released::Sent => None,
-            held_output::Released::Stuck => Some(Ret::err(libc::EAGAIN)),
-            held_output::Released::Failed => Some(Ret::err(libc::ECONNRESET)),
-        };
-    }
-    if engine.output_free() {
-        return None;
-    }
-    // The turn's time goes into the log before any of its output.
-    log_turn_time(engine);
-    if !held_output::hold(fd, conn, segments) {
-        return None;
+    } else {
+        if engine.output_free() {
+            return None;
+        }
+        // The turn's time goes into the log before any of its output.
+        log_turn_time(engine);
+        if !held_output::hold(fd, conn, segments) {
+            return None;
+        }
     }
     slot.add_output(segments);
+    let total: usize = segments.iter().map(|s| s.len()).sum();
     Some(Ret::pass(total as isize))
 }
 

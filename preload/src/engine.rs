@@ -336,20 +336,14 @@ impl Engine {
         if self.output_free() {
             return Ok(());
         }
-        let view = self.appended_view.load(Ordering::Acquire);
-        let seq = self.appended.load(Ordering::Acquire);
-        self.wait_majority(seq, view)?;
-        self.release(seq);
-        Ok(())
+        self.wait_released(self.appended_mark())
     }
 
     /// The last seq appended and its view: what output produced so far
     /// may depend on (see [`Engine::wait_output_upto`]).
     pub fn appended_mark(&self) -> (u64, u64) {
-        (
-            self.appended.load(Ordering::Acquire),
-            self.appended_view.load(Ordering::Acquire),
-        )
+        let view = self.appended_view.load(Ordering::Acquire);
+        (self.appended.load(Ordering::Acquire), view)
     }
 
     /// [`Engine::wait_output`] for output that depends on no input past
@@ -364,6 +358,12 @@ impl Engine {
         {
             return Ok(());
         }
+        self.wait_released(mark)
+    }
+
+    /// Waits until a majority stored everything up to `mark` (seq, view),
+    /// then releases output up to it.
+    fn wait_released(&self, (seq, view): (u64, u64)) -> Result<(), Fail> {
         self.wait_majority(seq, view)?;
         self.release(seq);
         Ok(())

@@ -110,17 +110,12 @@ pub(super) unsafe fn output(fd: c_int, bufs: Bufs, real: impl FnOnce() -> ssize_
     // output unchecked.
     // SAFETY: per the contract, `bufs` holds the bytes to send.
     let total = unsafe { bufs.total() };
-    let kept = caught(|| {
+    let decided = caught(|| {
         // SAFETY: the caller's buffers hold `total` bytes to send.
-        unsafe { with_segments(bufs, total, |segs| dispatch::try_hold(fd, segs)) }
+        unsafe { with_segments(bufs, total, |segs| dispatch::before_output(fd, segs)) }
     })
     .unwrap_or_else(|| Some(dispatch::internal_error(fd)));
-    if let Some(r) = kept {
-        return finish(r, errno());
-    }
-    let held = caught(|| dispatch::before_output(fd))
-        .unwrap_or_else(|| Some(dispatch::internal_error(fd)));
-    if let Some(r) = held {
+    if let Some(r) = decided {
         return finish(r, errno());
     }
     let n = real();
