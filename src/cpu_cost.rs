@@ -9,6 +9,8 @@
 
 use std::collections::BTreeMap;
 
+use lockstep_testkit::process;
+
 /// The parts a system's CPU is split into.
 pub const PARTS: [&str; 4] = ["leader server", "backup servers", "followers", "client"];
 
@@ -65,17 +67,14 @@ pub fn per_request(before: &Sample, after: &Sample, requests: u64) -> BTreeMap<S
 
 /// User + system CPU seconds of process `pid`, all threads, if it lives.
 pub fn process_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat_seconds(&stat, ticks_per_second())
+    stat_seconds(&process::stat_fields(pid)?, ticks_per_second())
 }
 
-/// utime + stime (fields 14 and 15) of a `/proc/PID/stat` line, in
-/// seconds. The command name (field 2) may hold spaces and parentheses:
-/// fields are counted after its last `)`.
-fn stat_seconds(stat: &str, ticks: f64) -> Option<f64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut f = rest.split_whitespace();
-    // `rest` starts at field 3 (state): utime is field 14.
+/// utime + stime (fields 14 and 15) in seconds, from `/proc/PID/stat`'s
+/// fields 3 on (`process::after_name`).
+fn stat_seconds(fields: &str, ticks: f64) -> Option<f64> {
+    let mut f = fields.split_whitespace();
+    // `fields` starts at field 3 (state): utime is field 14.
     let utime: f64 = f.nth(11)?.parse().ok()?;
     let stime: f64 = f.next()?.parse().ok()?;
     Some((utime + stime) / ticks)
@@ -135,8 +134,12 @@ mod tests {
     #[test]
     fn stat_fields_are_counted_after_the_command_name() {
         let line = "4242 (redis server (x)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 4 0 1 2 3";
-        assert_eq!(stat_seconds(line, 100.0), Some(3.0));
-        assert_eq!(stat_seconds("garbage", 100.0), None);
+        assert_eq!(
+            stat_seconds(process::after_name(line).unwrap(), 100.0),
+            Some(3.0)
+        );
+        assert_eq!(process::after_name("garbage"), None);
+        assert_eq!(stat_seconds("S 1 2", 100.0), None);
     }
 
     #[test]

@@ -147,13 +147,7 @@ fn close_inherited_fds() {
 
 /// Whether process `pid` still runs (a zombie does not).
 pub fn running(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name's closing parenthesis.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => false,
-    }
+    lockstep_testkit::process::stat_fields(pid).is_some_and(|f| !f.starts_with(['Z', 'X']))
 }
 
 /// `lockstep watch-server --pid P`: passes signals on to `pid` and returns

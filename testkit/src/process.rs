@@ -73,10 +73,20 @@ pub fn spawn_logged(cmd: &mut Command, log: File, grouping: Grouping) -> io::Res
 /// The session process `pid` is in (field 6 of `/proc/PID/stat`), if it
 /// lives.
 pub fn session_of(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// `/proc/PID/stat` of process `pid` from field 3 (its state) on, if it
+/// lives (see [`after_name`]).
+pub fn stat_fields(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces: count after its ')'.
-    let rest = stat.get(stat.rfind(')')? + 2..)?;
-    rest.split_whitespace().nth(3)?.parse().ok()
+    after_name(&stat).map(str::to_string)
+}
+
+/// A `/proc/PID/stat` line from field 3 on: the command name (field 2)
+/// may hold spaces and parentheses, so fields count after its last `)`.
+pub fn after_name(stat: &str) -> Option<&str> {
+    stat.get(stat.rfind(')')? + 1..).map(str::trim_start)
 }
 
 /// SIGKILLs the child in `slot`, if any, and reaps it.
