@@ -220,6 +220,15 @@ impl Client {
         }
     }
 
+    /// Queues `job` without waiting for it.
+    fn submit(&self, job: Job) {
+        let _ = self
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(job);
+    }
+
     /// Runs `f` on the client; gives up when the session expires or no
     /// answer came within the limit.
     fn call<T: Send + 'static>(
@@ -301,7 +310,7 @@ impl ZkElection {
     ) -> Result<ZkElection, ElectionError> {
         let deadline = Instant::now() + timeout.max(SESSION_START);
         loop {
-            match Self::connect_once(addr, timeout, cluster, me) {
+            match Self::connect_once(addr, timeout, cluster, me, || {}) {
                 Err(
                     e @ (ElectionError::Op { .. }
                     | ElectionError::SessionLost
@@ -315,11 +324,14 @@ impl ZkElection {
         }
     }
 
+    /// One try; `before_listener` runs between starting the client and
+    /// adding the state listener (tests widen that window).
     fn connect_once(
         addr: &str,
         timeout: Duration,
         cluster: &str,
         me: u64,
+        before_listener: impl FnOnce(),
     ) -> Result<ZkElection, ElectionError> {
         // The client retries a refused connection in a tight loop until
         // the session timeout: find a dead address out cheaply first.
@@ -350,6 +362,7 @@ impl ZkElection {
                     waited_ms: 0,
                 }
             })?;
+        before_listener();
         let s = shared.clone();
         zk.add_listener(move |st: ZkState| {
             let now = Instant::now();
@@ -361,6 +374,24 @@ impl ZkElection {
             *s.state.lock().unwrap_or_else(|p| p.into_inner()) = (st, now);
             s.bump();
         });
+        // The client tells listeners of state changes only from the moment
+        // they are added, and it may connect before `add_listener` ran (a
+        // loaded machine): a first request answered also proves the
+        // session, and marks it started if the listener missed that.
+        let zk = Arc::new(Client::start(zk, request_limit(timeout), shared.clone()));
+        let s = shared.clone();
+        zk.submit(Box::new(move |zk: &ZooKeeper| {
+            if zk.exists("/", false).is_ok() {
+                let now = Instant::now();
+                let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+                if st.0 == ZkState::Connecting {
+                    *st = (ZkState::Connected, now);
+                }
+                drop(st);
+                *s.last_answer.lock().unwrap_or_else(|p| p.into_inner()) = now;
+                s.bump();
+            }
+        }));
         // Something accepts connections there: give the session longer
         // than one session timeout to start (a loaded ZooKeeper can take
         // seconds), so that a node does not give up on a slow but live
@@ -380,13 +411,11 @@ impl ZkElection {
                 _ => {}
             }
             if Instant::now() >= deadline {
-                // Closing waits for an answer without a limit, and a
-                // ZooKeeper that accepted the connection while starting may
-                // never read it (its socket keeps our unread bytes): close
-                // on a thread of its own, and try a fresh connection.
-                let _ = std::thread::Builder::new()
-                    .name("zk-close".into())
-                    .spawn(move || drop(zk));
+                // Dropping the last handle lets the worker close the client
+                // on its own thread once its request returns (closing waits
+                // for an answer without a limit, and a ZooKeeper that
+                // accepted the connection while starting may never read it).
+                shared.closed.store(true, Ordering::Relaxed);
                 return Err(ElectionError::Unreachable {
                     addr: addr.to_string(),
                     waited_ms: waited.as_millis() as u64,
@@ -394,7 +423,6 @@ impl ZkElection {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let zk = Arc::new(Client::start(zk, request_limit(timeout), shared.clone()));
         let root = format!("/lockstep/{cluster}");
         for p in [
             "/lockstep".to_string(),
@@ -698,6 +726,30 @@ mod tests {
         assert_eq!(predecessor(&c, "n-0000000003"), None);
         assert_eq!(predecessor(&c, "n-0000000100"), Some("n-0000000012"));
         assert_eq!(predecessor(&c, "n-9"), None);
+    }
+
+    /// The client may reach `Connected` before the listener is added (a
+    /// loaded machine): the session must still be seen as started.
+    #[test]
+    fn a_session_that_starts_before_the_listener_is_added_is_seen() {
+        let dir = std::env::temp_dir().join(format!("lockstep-zk-early-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let zk = lockstep_testkit::zookeeper::ZookeeperServer::start_on_free_port(
+            &dir,
+            lockstep_testkit::ports::free_port,
+        )
+        .expect("start ZooKeeper (scripts/setup installs it)");
+        let addr = zk.addr().to_string();
+        let e = ZkElection::connect_once(&addr, Duration::from_secs(2), "early", 1, || {
+            // Long enough for the client to connect first.
+            std::thread::sleep(Duration::from_secs(2))
+        })
+        .expect("a session");
+        assert_eq!(e.session(), Session::Connected);
+        drop(e);
+        drop(zk);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
