@@ -10,6 +10,7 @@ mod launch;
 mod memcached_bench;
 mod restart_bench;
 mod status;
+mod supervisor;
 mod up;
 mod up_zookeeper;
 

@@ -13,7 +13,6 @@
 //! with its data dir, which rebuilds a fresh server from the log and a peer —
 //! with a growing pause between failed attempts.
 
-use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -22,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use lockstep_common::config::ElectionMode;
-use lockstep_common::control::NodeStatus;
 use lockstep_common::region;
 use lockstep_common::Config;
 use nix::sys::signal::{kill, killpg, Signal};
@@ -35,33 +33,12 @@ use lockstep_testkit::process::{
 };
 use lockstep_testkit::zookeeper::ZookeeperServer;
 
+use crate::supervisor::{Command as Heal, Observation, Supervisor, STOP_GRACE};
 use crate::up_zookeeper::Keeper;
 
-/// How long a stopping process may take after SIGTERM before SIGKILL.
-const STOP_GRACE: Duration = Duration::from_secs(10);
-
-/// How long a node whose server exited waits for its (living) follower to
-/// report `stale` before it is restarted anyway: the follower steps down
-/// and leaves the election first, so the others do not wait for it.
-const STALE_GRACE: Duration = Duration::from_secs(10);
 /// How long a server that exited at start may take to be replaced by its
 /// follower's installed snapshot (stop, then restore: under a second).
 const REPLACE_GRACE: Duration = Duration::from_secs(5);
-
-/// How long a restarted follower may take to answer its control channel.
-const FOLLOWER_LIMIT: Duration = Duration::from_secs(60);
-
-/// How long a restarting node may go without applying anything new before
-/// its restart counts as failed (a long log takes long to replay: only a
-/// node that stopped making progress fails).
-const REBUILD_STALL_LIMIT: Duration = Duration::from_secs(120);
-
-/// The longest pause between two attempts to restart a node.
-const BACKOFF_CAP: Duration = Duration::from_secs(30);
-
-/// A restarted node that ran this long is healthy again: its next failure
-/// is restarted at once, not after a pause.
-const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 
 /// Where the built binaries are: next to the running `lockstep`.
 #[derive(Clone)]
@@ -160,61 +137,11 @@ pub struct Cluster {
     config_path: PathBuf,
     /// The binaries the children run.
     bins: Binaries,
-    /// What [`Cluster::heal`] is doing about each node (empty until started).
-    heal: BTreeMap<u64, NodeHeal>,
+    /// What [`Cluster::heal`] decides about each node (none watched until
+    /// started).
+    heal: Supervisor,
     /// The nodes this `up` runs (all, or the one of `--node`).
     ids: Vec<u64>,
-}
-
-/// What `lockstep up` is doing about one node.
-#[derive(Clone, Debug)]
-enum Phase {
-    /// Running; watched for exits and staleness. `healed`: started by a
-    /// restart (not by `up` itself).
-    Running { since: Instant, healed: bool },
-    /// Its server exited while its follower runs: waiting (at most
-    /// `STALE_GRACE`) for the follower to report `stale`. `quick`: it failed
-    /// soon after a restart.
-    ServerGone {
-        since: Instant,
-        how: String,
-        quick: bool,
-    },
-    /// What was left of it got SIGTERM at `since` (SIGKILL after
-    /// `STOP_GRACE`); once gone, it is started at `start_at`.
-    Stopping {
-        since: Instant,
-        killed: bool,
-        start_at: Instant,
-    },
-    /// Stopped; started again at `until` (the pause after failures).
-    Waiting { until: Instant },
-    /// Its follower was started at `since`; waiting for it to answer.
-    StartingFollower { since: Instant },
-    /// Its server was started; waiting until the node serves its role.
-    /// `applied`/`progress_at`: the log replay's last progress.
-    /// `told_catching_up`: its catch-up progress was said.
-    StartingServer {
-        applied: u64,
-        progress_at: Instant,
-        told_catching_up: bool,
-    },
-}
-
-/// One node's healing state.
-struct NodeHeal {
-    phase: Phase,
-    /// Failed restarts (and failures soon after a restart) in a row.
-    failures: u32,
-}
-
-/// The pause before restart attempt number `failures + 1`: none for a
-/// first failure, then 1 s, 2 s, 4 s, … at most `BACKOFF_CAP`.
-pub(crate) fn backoff(failures: u32) -> Duration {
-    if failures == 0 {
-        return Duration::ZERO;
-    }
-    Duration::from_secs(1u64 << (failures - 1).min(16)).min(BACKOFF_CAP)
 }
 
 /// Expands `{port}`, `{host}`, `{data}`, `{node}` in a server command.
@@ -419,7 +346,7 @@ impl Cluster {
             cmd: cmd.to_vec(),
             config_path: config_path.clone(),
             bins: bins.clone(),
-            heal: BTreeMap::new(),
+            heal: Supervisor::new(),
             ids: ids.to_vec(),
         };
         cluster.zookeeper = if own_zookeeper {
@@ -448,16 +375,7 @@ impl Cluster {
         cluster.wait_servers(ids, stop)?;
         let now = Instant::now();
         for &id in ids {
-            cluster.heal.insert(
-                id,
-                NodeHeal {
-                    phase: Phase::Running {
-                        since: now,
-                        healed: false,
-                    },
-                    failures: 0,
-                },
-            );
+            cluster.heal.watch(id, now);
         }
         Ok(cluster)
     }
@@ -696,18 +614,26 @@ impl Cluster {
         let Some(pid) = attached_server(&self.config, id) else {
             return false;
         };
-        if let Err(e) = self.watch_server(id, pid) {
-            say(&format!(
-                "node {id}: cannot watch its new server (pid {pid}): {e:#}"
-            ));
-            return false;
+        match self.adopt(id, pid, say) {
+            Ok(()) => true,
+            Err(e) => {
+                say(&format!("node {id}: {e}"));
+                false
+            }
         }
+    }
+
+    /// Watches server `pid`, which node `id`'s follower restored, in place
+    /// of the one that exited.
+    fn adopt(&mut self, id: u64, pid: u64, say: &dyn Fn(&str)) -> Result<(), String> {
+        self.watch_server(id, pid)
+            .map_err(|e| format!("cannot watch its new server (pid {pid}): {e:#}"))?;
         self.procs
             .retain(|p| !(p.node == id && p.kind == Kind::Server && p.exited));
         say(&format!(
             "node {id}: its follower replaced the server by an installed snapshot (pid {pid})"
         ));
-        true
+        Ok(())
     }
 
     /// Node `id`'s server exited while `up` waits for it to start: its
@@ -745,215 +671,90 @@ impl Cluster {
     /// after [`Cluster::reap_lines`]. `fresh`: every node's status when
     /// the caller just asked (staleness of running nodes is checked only
     /// then). Never blocks for long and never fails: a failed restart is
-    /// retried after a pause (`backoff`), and `say` tells each step.
+    /// retried after a pause (`backoff`), and `say` tells each step. The
+    /// decisions are [`Supervisor`]'s; this gathers what it needs and
+    /// carries out its commands.
     pub fn heal(&mut self, fresh: Option<&[status::NodeView]>, say: &dyn Fn(&str)) {
-        let ids: Vec<u64> = self.heal.keys().copied().collect();
-        for id in ids {
-            let Some(phase) = self.heal.get(&id).map(|h| h.phase.clone()) else {
-                continue;
+        for id in self.heal.nodes() {
+            let status = if self.heal.wants_status(id) {
+                Some(
+                    status::query(&self.config, id, Duration::from_millis(500))
+                        .map_err(|e| e.to_string()),
+                )
+            } else {
+                fresh
+                    .and_then(|v| v.iter().find(|n| n.id == id))
+                    .map(|n| n.status.clone())
             };
-            let fresh = fresh
-                .and_then(|v| v.iter().find(|n| n.id == id))
-                .map(|n| &n.status);
-            let next = self.heal_step(id, phase, fresh, say);
-            if let Some(h) = self.heal.get_mut(&id) {
-                h.phase = next;
+            let server_exited = self.exited_kind(id, Kind::Server).map(|p| p.how.clone());
+            let app = self.config.node(id).ok().map(|n| n.app);
+            let accepts = move || {
+                app.is_some_and(|a| {
+                    TcpStream::connect_timeout(&a, Duration::from_millis(300)).is_ok()
+                })
+            };
+            let obs = Observation {
+                now: Instant::now(),
+                follower_exited: self.exited_kind(id, Kind::Follower).map(|p| p.how.clone()),
+                replacement: server_exited
+                    .as_ref()
+                    .and_then(|_| attached_server(&self.config, id)),
+                server_exited,
+                exit_why: self.exit_why(id),
+                alive: self.procs.iter().any(|p| p.node == id && !p.exited),
+                status,
+                accepts: &accepts,
+            };
+            let mut commands = self.heal.step(id, &obs);
+            while !commands.is_empty() {
+                let mut more = Vec::new();
+                for c in commands {
+                    if let Err(why) = self.carry_out(id, c, say) {
+                        more = self.heal.failed(id, &why, Instant::now());
+                        break;
+                    }
+                }
+                commands = more;
             }
         }
     }
 
-    fn heal_step(
-        &mut self,
-        id: u64,
-        phase: Phase,
-        fresh: Option<&Result<NodeStatus, String>>,
-        say: &dyn Fn(&str),
-    ) -> Phase {
-        let now = Instant::now();
-        match phase {
-            Phase::Running { since, healed } => {
-                let quick = healed && since.elapsed() < HEALTHY_AFTER;
-                if let Some(f) = self.exited_kind(id, Kind::Follower) {
-                    let why = match self.exited_kind(id, Kind::Server) {
-                        Some(s) if s.how == f.how => {
-                            format!("its server and follower exited{}", f.how)
-                        }
-                        Some(s) => format!("its follower exited{}, its server{}", f.how, s.how),
-                        None => format!("its follower exited{}", f.how),
-                    };
-                    say(&format!("node {id} is down ({why}): restarting it"));
-                    return self.begin_restart(id, quick, say);
-                }
-                if self.adopt_replaced_server(id, say) {
-                    return Phase::Running { since, healed };
-                }
-                if let Some(s) = self.exited_kind(id, Kind::Server) {
-                    // Its follower notices within 100 ms, steps down and
-                    // says `stale`.
-                    return Phase::ServerGone {
-                        since: now,
-                        how: s.how.clone(),
-                        quick,
-                    };
-                }
-                if let Some(Ok(s)) = fresh {
-                    if let Some(why) = stale_reason(s) {
-                        say(&format!("node {id} is stale ({why}): restarting it"));
-                        return self.begin_restart(id, quick, say);
-                    }
-                }
-                Phase::Running { since, healed }
-            }
-            Phase::ServerGone { since, how, quick } => {
-                if self.adopt_replaced_server(id, say) {
-                    return Phase::Running {
-                        since: now,
-                        healed: true,
-                    };
-                }
-                if let Some(f) = self.exited_kind(id, Kind::Follower) {
-                    say(&format!(
-                        "node {id} is down (its server exited{how}, its follower exited{}): restarting it",
-                        f.how
-                    ));
-                    return self.begin_restart(id, quick, say);
-                }
-                if let Ok(s) = status::query(&self.config, id, Duration::from_millis(500)) {
-                    if let Some(why) = stale_reason(&s) {
-                        say(&format!("node {id} is stale ({why}): restarting it"));
-                        return self.begin_restart(id, quick, say);
-                    }
-                }
-                if since.elapsed() > STALE_GRACE {
-                    say(&format!(
-                        "node {id} is down (its server exited{how}; its follower did not report stale within {STALE_GRACE:?}): restarting it"
-                    ));
-                    return self.begin_restart(id, quick, say);
-                }
-                Phase::ServerGone { since, how, quick }
-            }
-            Phase::Stopping {
-                since,
-                killed,
-                start_at,
-            } => {
-                if self.procs.iter().any(|p| p.node == id && !p.exited) {
-                    if !killed && since.elapsed() > STOP_GRACE {
-                        let hit = self.signal_node(id, Signal::SIGKILL);
-                        say(&format!(
-                            "node {id}: {} ignored SIGTERM for {STOP_GRACE:?}: SIGKILL",
-                            hit.join(", ")
-                        ));
-                        return Phase::Stopping {
-                            since,
-                            killed: true,
-                            start_at,
-                        };
-                    }
-                    return Phase::Stopping {
-                        since,
-                        killed,
-                        start_at,
-                    };
-                }
-                self.forget_node(id);
-                if now < start_at {
-                    Phase::Waiting { until: start_at }
-                } else {
-                    self.start_follower_phase(id, say)
+    /// Carries out one of the supervisor's commands for node `id`; `Err`:
+    /// why it failed (the supervisor then restarts the node).
+    fn carry_out(&mut self, id: u64, c: Heal, say: &dyn Fn(&str)) -> Result<(), String> {
+        match c {
+            Heal::Say(m) => say(&m),
+            Heal::Adopt(pid) => self.adopt(id, pid, say)?,
+            Heal::Terminate => {
+                let hit = self.signal_node(id, Signal::SIGTERM);
+                if !hit.is_empty() {
+                    say(&format!("node {id}: stopping {}", hit.join(", ")));
                 }
             }
-            Phase::Waiting { until } => {
-                if now < until {
-                    Phase::Waiting { until }
-                } else {
-                    self.start_follower_phase(id, say)
-                }
+            Heal::Kill => {
+                let hit = self.signal_node(id, Signal::SIGKILL);
+                say(&format!(
+                    "node {id}: {} ignored SIGTERM for {STOP_GRACE:?}: SIGKILL",
+                    hit.join(", ")
+                ));
             }
-            Phase::StartingFollower { since } => {
-                if let Some(why) = self.exit_why(id) {
-                    return self.restart_failed(id, why, say);
-                }
-                if status::query(&self.config, id, Duration::from_millis(500)).is_ok() {
-                    let (cmd, path, bins) = (
-                        self.cmd.clone(),
-                        self.config_path.clone(),
-                        self.bins.clone(),
-                    );
-                    return match self.start_server(id, &cmd, &path, &bins, say, true) {
-                        Ok(()) => Phase::StartingServer {
-                            applied: 0,
-                            progress_at: now,
-                            told_catching_up: false,
-                        },
-                        Err(e) => self.restart_failed(id, format!("{e:#}"), say),
-                    };
-                }
-                if since.elapsed() > FOLLOWER_LIMIT {
-                    return self.restart_failed(
-                        id,
-                        format!("its follower did not answer within {FOLLOWER_LIMIT:?}"),
-                        say,
-                    );
-                }
-                Phase::StartingFollower { since }
+            Heal::Forget => self.forget_node(id),
+            Heal::StartFollower => {
+                let (path, bins) = (self.config_path.clone(), self.bins.clone());
+                self.spawn_follower(id, &path, &bins, say, true)
+                    .map_err(|e| format!("{e:#}"))?;
             }
-            Phase::StartingServer {
-                mut applied,
-                mut progress_at,
-                mut told_catching_up,
-            } => {
-                if let Some(why) = self.exit_why(id) {
-                    return self.restart_failed(id, why, say);
-                }
-                if let Ok(s) = status::query(&self.config, id, Duration::from_millis(500)) {
-                    if let Some(why) = stale_reason(&s) {
-                        return self.restart_failed(
-                            id,
-                            format!("it went stale while rebuilding ({why})"),
-                            say,
-                        );
-                    }
-                    if s.applied > applied {
-                        applied = s.applied;
-                        progress_at = now;
-                    }
-                    if s.role == "catching-up" && !told_catching_up {
-                        say(&format!("node {id} {}", status::catching_up_line(&s)));
-                        told_catching_up = true;
-                    }
-                    // Back only once it is a member that a failover may
-                    // land on: caught up, not joining a view.
-                    let serves = s.server_pid != 0
-                        && s.role != "joining"
-                        && s.role != "catching-up"
-                        && self.config.node(id).is_ok_and(|n| {
-                            TcpStream::connect_timeout(&n.app, Duration::from_millis(300)).is_ok()
-                        });
-                    if serves {
-                        say(&format!("node {id} back as {}", s.role));
-                        return Phase::Running {
-                            since: now,
-                            healed: true,
-                        };
-                    }
-                }
-                if progress_at.elapsed() > REBUILD_STALL_LIMIT {
-                    return self.restart_failed(
-                        id,
-                        format!(
-                            "it applied nothing for {REBUILD_STALL_LIMIT:?} and does not serve yet"
-                        ),
-                        say,
-                    );
-                }
-                Phase::StartingServer {
-                    applied,
-                    progress_at,
-                    told_catching_up,
-                }
+            Heal::StartServer => {
+                let (cmd, path, bins) = (
+                    self.cmd.clone(),
+                    self.config_path.clone(),
+                    self.bins.clone(),
+                );
+                self.start_server(id, &cmd, &path, &bins, say, true)
+                    .map_err(|e| format!("{e:#}"))?;
             }
         }
+        Ok(())
     }
 
     /// Why a starting node failed, when one of its processes exited: which
@@ -971,65 +772,6 @@ impl Cluster {
                 format!(": {last}")
             }
         ))
-    }
-
-    /// A failure of a running node was found (and said): stop what is left
-    /// of it, then start it — at once, or after a pause when it failed
-    /// again soon after a restart (`quick`).
-    fn begin_restart(&mut self, id: u64, quick: bool, say: &dyn Fn(&str)) -> Phase {
-        let failures = match self.heal.get_mut(&id) {
-            Some(h) => {
-                h.failures = if quick { h.failures + 1 } else { 0 };
-                h.failures
-            }
-            None => 0,
-        };
-        let pause = backoff(failures);
-        if !pause.is_zero() {
-            say(&format!(
-                "node {id} failed again within {HEALTHY_AFTER:?} of its restart: restarting it in {pause:?}"
-            ));
-        }
-        self.enter_stopping(id, Instant::now() + pause, say)
-    }
-
-    /// A restart attempt failed: say why, stop what is left, and try again
-    /// after a pause that doubles with each failure in a row.
-    fn restart_failed(&mut self, id: u64, why: String, say: &dyn Fn(&str)) -> Phase {
-        let failures = match self.heal.get_mut(&id) {
-            Some(h) => {
-                h.failures += 1;
-                h.failures
-            }
-            None => 1,
-        };
-        let pause = backoff(failures);
-        say(&format!(
-            "restarting node {id} failed, trying again in {pause:?}: {why}"
-        ));
-        self.enter_stopping(id, Instant::now() + pause, say)
-    }
-
-    fn enter_stopping(&mut self, id: u64, start_at: Instant, say: &dyn Fn(&str)) -> Phase {
-        let hit = self.signal_node(id, Signal::SIGTERM);
-        if !hit.is_empty() {
-            say(&format!("node {id}: stopping {}", hit.join(", ")));
-        }
-        Phase::Stopping {
-            since: Instant::now(),
-            killed: false,
-            start_at,
-        }
-    }
-
-    fn start_follower_phase(&mut self, id: u64, say: &dyn Fn(&str)) -> Phase {
-        let (path, bins) = (self.config_path.clone(), self.bins.clone());
-        match self.spawn_follower(id, &path, &bins, say, true) {
-            Ok(()) => Phase::StartingFollower {
-                since: Instant::now(),
-            },
-            Err(e) => self.restart_failed(id, format!("{e:#}"), say),
-        }
     }
 
     fn wait_for(
@@ -1153,19 +895,6 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// Why node status `s` says its server must be rebuilt (None: it need not).
-fn stale_reason(s: &NodeStatus) -> Option<String> {
-    if s.role == "stale" || s.stale_reason.is_some() {
-        Some(
-            s.stale_reason
-                .clone()
-                .unwrap_or_else(|| "no reason given".to_string()),
-        )
-    } else {
-        None
     }
 }
 
@@ -1448,13 +1177,7 @@ pub fn kill_node(config: &Config, id: u64) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_from_one_second_up_to_the_cap() {
-        let secs: Vec<u64> = (0..8).map(|f| backoff(f).as_secs()).collect();
-        assert_eq!(secs, [0, 1, 2, 4, 8, 16, 30, 30]);
-        assert_eq!(backoff(u32::MAX), BACKOFF_CAP);
-    }
+    use lockstep_common::control::NodeStatus;
 
     #[test]
     fn the_failover_backlog_is_said_when_it_starts_changes_and_ends() {
@@ -1483,23 +1206,6 @@ mod tests {
             },
         ];
         assert_eq!(failover_backlog(&nodes), grows);
-    }
-
-    #[test]
-    fn stale_reason_from_role_or_field() {
-        let mut s = NodeStatus {
-            node: 2,
-            role: "backup".into(),
-            ..NodeStatus::default()
-        };
-        assert_eq!(stale_reason(&s), None);
-        s.role = "stale".into();
-        assert_eq!(stale_reason(&s).as_deref(), Some("no reason given"));
-        s.stale_reason = Some("its server (pid 7) exited".into());
-        assert_eq!(
-            stale_reason(&s).as_deref(),
-            Some("its server (pid 7) exited")
-        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use lockstep_testkit::zookeeper::{is_serving, ZookeeperServer, START_LIMIT};
 
-use crate::up::backoff;
+use crate::supervisor::backoff;
 
 /// Where the kept ZooKeeper stands.
 enum State {
