@@ -40,10 +40,10 @@ use lockstep_common::region::{self, Region};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use lockstep_common::transport::{self, Transport, TransportError};
 use lockstep_common::Config;
-use lockstep_testkit::commands::{follower_command, redis_command, under_preload};
-use lockstep_testkit::ports;
-use lockstep_testkit::process::{kill_and_reap, open_log, spawn_logged, Grouping};
-use lockstep_testkit::resp::{self, resp_encode, Reply};
+use lockstep_launcher::commands::{follower_command, redis_command, under_preload};
+use lockstep_launcher::ports;
+use lockstep_launcher::process::{kill_and_reap, open_log, spawn_logged, Grouping};
+use lockstep_launcher::resp::{self, resp_encode, Reply};
 use serde_json::json;
 
 use crate::up::Binaries;

@@ -30,11 +30,11 @@ use crate::chart;
 use crate::cpu_cost;
 use crate::status;
 use crate::up::{Binaries, Cluster};
-use lockstep_testkit::commands::redis_command;
-use lockstep_testkit::load::{self, LoadSpec, Request};
-use lockstep_testkit::ports;
-use lockstep_testkit::process::{last_line, open_log, spawn_logged, stop_on_signals, Grouping};
-use lockstep_testkit::resp::{self, Reply};
+use lockstep_launcher::commands::redis_command;
+use lockstep_launcher::load::{self, LoadSpec, Request};
+use lockstep_launcher::ports;
+use lockstep_launcher::process::{last_line, open_log, spawn_logged, stop_on_signals, Grouping};
+use lockstep_launcher::resp::{self, Reply};
 
 /// How long a started server may take to answer PING / a replica to sync.
 const READY_LIMIT: Duration = Duration::from_secs(60);

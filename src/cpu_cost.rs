@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use lockstep_testkit::process;
+use lockstep_launcher::process;
 
 /// The parts a system's CPU is split into.
 pub const PARTS: [&str; 4] = ["leader server", "backup servers", "followers", "client"];

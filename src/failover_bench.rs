@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use lockstep_common::config::ElectionMode;
 use lockstep_common::Config;
-use lockstep_testkit::resp::{self, Reply};
+use lockstep_launcher::resp::{self, Reply};
 
 use crate::status;
 use crate::up::{self, Binaries, Cluster};

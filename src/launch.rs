@@ -147,7 +147,7 @@ fn close_inherited_fds() {
 
 /// Whether process `pid` still runs (a zombie does not).
 pub fn running(pid: u32) -> bool {
-    lockstep_testkit::process::stat_fields(pid).is_some_and(|f| !f.starts_with(['Z', 'X']))
+    lockstep_launcher::process::stat_fields(pid).is_some_and(|f| !f.starts_with(['Z', 'X']))
 }
 
 /// `lockstep watch-server --pid P`: passes signals on to `pid` and returns

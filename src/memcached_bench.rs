@@ -2,7 +2,7 @@
 //! worker threads give there. For each worker count (`-t`) it runs the same
 //! closed-loop loads (every connection sends a `set`, or a `get` of a key
 //! set before, and waits for the reply; then `set`s pipelined `--pipeline`
-//! deep; `lockstep_testkit::load`) against a plain memcached and against
+//! deep; `lockstep_launcher::load`) against a plain memcached and against
 //! 3-node lockstep clusters of them (shm and tcp transports, output
 //! commit, static leader 1, started as `lockstep up` starts one), and
 //! prints a table (or JSON lines) of requests per second and latency, each
@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use lockstep_common::Config;
-use lockstep_testkit::load::{self, LoadSpec, Request};
-use lockstep_testkit::memcache::Memcache;
+use lockstep_launcher::load::{self, LoadSpec, Request};
+use lockstep_launcher::memcache::Memcache;
 
 use crate::bench_redis::{in_path, lockstep_divergences, three_nodes, work_dir};
 use crate::up::{Binaries, Cluster};
@@ -246,7 +246,7 @@ struct PlainMemcached {
 
 impl PlainMemcached {
     fn start(workers: u32, dir: &Path) -> anyhow::Result<PlainMemcached> {
-        let port = lockstep_testkit::ports::free_port();
+        let port = lockstep_launcher::ports::free_port();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let args: Vec<String> = memcached_args(workers)
             .into_iter()

@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use lockstep_common::{control, Config};
-use lockstep_testkit::disk::tree_bytes;
-use lockstep_testkit::resp::{self, Reply};
+use lockstep_launcher::disk::tree_bytes;
+use lockstep_launcher::resp::{self, Reply};
 
 use crate::bench_redis::{in_path, redis_benchmark, redis_server_line, three_nodes, work_dir};
 use crate::failover_bench::wait_converged;

@@ -27,11 +27,11 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::status;
-use lockstep_testkit::commands::{follower_command, in_own_pid_namespace, under_preload};
-use lockstep_testkit::process::{
+use lockstep_launcher::commands::{follower_command, in_own_pid_namespace, under_preload};
+use lockstep_launcher::process::{
     last_line, open_log, port_free, spawn_logged, stop_on_signals, Grouping,
 };
-use lockstep_testkit::zookeeper::ZookeeperServer;
+use lockstep_launcher::zookeeper::ZookeeperServer;
 
 use crate::supervisor::{Command as Heal, Observation, Supervisor, STOP_GRACE};
 use crate::up_zookeeper::Keeper;
@@ -118,7 +118,7 @@ impl Proc {
         }
         let pid = self
             .watched
-            .or_else(|| lockstep_testkit::process::first_child(self.child.id()));
+            .or_else(|| lockstep_launcher::process::first_child(self.child.id()));
         if let Some(pid) = pid {
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
@@ -1211,7 +1211,7 @@ mod tests {
     #[test]
     fn the_state_line_has_no_counters_and_tells_slow_from_down() {
         let config = Config::parse(
-            &lockstep_testkit::config_fixture::ThreeNodeConfig::new(
+            &lockstep_launcher::config_fixture::ThreeNodeConfig::new(
                 "cluster = \"t\"\ndata_dir = \"/tmp/lockstep-up-line\"\n",
             )
             .text(),

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use lockstep_testkit::zookeeper::{is_serving, ZookeeperServer, START_LIMIT};
+use lockstep_launcher::zookeeper::{is_serving, ZookeeperServer, START_LIMIT};
 
 use crate::supervisor::backoff;
 

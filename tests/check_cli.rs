@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cluster::bin_dir;
-use lockstep_testkit::config_fixture::ThreeNodeConfig;
+use lockstep_launcher::config_fixture::ThreeNodeConfig;
 
 /// `lockstep check F`: exit code, stdout, stderr.
 fn check(config: &Path) -> (i32, String, String) {

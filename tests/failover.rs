@@ -30,10 +30,10 @@ use cluster::{
     ZookeeperServer,
 };
 use lockstep_common::control::NodeStatus;
-use lockstep_testkit::commands::follower_command;
-use lockstep_testkit::leader::find_leader;
-use lockstep_testkit::poll::poll_until;
-use lockstep_testkit::process::{open_log, spawn_logged, Grouping};
+use lockstep_launcher::commands::follower_command;
+use lockstep_launcher::leader::find_leader;
+use lockstep_launcher::poll::poll_until;
+use lockstep_launcher::process::{open_log, spawn_logged, Grouping};
 use netns::{enter_netns_at, in_netns, spawn_in, Net};
 
 /// Bound on every wait: reaching it means a hang, not slowness.

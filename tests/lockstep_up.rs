@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cluster::*;
-use lockstep_testkit::process::session_of;
+use lockstep_launcher::process::session_of;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 

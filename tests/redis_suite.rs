@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 
 use cluster::*;
 use lockstep_common::config::REDIS_REPLICA_ARGS;
-use lockstep_testkit::commands::redis_command;
-use lockstep_testkit::poll::poll_until;
-use lockstep_testkit::process::{kill_and_reap, open_log, spawn_logged, Grouping};
+use lockstep_launcher::commands::redis_command;
+use lockstep_launcher::poll::poll_until;
+use lockstep_launcher::process::{kill_and_reap, open_log, spawn_logged, Grouping};
 use plan::{parse_output, regressions, Plan, UnitRun};
 
 /// How long the replicas may take to apply a unit's log and agree.

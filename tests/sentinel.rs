@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cluster::{Options, Reply, Resp, SparePorts, TestCluster, ZookeeperServer};
-use lockstep_testkit::resp::read_reply;
+use lockstep_launcher::resp::read_reply;
 
 const HANG: Duration = Duration::from_secs(180);
 const SESSION_MS: u64 = 2000;

@@ -12,7 +12,7 @@ mod cluster;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lockstep_testkit::disk::tree_bytes;
+use lockstep_launcher::disk::tree_bytes;
 
 use cluster::{
     assert_acked_counters, BackgroundLoad, Memcache, Options, Reply, Resp, Server, TestCluster,

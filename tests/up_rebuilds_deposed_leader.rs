@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use cluster::*;
 use lockstep_common::control::NodeStatus;
 use lockstep_common::Config;
-use lockstep_testkit::poll::poll_until;
+use lockstep_launcher::poll::poll_until;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 

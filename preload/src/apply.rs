@@ -308,14 +308,15 @@ pub fn must_not_block(loop_id: u64) -> bool {
 /// reap). So it waits for the log's next entries: up to
 /// [`TURN_NEWS_WAIT`] when the log has said nothing yet, longer
 /// ([`TURN_STARTED_WAIT`]) when records of a turn whose kind is not known
-/// yet are here (that turn comes for sure). True when a turn came.
-pub fn await_turn(loop_id: u64) -> bool {
+/// yet are here (that turn comes for sure). True when a turn came. Only
+/// for a wait of the server's event loop (the caller knows).
+pub fn await_turn() -> bool {
     let since = Instant::now();
     loop {
         let Some(p) = pump() else {
             return false;
         };
-        if p.region.role() == Role::Leader || crate::clock::stopping() || loop_id == 0 {
+        if p.region.role() == Role::Leader || crate::clock::stopping() {
             return false;
         }
         if !p.turn.is_empty() {

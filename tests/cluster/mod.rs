@@ -14,25 +14,25 @@ use std::time::{Duration, Instant};
 mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::{commit_line, commit_mode};
-use lockstep_testkit::commands::{
+use lockstep_launcher::commands::{
     follower_command, in_own_pid_namespace, memcached_command, redis_command, under_preload,
 };
 #[allow(unused_imports)]
-pub use lockstep_testkit::leader::{find_leader, leading};
+pub use lockstep_launcher::leader::{find_leader, leading};
 #[allow(unused_imports)]
-pub use lockstep_testkit::memcache::{McItem, Memcache};
-use lockstep_testkit::poll::poll_until;
+pub use lockstep_launcher::memcache::{McItem, Memcache};
+use lockstep_launcher::poll::poll_until;
 #[allow(unused_imports)]
-pub use lockstep_testkit::ports::free_port;
+pub use lockstep_launcher::ports::free_port;
 #[allow(unused_imports)]
-pub use lockstep_testkit::process::processes_mentioning;
-use lockstep_testkit::process::{
+pub use lockstep_launcher::process::processes_mentioning;
+use lockstep_launcher::process::{
     kill_and_reap, kill_launched_and_reap, open_log, spawn_logged, Grouping,
 };
 #[allow(unused_imports)]
-pub use lockstep_testkit::resp::{resp_encode, Reply, Resp};
+pub use lockstep_launcher::resp::{resp_encode, Reply, Resp};
 #[allow(unused_imports)]
-pub use lockstep_testkit::zookeeper::{
+pub use lockstep_launcher::zookeeper::{
     is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperEnsemble, ZookeeperServer,
 };
 

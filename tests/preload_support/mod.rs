@@ -25,13 +25,13 @@ mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::commit_mode;
 #[allow(unused_imports)]
-pub use lockstep_testkit::commands::memcached_command;
-use lockstep_testkit::commands::under_preload;
-use lockstep_testkit::poll::poll_until;
+pub use lockstep_launcher::commands::memcached_command;
+use lockstep_launcher::commands::under_preload;
+use lockstep_launcher::poll::poll_until;
 #[allow(unused_imports)]
-pub use lockstep_testkit::ports::free_port;
+pub use lockstep_launcher::ports::free_port;
 #[allow(unused_imports)]
-pub use lockstep_testkit::resp::{resp_encode, Reply, Resp};
+pub use lockstep_launcher::resp::{resp_encode, Reply, Resp};
 
 /// Generous limit for anything a test waits for.
 pub const LIMIT: Duration = Duration::from_secs(60);
@@ -634,7 +634,7 @@ impl Drop for Server {
 
 /// `redis-server` on `port` (loopback, no persistence) as a command.
 pub fn redis_command(port: u16, dir: &Path) -> Command {
-    lockstep_testkit::commands::redis_command(port, dir, &["--save", "", "--appendonly", "no"])
+    lockstep_launcher::commands::redis_command(port, dir, &["--save", "", "--appendonly", "no"])
 }
 
 /// Runs a client program to completion, killing it after `limit`.
@@ -667,7 +667,7 @@ pub fn run_client(cmd: &mut Command, limit: Duration) -> Output {
 
 /// A TCP stream with generous timeouts.
 pub fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    lockstep_testkit::resp::connect_stream(addr, Duration::from_secs(5), LIMIT)
+    lockstep_launcher::resp::connect_stream(addr, Duration::from_secs(5), LIMIT)
 }
 
 /// What a client of a refusing backup reads: connects, sends `request`

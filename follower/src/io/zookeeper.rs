@@ -735,9 +735,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lockstep-zk-early-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let zk = lockstep_testkit::zookeeper::ZookeeperServer::start_on_free_port(
+        let zk = lockstep_launcher::zookeeper::ZookeeperServer::start_on_free_port(
             &dir,
-            lockstep_testkit::ports::free_port,
+            lockstep_launcher::ports::free_port,
         )
         .expect("start ZooKeeper (scripts/setup installs it)");
         let addr = zk.addr().to_string();

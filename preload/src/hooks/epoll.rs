@@ -39,7 +39,11 @@ pub(super) unsafe fn epoll_turn(
         caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
     // A TICK of this loop is due: this wait is its turn.
     let mut tick = caught(|| crate::apply::must_not_block(loop_id)).unwrap_or(false);
-    if k == 0 && !tick && timeout == 0 && caught(|| crate::apply::await_turn(loop_id)) == Some(true)
+    if k == 0
+        && !tick
+        && timeout == 0
+        && loop_id != 0
+        && caught(crate::apply::await_turn) == Some(true)
     {
         // A timer of the server's is due: not before its turn is here.
         (keys, k) = caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));

@@ -224,7 +224,7 @@ exports! {
     fn epoll_create1(flags: c_int) -> c_int = epoll::create(|| real_epoll_create1(flags));
     /// Interposed `poll(2)`: see `scan::poll_turn`.
     fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int =
-        scan::poll_turn(fds, n, |now| real_poll(fds, n, if now { 0 } else { timeout }));
+        scan::poll_turn(fds, n, timeout == 0, |now| real_poll(fds, n, if now { 0 } else { timeout }));
     /// Interposed `ppoll(2)`: see `scan::poll_turn`.
     fn ppoll(
         fds: *mut libc::pollfd,
@@ -236,7 +236,7 @@ exports! {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        scan::poll_turn(fds, n, |now| {
+        scan::poll_turn(fds, n, scan::is_zero_timespec(timeout), |now| {
             real_ppoll(fds, n, if now { &zero } else { timeout }, mask)
         })
     };
@@ -252,7 +252,7 @@ exports! {
             tv_sec: 0,
             tv_usec: 0,
         };
-        scan::select_turn(n, r, w, e, |now| {
+        scan::select_turn(n, r, w, e, scan::is_zero_timeval(timeout), |now| {
             real_select(n, r, w, e, if now { &mut zero } else { timeout })
         })
     };
@@ -269,7 +269,7 @@ exports! {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        scan::select_turn(n, r, w, e, |now| {
+        scan::select_turn(n, r, w, e, scan::is_zero_timespec(timeout), |now| {
             real_pselect(n, r, w, e, if now { &zero } else { timeout }, mask)
         })
     };

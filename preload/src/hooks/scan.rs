@@ -10,6 +10,24 @@ use crate::dispatch;
 use crate::reentry::Reentry;
 use crate::turns::Wait;
 
+/// Whether a `ppoll`/`pselect` timeout asks not to block (null: block).
+///
+/// # Safety
+/// `t` must be null or point to a valid timespec.
+pub(super) unsafe fn is_zero_timespec(t: *const libc::timespec) -> bool {
+    // SAFETY: per the contract.
+    !t.is_null() && unsafe { (*t).tv_sec == 0 && (*t).tv_nsec == 0 }
+}
+
+/// Whether a `select` timeout asks not to block (null: block).
+///
+/// # Safety
+/// `t` must be null or point to a valid timeval.
+pub(super) unsafe fn is_zero_timeval(t: *const libc::timeval) -> bool {
+    // SAFETY: per the contract.
+    !t.is_null() && unsafe { (*t).tv_sec == 0 && (*t).tv_usec == 0 }
+}
+
 /// The log's readiness over a poll set (see `epoll_turn`): whether any
 /// entry waits to read a replay connection the log has bytes for.
 ///
@@ -210,16 +228,32 @@ pub(super) unsafe fn select_interest(n: c_int, w: *const libc::fd_set) {
     }
 }
 
+/// What a backup's scan wait has to deliver: the replay connections the
+/// log has bytes for, and whether a `TICK` makes this wait its turn. A
+/// wait of the server's loop that asks not to block (`awaits`) with
+/// nothing to deliver first waits for the log's next turn, as an epoll
+/// wait does (see `apply::await_turn`).
+fn turn_news(awaits: bool) -> ([i32; crate::turns::MAX_WIDTH], usize, bool) {
+    let (mut unread, mut k) = unread_fds();
+    let mut tick = caught(|| crate::apply::must_not_block(0)).unwrap_or(false);
+    if k == 0 && !tick && awaits && caught(crate::apply::await_turn) == Some(true) {
+        (unread, k) = unread_fds();
+        tick = caught(|| crate::apply::must_not_block(0)).unwrap_or(false);
+    }
+    (unread, k, tick)
+}
+
 /// The body of the poll hooks: the server's turn ends, and on a backup
 /// the replay connections the log has bytes for are readable (see
-/// `epoll_turn`). `real(at_once)` polls, with a zero timeout when
-/// `at_once`.
+/// `epoll_turn`). `zero_timeout`: the caller asked not to block.
+/// `real(at_once)` polls, with a zero timeout when `at_once`.
 ///
 /// # Safety
 /// `fds` must point to `n` valid pollfds (or be null with `n` 0).
 pub(super) unsafe fn poll_turn(
     fds: *mut libc::pollfd,
     n: libc::nfds_t,
+    zero_timeout: bool,
     real: impl FnOnce(bool) -> c_int,
 ) -> c_int {
     let Some(_reentry) = Reentry::enter() else {
@@ -228,9 +262,9 @@ pub(super) unsafe fn poll_turn(
     // SAFETY: per the contract.
     unsafe { poll_interest(fds, n) };
     // SAFETY: per the contract.
-    event_loop_turn(Wait::Scan, 0, unsafe { poll_serves(fds, n) });
-    let (unread, k) = unread_fds();
-    let tick = caught(|| crate::apply::must_not_block(0)).unwrap_or(false);
+    let serves = unsafe { poll_serves(fds, n) };
+    event_loop_turn(Wait::Scan, 0, serves);
+    let (unread, k, tick) = turn_news(serves && zero_timeout);
     // SAFETY: per the contract.
     let r = real(tick || unsafe { poll_unread(fds, n, &unread[..k]) });
     let _errno = KeptErrno::now();
@@ -250,6 +284,7 @@ pub(super) unsafe fn select_turn(
     r: *mut libc::fd_set,
     w: *mut libc::fd_set,
     e: *mut libc::fd_set,
+    zero_timeout: bool,
     real: impl FnOnce(bool) -> c_int,
 ) -> c_int {
     let Some(_reentry) = Reentry::enter() else {
@@ -258,9 +293,9 @@ pub(super) unsafe fn select_turn(
     // SAFETY: per the contract.
     unsafe { select_interest(n, w) };
     // SAFETY: per the contract.
-    event_loop_turn(Wait::Scan, 0, unsafe { select_serves(n, r) });
-    let (unread, k) = unread_fds();
-    let tick = caught(|| crate::apply::must_not_block(0)).unwrap_or(false);
+    let serves = unsafe { select_serves(n, r) };
+    event_loop_turn(Wait::Scan, 0, serves);
+    let (unread, k, tick) = turn_news(serves && zero_timeout);
     let asked = if r.is_null() {
         None
     } else {

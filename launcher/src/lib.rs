@@ -10,7 +10,7 @@
 //! Quick start, a server under test with its output in a log:
 //!
 //! ```no_run
-//! use lockstep_testkit::{commands, ports, process};
+//! use lockstep_launcher::{commands, ports, process};
 //! let port = ports::free_port();
 //! let mut cmd = commands::memcached_command(port);
 //! let log = process::open_log(std::path::Path::new("/tmp/mc.log"), false).unwrap();
