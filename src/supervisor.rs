@@ -504,6 +504,21 @@ mod tests {
         }
     }
 
+    /// A status that says the server must be rebuilt, and why.
+    fn stale(why: &str) -> NodeStatus {
+        let mut s = status("stale", 1, 0);
+        s.stale_reason = Some(why.into());
+        s
+    }
+
+    /// The follower exited (its server may run on).
+    fn follower_down() -> Seen {
+        Seen {
+            follower_exited: Some(" (exit status: 1)"),
+            ..Seen::default()
+        }
+    }
+
     impl Rig {
         fn new() -> Rig {
             let now = Instant::now();
@@ -631,11 +646,9 @@ mod tests {
         waiting.status = Some(status("backup", 1, 0));
         assert!(r.after(STALE_GRACE / 2).step(waiting).is_empty());
         // Stale: restart at once.
-        let mut stale = gone.clone();
-        let mut s = status("stale", 1, 0);
-        s.stale_reason = Some("its server exited".into());
-        stale.status = Some(s);
-        let c = r.step(stale);
+        let mut gone_stale = gone.clone();
+        gone_stale.status = Some(stale("its server exited"));
+        let c = r.step(gone_stale);
         assert!(says(
             &c,
             "node 2 is stale (its server exited): restarting it"
@@ -678,11 +691,9 @@ mod tests {
     #[test]
     fn staleness_of_a_running_node_restarts_it() {
         let mut r = Rig::new();
-        let mut s = status("stale", 3, 9);
-        s.stale_reason = Some("its server executed seq 3 of view 2".into());
         let c = r.step(Seen {
             alive: true,
-            status: Some(s),
+            status: Some(stale("its server executed seq 3 of view 2")),
             ..Seen::default()
         });
         assert!(says(&c, "is stale (its server executed seq 3 of view 2)"));
@@ -691,10 +702,7 @@ mod tests {
     #[test]
     fn failures_soon_after_a_restart_back_off_and_a_healthy_run_resets_the_pause() {
         let mut r = Rig::new();
-        let down = Seen {
-            follower_exited: Some(" (exit status: 1)"),
-            ..Seen::default()
-        };
+        let down = follower_down();
         // First failure of a node `up` started: at once.
         let c = r.step(down.clone());
         assert!(!says(&c, "failed again"));
@@ -734,10 +742,7 @@ mod tests {
     #[test]
     fn a_start_that_fails_is_retried_with_a_growing_pause() {
         let mut r = Rig::new();
-        r.step(Seen {
-            follower_exited: Some(" (exit status: 1)"),
-            ..Seen::default()
-        });
+        r.step(follower_down());
         assert_eq!(
             r.step(Seen::default()),
             [Command::Forget, Command::StartFollower]
@@ -766,10 +771,7 @@ mod tests {
     #[test]
     fn a_follower_that_never_answers_or_a_rebuild_that_stalls_fails_the_restart() {
         let mut r = Rig::new();
-        r.step(Seen {
-            follower_exited: Some(" (exit status: 1)"),
-            ..Seen::default()
-        });
+        r.step(follower_down());
         r.step(Seen::default());
         let silent = Seen {
             alive: true,
@@ -780,10 +782,7 @@ mod tests {
         assert!(says(&c, "its follower did not answer within"));
 
         let mut r = Rig::new();
-        r.step(Seen {
-            follower_exited: Some(" (exit status: 1)"),
-            ..Seen::default()
-        });
+        r.step(follower_down());
         r.step(Seen::default());
         r.step(Seen {
             alive: true,
@@ -815,10 +814,7 @@ mod tests {
     #[test]
     fn a_node_is_back_only_once_its_server_accepts_connections() {
         let mut r = Rig::new();
-        r.step(Seen {
-            follower_exited: Some(" (exit status: 1)"),
-            ..Seen::default()
-        });
+        r.step(follower_down());
         r.step(Seen::default());
         r.step(Seen {
             alive: true,
@@ -833,11 +829,9 @@ mod tests {
         };
         assert!(r.step(not_yet).is_empty());
         assert!(matches!(r.phase(), Phase::StartingServer { .. }));
-        let mut stale = status("stale", 1, 77);
-        stale.stale_reason = Some("dropped input".into());
         let c = r.step(Seen {
             alive: true,
-            status: Some(stale),
+            status: Some(stale("dropped input")),
             ..Seen::default()
         });
         assert!(says(&c, "it went stale while rebuilding (dropped input)"));
