@@ -70,11 +70,10 @@ use once_cell::sync::OnceCell;
 
 use crate::clock::TurnReads;
 use crate::fdtable;
+use crate::output_check::{PendingOutput, Verdict};
 use crate::turn_time::{self, Record};
 use crate::turns::{self, MAX_WIDTH};
 
-/// Bytes of a replay connection's output kept to show in a divergence.
-const SHOWN: usize = 48;
 /// A consumed turn counts as handled after this long even when the server
 /// did not re-enter an event-loop wait the hooks see.
 const TURN_PATIENCE: Duration = Duration::from_millis(500);
@@ -111,14 +110,10 @@ struct Conn {
     /// The server read EOF, or closed its end.
     eof: bool,
     closed: bool,
-    /// Output since the connection's last input, and its first bytes.
-    out: OutputDigest,
-    /// `out` as the last leader turn began, and the output since: what the
-    /// leader's digest of an input covers is the output before the turn
-    /// that read it (see `Pump::cut`).
-    at_cut: OutputDigest,
-    since_cut: OutputDigest,
-    shown: [u8; SHOWN],
+    /// Output no digest of the leader's covered yet (what the leader's
+    /// digest of an input covers is the output before the turn that read
+    /// it: see `Pump::cut`).
+    pending: PendingOutput,
     /// Seq of the connection's last input (whose output `out` is).
     last_input: u64,
     /// Which of its replies differ per node by design.
@@ -295,6 +290,22 @@ pub fn must_not_block(loop_id: u64) -> bool {
             && !p.due();
         tick || held_back
     })
+}
+
+/// A backup's epoll timeout: none when a tick is due (this wait is its
+/// turn); unbounded while the log has no time (the server's clock stands
+/// at the origin, so no timer of its can come due: the first entry's bell
+/// or alarm wakes it, a signal too); else the server's.
+pub fn wait_timeout(tick: bool, timeout: i32) -> i32 {
+    if tick {
+        0
+    } else if crate::clock::stilled()
+        && crate::setup::engine().is_some_and(|e| e.region.role() != Role::Leader)
+    {
+        -1
+    } else {
+        timeout
+    }
 }
 
 /// A backup's wait that asks not to block (timeout 0) while the pump has
@@ -633,13 +644,7 @@ pub fn on_output(conn: u64, segments: &[&[u8]]) {
     };
     if let Some(c) = p.conns.get_mut(&conn) {
         for s in segments {
-            let at = c.out.len as usize;
-            c.since_cut.update(s);
-            if at < SHOWN {
-                let n = (SHOWN - at).min(s.len());
-                c.shown[at..at + n].copy_from_slice(&s[..n]);
-            }
-            c.out.update(s);
+            c.pending.write(s);
         }
     }
 }
@@ -1305,8 +1310,7 @@ impl Pump {
     fn cut(&mut self, at: u64) {
         self.cut_at = at;
         for c in self.conns.values_mut() {
-            c.at_cut = c.out;
-            c.since_cut = OutputDigest::default();
+            c.pending.cut();
         }
     }
 
@@ -1392,10 +1396,7 @@ impl Pump {
                 read_slot: None,
                 eof: false,
                 closed: false,
-                out: OutputDigest::default(),
-                at_cut: OutputDigest::default(),
-                since_cut: OutputDigest::default(),
-                shown: [0; SHOWN],
+                pending: PendingOutput::default(),
                 last_input: conn,
                 replies: crate::node_dependent::Replies::default(),
             },
@@ -1413,12 +1414,19 @@ impl Pump {
         let Some(c) = self.conns.get_mut(&h.conn) else {
             return;
         };
+        // The leader's server read this connection's last input just
+        // before, in this same turn (a server that reads a connection until
+        // EAGAIN and answers each request at once, as memcached does): it
+        // wrote that answer before reading this one. Otherwise the digest
+        // covers what it wrote before the turn that read this input; what
+        // this server wrote since (in parts of that turn it took apart)
+        // starts the next interval, as it does on the leader.
+        let whole = adjacent && c.last_input >= self.cut_at;
+        let prev = std::mem::replace(&mut c.last_input, h.seq);
         if h.out_hash == OutputDigest::WITHHELD {
             // The leader's server output never left it (it failed the
             // connection): nothing to compare; start over.
-            c.at_cut = OutputDigest::default();
-            c.out = c.since_cut;
-            c.last_input = h.seq;
+            c.pending.skip(whole);
             c.replies.take();
             log::debug!(
                 "connection {}: the leader withheld its output before seq {} (not compared)",
@@ -1427,30 +1435,22 @@ impl Pump {
             );
             return;
         }
-        let mine = if adjacent && c.last_input >= self.cut_at {
-            // The leader's server read this connection's last input just
-            // before, in this same turn (a server that reads a connection
-            // until EAGAIN and answers each request at once, as memcached
-            // does): it wrote that answer before reading this one.
-            c.at_cut = OutputDigest::default();
-            c.since_cut = OutputDigest::default();
-            std::mem::take(&mut c.out)
-        } else {
-            // What the leader's server wrote before the turn that read
-            // this input; what this server wrote since (in parts of that
-            // turn it took apart) starts the next interval, as it does on
-            // the leader.
-            let mine = std::mem::take(&mut c.at_cut);
-            c.out = c.since_cut;
-            mine
-        };
-        let prev = std::mem::replace(&mut c.last_input, h.seq);
+        let verdict = c.pending.check(h.out_hash, whole);
         // The commands that produced it describe the node: not counted.
         let node_dependent = c.replies.take();
         let command = c.replies.last_command();
-        if mine.pack() == h.out_hash {
-            return;
-        }
+        let (len, shown) = match verdict {
+            Verdict::Same => return,
+            Verdict::Unsure => {
+                log::debug!(
+                    "connection {}: the output after seq {prev} differs from the leader's, but more than {} bytes went unmatched before (not counted)",
+                    h.conn,
+                    crate::output_check::KEEP
+                );
+                return;
+            }
+            Verdict::Differs { len, shown } => (len, shown),
+        };
         if node_dependent {
             log::debug!(
                 "connection {}: the output after seq {prev} (`{command}`) differs from the leader's by design (not counted)",
@@ -1460,13 +1460,11 @@ impl Pump {
         }
         self.region.apply().add_diverged();
         let (_, leader_len) = OutputDigest::unpack(h.out_hash);
-        let shown = &c.shown[..(mine.len as usize).min(SHOWN)];
         log::warn!(
             "divergence on connection {}: the output after seq {prev} differs from the leader's \
-             (after `{command}`; leader: {leader_len} bytes; this server: {} bytes, starting {:?})",
+             (after `{command}`; leader: {leader_len} bytes; this server: {len} bytes, starting {:?})",
             h.conn,
-            mine.len,
-            String::from_utf8_lossy(shown)
+            String::from_utf8_lossy(&shown)
         );
     }
 
@@ -1519,11 +1517,13 @@ mod tests {
         p.open(7);
         // This server answered input 7; the leader failed the connection
         // instead of writing its answer.
-        p.conns.get_mut(&7).unwrap().at_cut.update(b":863340\r\n");
+        p.conns.get_mut(&7).unwrap().pending.write(b":863340\r\n");
+        p.cut(8);
         p.check_output(&data(8, 7, false, OutputDigest::WITHHELD), false);
         assert_eq!(region.apply().diverged(), 0);
         // A reply that differs is still counted.
-        p.conns.get_mut(&7).unwrap().at_cut.update(b":1\r\n");
+        p.conns.get_mut(&7).unwrap().pending.write(b":1\r\n");
+        p.cut(9);
         p.check_output(&data(9, 7, false, OutputDigest::default().pack()), false);
         assert_eq!(region.apply().diverged(), 1);
     }

@@ -392,7 +392,7 @@ fn withheld_or(slot: &Slot) -> u64 {
     if slot.state() & FAILED != 0 {
         OutputDigest::WITHHELD
     } else {
-        digest.pack()
+        digest
     }
 }
 
@@ -448,7 +448,10 @@ fn try_hold(engine: &Engine, fd: i32, slot: &Slot, segments: &[&[u8]]) -> Option
             // Over the bound: what it holds goes first.
             return match held_output::release(engine, fd, conn, &mut fail_held) {
                 held_output::Released::Sent => None,
-                held_output::Released::Stuck => Some(Ret::err(libc::EAGAIN)),
+                held_output::Released::Stuck => {
+                    slot.note_sent(false);
+                    Some(Ret::err(libc::EAGAIN))
+                }
                 held_output::Released::Failed => Some(Ret::err(libc::ECONNRESET)),
             };
         }
@@ -463,6 +466,7 @@ fn try_hold(engine: &Engine, fd: i32, slot: &Slot, segments: &[&[u8]]) -> Option
         }
     }
     slot.add_output(segments);
+    slot.note_sent(true);
     let total: usize = segments.iter().map(|s| s.len()).sum();
     Some(Ret::pass(total as isize))
 }
@@ -506,6 +510,17 @@ pub fn write_interest(fd: i32, wants: bool) {
     }
 }
 
+/// The server does (or no longer does) wait to write more to `fd`, a
+/// client of the leader's: it holds output back (see
+/// `Slot::note_write_interest`).
+pub fn client_write_interest(fd: i32, wants: bool) {
+    if let Some(slot) = fdtable::slot(fd) {
+        if slot.class() == Class::Client {
+            slot.note_write_interest(wants);
+        }
+    }
+}
+
 /// The server registered `fd`, a replay connection, in `epfd` under `key`
 /// (`reads`: for reading; `epfd` -1: it removed it).
 pub fn wait_key(fd: i32, epfd: i32, key: u64, reads: bool) {
@@ -519,11 +534,13 @@ pub fn is_replay(fd: i32) -> bool {
     fdtable::slot(fd).is_some_and(|s| s.class() == Class::Replay)
 }
 
-/// Output written to a tracked fd.
-pub fn after_output(fd: i32, segments: &[&[u8]]) {
+/// Output written to a tracked fd: `segments` what the socket took,
+/// `whole` whether it took all the server asked to send.
+pub fn after_output(fd: i32, segments: &[&[u8]], whole: bool) {
     if let Some(slot) = fdtable::slot(fd) {
         if slot.class() == Class::Client {
             slot.add_output(segments);
+            slot.note_sent(whole);
         }
     }
 }

@@ -61,6 +61,7 @@ pub mod hooks;
 pub mod logger;
 pub mod loops;
 pub mod node_dependent;
+pub mod output_check;
 pub mod reentry;
 pub mod setup;
 #[allow(unsafe_code)]

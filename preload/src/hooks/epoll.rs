@@ -51,7 +51,10 @@ pub(super) unsafe fn epoll_turn(
     }
     let k = k.min(max as usize);
     let n = match k {
-        0 => probed(wait_timeout(tick, timeout), |t| real(max, t)),
+        0 => probed(
+            caught(|| crate::apply::wait_timeout(tick, timeout)).unwrap_or(timeout),
+            |t| real(max, t),
+        ),
         // No room left for the kernel's events: they wait for the next
         // call (a level-triggered fd is reported again).
         k if k == max as usize => 0,
@@ -106,23 +109,6 @@ fn probed(timeout: c_int, mut wait: impl FnMut(c_int) -> c_int) -> c_int {
     }
 }
 
-/// A backup's epoll timeout: none when a tick is due (this wait is its
-/// turn); unbounded while the log has no time (the server's clock stands
-/// at the origin, so no timer of its can come due: the first entry's bell
-/// or alarm wakes it, a signal too); else the server's.
-pub(super) fn wait_timeout(tick: bool, timeout: c_int) -> c_int {
-    if tick {
-        0
-    } else if crate::clock::stilled()
-        && crate::setup::engine()
-            .is_some_and(|e| e.region.role() != lockstep_common::region::Role::Leader)
-    {
-        -1
-    } else {
-        timeout
-    }
-}
-
 /// The body of the interposed `epoll_ctl(2)`: observed, not changed — whether the server
 /// wants to write more to a replay connection (a reply it sends in
 /// several turns) tells a backup's pump that the reply is not complete.
@@ -151,6 +137,13 @@ pub(super) unsafe fn epoll_ctl(
             // valid epoll_event.
             && unsafe { (*ev).events } & libc::EPOLLOUT as u32 != 0;
         let _ = caught(|| dispatch::write_interest(fd, wants));
+    } else if dispatch::tracked(fd) {
+        let wants = op != libc::EPOLL_CTL_DEL
+            && !ev.is_null()
+            // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the caller's
+            // valid epoll_event.
+            && unsafe { (*ev).events } & libc::EPOLLOUT as u32 != 0;
+        let _ = caught(|| dispatch::client_write_interest(fd, wants));
     }
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_epoll_ctl(epfd, op, fd, ev) }

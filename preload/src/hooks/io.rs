@@ -119,13 +119,18 @@ pub(super) unsafe fn output(fd: c_int, bufs: Bufs, real: impl FnOnce() -> ssize_
         return finish(r, errno());
     }
     let n = real();
-    if n > 0 {
-        let e = errno();
+    let e = errno();
+    if n >= 0 || e == libc::EAGAIN || e == libc::EWOULDBLOCK {
         // A panic here only loses digest bytes; the divergence check
         // reports it, the server is unaffected.
+        let sent = n.max(0) as usize;
         let _ = caught(|| {
-            // SAFETY: the real call sent `n` bytes from `bufs`.
-            unsafe { with_segments(bufs, n as usize, |segs| dispatch::after_output(fd, segs)) }
+            // SAFETY: the real call sent `sent` bytes from `bufs`.
+            unsafe {
+                with_segments(bufs, sent, |segs| {
+                    dispatch::after_output(fd, segs, sent >= total)
+                })
+            }
         });
         set_errno(e);
     }

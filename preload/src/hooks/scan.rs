@@ -194,7 +194,8 @@ pub(super) unsafe fn select_unread(n: c_int, r: *const libc::fd_set, unread: &[i
             .any(|fd| *fd < n && unsafe { libc::FD_ISSET(*fd, r) })
 }
 
-/// Reports which replay connections a poll set waits to write to.
+/// Reports which connections (replay connections, clients) a poll set
+/// waits to write to.
 ///
 /// # Safety
 /// `fds` must point to `n` valid pollfds (or be null with `n` 0).
@@ -205,13 +206,20 @@ pub(super) unsafe fn poll_interest(fds: *const libc::pollfd, n: libc::nfds_t) {
     // SAFETY: per the contract.
     let set = unsafe { std::slice::from_raw_parts(fds, n as usize) };
     for p in set {
-        if dispatch::tracked(p.fd) && dispatch::is_replay(p.fd) {
-            let _ = caught(|| dispatch::write_interest(p.fd, p.events & libc::POLLOUT != 0));
+        if !dispatch::tracked(p.fd) {
+            continue;
+        }
+        let wants = p.events & libc::POLLOUT != 0;
+        if dispatch::is_replay(p.fd) {
+            let _ = caught(|| dispatch::write_interest(p.fd, wants));
+        } else {
+            let _ = caught(|| dispatch::client_write_interest(p.fd, wants));
         }
     }
 }
 
-/// Reports which replay connections a select write set waits on.
+/// Reports which connections (replay connections, clients) a select
+/// write set waits on.
 ///
 /// # Safety
 /// `w` must be null or a valid fd_set covering fds below `n`.
@@ -220,10 +228,15 @@ pub(super) unsafe fn select_interest(n: c_int, w: *const libc::fd_set) {
         return;
     }
     for fd in 0..n.clamp(0, libc::FD_SETSIZE as c_int) {
-        if dispatch::tracked(fd) && dispatch::is_replay(fd) {
-            // SAFETY: per the contract; FD_ISSET only reads the set.
-            let wants = !w.is_null() && unsafe { libc::FD_ISSET(fd, w) };
+        if !dispatch::tracked(fd) {
+            continue;
+        }
+        // SAFETY: per the contract; FD_ISSET only reads the set.
+        let wants = !w.is_null() && unsafe { libc::FD_ISSET(fd, w) };
+        if dispatch::is_replay(fd) {
             let _ = caught(|| dispatch::write_interest(fd, wants));
+        } else {
+            let _ = caught(|| dispatch::client_write_interest(fd, wants));
         }
     }
 }

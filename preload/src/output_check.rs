@@ -1,0 +1,300 @@
+//! A backup's check of one replay connection's output against the
+//! leader's: what its server wrote that no leader digest has covered yet,
+//! and the comparison when the connection's next input brings the
+//! leader's digest (see `apply::Pump::check_output`). Pure: bytes in,
+//! verdicts out.
+//!
+//! The leader's digest of an input covers the bytes its client socket
+//! took between that input and the one before. A backup's writes are
+//! dropped, so they always "take" everything, while the leader's socket
+//! takes less when its client reads late (the socket is full; the server
+//! keeps the rest and sends it in a later interval). The leader's bytes
+//! are then a prefix of the backup's: a digest that matches a prefix is a
+//! match, and the rest of the backup's bytes wait for the next interval,
+//! where the leader sends them. Bytes are kept only until a digest covers
+//! them: a fast reader's connection keeps one reply at a time.
+
+use lockstep_common::entry::OutputDigest;
+
+/// Bytes of unmatched output one connection keeps at most. Beyond it the
+/// check loses track of where the leader stands: the bytes are dropped,
+/// and differences are not counted until a digest matches again.
+pub const KEEP: usize = 16 << 20;
+
+/// Bytes of a differing output shown in the divergence line.
+pub const SHOWN: usize = 48;
+
+/// What one comparison found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The leader's bytes are this server's (or a prefix of them).
+    Same,
+    /// They differ, but the check had lost track (more than [`KEEP`]
+    /// unmatched bytes were dropped): not a divergence.
+    Unsure,
+    /// They differ: this server wrote `len` bytes in the interval,
+    /// starting with `shown`.
+    Differs {
+        /// Bytes this server wrote in the interval.
+        len: usize,
+        /// Their first bytes (at most [`SHOWN`]).
+        shown: Vec<u8>,
+    },
+}
+
+/// One connection's output that no leader digest covered yet.
+#[derive(Debug, Default)]
+pub struct PendingOutput {
+    bytes: Vec<u8>,
+    /// How many of `bytes` were written before the leader's turn in
+    /// flight began (see `apply::Pump::cut`).
+    cut: usize,
+    /// Bytes were dropped over [`KEEP`]: differences are not counted until
+    /// a digest matches again.
+    unsynced: bool,
+}
+
+impl PendingOutput {
+    /// The server wrote `s`.
+    pub fn write(&mut self, s: &[u8]) {
+        if self.bytes.len() + s.len() > KEEP {
+            self.bytes.clear();
+            self.cut = 0;
+            self.unsynced = true;
+            return;
+        }
+        self.bytes.extend_from_slice(s);
+    }
+
+    /// A leader turn begins: what was written so far is what the digests
+    /// of its inputs cover.
+    pub fn cut(&mut self) {
+        self.cut = self.bytes.len();
+    }
+
+    /// Compares the interval that the digest `leader` (packed, see
+    /// [`OutputDigest::pack`]) covers: everything written (`whole`: the
+    /// leader's server wrote it before reading this input, in the same
+    /// turn) or what was written before the cut. Covered bytes are
+    /// forgotten; a differing interval is forgotten whole, so one
+    /// difference counts once.
+    pub fn check(&mut self, leader: u64, whole: bool) -> Verdict {
+        let end = self.interval_end(whole);
+        let interval = &self.bytes[..end];
+        let (_, leader_len) = OutputDigest::unpack(leader);
+        let prefix = leader_len as usize;
+        let matched = if OutputDigest::same(digest(interval).pack(), leader) {
+            Some(end)
+        } else if OutputDigest::backlogged(leader)
+            && prefix < end
+            && OutputDigest::same(digest(&interval[..prefix]).pack(), leader)
+        {
+            // The leader's client took less so far (it reads late).
+            Some(prefix)
+        } else {
+            None
+        };
+        let verdict = match matched {
+            Some(n) => {
+                self.consume(n);
+                self.unsynced = false;
+                return Verdict::Same;
+            }
+            None if self.unsynced => Verdict::Unsure,
+            None => Verdict::Differs {
+                len: end,
+                shown: interval[..end.min(SHOWN)].to_vec(),
+            },
+        };
+        self.consume(end);
+        verdict
+    }
+
+    /// Forgets the interval a digest would have covered, unchecked (the
+    /// leader withheld its server's output).
+    pub fn skip(&mut self, whole: bool) {
+        let end = self.interval_end(whole);
+        self.consume(end);
+    }
+
+    /// Unmatched bytes kept.
+    pub fn kept(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn interval_end(&self, whole: bool) -> usize {
+        if whole {
+            self.bytes.len()
+        } else {
+            self.cut.min(self.bytes.len())
+        }
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.bytes.drain(..n);
+        self.cut = self.cut.saturating_sub(n);
+        if self.bytes.is_empty() && self.bytes.capacity() > 1 << 20 {
+            // A burst is over: give its memory back.
+            self.bytes = Vec::new();
+        }
+    }
+}
+
+/// The digest of `bytes`.
+pub fn digest(bytes: &[u8]) -> OutputDigest {
+    let mut d = OutputDigest::default();
+    d.update(bytes);
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn packed(b: &[u8]) -> u64 {
+        digest(b).pack()
+    }
+
+    /// The leader's digest when its client's socket refused some output.
+    fn backlogged(b: &[u8]) -> u64 {
+        digest(b).pack_flagged(true)
+    }
+
+    #[test]
+    fn the_same_output_matches_and_is_forgotten() {
+        let mut p = PendingOutput::default();
+        p.write(b"+OK\r\n");
+        p.cut();
+        assert_eq!(p.check(packed(b"+OK\r\n"), false), Verdict::Same);
+        assert_eq!(p.kept(), 0);
+        // No output on both sides matches too.
+        p.cut();
+        assert_eq!(p.check(packed(b""), false), Verdict::Same);
+    }
+
+    #[test]
+    fn output_after_the_cut_waits_for_the_next_interval() {
+        let mut p = PendingOutput::default();
+        p.write(b":1\r\n");
+        p.cut();
+        p.write(b":2\r\n");
+        assert_eq!(p.check(packed(b":1\r\n"), false), Verdict::Same);
+        p.cut();
+        assert_eq!(p.check(packed(b":2\r\n"), false), Verdict::Same);
+        // Whole: everything written counts.
+        p.write(b":3\r\n");
+        assert_eq!(p.check(packed(b":3\r\n"), true), Verdict::Same);
+    }
+
+    #[test]
+    fn a_late_reader_s_leader_bytes_are_a_prefix_and_the_rest_follows() {
+        let mut p = PendingOutput::default();
+        let reply = vec![b'x'; 10_000];
+        p.write(&reply);
+        p.cut();
+        // Unflagged, a prefix is a difference.
+        let mut q = PendingOutput::default();
+        q.write(&reply);
+        q.cut();
+        assert!(matches!(
+            q.check(packed(&reply[..3000]), false),
+            Verdict::Differs { .. }
+        ));
+        // The leader's socket took 3000 bytes of it, then 0, then the rest.
+        assert_eq!(p.check(backlogged(&reply[..3000]), false), Verdict::Same);
+        p.write(b":5\r\n");
+        p.cut();
+        assert_eq!(p.check(backlogged(b""), false), Verdict::Same);
+        p.cut();
+        let mut rest = reply[3000..].to_vec();
+        rest.extend_from_slice(b":5\r\n");
+        assert_eq!(p.check(packed(&rest), false), Verdict::Same);
+        assert_eq!(p.kept(), 0);
+    }
+
+    #[test]
+    fn a_real_difference_is_named_once_and_the_check_starts_over() {
+        let mut p = PendingOutput::default();
+        p.write(b":863340\r\n");
+        p.cut();
+        assert_eq!(
+            p.check(packed(b":1\r\n"), false),
+            Verdict::Differs {
+                len: 9,
+                shown: b":863340\r\n".to_vec()
+            }
+        );
+        p.write(b"+OK\r\n");
+        p.cut();
+        assert_eq!(p.check(packed(b"+OK\r\n"), false), Verdict::Same);
+        // More bytes on the leader than here is a difference, not a prefix.
+        p.write(b"+O");
+        p.cut();
+        assert!(matches!(
+            p.check(packed(b"+OK\r\n"), false),
+            Verdict::Differs { len: 2, .. }
+        ));
+    }
+
+    #[test]
+    fn past_the_keep_bound_differences_are_not_counted_until_a_match() {
+        let mut p = PendingOutput::default();
+        let chunk = vec![b'y'; 1 << 20];
+        for _ in 0..(KEEP >> 20) + 1 {
+            p.write(&chunk);
+        }
+        assert!(p.kept() < KEEP);
+        p.cut();
+        assert_eq!(p.check(packed(b"whatever"), false), Verdict::Unsure);
+        p.write(b"+OK\r\n");
+        p.cut();
+        assert_eq!(p.check(packed(b"+OK\r\n"), false), Verdict::Same);
+        p.write(b"-ERR\r\n");
+        p.cut();
+        assert!(matches!(
+            p.check(packed(b"+OK\r\n"), false),
+            Verdict::Differs { .. }
+        ));
+    }
+
+    #[test]
+    fn a_withheld_interval_is_skipped() {
+        let mut p = PendingOutput::default();
+        p.write(b"lost");
+        p.cut();
+        p.write(b"+OK\r\n");
+        p.skip(false);
+        p.cut();
+        assert_eq!(p.check(packed(b"+OK\r\n"), false), Verdict::Same);
+    }
+
+    proptest! {
+        /// However a leader's socket splits one output stream into
+        /// intervals (each interval's bytes what it took by then, never
+        /// more than was written), the backup finds no difference.
+        #[test]
+        fn any_split_of_the_same_stream_matches(
+            replies in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..200), 1..30),
+            took in proptest::collection::vec(0.0f64..=1.0, 30),
+        ) {
+            let mut p = PendingOutput::default();
+            let mut written = Vec::new();
+            let mut sent = 0usize;
+            for (i, r) in replies.iter().enumerate() {
+                p.write(r);
+                written.extend_from_slice(r);
+                p.cut();
+                // The leader's socket took some of what is unsent.
+                let upto = sent + ((written.len() - sent) as f64 * took[i]) as usize;
+                let d = digest(&written[sent..upto]).pack_flagged(upto < written.len());
+                prop_assert_eq!(p.check(d, false), Verdict::Same);
+                sent = upto;
+            }
+            // It takes the rest at last.
+            p.cut();
+            prop_assert_eq!(p.check(packed(&written[sent..]), false), Verdict::Same);
+            prop_assert_eq!(p.kept(), 0);
+        }
+    }
+}
