@@ -70,7 +70,7 @@ use once_cell::sync::OnceCell;
 
 use crate::clock::TurnReads;
 use crate::fdtable;
-use crate::output_check::{PendingOutput, Verdict};
+use crate::output_check::{Budget, PendingOutput, Verdict};
 use crate::turn_time::{self, Record};
 use crate::turns::{self, MAX_WIDTH};
 
@@ -211,6 +211,8 @@ pub struct Pump {
     /// wait of that loop returned for it with its wait count then.
     tick: Option<(u64, Option<(usize, u64)>)>,
     conns: HashMap<u64, Conn>,
+    /// The connections' unmatched output, against its bound.
+    kept: Budget,
     /// The stream is unreadable (said once; a new stream starts over).
     broken: bool,
     /// Replay connections the server has not accepted yet, by their
@@ -642,9 +644,10 @@ pub fn on_output(conn: u64, segments: &[&[u8]]) {
     let Some(mut p) = pump() else {
         return;
     };
-    if let Some(c) = p.conns.get_mut(&conn) {
+    let Pump { conns, kept, .. } = &mut *p;
+    if let Some(c) = conns.get_mut(&conn) {
         for s in segments {
-            c.pending.write(s);
+            c.pending.write(s, kept);
         }
     }
 }
@@ -794,6 +797,7 @@ impl Pump {
             pending_since: None,
             stuck_said: false,
             conns: HashMap::new(),
+            kept: Budget::default(),
             by_addr: HashMap::new(),
             broken: false,
         }
@@ -1001,8 +1005,9 @@ impl Pump {
 
     /// Ends every replay connection (the server reads EOF on each).
     fn end_all(&mut self) {
-        for (_, c) in self.conns.drain() {
+        for (_, mut c) in self.conns.drain() {
             let _ = c.stream.shutdown(Shutdown::Both);
+            c.pending.forget(&mut self.kept);
         }
         self.by_addr.clear();
     }
@@ -1123,7 +1128,9 @@ impl Pump {
             done &= item_done;
         }
         for conn in ended {
-            self.conns.remove(&conn);
+            if let Some(mut c) = self.conns.remove(&conn) {
+                c.pending.forget(&mut self.kept);
+            }
         }
         if all_read && self.consumed_at.is_none() {
             self.consumed_at = Some(Instant::now());
@@ -1426,7 +1433,7 @@ impl Pump {
         if h.out_hash == OutputDigest::WITHHELD {
             // The leader's server output never left it (it failed the
             // connection): nothing to compare; start over.
-            c.pending.skip(whole);
+            c.pending.skip(whole, &mut self.kept);
             c.replies.take();
             log::debug!(
                 "connection {}: the leader withheld its output before seq {} (not compared)",
@@ -1435,7 +1442,7 @@ impl Pump {
             );
             return;
         }
-        let verdict = c.pending.check(h.out_hash, whole);
+        let verdict = c.pending.check(h.out_hash, whole, &mut self.kept);
         // The commands that produced it describe the node: not counted.
         let node_dependent = c.replies.take();
         let command = c.replies.last_command();
@@ -1517,12 +1524,18 @@ mod tests {
         p.open(7);
         // This server answered input 7; the leader failed the connection
         // instead of writing its answer.
-        p.conns.get_mut(&7).unwrap().pending.write(b":863340\r\n");
+        let Pump { conns, kept, .. } = &mut p;
+        conns
+            .get_mut(&7)
+            .unwrap()
+            .pending
+            .write(b":863340\r\n", kept);
         p.cut(8);
         p.check_output(&data(8, 7, false, OutputDigest::WITHHELD), false);
         assert_eq!(region.apply().diverged(), 0);
         // A reply that differs is still counted.
-        p.conns.get_mut(&7).unwrap().pending.write(b":1\r\n");
+        let Pump { conns, kept, .. } = &mut p;
+        conns.get_mut(&7).unwrap().pending.write(b":1\r\n", kept);
         p.cut(9);
         p.check_output(&data(9, 7, false, OutputDigest::default().pack()), false);
         assert_eq!(region.apply().diverged(), 1);

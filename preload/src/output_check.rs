@@ -16,10 +16,29 @@
 
 use lockstep_common::entry::OutputDigest;
 
-/// Bytes of unmatched output one connection keeps at most. Beyond it the
-/// check loses track of where the leader stands: the bytes are dropped,
-/// and differences are not counted until a digest matches again.
-pub const KEEP: usize = 16 << 20;
+/// Bytes of unmatched output one connection keeps at most. Beyond it (or
+/// beyond the process's [`Budget`]) the check loses track of where the
+/// leader stands: the bytes are dropped, and differences are not counted
+/// until a digest matches again.
+pub const KEEP: usize = 4 << 20;
+
+/// Bytes of unmatched output all connections of a backup's server keep
+/// together at most (many connections that only receive, e.g. pub/sub
+/// subscribers, get no digest to match until they send something).
+pub const BUDGET: usize = 64 << 20;
+
+/// What all connections keep, against [`BUDGET`].
+#[derive(Debug, Default)]
+pub struct Budget {
+    kept: usize,
+}
+
+impl Budget {
+    /// Bytes kept by all connections.
+    pub fn kept(&self) -> usize {
+        self.kept
+    }
+}
 
 /// Bytes of a differing output shown in the divergence line.
 pub const SHOWN: usize = 48;
@@ -56,14 +75,22 @@ pub struct PendingOutput {
 
 impl PendingOutput {
     /// The server wrote `s`.
-    pub fn write(&mut self, s: &[u8]) {
-        if self.bytes.len() + s.len() > KEEP {
-            self.bytes.clear();
-            self.cut = 0;
+    pub fn write(&mut self, s: &[u8], budget: &mut Budget) {
+        if self.bytes.len() + s.len() > KEEP || budget.kept + s.len() > BUDGET {
+            self.forget(budget);
             self.unsynced = true;
             return;
         }
         self.bytes.extend_from_slice(s);
+        budget.kept += s.len();
+    }
+
+    /// Drops what it keeps (the connection ended, or the check lost
+    /// track).
+    pub fn forget(&mut self, budget: &mut Budget) {
+        budget.kept -= self.bytes.len();
+        self.bytes = Vec::new();
+        self.cut = 0;
     }
 
     /// A leader turn begins: what was written so far is what the digests
@@ -78,7 +105,7 @@ impl PendingOutput {
     /// turn) or what was written before the cut. Covered bytes are
     /// forgotten; a differing interval is forgotten whole, so one
     /// difference counts once.
-    pub fn check(&mut self, leader: u64, whole: bool) -> Verdict {
+    pub fn check(&mut self, leader: u64, whole: bool, budget: &mut Budget) -> Verdict {
         let end = self.interval_end(whole);
         let interval = &self.bytes[..end];
         let (_, leader_len) = OutputDigest::unpack(leader);
@@ -96,7 +123,7 @@ impl PendingOutput {
         };
         let verdict = match matched {
             Some(n) => {
-                self.consume(n);
+                self.consume(n, budget);
                 self.unsynced = false;
                 return Verdict::Same;
             }
@@ -106,15 +133,15 @@ impl PendingOutput {
                 shown: interval[..end.min(SHOWN)].to_vec(),
             },
         };
-        self.consume(end);
+        self.consume(end, budget);
         verdict
     }
 
     /// Forgets the interval a digest would have covered, unchecked (the
     /// leader withheld its server's output).
-    pub fn skip(&mut self, whole: bool) {
+    pub fn skip(&mut self, whole: bool, budget: &mut Budget) {
         let end = self.interval_end(whole);
-        self.consume(end);
+        self.consume(end, budget);
     }
 
     /// Unmatched bytes kept.
@@ -130,7 +157,8 @@ impl PendingOutput {
         }
     }
 
-    fn consume(&mut self, n: usize) {
+    fn consume(&mut self, n: usize, budget: &mut Budget) {
+        budget.kept -= n;
         self.bytes.drain(..n);
         self.cut = self.cut.saturating_sub(n);
         if self.bytes.is_empty() && self.bytes.capacity() > 1 << 20 {
@@ -164,75 +192,82 @@ mod tests {
     #[test]
     fn the_same_output_matches_and_is_forgotten() {
         let mut p = PendingOutput::default();
-        p.write(b"+OK\r\n");
+        let mut b = Budget::default();
+        p.write(b"+OK\r\n", &mut b);
         p.cut();
-        assert_eq!(p.check(packed(b"+OK\r\n"), false), Verdict::Same);
+        assert_eq!(p.check(packed(b"+OK\r\n"), false, &mut b), Verdict::Same);
         assert_eq!(p.kept(), 0);
         // No output on both sides matches too.
         p.cut();
-        assert_eq!(p.check(packed(b""), false), Verdict::Same);
+        assert_eq!(p.check(packed(b""), false, &mut b), Verdict::Same);
     }
 
     #[test]
     fn output_after_the_cut_waits_for_the_next_interval() {
         let mut p = PendingOutput::default();
-        p.write(b":1\r\n");
+        let mut b = Budget::default();
+        p.write(b":1\r\n", &mut b);
         p.cut();
-        p.write(b":2\r\n");
-        assert_eq!(p.check(packed(b":1\r\n"), false), Verdict::Same);
+        p.write(b":2\r\n", &mut b);
+        assert_eq!(p.check(packed(b":1\r\n"), false, &mut b), Verdict::Same);
         p.cut();
-        assert_eq!(p.check(packed(b":2\r\n"), false), Verdict::Same);
+        assert_eq!(p.check(packed(b":2\r\n"), false, &mut b), Verdict::Same);
         // Whole: everything written counts.
-        p.write(b":3\r\n");
-        assert_eq!(p.check(packed(b":3\r\n"), true), Verdict::Same);
+        p.write(b":3\r\n", &mut b);
+        assert_eq!(p.check(packed(b":3\r\n"), true, &mut b), Verdict::Same);
     }
 
     #[test]
     fn a_late_reader_s_leader_bytes_are_a_prefix_and_the_rest_follows() {
         let mut p = PendingOutput::default();
+        let mut b = Budget::default();
         let reply = vec![b'x'; 10_000];
-        p.write(&reply);
+        p.write(&reply, &mut b);
         p.cut();
         // Unflagged, a prefix is a difference.
         let mut q = PendingOutput::default();
-        q.write(&reply);
+        q.write(&reply, &mut b);
         q.cut();
         assert!(matches!(
-            q.check(packed(&reply[..3000]), false),
+            q.check(packed(&reply[..3000]), false, &mut b),
             Verdict::Differs { .. }
         ));
         // The leader's socket took 3000 bytes of it, then 0, then the rest.
-        assert_eq!(p.check(backlogged(&reply[..3000]), false), Verdict::Same);
-        p.write(b":5\r\n");
+        assert_eq!(
+            p.check(backlogged(&reply[..3000]), false, &mut b),
+            Verdict::Same
+        );
+        p.write(b":5\r\n", &mut b);
         p.cut();
-        assert_eq!(p.check(backlogged(b""), false), Verdict::Same);
+        assert_eq!(p.check(backlogged(b""), false, &mut b), Verdict::Same);
         p.cut();
         let mut rest = reply[3000..].to_vec();
         rest.extend_from_slice(b":5\r\n");
-        assert_eq!(p.check(packed(&rest), false), Verdict::Same);
+        assert_eq!(p.check(packed(&rest), false, &mut b), Verdict::Same);
         assert_eq!(p.kept(), 0);
     }
 
     #[test]
     fn a_real_difference_is_named_once_and_the_check_starts_over() {
         let mut p = PendingOutput::default();
-        p.write(b":863340\r\n");
+        let mut b = Budget::default();
+        p.write(b":863340\r\n", &mut b);
         p.cut();
         assert_eq!(
-            p.check(packed(b":1\r\n"), false),
+            p.check(packed(b":1\r\n"), false, &mut b),
             Verdict::Differs {
                 len: 9,
                 shown: b":863340\r\n".to_vec()
             }
         );
-        p.write(b"+OK\r\n");
+        p.write(b"+OK\r\n", &mut b);
         p.cut();
-        assert_eq!(p.check(packed(b"+OK\r\n"), false), Verdict::Same);
+        assert_eq!(p.check(packed(b"+OK\r\n"), false, &mut b), Verdict::Same);
         // More bytes on the leader than here is a difference, not a prefix.
-        p.write(b"+O");
+        p.write(b"+O", &mut b);
         p.cut();
         assert!(matches!(
-            p.check(packed(b"+OK\r\n"), false),
+            p.check(packed(b"+OK\r\n"), false, &mut b),
             Verdict::Differs { len: 2, .. }
         ));
     }
@@ -240,33 +275,57 @@ mod tests {
     #[test]
     fn past_the_keep_bound_differences_are_not_counted_until_a_match() {
         let mut p = PendingOutput::default();
+        let mut b = Budget::default();
         let chunk = vec![b'y'; 1 << 20];
         for _ in 0..(KEEP >> 20) + 1 {
-            p.write(&chunk);
+            p.write(&chunk, &mut b);
         }
         assert!(p.kept() < KEEP);
         p.cut();
-        assert_eq!(p.check(packed(b"whatever"), false), Verdict::Unsure);
-        p.write(b"+OK\r\n");
+        assert_eq!(p.check(packed(b"whatever"), false, &mut b), Verdict::Unsure);
+        p.write(b"+OK\r\n", &mut b);
         p.cut();
-        assert_eq!(p.check(packed(b"+OK\r\n"), false), Verdict::Same);
-        p.write(b"-ERR\r\n");
+        assert_eq!(p.check(packed(b"+OK\r\n"), false, &mut b), Verdict::Same);
+        p.write(b"-ERR\r\n", &mut b);
         p.cut();
         assert!(matches!(
-            p.check(packed(b"+OK\r\n"), false),
+            p.check(packed(b"+OK\r\n"), false, &mut b),
             Verdict::Differs { .. }
         ));
     }
 
     #[test]
+    fn all_connections_share_one_budget_and_give_back_what_they_drop() {
+        let mut b = Budget::default();
+        let chunk = vec![b'z'; KEEP];
+        let mut conns: Vec<PendingOutput> = (0..BUDGET / KEEP + 1)
+            .map(|_| PendingOutput::default())
+            .collect();
+        for c in &mut conns {
+            c.write(&chunk, &mut b);
+        }
+        assert_eq!(b.kept(), BUDGET);
+        let last = conns.last_mut().unwrap();
+        assert_eq!(last.kept(), 0);
+        last.cut();
+        assert_eq!(last.check(packed(b"x"), false, &mut b), Verdict::Unsure);
+        conns[0].forget(&mut b);
+        assert_eq!(b.kept(), BUDGET - KEEP);
+        conns[1].cut();
+        assert_eq!(conns[1].check(packed(&chunk), false, &mut b), Verdict::Same);
+        assert_eq!(b.kept(), BUDGET - 2 * KEEP);
+    }
+
+    #[test]
     fn a_withheld_interval_is_skipped() {
         let mut p = PendingOutput::default();
-        p.write(b"lost");
+        let mut b = Budget::default();
+        p.write(b"lost", &mut b);
         p.cut();
-        p.write(b"+OK\r\n");
-        p.skip(false);
+        p.write(b"+OK\r\n", &mut b);
+        p.skip(false, &mut b);
         p.cut();
-        assert_eq!(p.check(packed(b"+OK\r\n"), false), Verdict::Same);
+        assert_eq!(p.check(packed(b"+OK\r\n"), false, &mut b), Verdict::Same);
     }
 
     proptest! {
@@ -279,21 +338,22 @@ mod tests {
             took in proptest::collection::vec(0.0f64..=1.0, 30),
         ) {
             let mut p = PendingOutput::default();
+        let mut b = Budget::default();
             let mut written = Vec::new();
             let mut sent = 0usize;
             for (i, r) in replies.iter().enumerate() {
-                p.write(r);
+                p.write(r, &mut b);
                 written.extend_from_slice(r);
                 p.cut();
                 // The leader's socket took some of what is unsent.
                 let upto = sent + ((written.len() - sent) as f64 * took[i]) as usize;
                 let d = digest(&written[sent..upto]).pack_flagged(upto < written.len());
-                prop_assert_eq!(p.check(d, false), Verdict::Same);
+                prop_assert_eq!(p.check(d, false, &mut b), Verdict::Same);
                 sent = upto;
             }
             // It takes the rest at last.
             p.cut();
-            prop_assert_eq!(p.check(packed(&written[sent..]), false), Verdict::Same);
+            prop_assert_eq!(p.check(packed(&written[sent..]), false, &mut b), Verdict::Same);
             prop_assert_eq!(p.kept(), 0);
         }
     }
