@@ -223,11 +223,20 @@ pub fn poll_children(
         return Some((r, status));
     }
     let mut found = None;
-    clock::counted_read(|at, now| {
+    let read = clock::counted_read(|at, now| {
         let (us, child) = crate::apply::child_at(at, now);
         found = child;
         us
-    })?;
+    });
+    if read.is_none() {
+        // Outside the log's turns (a timer the server ran before the log's
+        // next turn reached this backup): on its event loop, nothing ended
+        // — the log says where a child ends, and a real reap here would end
+        // it at a read the leader's server did not make (its fork order
+        // then no longer matches the leader's). Other threads: the real
+        // call.
+        return clock::is_loop_thread().then_some((0, 0));
+    }
     Some(match found {
         Some(child) => {
             // Ours ends as the leader's did (same code, same input); wait
