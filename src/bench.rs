@@ -40,8 +40,8 @@ use lockstep_common::region::{self, Region};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use lockstep_common::transport::{self, Transport, TransportError};
 use lockstep_common::Config;
+use lockstep_launcher::cluster_spec::{ClusterSpec, ElectionSpec};
 use lockstep_launcher::commands::{follower_command, redis_command, under_preload};
-use lockstep_launcher::ports;
 use lockstep_launcher::process::{kill_and_reap, open_log, spawn_logged, Grouping};
 use lockstep_launcher::resp::{self, resp_encode, Reply};
 use serde_json::json;
@@ -97,11 +97,6 @@ struct Bench {
     keep: bool,
 }
 
-/// A loopback port nothing is bound to now (outside the ephemeral range).
-fn free_port() -> anyhow::Result<u16> {
-    ports::try_free_port().context("no free loopback port outside the ephemeral range")
-}
-
 impl Bench {
     fn new(opts: &Options) -> anyhow::Result<Bench> {
         let bins = Binaries::locate()?;
@@ -111,25 +106,17 @@ impl Bench {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        let mut toml = format!(
-            "cluster = \"{name}\"\ntransport = \"{}\"\nring_size = \"{}\"\ndata_dir = \"{}\"\n\
-             durability = \"{}\"\nbackup_clients = \"allow\"\nkey = \"lockstep-bench-key-{pid:010}\"\n\
-             [election]\nmode = \"static\"\nleader = {LEADER}\n",
-            opts.transport,
-            opts.ring_size,
-            dir.join("data").display(),
-            opts.durability
-        );
-        for id in 1..=NODES {
-            toml.push_str(&format!(
-                "[[nodes]]\nid = {id}\napp = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\nmetrics = \"127.0.0.1:{}\"\n",
-                free_port()?,
-                free_port()?,
-                free_port()?
-            ));
-        }
+        let key = format!("lockstep-bench-key-{pid:010}");
+        let spec = ClusterSpec::new(&name, &dir.join("data"))
+            .set("transport", &opts.transport)
+            .set("ring_size", &opts.ring_size)
+            .set("durability", &opts.durability)
+            .set("backup_clients", "allow")
+            .set("key", &key)
+            .election(ElectionSpec::Static { leader: LEADER })
+            .loopback_nodes(NODES, true)?;
         let config_path = dir.join("cluster.toml");
-        std::fs::write(&config_path, toml)?;
+        spec.write(&config_path)?;
         let config = Config::load(&config_path)?;
         Ok(Bench {
             dir,

@@ -30,6 +30,7 @@ use crate::chart;
 use crate::cpu_cost;
 use crate::status;
 use crate::up::{Binaries, Cluster};
+use lockstep_launcher::cluster_spec::ClusterSpec;
 use lockstep_launcher::commands::redis_command;
 use lockstep_launcher::load::{self, LoadSpec, Request};
 use lockstep_launcher::ports;
@@ -415,26 +416,35 @@ fn start(sys: System, ctx: &Ctx) -> anyhow::Result<Started> {
     })
 }
 
-/// A benchmark cluster's `server = [...]` line: redis-server as a replica.
-pub(crate) fn redis_server_line() -> String {
+/// A benchmark cluster's `server` command: redis-server as a replica.
+pub(crate) fn redis_server_args() -> Vec<&'static str> {
     let mut server = vec!["redis-server", "--port", "{port}", "--bind", "{host}"];
     server.extend(REDIS_REPLICA_ARGS);
     server.extend(["--dir", "{data}"]);
-    let quoted: Vec<String> = server.iter().map(|a| format!("{a:?}")).collect();
-    format!("server = [{}]\n", quoted.join(", "))
+    server
 }
 
-/// A benchmark cluster's three `[[nodes]]` on free loopback ports.
-pub(crate) fn three_nodes() -> anyhow::Result<String> {
-    let mut toml = String::new();
-    for id in 1..=3 {
-        toml.push_str(&format!(
-            "[[nodes]]\nid = {id}\napp = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
-            free_port()?,
-            free_port()?
-        ));
+/// A benchmark cluster's config: `name`, data under `dir`, `transport`
+/// (with a key when it is tcp), a 64 MiB ring, a static leader 1 and
+/// three nodes on free loopback ports; the caller adds the rest.
+pub(crate) fn bench_spec(name: &str, dir: &Path, transport: &str) -> anyhow::Result<ClusterSpec> {
+    let mut spec = ClusterSpec::new(name, &dir.join("data"))
+        .set("transport", transport)
+        .set("ring_size", "64MiB");
+    if transport == "tcp" {
+        // A tcp cluster's peers prove a shared key.
+        let key = format!("lockstep-bench-key-{:010}", std::process::id());
+        spec = spec.set("key", &key);
     }
-    Ok(toml)
+    spec.loopback_nodes(3, false)
+}
+
+/// Writes `spec` to `dir/cluster.toml` and loads it back.
+pub(crate) fn write_spec(spec: &ClusterSpec, dir: &Path) -> anyhow::Result<(PathBuf, Config)> {
+    let path = dir.join("cluster.toml");
+    spec.write(&path)?;
+    let config = Config::load(&path)?;
+    Ok((path, config))
 }
 
 /// Writes a 3-node config for `sys` into `dir` and starts it with
@@ -446,22 +456,11 @@ fn start_lockstep(sys: System, dir: &Path, ctx: &Ctx) -> anyhow::Result<(SocketA
         .bins
         .as_ref()
         .expect("binaries located for lockstep systems");
-    let pid = std::process::id();
-    let mut toml = format!(
-        "cluster = \"benchredis-{pid}-{}\"\ntransport = \"{transport}\"\ncommit = \"{commit}\"\n\
-         ring_size = \"64MiB\"\ndata_dir = \"{}\"\n",
-        sys.name(),
-        dir.join("data").display()
-    );
-    if transport == "tcp" {
-        toml.push_str(&format!("key = \"lockstep-bench-redis-key-{pid:010}\"\n"));
-    }
-    toml.push_str(&redis_server_line());
-    toml.push_str("[election]\nmode = \"static\"\nleader = 1\n");
-    toml.push_str(&three_nodes()?);
-    let path = dir.join("cluster.toml");
-    std::fs::write(&path, &toml).with_context(|| format!("cannot write {}", path.display()))?;
-    let config = Config::load(&path)?;
+    let name = format!("benchredis-{}-{}", std::process::id(), sys.name());
+    let spec = bench_spec(&name, dir, transport)?
+        .set("commit", commit)
+        .set_list("server", &redis_server_args());
+    let (path, config) = write_spec(&spec, dir)?;
     let cmd = config.server.clone().unwrap_or_default();
     let say = |m: &str| eprintln!("    {m}");
     let cluster = Cluster::start(config.clone(), &path, &cmd, bins, &ctx.stop, &say)?;

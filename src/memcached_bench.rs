@@ -27,7 +27,7 @@ use lockstep_common::Config;
 use lockstep_launcher::load::{self, LoadSpec, Request};
 use lockstep_launcher::memcache::Memcache;
 
-use crate::bench_redis::{in_path, lockstep_divergences, three_nodes, work_dir};
+use crate::bench_redis::{bench_spec, in_path, lockstep_divergences, work_dir, write_spec};
 use crate::up::{Binaries, Cluster};
 
 /// How long a server or cluster may take to take its first `set`.
@@ -302,28 +302,13 @@ fn start_lockstep(
     dir: &Path,
     bins: &Binaries,
 ) -> anyhow::Result<(Cluster, Config)> {
-    let pid = std::process::id();
-    let server: Vec<String> = memcached_args(workers)
-        .iter()
-        .map(|a| format!("{a:?}"))
-        .collect();
-    // A tcp cluster's peers prove a shared key (before the tables below).
-    let key = if transport == "tcp" {
-        format!("key = \"lockstep-bench-memcached-key-{pid:010}\"\n")
-    } else {
-        String::new()
-    };
-    let mut toml = format!(
-        "cluster = \"benchmc-{pid}-{transport}-t{workers}\"\ntransport = \"{transport}\"\ncommit = \"output\"\n\
-         ring_size = \"64MiB\"\ndata_dir = \"{}\"\nprotocol = \"memcached\"\n\
-         backup_clients = \"deny\"\n{key}server = [{}]\n[election]\nmode = \"static\"\nleader = 1\n",
-        dir.join("data").display(),
-        server.join(", ")
-    );
-    toml.push_str(&three_nodes()?);
-    let path = dir.join("cluster.toml");
-    std::fs::write(&path, &toml).with_context(|| format!("cannot write {}", path.display()))?;
-    let config = Config::load(&path)?;
+    let name = format!("benchmc-{}-{transport}-t{workers}", std::process::id());
+    let spec = bench_spec(&name, dir, transport)?
+        .set("commit", "output")
+        .set("protocol", "memcached")
+        .set("backup_clients", "deny")
+        .set_list("server", &memcached_args(workers));
+    let (path, config) = write_spec(&spec, dir)?;
     let cmd = config.server.clone().unwrap_or_default();
     let stop = AtomicBool::new(false);
     let say = |m: &str| eprintln!("    {m}");

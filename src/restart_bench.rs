@@ -34,7 +34,7 @@ use lockstep_common::{control, Config};
 use lockstep_launcher::disk::tree_bytes;
 use lockstep_launcher::resp::{self, Reply};
 
-use crate::bench_redis::{in_path, redis_benchmark, redis_server_line, three_nodes, work_dir};
+use crate::bench_redis::{bench_spec, in_path, redis_benchmark, redis_server_args, work_dir};
 use crate::failover_bench::wait_converged;
 use crate::status;
 use crate::up::{self, Binaries, Cluster};
@@ -467,20 +467,15 @@ fn wait(what: &str, mut cond: impl FnMut() -> bool) -> anyhow::Result<()> {
 
 /// A 3-node Redis cluster's config in `dir` (snapshot mode `mode`).
 fn write_config(dir: &Path, mode: &str, every: u64) -> anyhow::Result<PathBuf> {
-    let pid = std::process::id();
-    let mut toml = format!(
-        "cluster = \"benchrestart-{pid}-{mode}\"\ntransport = \"shm\"\nring_size = \"64MiB\"\n\
-         data_dir = \"{}\"\nsnapshot = \"{mode}\"\n{}",
-        dir.join("data").display(),
-        redis_server_line()
-    );
+    let name = format!("benchrestart-{}-{mode}", std::process::id());
+    let mut spec = bench_spec(&name, dir, "shm")?
+        .set("snapshot", mode)
+        .set_list("server", &redis_server_args());
     if mode == "process" {
-        toml.push_str(&format!("[snapshot_every]\nentries = {every}\n"));
+        spec = spec.section(&format!("[snapshot_every]\nentries = {every}\n"));
     }
-    toml.push_str("[election]\nmode = \"static\"\nleader = 1\n");
-    toml.push_str(&three_nodes()?);
     let path = dir.join("cluster.toml");
-    std::fs::write(&path, &toml).with_context(|| format!("cannot write {}", path.display()))?;
+    spec.write(&path)?;
     Ok(path)
 }
 

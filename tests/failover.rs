@@ -15,6 +15,8 @@
 mod cluster;
 mod netns;
 
+use lockstep_launcher::cluster_spec::ElectionSpec;
+
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::net::SocketAddr;
@@ -1351,9 +1353,6 @@ impl Drop for NetnsZk {
     }
 }
 
-const NS_APP_PORT: u16 = 6379;
-const NS_CONTROL_PORT: u16 = 7100;
-
 /// A cluster whose node N runs its follower and server inside namespace N
 /// (tcp transport, ZooKeeper election).
 struct NetnsCluster {
@@ -1369,16 +1368,14 @@ struct NetnsCluster {
 impl NetnsCluster {
     fn new(test: &str, dir: PathBuf, net: &Net, zookeeper: SocketAddr) -> NetnsCluster {
         let name = format!("t{}-{test}", std::process::id());
-        let mut toml = format!(
-            "cluster = \"{name}\"\ntransport = \"tcp\"\nring_size = \"8MiB\"\ndata_dir = \"{}\"\n\
-             backup_clients = \"allow\"\nkey = \"test-cluster-key-0123456789\"\n{}\
-             [election]\nmode = \"zookeeper\"\nzookeeper = \"{zookeeper}\"\nsession_timeout_ms = {SESSION_MS}\n",
-            dir.join("data").display(),
-            cluster::commit_line()
-        );
-        toml.push_str(&net.nodes_toml(NS_APP_PORT, NS_CONTROL_PORT));
         let config_path = dir.join("cluster.toml");
-        std::fs::write(&config_path, toml).unwrap();
+        netns::netns_spec(&name, &dir, net)
+            .election(ElectionSpec::ZooKeeper {
+                connect: zookeeper.to_string(),
+                session_timeout_ms: SESSION_MS,
+            })
+            .write(&config_path)
+            .unwrap();
         let n = net.node_ips.len();
         NetnsCluster {
             name,

@@ -23,8 +23,6 @@ use netns::Net;
 
 /// Bound on every wait: reaching it means a hang, not slowness.
 const HANG: Duration = Duration::from_secs(180);
-const APP_PORT: u16 = 6379;
-const CONTROL_PORT: u16 = 7100;
 const NODES: usize = 3;
 /// Prefix of every namespace this file creates (`<prefix><pid>-<what>`).
 const NS_PREFIX: &str = "lockstep-tcpns-";
@@ -55,16 +53,10 @@ impl Procs {
         let dir = std::env::temp_dir().join(format!("lockstep-{name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut toml = format!(
-            "cluster = \"{name}\"\ntransport = \"tcp\"\nring_size = \"8MiB\"\ndata_dir = \"{}\"\n\
-             backup_clients = \"allow\"\nkey = \"tcp-netns-test-key-0123456789\"\n{}\
-             [election]\nmode = \"static\"\nleader = 1\n",
-            dir.join("data").display(),
-            cluster::commit_line()
-        );
-        toml.push_str(&net.nodes_toml(APP_PORT, CONTROL_PORT));
         let config_path = dir.join("cluster.toml");
-        std::fs::write(&config_path, toml).unwrap();
+        netns::netns_spec(&name, &dir, net)
+            .write(&config_path)
+            .unwrap();
         Procs {
             name,
             dir,

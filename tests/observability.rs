@@ -17,21 +17,16 @@ use cluster::*;
 const HANG: Duration = Duration::from_secs(120);
 
 /// Gives every node of `c` a metrics address (before it starts).
-fn with_metrics(c: &TestCluster) -> Vec<SocketAddr> {
-    let text = std::fs::read_to_string(&c.config_path).expect("config");
+fn with_metrics(c: &mut TestCluster) -> Vec<SocketAddr> {
     let mut addrs = Vec::new();
-    let mut out = String::new();
-    for line in text.lines() {
-        out.push_str(line);
-        out.push('\n');
-        if line.starts_with("control = ") {
+    c.change_config(|mut s| {
+        for n in s.nodes_mut() {
             let a = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            out.push_str(&format!("metrics = \"{a}\"\n"));
+            n.metrics = Some(a);
             addrs.push(a);
         }
-    }
-    std::fs::write(&c.config_path, out).expect("write config");
-    assert_eq!(addrs.len(), c.nodes.len());
+        s
+    });
     addrs
 }
 
@@ -189,7 +184,7 @@ fn status_exit_code_json_and_down_nodes() {
 #[test]
 fn metrics_name_role_build_server_and_lag() {
     let mut c = TestCluster::new("obs-metrics", Options::default());
-    let metrics = with_metrics(&c);
+    let metrics = with_metrics(&mut c);
     c.start_all();
     let m1 = wait_http(&c, metrics[0], "/metrics", "node 1 leading", |code, b| {
         code == 200 && b.contains("lockstep_role{role=\"leader\"} 1\n")
@@ -240,7 +235,7 @@ fn metrics_name_role_build_server_and_lag() {
 #[test]
 fn health_and_leader_endpoints() {
     let mut c = TestCluster::new("obs-health", Options::default());
-    let metrics = with_metrics(&c);
+    let metrics = with_metrics(&mut c);
     c.start_all();
     let body = wait_http(&c, metrics[0], "/leader", "node 1 leading", |code, _| {
         code == 200
@@ -357,7 +352,7 @@ fn haproxy_clients_follow_a_leader_kill() {
     const CLIENTS: usize = 4;
 
     let mut c = TestCluster::new("obs-haproxy", Options::default());
-    let metrics = with_metrics(&c);
+    let metrics = with_metrics(&mut c);
     let mut spare = SparePorts::of(&c).besides(metrics.iter().map(|m| m.port()));
     let mut port = || spare.next_port();
     let zk =
@@ -520,7 +515,7 @@ fn a_rejoining_node_is_catching_up_and_unhealthy_until_it_applied_its_backlog() 
             ..Options::default()
         },
     );
-    let metrics = with_metrics(&c);
+    let metrics = with_metrics(&mut c);
     c.start_all();
     // Node 3 goes away; the log grows long meanwhile.
     c.kill_server(3);

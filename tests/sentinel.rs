@@ -230,16 +230,15 @@ fn sentinel_cluster(test: &str, nodes: usize) -> (TestCluster, ZookeeperServer, 
     );
     let mut spare = SparePorts::of(&c);
     let mut fresh = || spare.next_port();
-    let mut text = std::fs::read_to_string(&c.config_path).expect("read config");
     let mut sentinels = Vec::new();
-    for n in &c.nodes {
-        let s = SocketAddr::from(([127, 0, 0, 1], fresh()));
-        let line = format!("control = \"{}\"\n", n.control);
-        assert!(text.contains(&line), "{text}");
-        text = text.replacen(&line, &format!("{line}sentinel = \"{s}\"\n"), 1);
-        sentinels.push(s);
-    }
-    std::fs::write(&c.config_path, text).expect("write config");
+    c.change_config(|mut s| {
+        for n in s.nodes_mut() {
+            let a = SocketAddr::from(([127, 0, 0, 1], fresh()));
+            n.sentinel = Some(a);
+            sentinels.push(a);
+        }
+        s
+    });
     let zk = ZookeeperServer::start_on_free_port(&c.dir.join("zk"), &mut fresh)
         .expect("start ZooKeeper");
     c.use_zookeeper(&zk.addr().to_string(), SESSION_MS);

@@ -67,22 +67,15 @@ fn get_int(addr: SocketAddr, key: &str) -> i64 {
 
 /// Removes the configured key from the (not yet used) config: an shm
 /// cluster then uses the key its first node generates in `data_dir`.
-fn keyless(c: &TestCluster) {
-    let text = std::fs::read_to_string(&c.config_path).expect("read config");
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("key = "))
-        .expect("the harness configures a key")
-        .to_string();
-    std::fs::write(&c.config_path, text.replacen(&format!("{line}\n"), "", 1))
-        .expect("write config");
+fn keyless(c: &mut TestCluster) {
+    c.change_config(|s| s.unset("key"));
     assert!(c.config().key.is_none());
 }
 
 /// A 3-node shm cluster without a configured key, serving.
 fn started(test: &str) -> TestCluster {
     let mut c = TestCluster::new(test, Options::default());
-    keyless(&c);
+    keyless(&mut c);
     c.start_all();
     c
 }
@@ -283,7 +276,7 @@ fn a_view_change_naming_a_stranger_is_refused() {
 /// A 3-node cluster electing through a private ZooKeeper, serving.
 fn zk_started(test: &str) -> (TestCluster, ZookeeperServer) {
     let mut c = TestCluster::new(test, Options::default());
-    keyless(&c);
+    keyless(&mut c);
     let zk = c.start_zookeeper(2000);
     c.start_nodes();
     c.wait("a leader", HANG, |c| leader(c).is_some());

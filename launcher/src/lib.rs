@@ -1,6 +1,7 @@
 //! What `lockstep up`, the benchmarks and the tests share to run a local
-//! cluster and look at it: launching processes with their logs
-//! ([`process`]), the processes' command lines ([`commands`]), a private
+//! cluster and look at it: its config ([`cluster_spec`]), launching
+//! processes with their logs ([`process`]), the processes' command lines
+//! ([`commands`]), a private
 //! ZooKeeper ([`zookeeper`]), loopback ports ([`ports`]), the Redis and
 //! memcached clients ([`resp`], [`memcache`]), the Redis and memcached load of the
 //! benchmarks ([`load`]), finding the leader ([`leader`]), waiting for a condition ([`poll`]), a seeded generator ([`rng`]) and
@@ -19,6 +20,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cluster_spec;
 pub mod commands;
 pub mod config_fixture;
 pub mod disk;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::{commit_line, commit_mode};
+use lockstep_launcher::cluster_spec::{ClusterSpec, ElectionSpec, NodeSpec};
 use lockstep_launcher::commands::{
     follower_command, in_own_pid_namespace, memcached_command, redis_command, under_preload,
 };
@@ -62,17 +63,6 @@ pub enum Server {
     Memcached,
 }
 
-/// One node's ports.
-#[derive(Clone, Debug)]
-pub struct NodePorts {
-    /// Node id.
-    pub id: u64,
-    /// App (server) address.
-    pub app: SocketAddr,
-    /// Follower control address.
-    pub control: SocketAddr,
-}
-
 /// A running test cluster.
 pub struct TestCluster {
     /// Cluster name (unique per test).
@@ -82,7 +72,10 @@ pub struct TestCluster {
     /// Config file path.
     pub config_path: PathBuf,
     /// Nodes.
-    pub nodes: Vec<NodePorts>,
+    pub nodes: Vec<NodeSpec>,
+    /// What the config file holds (changed and rewritten before the nodes
+    /// start, e.g. by `use_zookeeper`).
+    spec: ClusterSpec,
     server: Server,
     followers: Vec<Option<Child>>,
     servers: Vec<Option<Child>>,
@@ -126,35 +119,25 @@ impl TestCluster {
         let dir = std::env::temp_dir().join(format!("lockstep-{name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let nodes: Vec<NodePorts> = (1..=opts.nodes as u64)
-            .map(|id| NodePorts {
-                id,
-                app: SocketAddr::from(([127, 0, 0, 1], free_port())),
-                control: SocketAddr::from(([127, 0, 0, 1], free_port())),
-            })
-            .collect();
-        let mut toml = format!(
-            "cluster = \"{name}\"\ntransport = \"{}\"\nring_size = \"{}\"\ndata_dir = \"{}\"\nbackup_clients = \"allow\"\nkey = \"test-cluster-key-0123456789\"\n{}{}\n[election]\nmode = \"static\"\nleader = 1\n",
-            opts.transport,
-            opts.ring_size,
-            dir.join("data").display(),
-            commit_line(),
-            opts.extra
-        );
-        for n in &nodes {
-            toml.push_str(&format!(
-                "[[nodes]]\nid = {}\napp = \"{}\"\ncontrol = \"{}\"\n",
-                n.id, n.app, n.control
-            ));
-        }
+        let spec = ClusterSpec::new(&name, &dir.join("data"))
+            .set("transport", opts.transport)
+            .set("ring_size", opts.ring_size)
+            .set("backup_clients", "allow")
+            .set("key", "test-cluster-key-0123456789")
+            .set_lines(&commit_line())
+            .set_lines(&opts.extra)
+            .loopback_nodes(opts.nodes as u64, false)
+            .expect("free loopback ports");
         let config_path = dir.join("cluster.toml");
-        std::fs::write(&config_path, toml).expect("write config");
+        spec.write(&config_path).expect("write config");
+        let nodes = spec.nodes().to_vec();
         let n = nodes.len();
         TestCluster {
             name,
             dir,
             config_path,
             nodes,
+            spec,
             server: opts.server,
             followers: (0..n).map(|_| None).collect(),
             servers: (0..n).map(|_| None).collect(),
@@ -564,16 +547,19 @@ impl TestCluster {
     /// Rewrites the (not yet used) config for ZooKeeper election at
     /// `zookeeper` with the given session timeout.
     pub fn use_zookeeper(&mut self, zookeeper: &str, session_timeout_ms: u64) {
-        let text = std::fs::read_to_string(&self.config_path).expect("read config");
-        let old = "[election]\nmode = \"static\"\nleader = 1\n";
-        assert!(
-            text.contains(old),
-            "config has no static election section:\n{text}"
-        );
-        let new = format!(
-            "[election]\nmode = \"zookeeper\"\nzookeeper = \"{zookeeper}\"\nsession_timeout_ms = {session_timeout_ms}\n"
-        );
-        std::fs::write(&self.config_path, text.replacen(old, &new, 1)).expect("write config");
+        self.change_config(|s| {
+            s.election(ElectionSpec::ZooKeeper {
+                connect: zookeeper.to_string(),
+                session_timeout_ms,
+            })
+        });
+    }
+
+    /// Changes the (not yet used) config and writes it again.
+    pub fn change_config(&mut self, change: impl FnOnce(ClusterSpec) -> ClusterSpec) {
+        self.spec = change(self.spec.clone());
+        self.spec.write(&self.config_path).expect("write config");
+        self.nodes = self.spec.nodes().to_vec();
     }
 
     /// Starts a private ZooKeeper on a port none of the nodes took and
@@ -589,14 +575,7 @@ impl TestCluster {
 
     /// Sets `backup_clients` ("allow" | "deny") in the (not yet used) config.
     pub fn set_backup_clients(&mut self, value: &str) {
-        let text = std::fs::read_to_string(&self.config_path).expect("read config");
-        let old = "backup_clients = \"allow\"\n";
-        assert!(
-            text.contains(old),
-            "config has no backup_clients line:\n{text}"
-        );
-        let new = format!("backup_clients = \"{value}\"\n");
-        std::fs::write(&self.config_path, text.replacen(old, &new, 1)).expect("write config");
+        self.change_config(|s| s.set("backup_clients", value));
     }
 }
 

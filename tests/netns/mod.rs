@@ -6,12 +6,14 @@
 #![allow(dead_code)]
 
 use std::fs::File;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::thread::JoinHandle;
+
+use lockstep_launcher::cluster_spec::ClusterSpec;
 
 /// Runs `ip`; Err with its stderr.
 pub fn ip(args: &[&str]) -> Result<(), String> {
@@ -129,21 +131,6 @@ impl Net {
         Self::path(&self.node_ns[id as usize - 1])
     }
 
-    /// The config's `[[nodes]]` tables: node N's server and control port
-    /// at its address.
-    pub fn nodes_toml(&self, app_port: u16, control_port: u16) -> String {
-        self.node_ips
-            .iter()
-            .enumerate()
-            .map(|(i, a)| {
-                format!(
-                    "[[nodes]]\nid = {}\napp = \"{a}:{app_port}\"\ncontrol = \"{a}:{control_port}\"\n",
-                    i + 1
-                )
-            })
-            .collect()
-    }
-
     /// Takes node `id`'s link (its port on the bridge) down or up.
     pub fn link(&self, id: u64, up: bool) {
         let port = format!("v{}", id - 1);
@@ -253,4 +240,24 @@ pub fn tear_down<'a>(
     if !std::thread::panicking() {
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// The port each node's server listens on in its namespace.
+pub const APP_PORT: u16 = 6379;
+/// The port each node's follower is controlled on in its namespace.
+pub const CONTROL_PORT: u16 = 7100;
+
+/// The config of a tcp cluster with one node per namespace of `net` (node
+/// N at its namespace's address, serving on [`APP_PORT`], controlled on
+/// [`CONTROL_PORT`]), data in `dir`, a static leader 1 (the caller may
+/// change the election).
+pub fn netns_spec(name: &str, dir: &Path, net: &Net) -> ClusterSpec {
+    let ips: Vec<IpAddr> = net.node_ips.iter().map(|a| IpAddr::V4(*a)).collect();
+    ClusterSpec::new(name, &dir.join("data"))
+        .set("transport", "tcp")
+        .set("ring_size", "8MiB")
+        .set("backup_clients", "allow")
+        .set("key", "test-cluster-key-0123456789")
+        .set_lines(&crate::cluster::commit_line())
+        .nodes_at(&ips, APP_PORT, CONTROL_PORT)
 }

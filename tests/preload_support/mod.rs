@@ -24,6 +24,7 @@ use lockstep_follower::io::feed::Feeder;
 mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::commit_mode;
+use lockstep_launcher::cluster_spec::ClusterSpec;
 #[allow(unused_imports)]
 pub use lockstep_launcher::commands::memcached_command;
 use lockstep_launcher::commands::under_preload;
@@ -131,25 +132,17 @@ impl Fixture {
         let dir = std::env::temp_dir().join(format!("lockstep-{name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch dir");
-        let mut text = format!(
-            "cluster = \"{name}\"\ntransport = \"shm\"\nring_size = \"{}\"\nmax_entry = \"{}\"\n\
-             data_dir = \"{}\"\nbackup_clients = \"{}\"\nprotocol = \"{}\"\n{}[election]\nmode = \"static\"\nleader = 1\n",
-            opts.ring_size,
-            opts.max_entry,
-            dir.join("data").display(),
-            opts.backup_clients,
-            opts.protocol,
-            commit_mode::commit_line()
-        );
-        for id in 1..=3 {
-            text.push_str(&format!(
-                "[[nodes]]\nid = {id}\napp = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
-                free_port(),
-                free_port()
-            ));
-        }
+        let spec = ClusterSpec::new(&name, &dir.join("data"))
+            .set("transport", "shm")
+            .set("ring_size", opts.ring_size)
+            .set("max_entry", opts.max_entry)
+            .set("backup_clients", opts.backup_clients)
+            .set("protocol", opts.protocol)
+            .set_lines(&commit_mode::commit_line())
+            .loopback_nodes(3, false)
+            .expect("free loopback ports");
         let config_path = dir.join("cluster.toml");
-        std::fs::write(&config_path, text).expect("write config");
+        spec.write(&config_path).expect("write config");
         let config = Config::load(&config_path).expect("valid test config");
         let mut f = Fixture {
             name,
