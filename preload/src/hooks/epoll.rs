@@ -109,9 +109,11 @@ fn probed(timeout: c_int, mut wait: impl FnMut(c_int) -> c_int) -> c_int {
     }
 }
 
-/// The body of the interposed `epoll_ctl(2)`: observed, not changed — whether the server
-/// wants to write more to a replay connection (a reply it sends in
-/// several turns) tells a backup's pump that the reply is not complete.
+/// The body of the interposed `epoll_ctl(2)`: observed, not changed —
+/// whether the server wants to write more to a replay connection (a reply
+/// it sends in several turns) tells a backup's pump that the reply is not
+/// complete; to a leader's client, that its digest may cover less than a
+/// backup's server writes (see `Slot::note_write_interest`).
 ///
 /// # Safety
 /// Same contract as libc's `epoll_ctl`.
@@ -121,29 +123,29 @@ pub(super) unsafe fn epoll_ctl(
     fd: c_int,
     ev: *mut libc::epoll_event,
 ) -> c_int {
-    if dispatch::tracked(fd) && dispatch::is_replay(fd) {
-        if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
+    if dispatch::tracked(fd) {
+        // Whether the server waits to write more to it (a reply it sends
+        // over several turns, or holds back).
+        let wants = op != libc::EPOLL_CTL_DEL
+            && !ev.is_null()
             // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the caller's
-            // valid epoll_event; packed fields are read by copy.
-            let (key, events) = unsafe { ((*ev).u64, (*ev).events) };
-            let reads = events & libc::EPOLLIN as u32 != 0;
-            let _ = caught(|| dispatch::wait_key(fd, epfd, key, reads));
-        } else if op == libc::EPOLL_CTL_DEL {
-            let _ = caught(|| dispatch::wait_key(fd, -1, 0, false));
+            // valid epoll_event.
+            && unsafe { (*ev).events } & libc::EPOLLOUT as u32 != 0;
+        if !dispatch::is_replay(fd) {
+            let _ = caught(|| dispatch::client_write_interest(fd, wants));
+        } else {
+            if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
+                // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the
+                // caller's valid epoll_event; packed fields are read by
+                // copy.
+                let (key, events) = unsafe { ((*ev).u64, (*ev).events) };
+                let reads = events & libc::EPOLLIN as u32 != 0;
+                let _ = caught(|| dispatch::wait_key(fd, epfd, key, reads));
+            } else if op == libc::EPOLL_CTL_DEL {
+                let _ = caught(|| dispatch::wait_key(fd, -1, 0, false));
+            }
+            let _ = caught(|| dispatch::write_interest(fd, wants));
         }
-        let wants = op != libc::EPOLL_CTL_DEL
-            && !ev.is_null()
-            // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the caller's
-            // valid epoll_event.
-            && unsafe { (*ev).events } & libc::EPOLLOUT as u32 != 0;
-        let _ = caught(|| dispatch::write_interest(fd, wants));
-    } else if dispatch::tracked(fd) {
-        let wants = op != libc::EPOLL_CTL_DEL
-            && !ev.is_null()
-            // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the caller's
-            // valid epoll_event.
-            && unsafe { (*ev).events } & libc::EPOLLOUT as u32 != 0;
-        let _ = caught(|| dispatch::client_write_interest(fd, wants));
     }
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_epoll_ctl(epfd, op, fd, ev) }
