@@ -114,7 +114,8 @@ struct Conn {
     /// digest of an input covers is the output before the turn that read
     /// it: see `Pump::cut`).
     pending: PendingOutput,
-    /// Seq of the connection's last input (whose output `out` is).
+    /// Seq of the connection's last input (whose output `pending` begins
+    /// with).
     last_input: u64,
     /// Which of its replies differ per node by design.
     replies: crate::node_dependent::Replies,

@@ -502,21 +502,16 @@ pub fn replay_output(fd: i32, segments: &[&[u8]]) -> Option<usize> {
     Some(segments.iter().map(|s| s.len()).sum())
 }
 
-/// The server does (or no longer does) wait to write more to `fd`, a
-/// replay connection.
+/// The server does (or no longer does) wait to write more to `fd`: on a
+/// replay connection, a reply it sends over several turns (the pump waits
+/// for it); on a leader's client, output it holds back (its digest may
+/// cover less than a backup's server writes: `Slot::note_write_interest`).
 pub fn write_interest(fd: i32, wants: bool) {
     if let Some(slot) = fdtable::slot(fd) {
-        slot.set_wants_write(wants);
-    }
-}
-
-/// The server does (or no longer does) wait to write more to `fd`, a
-/// client of the leader's: it holds output back (see
-/// `Slot::note_write_interest`).
-pub fn client_write_interest(fd: i32, wants: bool) {
-    if let Some(slot) = fdtable::slot(fd) {
-        if slot.class() == Class::Client {
-            slot.note_write_interest(wants);
+        match slot.class() {
+            Class::Replay => slot.set_wants_write(wants),
+            Class::Client => slot.note_write_interest(wants),
+            _ => {}
         }
     }
 }

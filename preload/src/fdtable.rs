@@ -244,13 +244,7 @@ impl Slot {
     /// The server does (or no longer does) wait to write more to this
     /// client: it holds output back. Only the server's own calls set it.
     pub fn note_write_interest(&self, wants: bool) {
-        let b = self.backlog.load(Ordering::Relaxed);
-        let b = if wants {
-            b | BACKLOG_WANTS | BACKLOG_INTERVAL
-        } else {
-            b & !BACKLOG_WANTS
-        };
-        self.backlog.store(b, Ordering::Relaxed);
+        self.note_backlog(BACKLOG_WANTS, wants);
     }
 
     /// Whether the client's socket took the whole of a write (`whole`) or
@@ -258,11 +252,18 @@ impl Slot {
     /// backup's server (whose writes never fail) does not. Only the thread
     /// that writes to the connection calls this.
     pub fn note_sent(&self, whole: bool) {
+        self.note_backlog(BACKLOG_REFUSED, !whole);
+    }
+
+    /// Sets `bit` (and [`BACKLOG_INTERVAL`] with it) or clears it. A load
+    /// and a store, not a locked read-modify-write: only the server's
+    /// thread that writes to the connection changes it, on every write.
+    fn note_backlog(&self, bit: u8, on: bool) {
         let b = self.backlog.load(Ordering::Relaxed);
-        let b = if whole {
-            b & !BACKLOG_REFUSED
+        let b = if on {
+            b | bit | BACKLOG_INTERVAL
         } else {
-            b | BACKLOG_REFUSED | BACKLOG_INTERVAL
+            b & !bit
         };
         self.backlog.store(b, Ordering::Relaxed);
     }

@@ -131,9 +131,7 @@ pub(super) unsafe fn epoll_ctl(
             // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the caller's
             // valid epoll_event.
             && unsafe { (*ev).events } & libc::EPOLLOUT as u32 != 0;
-        if !dispatch::is_replay(fd) {
-            let _ = caught(|| dispatch::client_write_interest(fd, wants));
-        } else {
+        if dispatch::is_replay(fd) {
             if op != libc::EPOLL_CTL_DEL && !ev.is_null() {
                 // SAFETY: a non-null event of EPOLL_CTL_ADD/MOD is the
                 // caller's valid epoll_event; packed fields are read by
@@ -144,8 +142,8 @@ pub(super) unsafe fn epoll_ctl(
             } else if op == libc::EPOLL_CTL_DEL {
                 let _ = caught(|| dispatch::wait_key(fd, -1, 0, false));
             }
-            let _ = caught(|| dispatch::write_interest(fd, wants));
         }
+        let _ = caught(|| dispatch::write_interest(fd, wants));
     }
     // SAFETY: forwarding the caller's arguments.
     unsafe { real_epoll_ctl(epfd, op, fd, ev) }

@@ -206,14 +206,8 @@ pub(super) unsafe fn poll_interest(fds: *const libc::pollfd, n: libc::nfds_t) {
     // SAFETY: per the contract.
     let set = unsafe { std::slice::from_raw_parts(fds, n as usize) };
     for p in set {
-        if !dispatch::tracked(p.fd) {
-            continue;
-        }
-        let wants = p.events & libc::POLLOUT != 0;
-        if dispatch::is_replay(p.fd) {
-            let _ = caught(|| dispatch::write_interest(p.fd, wants));
-        } else {
-            let _ = caught(|| dispatch::client_write_interest(p.fd, wants));
+        if dispatch::tracked(p.fd) {
+            let _ = caught(|| dispatch::write_interest(p.fd, p.events & libc::POLLOUT != 0));
         }
     }
 }
@@ -228,15 +222,10 @@ pub(super) unsafe fn select_interest(n: c_int, w: *const libc::fd_set) {
         return;
     }
     for fd in 0..n.clamp(0, libc::FD_SETSIZE as c_int) {
-        if !dispatch::tracked(fd) {
-            continue;
-        }
-        // SAFETY: per the contract; FD_ISSET only reads the set.
-        let wants = !w.is_null() && unsafe { libc::FD_ISSET(fd, w) };
-        if dispatch::is_replay(fd) {
+        if dispatch::tracked(fd) {
+            // SAFETY: per the contract; FD_ISSET only reads the set.
+            let wants = !w.is_null() && unsafe { libc::FD_ISSET(fd, w) };
             let _ = caught(|| dispatch::write_interest(fd, wants));
-        } else {
-            let _ = caught(|| dispatch::client_write_interest(fd, wants));
         }
     }
 }
