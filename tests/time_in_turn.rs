@@ -94,43 +94,6 @@ fn a_busy_script_gets_busy_replies_and_script_kill_stops_it_everywhere() {
     );
 }
 
-/// The log reaches a backup late: its follower is frozen while the script
-/// is busy, other clients' commands and the kill come and the script ends.
-/// The backup's server, spinning in the script's nested polls meanwhile,
-/// must not take them at later polls than the leader's server did.
-#[test]
-fn a_backup_that_gets_the_log_late_takes_each_input_at_the_leaders_poll() {
-    let _serial = serial();
-    let mut c = TestCluster::new("tt-late-log", Options::default());
-    c.start_all();
-    let mut admin = Resp::connect(c.app(1)).unwrap();
-    ok(admin
-        .cmd(&[b"CONFIG", b"SET", b"busy-reply-threshold", b"100"])
-        .unwrap());
-    let mut runner = Resp::connect(c.app(1)).unwrap();
-    runner.set_read_timeout(LIMIT).unwrap();
-    runner
-        .send(&[b"EVAL", b"local i = 0 while true do i = i + 1 end", b"0"])
-        .unwrap();
-    wait_busy(&mut admin);
-    c.signal_follower(2, nix::sys::signal::Signal::SIGSTOP);
-    for _ in 0..3 {
-        std::thread::sleep(Duration::from_millis(60));
-        assert!(matches!(admin.cmd(&[b"PING"]).unwrap(), Reply::Error(e) if e.starts_with("BUSY")));
-    }
-    ok(admin.cmd(&[b"SCRIPT", b"KILL"]).unwrap());
-    assert!(matches!(runner.read().unwrap(), Reply::Error(e) if e.contains("killed by user")));
-    for _ in 0..3 {
-        assert_eq!(admin.cmd(&[b"PING"]).unwrap(), Reply::Status("PONG".into()));
-    }
-    ok(admin.cmd(&[b"SET", b"after", b"1"]).unwrap());
-    std::thread::sleep(Duration::from_millis(100));
-    c.signal_follower(2, nix::sys::signal::Signal::SIGCONT);
-    c.wait_converged(LIMIT);
-    c.assert_same_digest();
-    c.assert_no_divergence();
-}
-
 #[test]
 fn a_busy_function_is_stopped_by_function_kill_everywhere() {
     let _serial = serial();

@@ -281,16 +281,6 @@ impl TestCluster {
         kill_and_reap(&mut self.followers[i]);
     }
 
-    /// Sends `sig` to node `id`'s follower (SIGSTOP freezes it: its
-    /// server gets no more of the log until SIGCONT).
-    pub fn signal_follower(&self, id: u64, sig: nix::sys::signal::Signal) {
-        let pid = self.followers[self.idx(id)]
-            .as_ref()
-            .map(|c| c.id())
-            .expect("the follower runs");
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).expect("signal");
-    }
-
     /// SIGKILLs node `id`'s server.
     pub fn kill_server(&mut self, id: u64) {
         let i = self.idx(id);
