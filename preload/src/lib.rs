@@ -63,6 +63,7 @@ pub mod loops;
 pub mod node_dependent;
 pub mod output_check;
 pub mod reentry;
+pub mod replay;
 pub mod setup;
 #[allow(unsafe_code)]
 pub mod sys;

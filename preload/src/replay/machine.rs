@@ -1,0 +1,1161 @@
+//! The replay machine: the decisions of a backup's replay, free of I/O.
+//!
+//! See the `replay` module for what it decides; a [`Host`] reads the log
+//! and carries out the effects.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, HEADER_LEN, SAME_TURN};
+
+use super::host::Host;
+use crate::clock::TurnReads;
+use crate::output_check::{Budget, PendingOutput, Verdict};
+use crate::turn_time::{self, Record};
+use crate::turns::MAX_WIDTH;
+
+/// A consumed turn counts as handled after this long even when the server
+/// did not re-enter an event-loop wait the hooks see.
+const TURN_PATIENCE: Duration = Duration::from_millis(500);
+/// How long a turn may stay in flight before a warning names what it
+/// waits for.
+const TURN_STUCK: Duration = Duration::from_secs(5);
+
+/// One replay connection.
+struct Conn {
+    /// The server's end (-1 until the server accepted it).
+    server_fd: i32,
+    /// The bytes of the current turn for the server to read (a range of
+    /// `Replay::payloads`) and how far it read them.
+    inbox: (usize, usize),
+    served: usize,
+    /// The thread that last handled it (accepted it, read from it, read
+    /// its EOF or closed it), and its turn count then: the turn is over
+    /// when that thread waits again.
+    handled_slot: usize,
+    handled_turn: u64,
+    /// The thread that last read its input (None: not read yet). Not the
+    /// one that accepted it: a listener thread hands its connections to
+    /// worker loops (memcached), and only the reader's wait sees a turn of
+    /// the connection without the bell.
+    read_slot: Option<usize>,
+    /// The log ended the connection (CLOSE): its end is shut, the server
+    /// reads EOF once the inbox is empty.
+    closing: bool,
+    /// The server read EOF, or closed its end.
+    eof: bool,
+    closed: bool,
+    /// Output no digest of the leader's covered yet (what the leader's
+    /// digest of an input covers is the output before the turn that read
+    /// it: see `Replay::cut`).
+    pending: PendingOutput,
+    /// Seq of the connection's last input (whose output `pending` begins
+    /// with).
+    last_input: u64,
+    /// Which of its replies differ per node by design.
+    replies: crate::node_dependent::Replies,
+}
+
+impl Conn {
+    /// Whether the server has bytes of the turn in flight to read here
+    /// (a closing connection's end is the kernel's to report).
+    fn has_unread(&self) -> bool {
+        !self.closing && self.served < self.inbox.1
+    }
+
+    /// The calling server thread handled this connection in its current
+    /// turn.
+    fn handled_here(&mut self, host: &impl Host) {
+        self.handled_slot = host.slot();
+        self.handled_turn = host.waits(self.handled_slot);
+    }
+}
+
+/// What a read of a replay connection gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// This many bytes of the log.
+    Bytes(usize),
+    /// The connection ended in the log.
+    Eof,
+    /// Nothing yet (EAGAIN).
+    Empty,
+}
+
+/// A backup's replay: which turn of the log its server runs, when, on
+/// which loop, at what time, when the turn is over, and whether its output
+/// matches the leader's. One per process (behind the `apply` lock).
+#[derive(Default)]
+pub struct Replay {
+    /// The apply stream being read (see [`Host::stream`]).
+    epoch: u64,
+    /// The entry read last (header and payload).
+    buf: Vec<u8>,
+    /// An entry read but left for the next turn, and the ring position
+    /// just past it; its bytes are in `buf`.
+    held: Option<(EntryHeader, u64)>,
+    /// The turn being handed over (empty: none), its payloads, the ring
+    /// position just past its last entry, and when the server had
+    /// consumed all of it.
+    turn: Vec<EntryHeader>,
+    payloads: Vec<u8>,
+    turn_end: u64,
+    consumed_at: Option<Duration>,
+    /// When the turn in flight was first found unfinished, and whether a
+    /// warning said it is stuck (once per turn).
+    pending_since: Option<Duration>,
+    stuck_said: bool,
+    /// The seq of the entry read last (clock records included).
+    prev_seq: u64,
+    /// The clock records of the turn in flight not read yet (see
+    /// `turn_time`), the input the next one counts from, and whether the
+    /// log already says no more of them come.
+    times: VecDeque<Record>,
+    anchor: u64,
+    closed: bool,
+    /// Clock records read before their turn's first input (or `TICK`):
+    /// the start of a leader's turn whose kind is not known yet.
+    stash: Vec<Record>,
+    /// The highest seq the turn in flight took from the log.
+    turn_last: u64,
+    /// The first seq of the leader turn the last cut was taken at (see
+    /// `cut`), and the connection of the last input handed over.
+    cut_at: u64,
+    last_input_conn: u64,
+    /// The turn in flight's output checks are still to run (see
+    /// `check_turn`), from a cut at this seq when it begins a leader turn.
+    checks_due: Option<Option<u64>>,
+    /// The waits the leader's thread entered before the turn in flight
+    /// (`EntryHeader::waits` of its first entry, or of its first clock
+    /// record), those of the stash's turn, and whether a server thread
+    /// started handling the turn.
+    turn_waits: u32,
+    stash_waits: u32,
+    started: bool,
+    /// The `TICK` being handed over: its loop, and the thread (slot) whose
+    /// wait of that loop returned for it with its wait count then.
+    tick: Option<(u64, Option<(usize, u64)>)>,
+    conns: BTreeMap<u64, Conn>,
+    /// The connections' unmatched output, against its bound.
+    kept: Budget,
+}
+
+impl Replay {
+    /// A machine that has read nothing yet.
+    pub fn new() -> Replay {
+        Replay::default()
+    }
+
+    /// Whether a turn is in flight.
+    pub fn in_turn(&self) -> bool {
+        !self.turn.is_empty()
+    }
+
+    /// Whether clock records of a turn whose kind is not known yet were
+    /// read (that turn comes for sure).
+    pub fn turn_started_in_log(&self) -> bool {
+        !self.stash.is_empty()
+    }
+
+    /// Hands over turns until one is in flight or none is left, off the
+    /// server's threads (the applier).
+    pub fn run<H: Host>(&mut self, host: &mut H) {
+        self.run_from(host, false);
+    }
+
+    /// The server is about to wait in its event loop (`epoll_wait`,
+    /// `poll`, `select` and their variants): it has handled what it read.
+    pub fn on_loop<H: Host>(&mut self, host: &mut H) {
+        self.run_from(host, true);
+    }
+
+    /// Whether a wait of loop `loop_id` must not block: a `TICK` of that
+    /// loop waits for the loop's next turn, or a turn of that loop waits
+    /// for the calling thread to enter as many waits as the leader's did
+    /// before it (`EntryHeader::waits`; the server runs them without
+    /// blocking).
+    pub fn must_not_block<H: Host>(&self, host: &H, loop_id: u64) -> bool {
+        let tick = self
+            .tick
+            .is_some_and(|(id, taken)| id == loop_id && taken.is_none());
+        let held_back = !self.started
+            && self.turn.first().is_some_and(|f| {
+                f.kind == Kind::Data && f.turn_loop.map(u64::from) == Some(loop_id)
+            })
+            && !self.due(host);
+        tick || held_back
+    }
+
+    /// The server's wait in loop `loop_id` returned, on the calling
+    /// thread: the turn in flight starts here when it is this loop's, and
+    /// the thread's clock reads its time from now on. A `TICK` of this
+    /// loop: this turn is the tick's. DATA: when the wait reported the
+    /// log's bytes (`delivers`) — a wait that returned for anything else
+    /// must not run the server's timers at the turn's time before it read
+    /// the turn's input. The kernel-reported ACCEPT and CLOSE: in the loop
+    /// whose turn read them on the leader (any loop, for entries that do
+    /// not name it). A `VIEW` is no loop's turn.
+    pub fn turn_returned<H: Host>(&mut self, host: &mut H, loop_id: u64, delivers: bool) {
+        let Some(first) = self.turn.first().copied() else {
+            return;
+        };
+        if self.started && first.kind != Kind::Tick {
+            return;
+        }
+        let due = self.due(host);
+        let mine = match first.kind {
+            Kind::Tick => match &mut self.tick {
+                Some((id, taken @ None)) if *id == loop_id && due => {
+                    let slot = host.slot();
+                    *taken = Some((slot, host.waits(slot)));
+                    true
+                }
+                _ => false,
+            },
+            _ => runs_in(&first, loop_id, delivers),
+        };
+        if mine {
+            self.check_turn(host);
+            self.started = true;
+            host.handed(first.view);
+            host.enter_turn(first.seq, first.time_us);
+        }
+    }
+
+    /// The server accepted replay connection `conn` as `fd`.
+    pub fn accepted<H: Host>(&mut self, host: &mut H, conn: u64, fd: i32) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.server_fd = fd;
+            c.handled_here(host);
+        }
+        // The server's clock reads count from the accept, as the leader's
+        // did.
+        if let Some(h) = self
+            .turn
+            .iter()
+            .find(|h| h.kind == Kind::Accept && h.seq == conn)
+        {
+            host.enter_window(h.seq, h.seq, h.time_us);
+        }
+    }
+
+    /// The server reads replay connection `conn`: `fill` copies bytes into
+    /// its buffers and returns how many it took. A peek (`peek`) takes
+    /// nothing.
+    pub fn serve<H: Host>(
+        &mut self,
+        host: &mut H,
+        conn: u64,
+        peek: bool,
+        fill: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Served {
+        let behind = self.waits_behind(conn);
+        let Some(c) = self.conns.get_mut(&conn) else {
+            // Ended by a CLOSE or a view change.
+            return Served::Eof;
+        };
+        let (_, end) = c.inbox;
+        if c.served < end {
+            if behind {
+                // The leader's server read an earlier connection of this
+                // turn first: so must this one (see `waits_behind`).
+                return Served::Empty;
+            }
+            let n = fill(&self.payloads[c.served..end]);
+            if !peek && n > 0 {
+                c.served += n;
+                c.handled_here(host);
+                c.read_slot = Some(c.handled_slot);
+                // The server handles this connection's input now: its
+                // time, and its clock reads count from its last entry.
+                let turn = self.turn_start();
+                if let Some(h) = self.turn.iter().rev().find(|h| h.conn == conn) {
+                    host.enter_window(turn, h.seq, h.time_us);
+                }
+            }
+            return Served::Bytes(n);
+        }
+        if c.closing || c.closed {
+            if !peek {
+                c.eof = true;
+                c.handled_here(host);
+                self.enter_close_window(host, conn);
+                self.run(host);
+            }
+            return Served::Eof;
+        }
+        Served::Empty
+    }
+
+    /// The replay connections of this turn the server has yet to read, in
+    /// log order, as their server fds (at most `MAX_WIDTH`; the rest are
+    /// -1).
+    pub fn unread<H: Host>(&self, host: &H) -> [i32; MAX_WIDTH] {
+        let mut fds = [-1; MAX_WIDTH];
+        if !self.started && !self.due(host) {
+            // The leader's server read this turn some waits later.
+            return fds;
+        }
+        let mut n = 0;
+        for h in &self.turn {
+            let Some(c) = self.conns.get(&h.conn) else {
+                continue;
+            };
+            if !c.has_unread() || fds[..n].contains(&c.server_fd) {
+                continue;
+            }
+            if c.server_fd < 0 {
+                // Not accepted yet: the connections after it wait, or the
+                // server would read them before it, against the log's
+                // order.
+                break;
+            }
+            if n == MAX_WIDTH {
+                break;
+            }
+            fds[n] = c.server_fd;
+            n += 1;
+        }
+        fds
+    }
+
+    /// The server wrote `segments` to replay connection `conn` (dropped;
+    /// only what the divergence check needs is kept).
+    pub fn output(&mut self, conn: u64, segments: &[&[u8]]) {
+        let Replay { conns, kept, .. } = self;
+        if let Some(c) = conns.get_mut(&conn) {
+            for s in segments {
+                c.pending.write(s, kept);
+            }
+        }
+    }
+
+    /// The server closed replay connection `conn`.
+    pub fn closed<H: Host>(&mut self, host: &mut H, conn: u64) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            host.bell_gone(c.server_fd);
+            c.closed = true;
+            c.server_fd = -1;
+            c.handled_here(host);
+        }
+        self.enter_close_window(host, conn);
+        self.run(host);
+    }
+
+    /// What a clock read `at` of the turn in flight reads (see
+    /// `apply::time_at`): Err with the time so far when the log does not
+    /// say yet.
+    pub fn time_lookup<H: Host>(
+        &mut self,
+        host: &mut H,
+        at: TurnReads,
+        mut now: u64,
+    ) -> Result<(u64, Option<turn_time::Child>), u64> {
+        if at.turn != self.turn_start() {
+            // A read of a turn that is over (or not begun): nothing of the
+            // log is its.
+            return Ok((now, None));
+        }
+        loop {
+            let s = turn_time::settle(self.times.make_contiguous(), at, now);
+            self.times.drain(..s.passed);
+            now = s.us;
+            if s.child.is_some() {
+                return Ok((now, s.child));
+            }
+            if s.decided || self.closed || self.turn.is_empty() || self.window_closed(at.anchor) {
+                return Ok((now, None));
+            }
+            match self.next_entry(host) {
+                None => return Err(now),
+                Some((h, end)) if h.kind == Kind::Time => {
+                    self.absorb_time(host, h, end);
+                }
+                Some(next) => {
+                    // A later input or turn: this window is over.
+                    self.held = Some(next);
+                    self.closed = true;
+                }
+            }
+        }
+    }
+}
+
+/// Whether a turn starting with `first` (not a `TICK`) runs in the wait of
+/// loop `loop_id` that just returned (`delivers`: it reported the log's
+/// bytes); see [`Replay::turn_returned`].
+fn runs_in(first: &EntryHeader, loop_id: u64, delivers: bool) -> bool {
+    match first.kind {
+        Kind::Data => delivers,
+        Kind::Accept | Kind::Close => first.turn_loop.is_none_or(|l| u64::from(l) == loop_id),
+        Kind::Tick | Kind::View | Kind::Noop | Kind::Wrap | Kind::Time => false,
+    }
+}
+
+/// Whether `next` may join `turn` (entries the leader's server read in one
+/// turn; `width`: how many connections one turn may hand over).
+///
+/// Only DATA joins, only when the leader flagged the entry as read in the
+/// same turn as the one before (a CLOSE is a turn of its own: the server
+/// learns of it from the kernel, whose order the pump does not set). A connection appears once, except
+/// for the later chunks of one read (an input's first entry carries the
+/// digest of the output since the last one, checked when the turn starts:
+/// a second input of the connection in the same turn would be checked
+/// before the server answered the first).
+/// `prev_seq`: the entry read just before `next` (a clock record between
+/// them belongs to the turn).
+fn joins(turn: &[EntryHeader], next: &EntryHeader, prev_seq: u64, width: usize) -> bool {
+    let Some(last) = turn.last() else {
+        return true;
+    };
+    if next.flags & SAME_TURN == 0
+        || next.kind != Kind::Data
+        || last.kind != Kind::Data
+        || next.seq != prev_seq + 1
+    {
+        return false;
+    }
+    if next.conn == last.conn {
+        return next.out_hash == 0;
+    }
+    let mut conns = 1;
+    for (i, h) in turn.iter().enumerate() {
+        if h.conn == next.conn {
+            return false;
+        }
+        if i > 0 && turn[i - 1].conn != h.conn {
+            conns += 1;
+        }
+    }
+    conns < width
+}
+
+impl Replay {
+    /// Whether replay connection `conn` has bytes in the turn in flight
+    /// behind an earlier connection of the turn the server has not read
+    /// yet (or not accepted yet). Its read gets nothing for now (EAGAIN):
+    /// the server reads the turn's connections in the leader's order even
+    /// where a wait reports several at once and the server passes over
+    /// some — memcached takes a new connection's first readiness to arm it
+    /// and reads it at the next, so it read a later connection of the same
+    /// wait first and stored an `append` before the leader's `set`.
+    fn waits_behind(&self, conn: u64) -> bool {
+        for h in self.turn.iter().filter(|h| h.kind == Kind::Data) {
+            if h.conn == conn {
+                return false;
+            }
+            if self.conns.get(&h.conn).is_some_and(Conn::has_unread) {
+                return true;
+            }
+        }
+        false
+    }
+    /// Hands over turns until one is in flight or none is left
+    /// (`from_server`: on the server thread, about to wait).
+    fn run_from<H: Host>(&mut self, host: &mut H, from_server: bool) {
+        let Some((epoch, start)) = host.stream() else {
+            return;
+        };
+        if epoch != self.epoch {
+            self.restart(host, epoch, start);
+        }
+        loop {
+            if !self.turn.is_empty() {
+                if !self.progress(host) {
+                    return;
+                }
+                self.finish(host);
+            }
+            if !self.take_turn(host, from_server) {
+                return;
+            }
+        }
+    }
+
+    /// The next entry (a held one first) and the ring position past it;
+    /// its bytes are in `buf`.
+    fn next_entry<H: Host>(&mut self, host: &mut H) -> Option<(EntryHeader, u64)> {
+        if let Some(h) = self.held.take() {
+            return Some(h);
+        }
+        host.next_entry(&mut self.buf)
+    }
+
+    /// Takes the next turn from the log and starts handing it over: false
+    /// when there is none.
+    fn take_turn<H: Host>(&mut self, host: &mut H, from_server: bool) -> bool {
+        // A turn that ended without a wait of the server starting it (a
+        // server whose waits the hooks do not see) is checked now.
+        self.check_turn(host);
+        let width = host.batch_width();
+        let mut cut = None;
+        while let Some((h, end)) = self.next_entry(host) {
+            if h.kind == Kind::Time {
+                if self.absorb_time(host, h, end) {
+                    continue;
+                }
+                break;
+            }
+            if !joins(&self.turn, &h, self.prev_seq, width) {
+                self.held = Some((h, end));
+                break;
+            }
+            if self.turn.is_empty() {
+                let adopted = self.adopt_stash(&h);
+                self.turn_waits = if adopted { self.stash_waits } else { h.waits };
+                if adopted || h.flags & SAME_TURN == 0 {
+                    cut = Some(h.seq);
+                }
+            }
+            self.prev_seq = h.seq;
+            self.turn_last = h.seq;
+            if matches!(h.kind, Kind::Data | Kind::Accept | Kind::Close) {
+                // The turn's clock records from here count from this input.
+                self.anchor = h.seq;
+            }
+            if h.kind == Kind::Tick || (self.turn.is_empty() && h.time_us == 0) {
+                // A TICK is logged as the turn ends: its records came
+                // first. A turn whose leader recorded no time logs none.
+                self.closed = true;
+            }
+            if h.kind == Kind::Data {
+                // A connection's entries in a turn are consecutive (see
+                // `joins`): its inbox is one range, begun by its first.
+                let continues = self.turn.last().is_some_and(|l| l.conn == h.conn);
+                let at = self.payloads.len();
+                self.payloads
+                    .extend_from_slice(&self.buf[HEADER_LEN..HEADER_LEN + h.len as usize]);
+                if let Some(c) = self.conns.get_mut(&h.conn) {
+                    if !continues {
+                        c.inbox.0 = at;
+                        c.served = at;
+                    }
+                    c.inbox.1 = self.payloads.len();
+                }
+            }
+            self.turn.push(h);
+            self.turn_end = end;
+        }
+        for i in 0..self.turn.len() {
+            let h = self.turn[i];
+            self.begin(host, h);
+        }
+        if self.turn.is_empty() {
+            return false;
+        }
+        self.checks_due = Some(cut);
+        if self.tick.is_some() {
+            self.wake_tick_loop(host);
+        } else if !(from_server && self.read_here(host)) {
+            self.ring_bell(host);
+        }
+        true
+    }
+
+    /// A `TICK` is handed over in a turn of its loop: wakes that loop's
+    /// thread from its wait (its alarm; a `poll`/`select` loop by the bell
+    /// in any replay connection). Without either it takes the tick when
+    /// its own timeout ends the wait.
+    fn wake_tick_loop<H: Host>(&mut self, host: &mut H) {
+        let Some((id, None)) = self.tick else {
+            return;
+        };
+        if id != 0 {
+            host.wake_loop(id);
+            return;
+        }
+        // The lowest such connection: the same choice on every run.
+        let any = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.server_fd >= 0 && !c.closing && !c.closed)
+            .map(|(conn, c)| (*conn, c.server_fd))
+            .min();
+        if let Some((conn, fd)) = any {
+            host.ring_bell(conn, fd);
+        }
+    }
+
+    /// Whether the calling server thread (about to wait) is the one that
+    /// reads the turn's first connection: then its own wait sees the turn,
+    /// else the bell must wake that connection's thread (a server with
+    /// several loops reads each connection on its own one).
+    fn read_here<H: Host>(&self, host: &H) -> bool {
+        self.turn
+            .iter()
+            .find(|h| h.kind == Kind::Data)
+            .and_then(|h| self.conns.get(&h.conn))
+            .is_some_and(|c| c.read_slot == Some(host.slot()))
+    }
+
+    /// The server may be blocked in its wait, and the log's bytes make no
+    /// fd ready: one byte into the turn's first connection wakes it (the
+    /// wait hook takes the byte out again and reports what the log holds).
+    fn ring_bell<H: Host>(&mut self, host: &mut H) {
+        let first = self
+            .turn
+            .iter()
+            .find(|h| h.kind == Kind::Data)
+            .and_then(|h| self.conns.get(&h.conn).map(|c| (h.conn, c.server_fd)));
+        if let Some((conn, fd)) = first.filter(|(_, fd)| *fd >= 0) {
+            host.ring_bell(conn, fd);
+        }
+    }
+
+    /// A new stream starts at `start`: whatever was in flight is gone.
+    fn restart<H: Host>(&mut self, host: &mut H, epoch: u64, start: u64) {
+        log::info!("applying from seq {start} (stream {epoch})");
+        self.epoch = epoch;
+        self.end_all(host);
+        self.clear_turn();
+        self.held = None;
+        self.stash.clear();
+        self.prev_seq = start.saturating_sub(1);
+        host.read_from(start);
+    }
+
+    /// Ends every replay connection (the server reads EOF on each).
+    fn end_all<H: Host>(&mut self, host: &mut H) {
+        for (conn, mut c) in std::mem::take(&mut self.conns) {
+            host.disconnect(conn);
+            c.pending.forget(&mut self.kept);
+        }
+    }
+
+    /// Starts handing over `h`: from now on the server reads its time.
+    fn begin<H: Host>(&mut self, host: &mut H, h: EntryHeader) {
+        host.enter_input(h.time_us);
+        match h.kind {
+            Kind::Accept => self.open(host, h.seq),
+            // Their output checks run as the server starts the turn.
+            Kind::Data | Kind::Close => {}
+            Kind::View => self.end_all(host),
+            Kind::Tick => self.tick = Some((h.conn, None)),
+            Kind::Noop | Kind::Wrap | Kind::Time => {}
+        }
+        if h.kind == Kind::Close {
+            if let Some(c) = self.conns.get_mut(&h.conn) {
+                c.closing = true;
+                host.shut_write(h.conn);
+            }
+        }
+    }
+
+    /// The turn is over (or gone).
+    fn clear_turn(&mut self) {
+        for h in &self.turn {
+            if let Some(c) = self.conns.get_mut(&h.conn) {
+                c.inbox = (0, 0);
+                c.served = 0;
+            }
+        }
+        self.turn.clear();
+        self.payloads.clear();
+        self.consumed_at = None;
+        self.pending_since = None;
+        self.stuck_said = false;
+        self.tick = None;
+        self.times.clear();
+        self.anchor = 0;
+        self.closed = false;
+        self.started = false;
+        self.turn_waits = 0;
+    }
+
+    /// The server handled the whole turn: the follower may reuse its space.
+    fn finish<H: Host>(&mut self, host: &mut H) {
+        if let Some(last) = self.turn.last() {
+            host.set_applied(last.seq.max(self.turn_last));
+            host.set_head(self.turn_end);
+        }
+        self.clear_turn();
+    }
+
+    /// Moves the turn on: true once the server handled all of it and the
+    /// threads that handled it went back to wait. Like the leader's turn
+    /// lock, that keeps what the server does after the input in that turn
+    /// (memcached's listener runs its clock timer after the accept) before
+    /// anything of the next turn.
+    fn progress<H: Host>(&mut self, host: &mut H) -> bool {
+        let patience_over = self
+            .consumed_at
+            .is_some_and(|t| host.now().saturating_sub(t) >= TURN_PATIENCE);
+        // Handled by a thread that waited since (or long enough ago).
+        // Patience is for a server whose waits the hooks do not see: a
+        // thread still running the turn (slow, on a loaded machine) is in
+        // it, and its clock reads belong to it.
+        let waited = |c: &Conn| {
+            host.waits(c.handled_slot) > c.handled_turn
+                || (patience_over && !host.running(c.handled_slot))
+        };
+        let mut all_read = true;
+        let mut done = true;
+        let mut ended = Vec::new();
+        for &h in &self.turn {
+            let item_done = match h.kind {
+                Kind::Accept => match self.conns.get(&h.seq) {
+                    // It could not be opened: its inputs are skipped.
+                    None => true,
+                    Some(c) => {
+                        let accepted = c.server_fd >= 0 || c.closed;
+                        all_read &= accepted;
+                        accepted && waited(c)
+                    }
+                },
+                Kind::Data => match self.conns.get(&h.conn) {
+                    None => true,
+                    Some(c) if c.closed => waited(c),
+                    Some(c) => {
+                        let read = c.served >= c.inbox.1;
+                        all_read &= read;
+                        read
+                            // A reply sent over several turns is not
+                            // complete while the server waits to write.
+                            && !host.wants_write(c.server_fd)
+                            && waited(c)
+                    }
+                },
+                Kind::Close => match self.conns.get(&h.conn) {
+                    None => true,
+                    Some(c) => {
+                        let seen = c.eof || c.closed;
+                        all_read &= seen;
+                        let done = seen && waited(c);
+                        if done {
+                            ended.push(h.conn);
+                        }
+                        done
+                    }
+                },
+                // Its loop's thread went back to wait after the turn.
+                Kind::Tick => match self.tick {
+                    Some((_, Some((slot, n)))) => host.waits(slot) > n,
+                    _ => patience_over,
+                },
+                Kind::View | Kind::Noop | Kind::Wrap | Kind::Time => true,
+            };
+            done &= item_done;
+        }
+        for conn in ended {
+            if let Some(mut c) = self.conns.remove(&conn) {
+                c.pending.forget(&mut self.kept);
+            }
+        }
+        if all_read && self.consumed_at.is_none() {
+            self.consumed_at = Some(host.now());
+        }
+        done
+    }
+
+    /// A turn still in flight after [`TURN_STUCK`]: one warning naming
+    /// what it waits for (a server that never finishes a turn stops its
+    /// node's apply; the operator and the tests see why). Asked by the
+    /// applier thread while a turn is in flight, off the server's threads.
+    pub fn say_if_stuck<H: Host>(&mut self, host: &H) {
+        let now = host.now();
+        let since = *self.pending_since.get_or_insert(now);
+        let stuck = now.saturating_sub(since);
+        if self.stuck_said || stuck < TURN_STUCK {
+            return;
+        }
+        self.stuck_said = true;
+        let mut what = String::new();
+        for h in &self.turn {
+            let c = self.conns.get(&h.conn).or_else(|| self.conns.get(&h.seq));
+            what.push_str(&format!(
+                " [{:?} seq {} conn {} loop {:?}: {}]",
+                h.kind,
+                h.seq,
+                h.conn,
+                h.turn_loop,
+                match c {
+                    None => "no replay connection".to_string(),
+                    Some(c) => format!(
+                        "fd {} (read by loop {:?}) served {}/{} eof {} closed {} handled by slot {} turn {} (now {}, running {})",
+                        c.server_fd,
+                        host.loop_of(c.server_fd),
+                        c.served,
+                        c.inbox.1,
+                        c.eof,
+                        c.closed,
+                        c.handled_slot,
+                        c.handled_turn,
+                        host.waits(c.handled_slot),
+                        host.running(c.handled_slot)
+                    ),
+                }
+            ));
+        }
+        log::warn!(
+            "a turn has been in flight for {:?} (all read: {}, tick {:?}):{what}",
+            stuck,
+            self.consumed_at.is_some(),
+            self.tick
+        );
+    }
+
+    /// Takes clock record `h` (ending at ring position `end`) from the
+    /// log: into the turn in flight when it is that turn's, else into the
+    /// stash of a turn still to come. False when it is the next turn's
+    /// and the turn in flight is not done (then it is held).
+    fn absorb_time<H: Host>(&mut self, host: &mut H, h: EntryHeader, end: u64) -> bool {
+        let k = u32::try_from(h.conn).unwrap_or(u32::MAX);
+        // A poll for children that reaped one names it (see `turn_time`).
+        let child = self
+            .buf
+            .get(HEADER_LEN..HEADER_LEN + h.len as usize)
+            .and_then(turn_time::Child::decode);
+        let continues = h.flags & SAME_TURN != 0 && h.seq == self.prev_seq + 1;
+        if !self.turn.is_empty() {
+            if self.closed || !continues {
+                self.held = Some((h, end));
+                self.closed = true;
+                return false;
+            }
+            if k == 0 {
+                self.closed = true;
+            } else {
+                self.times.push_back(Record {
+                    anchor: self.anchor,
+                    k,
+                    us: h.time_us,
+                    child,
+                });
+            }
+            self.prev_seq = h.seq;
+            self.turn_last = h.seq;
+            self.turn_end = end;
+            return true;
+        }
+        let starts = h.flags & SAME_TURN == 0;
+        if k != 0 && (starts || (continues && !self.stash.is_empty())) {
+            if starts {
+                self.stash.clear();
+                self.stash_waits = h.waits;
+            }
+            self.stash.push(Record {
+                anchor: 0,
+                k,
+                us: h.time_us,
+                child,
+            });
+            self.prev_seq = h.seq;
+            host.set_head(end);
+            return true;
+        }
+        // The end, or a record, of a turn this server already finished
+        // (its reads did not need it).
+        self.stash.clear();
+        self.prev_seq = h.seq;
+        host.set_applied(h.seq);
+        host.set_head(end);
+        true
+    }
+
+    /// The first entry `h` of a turn: the stashed clock records are that
+    /// turn's when it continues them (the leader's same turn), else they
+    /// were a turn that never came (its leader stopped).
+    fn adopt_stash(&mut self, h: &EntryHeader) -> bool {
+        let stash = std::mem::take(&mut self.stash);
+        let adopted = !stash.is_empty() && h.flags & SAME_TURN != 0 && h.seq == self.prev_seq + 1;
+        if adopted {
+            self.times.extend(stash);
+        }
+        adopted
+    }
+
+    /// Whether the calling server thread entered as many waits since its
+    /// last turn as the leader's thread did before the turn in flight.
+    fn due<H: Host>(&self, host: &H) -> bool {
+        self.turn
+            .first()
+            .is_none_or(|f| host.due(f.view, self.turn_waits))
+    }
+
+    /// The server read the EOF of, or closed, connection `conn`: its clock
+    /// reads count from the connection's CLOSE when the turn has it.
+    fn enter_close_window<H: Host>(&self, host: &mut H, conn: u64) {
+        if let Some(h) = self
+            .turn
+            .iter()
+            .find(|h| h.kind == Kind::Close && h.conn == conn)
+        {
+            host.enter_window(self.turn_start(), h.seq, h.time_us);
+        }
+    }
+
+    /// The output checks of the turn in flight, once: each input's digest
+    /// against what this server wrote on its connection before it. They
+    /// run when a wait of the server starts the turn, not when the pump
+    /// takes it from the log: a server still inside its last turn (Redis's
+    /// `DEBUG RELOAD` waits in its event loop while it loads, and the pump
+    /// takes the next turn at such a wait) writes that turn's reply after
+    /// the pump took the next one, and a check then counted the reply one
+    /// input late on every backup.
+    fn check_turn<H: Host>(&mut self, host: &mut H) {
+        let Some(cut) = self.checks_due.take() else {
+            return;
+        };
+        if let Some(at) = cut {
+            self.cut(at);
+        }
+        for i in 0..self.turn.len() {
+            let h = self.turn[i];
+            match h.kind {
+                Kind::Data | Kind::Close => {
+                    let adjacent = self.last_input_conn == h.conn;
+                    self.check_output(host, &h, adjacent);
+                    self.classify_input(&h);
+                    self.last_input_conn = h.conn;
+                }
+                Kind::Accept => self.last_input_conn = h.seq,
+                Kind::View => self.last_input_conn = 0,
+                Kind::Tick | Kind::Noop | Kind::Wrap | Kind::Time => {}
+            }
+        }
+    }
+
+    /// A turn of the leader's begins (not the rest of one this server takes
+    /// in parts): each connection's output so far is what the leader's
+    /// digests of the turn's inputs cover. The leader's server writes what
+    /// a turn causes (replies, pub/sub deliveries to other connections) as
+    /// the turn ends, after reading all of its inputs; a backup that took
+    /// the turn in parts wrote some of it between them.
+    fn cut(&mut self, at: u64) {
+        self.cut_at = at;
+        for c in self.conns.values_mut() {
+            c.pending.cut();
+        }
+    }
+
+    /// The seq the turn in flight begins at (0: none).
+    fn turn_start(&self) -> u64 {
+        self.turn.first().map_or(0, |f| f.seq)
+    }
+
+    /// Whether the turn in flight holds an input after `anchor` (the
+    /// window of reads counted from `anchor` ended there).
+    fn window_closed(&self, anchor: u64) -> bool {
+        self.turn
+            .iter()
+            .any(|h| h.seq > anchor && matches!(h.kind, Kind::Data | Kind::Accept | Kind::Close))
+    }
+
+    /// ACCEPT: connects to the server (it accepts in its event loop).
+    fn open<H: Host>(&mut self, host: &mut H, conn: u64) {
+        if !host.connect(conn) {
+            return;
+        }
+        self.conns.insert(
+            conn,
+            Conn {
+                server_fd: -1,
+                inbox: (0, 0),
+                served: 0,
+                closing: false,
+                handled_slot: 0,
+                handled_turn: 0,
+                read_slot: None,
+                eof: false,
+                closed: false,
+                pending: PendingOutput::default(),
+                last_input: conn,
+                replies: crate::node_dependent::Replies::default(),
+            },
+        );
+    }
+
+    /// DATA/CLOSE carry the leader's digest of the connection's output
+    /// since its last input: compare with this server's, then start over.
+    fn check_output<H: Host>(&mut self, host: &mut H, h: &EntryHeader, adjacent: bool) {
+        // Only an input's first entry carries a digest (the leader's
+        // server read the whole input at once).
+        if h.out_hash == 0 {
+            return;
+        }
+        let Some(c) = self.conns.get_mut(&h.conn) else {
+            return;
+        };
+        // The leader's server read this connection's last input just
+        // before, in this same turn (a server that reads a connection until
+        // EAGAIN and answers each request at once, as memcached does): it
+        // wrote that answer before reading this one. Otherwise the digest
+        // covers what it wrote before the turn that read this input; what
+        // this server wrote since (in parts of that turn it took apart)
+        // starts the next interval, as it does on the leader.
+        let whole = adjacent && c.last_input >= self.cut_at;
+        let prev = std::mem::replace(&mut c.last_input, h.seq);
+        if h.out_hash == OutputDigest::WITHHELD {
+            // The leader's server output never left it (it failed the
+            // connection): nothing to compare; start over.
+            c.pending.skip(whole, &mut self.kept);
+            c.replies.take();
+            log::debug!(
+                "connection {}: the leader withheld its output before seq {} (not compared)",
+                h.conn,
+                h.seq
+            );
+            return;
+        }
+        let verdict = c.pending.check(h.out_hash, whole, &mut self.kept);
+        // The commands that produced it describe the node: not counted.
+        let node_dependent = c.replies.take();
+        let command = c.replies.last_command();
+        let (len, shown) = match verdict {
+            Verdict::Same => return,
+            Verdict::Unsure => {
+                log::debug!(
+                    "connection {}: the output after seq {prev} differs from the leader's, but more than {} bytes went unmatched before (not counted)",
+                    h.conn,
+                    crate::output_check::KEEP
+                );
+                return;
+            }
+            Verdict::Differs { len, shown } => (len, shown),
+        };
+        if node_dependent {
+            log::debug!(
+                "connection {}: the output after seq {prev} (`{command}`) differs from the leader's by design (not counted)",
+                h.conn
+            );
+            return;
+        }
+        host.diverged();
+        let (_, leader_len) = OutputDigest::unpack(h.out_hash);
+        log::warn!(
+            "divergence on connection {}: the output after seq {prev} differs from the leader's \
+             (after `{command}`; leader: {leader_len} bytes; this server: {len} bytes, starting {:?})",
+            h.conn,
+            String::from_utf8_lossy(&shown)
+        );
+    }
+
+    /// DATA `h` (after its check): its commands, for the check of the
+    /// output they produce (the turn's payloads hold its entries' bytes
+    /// in order).
+    fn classify_input(&mut self, h: &EntryHeader) {
+        if h.kind != Kind::Data {
+            return;
+        }
+        let at: usize = self
+            .turn
+            .iter()
+            .take_while(|t| t.seq != h.seq)
+            .filter(|t| t.kind == Kind::Data)
+            .map(|t| t.len as usize)
+            .sum();
+        if let (Some(c), Some(bytes)) = (
+            self.conns.get_mut(&h.conn),
+            self.payloads.get(at..at + h.len as usize),
+        ) {
+            c.replies.input(bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(seq: u64, conn: u64, same: bool, out_hash: u64) -> EntryHeader {
+        let mut h = EntryHeader::new(Kind::Data, 1, seq, conn, 3);
+        h.out_hash = out_hash;
+        if same {
+            h.flags = SAME_TURN;
+        }
+        h
+    }
+
+    #[test]
+    fn a_turn_runs_in_the_loop_that_ran_it_on_the_leader() {
+        let mut accept = EntryHeader::new(Kind::Accept, 1, 5, 5, 0);
+        accept.turn_loop = Some(1);
+        assert!(runs_in(&accept, 1, false), "the listener's wait");
+        assert!(!runs_in(&accept, 2, false), "not the worker's");
+        accept.turn_loop = None;
+        assert!(
+            runs_in(&accept, 2, false),
+            "a log that does not name it: any loop's"
+        );
+        let mut close = EntryHeader::new(Kind::Close, 1, 9, 5, 0);
+        close.turn_loop = Some(2);
+        assert!(runs_in(&close, 2, false) && !runs_in(&close, 1, false));
+        let data = data(6, 5, false, 0);
+        assert!(runs_in(&data, 2, true), "reported the log's bytes");
+        assert!(!runs_in(&data, 2, false), "returned for something else");
+        let view = EntryHeader::new(Kind::View, 2, 10, 0, 0);
+        assert!(
+            !runs_in(&view, 1, false),
+            "the follower's entry: no loop's turn"
+        );
+    }
+
+    /// `joins` for a `next` read right after the turn's last entry.
+    fn joins_last(turn: &[EntryHeader], next: &EntryHeader, width: usize) -> bool {
+        joins(turn, next, turn.last().map_or(0, |l| l.seq), width)
+    }
+
+    #[test]
+    fn a_clock_record_between_two_inputs_keeps_them_in_one_turn() {
+        let t = [data(10, 1, false, 7)];
+        assert!(
+            joins(&t, &data(12, 2, true, 7), 11, 4),
+            "seq 11 was a clock record of the turn"
+        );
+        assert!(!joins(&t, &data(12, 2, true, 7), 10, 4), "a gap");
+    }
+
+    #[test]
+    fn entries_of_one_leader_turn_join_up_to_the_width() {
+        let t = [data(10, 1, false, 7), data(11, 2, true, 7)];
+        assert!(
+            joins_last(&[], &data(10, 1, false, 7), 4),
+            "a turn starts anywhere"
+        );
+        assert!(joins_last(&t[..1], &t[1], 4));
+        assert!(joins_last(&t, &data(12, 3, true, 7), 4));
+        assert!(
+            !joins_last(&t, &data(12, 3, true, 7), 2),
+            "two connections at most"
+        );
+        assert!(
+            !joins_last(&t, &data(12, 3, false, 7), 4),
+            "the leader's next turn"
+        );
+        assert!(
+            !joins_last(&t, &data(13, 3, true, 7), 4),
+            "not the next seq"
+        );
+    }
+
+    #[test]
+    fn a_connection_comes_back_only_with_a_later_chunk_of_its_read() {
+        let t = [data(10, 1, false, 7), data(11, 2, true, 7)];
+        assert!(
+            joins_last(&t, &data(12, 2, true, 0), 4),
+            "a later chunk of one read"
+        );
+        assert!(
+            !joins_last(&t, &data(12, 2, true, 9), 4),
+            "a second input of conn 2"
+        );
+        assert!(
+            !joins_last(&t, &data(12, 1, true, 0), 4),
+            "conn 1 after another"
+        );
+        let mut close = data(12, 3, true, 5);
+        close.kind = Kind::Close;
+        assert!(!joins_last(&t, &close, 4), "an EOF is a turn of its own");
+    }
+
+    #[test]
+    fn only_inputs_join() {
+        let mut accept = data(11, 0, true, 0);
+        accept.kind = Kind::Accept;
+        assert!(!joins_last(&[data(10, 1, false, 7)], &accept, 4));
+        assert!(!joins_last(&[accept], &data(12, 1, true, 7), 4));
+        let mut view = data(11, 0, true, 0);
+        view.kind = Kind::View;
+        assert!(!joins_last(&[data(10, 1, false, 7)], &view, 4));
+    }
+}
