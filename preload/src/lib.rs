@@ -67,6 +67,7 @@ pub mod replay;
 pub mod setup;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod thread_clock;
 pub mod turn_lock;
 pub mod turn_time;
 pub mod turns;

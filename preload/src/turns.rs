@@ -22,12 +22,64 @@ static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
-    /// The leader's: (view, waits entered) at this thread's last logged
+    static MARKS: Cell<TurnMarks> = const { Cell::new(TurnMarks::NEW) };
+}
+
+/// Where one thread's waits stood at its last turn in the log: the
+/// leader's last logged turn, a backup's last turn handed. Pure: the
+/// thread-local wrappers below and the replay simulation use it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TurnMarks {
+    /// The leader's: (view, waits entered) at the thread's last logged
     /// turn.
-    static LOGGED: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
-    /// A backup's: (view, waits entered) at the last turn this thread was
+    logged: (u64, u64),
+    /// A backup's: (view, waits entered) at the last turn the thread was
     /// handed.
-    static HANDED: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    handed: (u64, u64),
+}
+
+impl TurnMarks {
+    /// A thread with no turn yet.
+    pub const NEW: TurnMarks = TurnMarks {
+        logged: (0, 0),
+        handed: (0, 0),
+    };
+
+    /// The leader's: the thread, having entered `waits` waits, logs a turn
+    /// in `view`. Returns the waits since its last logged turn of that
+    /// view (0: none logged yet).
+    pub fn log_turn(&mut self, view: u64, waits: u64) -> u32 {
+        let (v, prev) = std::mem::replace(&mut self.logged, (view, waits));
+        if v != view || prev == 0 {
+            return 0;
+        }
+        u32::try_from(waits.saturating_sub(prev)).unwrap_or(u32::MAX)
+    }
+
+    /// A backup's: whether the thread, having entered `entered` waits,
+    /// entered `waits` since the last turn it was handed in `view`. True
+    /// when either is not known.
+    pub fn due(&self, view: u64, waits: u32, entered: u64) -> bool {
+        let (v, at) = self.handed;
+        waits == 0 || v != view || at == 0 || entered >= at + u64::from(waits)
+    }
+
+    /// A backup's: the thread, having entered `entered` waits, starts a
+    /// turn of `view` it was handed.
+    pub fn handed(&mut self, view: u64, entered: u64) {
+        self.handed = (view, entered);
+    }
+}
+
+fn with_marks<T>(f: impl FnOnce(&mut TurnMarks) -> T) -> Option<T> {
+    MARKS
+        .try_with(|c| {
+            let mut m = c.get();
+            let r = f(&mut m);
+            c.set(m);
+            r
+        })
+        .ok()
 }
 
 /// Which call a server thread waits in.
@@ -103,25 +155,21 @@ pub fn current() -> Option<(usize, u64)> {
 /// logged turn of that view (`EntryHeader::waits`; 0: none logged yet).
 pub fn log_turn(view: u64) -> u32 {
     let n = count(slot());
-    let (v, prev) = LOGGED.try_with(|c| c.replace((view, n))).unwrap_or((0, 0));
-    if v != view || prev == 0 {
-        return 0;
-    }
-    u32::try_from(n.saturating_sub(prev)).unwrap_or(u32::MAX)
+    with_marks(|m| m.log_turn(view, n)).unwrap_or(0)
 }
 
 /// A backup's: whether the calling thread entered `waits` waits since the
 /// last turn it was handed in `view` (the leader's thread did as many
 /// between its two logged turns). True when either is not known.
 pub fn due(view: u64, waits: u32) -> bool {
-    let (v, at) = HANDED.try_with(|c| c.get()).unwrap_or((0, 0));
-    waits == 0 || v != view || at == 0 || count(slot()) >= at + u64::from(waits)
+    let n = count(slot());
+    with_marks(|m| m.due(view, waits, n)).unwrap_or(true)
 }
 
 /// A backup's: the calling thread starts a turn of `view` it was handed.
 pub fn handed(view: u64) {
     let n = count(slot());
-    let _ = HANDED.try_with(|c| c.set((view, n)));
+    with_marks(|m| m.handed(view, n));
 }
 
 /// How many distinct connections a backup may hand its server in one
