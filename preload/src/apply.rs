@@ -505,14 +505,16 @@ pub fn epoll_unread(epfd: i32) -> ([u64; MAX_WIDTH], usize) {
 
 /// Builds what an epoll wait returns: `events[..real]` came from the
 /// kernel, `events[real..]` is room for `unread` (log order), which go
-/// first, readable; a kernel event for one of them adds its other bits,
-/// and the bell's readiness (`bell`: its key) is dropped. Returns the
-/// count.
+/// first (after the kernel's when `kernel_first`: see
+/// [`Replay::listener_first`]), readable; a kernel event for one of them
+/// adds its other bits, and the bell's readiness (`bell`: its key) is
+/// dropped. Returns the count.
 pub fn merge_events(
     events: &mut [libc::epoll_event],
     real: usize,
     unread: &[u64],
     bell: Option<u64>,
+    kernel_first: bool,
 ) -> usize {
     let k = unread.len();
     let total = events.len().min(real + k);
@@ -541,7 +543,15 @@ pub fn merge_events(
         events[out] = e;
         out += 1;
     }
+    if kernel_first {
+        events[..out].rotate_left(k);
+    }
     out
+}
+
+/// See [`Replay::listener_first`].
+pub fn listener_first() -> bool {
+    with(|r, _| r.listener_first()).unwrap_or(false)
 }
 
 /// The server wrote `segments` to replay connection `conn` (see
@@ -592,9 +602,14 @@ mod tests {
         // readable only), and conn 71 writable; the log has bytes for 72
         // then 71. Two slots of room follow the kernel's three.
         let mut got = [ev(5, inn), ev(9, inn), ev(71, out), ev(0, 0), ev(0, 0)];
-        let n = merge_events(&mut got, 3, &[72, 71], Some(9));
+        let n = merge_events(&mut got, 3, &[72, 71], Some(9), false);
         let view: Vec<(u64, u32)> = got[..n].iter().map(|e| (e.u64, e.events)).collect();
         assert_eq!(view, [(72, inn), (71, inn | out), (5, inn)]);
+        // The listener (key 3) first: the leader accepted before it read.
+        let mut got = [ev(3, inn), ev(9, inn), ev(71, out), ev(0, 0), ev(0, 0)];
+        let n = merge_events(&mut got, 3, &[72, 71], Some(9), true);
+        let view: Vec<(u64, u32)> = got[..n].iter().map(|e| (e.u64, e.events)).collect();
+        assert_eq!(view, [(3, inn), (72, inn), (71, inn | out)]);
     }
 
     #[test]
@@ -604,7 +619,7 @@ mod tests {
             u64: key,
         };
         let mut got = [ev(5), ev(6)];
-        assert_eq!(merge_events(&mut got, 2, &[], None), 2);
+        assert_eq!(merge_events(&mut got, 2, &[], None, false), 2);
         assert_eq!((got[0].u64, got[1].u64), (5, 6));
     }
 }

@@ -36,10 +36,14 @@
 //!   through).
 //! - [`dispatch`]: what each call does, per fd class and role.
 //! - [`engine`]: the leader's replication path (ring, transport, acks).
-//! - [`apply`]: the passive side: a backup's server re-executes the log.
+//! - [`replay`]: the passive side: a backup's server re-executes the log;
+//!   the decisions are a pure machine, simulated against model servers.
+//! - [`apply`]: the replay's host: the region, the turn counters, real
+//!   replay connections.
 //! - [`node_dependent`]: which replies differ per node by design (not
 //!   counted as divergences).
-//! - [`clock`]: the log's time, the wall clock every replica's server reads.
+//! - [`clock`]: the log's time, the wall clock every replica's server reads;
+//!   [`thread_clock`]: one thread's clock, pure.
 //! - [`entropy`]: the cluster's random stream, the same on every replica.
 //! - [`setup`]: configuration, attaching to the region, fork handling.
 //! - [`fdtable`]: per-fd state.

@@ -173,19 +173,23 @@ pub fn handed(view: u64) {
 }
 
 /// How many distinct connections a backup may hand its server in one
-/// turn: one when the server scans its own fd order (`poll`/`select`),
-/// else a part of its smallest `maxevents`, so that other ready fds
-/// cannot push one of them out of the wait's result.
+/// turn: one when the server scans (`poll`/`select`: it handles what a
+/// wait reports in an order of its own — Perl's `IO::Poll` in hash order —
+/// and a read out of the log's order would get EAGAIN, which simple
+/// servers take for an error); else its smallest epoll `maxevents` (the
+/// leader's server got no more from one wait; the log's connections go
+/// first and a wait they fill polls nothing else, so no other ready fd
+/// pushes one out).
 pub fn batch_width() -> usize {
     if WAITS_SEEN.load(Ordering::Relaxed) & Wait::Scan as u8 != 0 {
         return 1;
     }
     let max = MIN_EVENTS.load(Ordering::Relaxed).max(1) as usize;
-    (max / 2).clamp(1, MAX_WIDTH)
+    max.clamp(1, MAX_WIDTH)
 }
 
 /// The most connections one turn hands over.
-pub const MAX_WIDTH: usize = 32;
+pub const MAX_WIDTH: usize = 64;
 
 #[cfg(test)]
 mod tests {

@@ -57,10 +57,9 @@ struct Conn {
 }
 
 impl Conn {
-    /// Whether the server has bytes of the turn in flight to read here
-    /// (a closing connection's end is the kernel's to report).
+    /// Whether the server has bytes of the turn in flight to read here.
     fn has_unread(&self) -> bool {
-        !self.closing && self.served < self.inbox.1
+        self.served < self.inbox.1
     }
 
     /// The calling server thread handled this connection in its current
@@ -99,6 +98,13 @@ pub struct Replay {
     /// consumed all of it.
     turn: Vec<EntryHeader>,
     payloads: Vec<u8>,
+    /// Where each entry of the turn begins in `payloads` (for DATA: its
+    /// bytes; for the rest: where it stands among them).
+    starts: Vec<usize>,
+    /// Inputs of the turn whose output checks wait for the server to reach
+    /// them (seqs, log order): a connection's later reads and its EOF in
+    /// the same leader turn (see `check_turn`).
+    later: Vec<u64>,
     turn_end: u64,
     consumed_at: Option<Duration>,
     /// When the turn in flight was first found unfinished, and whether a
@@ -149,6 +155,30 @@ impl Replay {
     /// Whether a turn is in flight.
     pub fn in_turn(&self) -> bool {
         !self.turn.is_empty()
+    }
+
+    /// The turn in flight, for a failing simulation's report.
+    #[cfg(test)]
+    pub fn describe(&self) -> String {
+        let entries: Vec<String> = self
+            .turn
+            .iter()
+            .map(|h| format!("{:?} {} conn {}", h.kind, h.seq, h.conn))
+            .collect();
+        format!(
+            "started {} later {:?} [{}]",
+            self.started,
+            self.later,
+            entries.join(", ")
+        )
+    }
+
+    /// Whether the wait that hands over the turn in flight reports the
+    /// kernel's events (the listener) before the log's connections: the
+    /// leader's server accepted before it read the turn's inputs.
+    pub fn listener_first(&self) -> bool {
+        self.turn.first().is_some_and(|f| f.kind == Kind::Accept)
+            && self.turn.iter().any(|h| h.kind != Kind::Accept)
     }
 
     /// Whether clock records of a turn whose kind is not known yet were
@@ -235,7 +265,7 @@ impl Replay {
             .iter()
             .find(|h| h.kind == Kind::Accept && h.seq == conn)
         {
-            host.enter_window(h.seq, h.seq, h.time_us);
+            host.enter_window(self.turn_start(), h.seq, h.time_us);
         }
     }
 
@@ -250,35 +280,59 @@ impl Replay {
         fill: &mut dyn FnMut(&[u8]) -> usize,
     ) -> Served {
         let behind = self.waits_behind(conn);
-        let Some(c) = self.conns.get_mut(&conn) else {
+        let Some(c) = self.conns.get(&conn) else {
             // Ended by a CLOSE or a view change.
             return Served::Eof;
         };
-        let (_, end) = c.inbox;
-        if c.served < end {
+        let (served, end) = (c.served, c.inbox.1);
+        if served < end {
             if behind {
                 // The leader's server read an earlier connection of this
                 // turn first: so must this one (see `waits_behind`).
                 return Served::Empty;
             }
-            let n = fill(&self.payloads[c.served..end]);
+            let (limit, anchor, reached) = self.read_bounds(conn, served);
+            if let (Some(seq), false) = (reached, peek) {
+                // A later read of the turn's: the server answered the one
+                // before by now, as the leader's had when it read this.
+                self.check_later(host, seq);
+            }
+            let n = fill(&self.payloads[served..limit]);
             if !peek && n > 0 {
-                c.served += n;
-                c.handled_here(host);
-                c.read_slot = Some(c.handled_slot);
-                // The server handles this connection's input now: its
-                // time, and its clock reads count from its last entry.
                 let turn = self.turn_start();
-                if let Some(h) = self.turn.iter().rev().find(|h| h.conn == conn) {
-                    host.enter_window(turn, h.seq, h.time_us);
+                let time = self
+                    .turn
+                    .iter()
+                    .find(|h| h.seq == anchor)
+                    .map_or(0, |h| h.time_us);
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.served += n;
+                    c.handled_here(host);
+                    c.read_slot = Some(c.handled_slot);
+                    if c.closing && !c.has_unread() {
+                        host.shut_write(conn);
+                    }
                 }
+                // The server handles this input now: its time, and its
+                // clock reads count from the input's last entry.
+                host.enter_window(turn, anchor, time);
             }
             return Served::Bytes(n);
         }
         if c.closing || c.closed {
             if !peek {
-                c.eof = true;
-                c.handled_here(host);
+                if let Some(h) = self
+                    .turn
+                    .iter()
+                    .find(|h| h.kind == Kind::Close && h.conn == conn)
+                {
+                    let seq = h.seq;
+                    self.check_later(host, seq);
+                }
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.eof = true;
+                    c.handled_here(host);
+                }
                 self.enter_close_window(host, conn);
                 self.run(host);
             }
@@ -395,35 +449,47 @@ fn runs_in(first: &EntryHeader, loop_id: u64, delivers: bool) -> bool {
 /// Whether `next` may join `turn` (entries the leader's server read in one
 /// turn; `width`: how many connections one turn may hand over).
 ///
-/// Only DATA joins, only when the leader flagged the entry as read in the
-/// same turn as the one before (a CLOSE is a turn of its own: the server
-/// learns of it from the kernel, whose order the pump does not set). A connection appears once, except
-/// for the later chunks of one read (an input's first entry carries the
-/// digest of the output since the last one, checked when the turn starts:
-/// a second input of the connection in the same turn would be checked
-/// before the server answered the first).
+/// Only entries the leader flagged as read in the same turn as the one
+/// before join: ACCEPTs after ACCEPTs, or inputs after a DATA or a CLOSE
+/// that joined. A connection appears once, in one run of
+/// entries: the chunks of one read, the later reads of the connection in
+/// the same leader turn (a server that reads until EAGAIN got more while it
+/// worked), and its EOF read right after (a server learns of an EOF from a
+/// read of its own; any other CLOSE is a turn of its own: the server learns
+/// of it from the kernel, whose order the replay does not set). A later
+/// read's output check waits until the server reaches it (see
+/// `check_turn`).
 /// `prev_seq`: the entry read just before `next` (a clock record between
 /// them belongs to the turn).
 fn joins(turn: &[EntryHeader], next: &EntryHeader, prev_seq: u64, width: usize) -> bool {
     let Some(last) = turn.last() else {
         return true;
     };
-    if next.flags & SAME_TURN == 0
-        || next.kind != Kind::Data
-        || last.kind != Kind::Data
-        || next.seq != prev_seq + 1
-    {
+    if next.flags & SAME_TURN == 0 || next.seq != prev_seq + 1 {
         return false;
     }
-    if next.conn == last.conn {
-        return next.out_hash == 0;
+    let accepts = turn.iter().filter(|h| h.kind == Kind::Accept).count();
+    match (last.kind, next.kind) {
+        // Connections the server accepted in one go (its accept loop takes
+        // every pending one, in the order they came; they take no room in
+        // the wait's result).
+        (Kind::Accept, Kind::Accept) => return true,
+        // Inputs after the accepts (the wait reports the listener first:
+        // see `Replay::listener_first`), or accepts after the inputs (the
+        // listener after the log's connections, as by default): never
+        // accepts on both sides of an input.
+        (Kind::Accept, Kind::Data) if accepts == turn.len() => {}
+        (Kind::Data | Kind::Close, Kind::Accept) => return accepts == 0,
+        (Kind::Data, Kind::Data | Kind::Close) if next.conn == last.conn => return true,
+        (Kind::Data | Kind::Close, Kind::Data) => {}
+        _ => return false,
     }
-    let mut conns = 1;
+    let mut conns = 0;
     for (i, h) in turn.iter().enumerate() {
         if h.conn == next.conn {
             return false;
         }
-        if i > 0 && turn[i - 1].conn != h.conn {
+        if h.kind != Kind::Accept && (i == 0 || turn[i - 1].conn != h.conn) {
             conns += 1;
         }
     }
@@ -533,6 +599,11 @@ impl Replay {
                     c.inbox.1 = self.payloads.len();
                 }
             }
+            self.starts.push(if h.kind == Kind::Data {
+                self.payloads.len() - h.len as usize
+            } else {
+                self.payloads.len()
+            });
             self.turn.push(h);
             self.turn_end = end;
         }
@@ -636,7 +707,13 @@ impl Replay {
         if h.kind == Kind::Close {
             if let Some(c) = self.conns.get_mut(&h.conn) {
                 c.closing = true;
-                host.shut_write(h.conn);
+                // An EOF read right after the connection's input in the
+                // turn: the socket ends once the server read that input
+                // (see `serve`), or the kernel would report it before the
+                // turn is the server's.
+                if !c.has_unread() {
+                    host.shut_write(h.conn);
+                }
             }
         }
     }
@@ -651,6 +728,8 @@ impl Replay {
         }
         self.turn.clear();
         self.payloads.clear();
+        self.starts.clear();
+        self.later.clear();
         self.consumed_at = None;
         self.pending_since = None;
         self.stuck_said = false;
@@ -664,6 +743,11 @@ impl Replay {
 
     /// The server handled the whole turn: the follower may reuse its space.
     fn finish<H: Host>(&mut self, host: &mut H) {
+        // Inputs the server never reached (it closed the connection
+        // first) are checked as the turn ends.
+        while let Some(seq) = self.later.first().copied() {
+            self.check_later(host, seq);
+        }
         if let Some(last) = self.turn.last() {
             host.set_applied(last.seq.max(self.turn_last));
             host.set_head(self.turn_end);
@@ -865,11 +949,14 @@ impl Replay {
     }
 
     /// Whether the calling server thread entered as many waits since its
-    /// last turn as the leader's thread did before the turn in flight.
+    /// last turn as the leader's thread did before the turn in flight. A
+    /// turn the kernel reports (its first entry an ACCEPT or a CLOSE: the
+    /// listener or the connection is ready) runs at the first wait that
+    /// sees it, whatever the count, inputs joined to it included.
     fn due<H: Host>(&self, host: &H) -> bool {
-        self.turn
-            .first()
-            .is_none_or(|f| host.due(f.view, self.turn_waits))
+        self.turn.first().is_none_or(|f| {
+            matches!(f.kind, Kind::Accept | Kind::Close) || host.due(f.view, self.turn_waits)
+        })
     }
 
     /// The server read the EOF of, or closed, connection `conn`: its clock
@@ -899,8 +986,21 @@ impl Replay {
         if let Some(at) = cut {
             self.cut(at);
         }
+        let mut deferring = None;
         for i in 0..self.turn.len() {
             let h = self.turn[i];
+            let later_input = matches!(h.kind, Kind::Data | Kind::Close)
+                && (h.kind == Kind::Close || h.out_hash != 0)
+                && self.turn[..i].iter().any(|e| e.conn == h.conn);
+            if later_input {
+                deferring = Some(h.conn);
+            }
+            if deferring == Some(h.conn) && matches!(h.kind, Kind::Data | Kind::Close) {
+                // Its digest covers what the server answers to the input
+                // before it, in this turn: checked when the server reads it.
+                self.later.push(h.seq);
+                continue;
+            }
             match h.kind {
                 Kind::Data | Kind::Close => {
                     let adjacent = self.last_input_conn == h.conn;
@@ -913,6 +1013,48 @@ impl Replay {
                 Kind::Tick | Kind::Noop | Kind::Wrap | Kind::Time => {}
             }
         }
+    }
+
+    /// Runs the deferred check of input `seq` (see `check_turn`) and
+    /// those before it: the leader's server read the connection's previous
+    /// input just before it, in the same turn.
+    fn check_later<H: Host>(&mut self, host: &mut H, seq: u64) {
+        while let Some(&next) = self.later.first() {
+            if next > seq {
+                return;
+            }
+            self.later.remove(0);
+            if let Some(h) = self.turn.iter().find(|h| h.seq == next).copied() {
+                self.check_output(host, &h, true);
+                self.classify_input(&h);
+                self.last_input_conn = h.conn;
+            }
+        }
+    }
+
+    /// Where the server's read of `conn` at `served` must stop (the start
+    /// of the connection's next input in the turn, or its end: a read
+    /// takes no more than the leader's read took), the last entry of the
+    /// input it reads (its clock reads count from there), and the last
+    /// deferred input that begins at or before `served`.
+    fn read_bounds(&self, conn: u64, served: usize) -> (usize, u64, Option<u64>) {
+        let mut limit = self.conns.get(&conn).map_or(served, |c| c.inbox.1);
+        let mut anchor = 0;
+        let mut reached = None;
+        for (h, &start) in self.turn.iter().zip(&self.starts) {
+            if h.conn != conn || h.kind != Kind::Data {
+                continue;
+            }
+            if h.out_hash != 0 && start > served {
+                limit = start;
+                break;
+            }
+            anchor = h.seq;
+            if self.later.contains(&h.seq) {
+                reached = Some(h.seq);
+            }
+        }
+        (limit, anchor, reached)
     }
 
     /// A turn of the leader's begins (not the rest of one this server takes
@@ -1129,31 +1271,80 @@ mod tests {
     }
 
     #[test]
-    fn a_connection_comes_back_only_with_a_later_chunk_of_its_read() {
+    fn a_connection_reads_in_one_run_of_entries_and_its_own_eof_joins() {
         let t = [data(10, 1, false, 7), data(11, 2, true, 7)];
         assert!(
             joins_last(&t, &data(12, 2, true, 0), 4),
             "a later chunk of one read"
         );
         assert!(
-            !joins_last(&t, &data(12, 2, true, 9), 4),
-            "a second input of conn 2"
+            joins_last(&t, &data(12, 2, true, 9), 4),
+            "a later read of conn 2 in the same leader turn"
         );
         assert!(
             !joins_last(&t, &data(12, 1, true, 0), 4),
             "conn 1 after another"
         );
-        let mut close = data(12, 3, true, 5);
-        close.kind = Kind::Close;
-        assert!(!joins_last(&t, &close, 4), "an EOF is a turn of its own");
+        let close = |conn| {
+            let mut c = data(12, conn, true, 5);
+            c.kind = Kind::Close;
+            c
+        };
+        assert!(
+            joins_last(&t, &close(2), 4),
+            "conn 2's EOF, read right after"
+        );
+        assert!(
+            !joins_last(&t, &close(3), 4),
+            "another connection's EOF: the kernel's to report, a turn of its own"
+        );
+        let mut after = t.to_vec();
+        after.push(close(2));
+        assert!(
+            joins_last(&after, &data(13, 3, true, 7), 4),
+            "the turn goes on after an EOF it read"
+        );
+        assert!(
+            !joins_last(&after, &data(13, 2, true, 7), 4),
+            "nothing of a connection after its EOF"
+        );
     }
 
     #[test]
-    fn only_inputs_join() {
-        let mut accept = data(11, 0, true, 0);
-        accept.kind = Kind::Accept;
-        assert!(!joins_last(&[data(10, 1, false, 7)], &accept, 4));
-        assert!(!joins_last(&[accept], &data(12, 1, true, 7), 4));
+    fn inputs_join_inputs_and_accepts_join_accepts() {
+        let accept = |seq| {
+            let mut a = data(seq, seq, true, 0);
+            a.kind = Kind::Accept;
+            a
+        };
+        assert!(
+            joins_last(&[data(10, 1, false, 7)], &accept(11), 4),
+            "accepts after the inputs: the listener after the log's connections"
+        );
+        assert!(
+            joins_last(&[accept(11)], &data(12, 1, true, 7), 4),
+            "inputs after the accepts: the listener first"
+        );
+        assert!(
+            !joins_last(&[accept(11), data(12, 1, true, 7)], &accept(13), 4),
+            "never accepts on both sides of an input"
+        );
+        assert!(
+            !joins_last(
+                &[data(10, 1, false, 7), accept(11)],
+                &data(12, 2, true, 7),
+                4
+            ),
+            "nor inputs on both sides of an accept"
+        );
+        assert!(
+            joins_last(&[accept(11)], &accept(12), 4),
+            "one accept loop's connections"
+        );
+        assert!(
+            joins_last(&[accept(11), accept(12)], &accept(13), 1),
+            "whatever the width: they take no room in the wait's result"
+        );
         let mut view = data(11, 0, true, 0);
         view.kind = Kind::View;
         assert!(!joins_last(&[data(10, 1, false, 7)], &view, 4));

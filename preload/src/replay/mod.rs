@@ -25,19 +25,35 @@
 //!
 //! Only one *turn* is in flight: the entries the leader's server read in
 //! one event-loop turn (the leader flags them, `entry::SAME_TURN`), for at
-//! most `turns::batch_width` connections, each once (see `machine::joins`). The
-//! next turn starts once the server read the last and went back to its
-//! event loop (the `epoll_wait`/`poll`/`select` hooks tell: by then it
-//! wrote whatever it answers). That keeps the leader's exact
-//! cross-connection order, and each reply lands in the same per-input
-//! interval as on the leader, without any round trip to another process.
-//! Within a turn the server takes the connections in log order: an epoll
-//! wait returns them first, in that order (`apply::merge_events`); a server
-//! that scans its own fd order (`poll`, `select`) is handed one connection
-//! per turn. Entries of different leader turns never share one: a server
-//! that changes a connection's interest between turns (beanstalkd sends a
-//! reply in the turn after the request) sees them as its leader did; a
-//! CLOSE is a turn of its own (the kernel reports the EOF, in its order).
+//! most `turns::batch_width` connections (see `machine::joins`): the
+//! connections it accepted in one go, before or after its inputs, and each
+//! connection's inputs in one run — the chunks of one read, its later reads
+//! in that turn (a server that reads until EAGAIN got more while it
+//! worked), an EOF it read right after. The next turn starts once the
+//! server read the last and went back to its event loop (the
+//! `epoll_wait`/`poll`/`select` hooks tell: by then it wrote whatever it
+//! answers). That keeps the leader's exact cross-connection order, and each
+//! reply lands in the same per-input interval as on the leader, without any
+//! round trip to another process. Within a turn the server takes the
+//! connections in log order: an epoll wait returns them first, in that
+//! order, the listener before them when the leader accepted first
+//! (`apply::merge_events`); a server that scans (`poll`, `select`) is
+//! handed one connection per turn (it handles a wait's result in an order
+//! of its own). A read stops
+//! where the leader's read stopped, so the server's clock reads count from
+//! the same input. Entries of different leader turns never share one: a
+//! server that changes a connection's interest between turns (beanstalkd
+//! sends a reply in the turn after the request) sees them as its leader
+//! did; a CLOSE the leader's server learned of from the kernel is a turn of
+//! its own (the kernel reports the EOF, in its order).
+//!
+//! Splitting a leader's turn is not harmless: whatever a server does once
+//! per loop iteration (checking its timers) then runs between inputs the
+//! leader's server read in one iteration, and a due timer runs earlier on
+//! the backup. The simulation (`sim`) found that for accept loops, a
+//! connection read again after a busy command and an EOF read with its
+//! data; an epoll server's turn is split now only past its `maxevents`. A
+//! scanning server's still is (one connection per turn).
 //!
 //! The replay advances from the hooks themselves (the server thread that
 //! re-enters its event loop takes the next turn, which its wait then
@@ -68,6 +84,8 @@
 
 pub mod host;
 pub mod machine;
+#[cfg(test)]
+mod sim;
 
 pub use host::Host;
 pub use machine::{Replay, Served};

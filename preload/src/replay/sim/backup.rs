@@ -1,0 +1,454 @@
+//! A backup: the model server under the real replay machine, with a host
+//! that reads the node's own ring (the real codec) up to what the follower
+//! delivered so far, and a scheduler that interleaves the follower's
+//! delivery, the applier thread and the server's waits by the seed.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockstep_common::entry::EntryHeader;
+use lockstep_common::region::Region;
+use lockstep_common::ring::{ReadOutcome, RingReader};
+
+use super::log::{SimLog, MAX_ENTRY, RING_SIZE};
+use super::rng::Rng;
+use super::server::{Os, Read, Ready, Server, Shape, LISTENER_FD};
+use crate::clock::ORIGIN_US;
+use crate::replay::{Host, Replay, Served};
+use crate::thread_clock::ThreadClock;
+use crate::turns::{TurnMarks, MAX_WIDTH};
+
+/// The backup's world: its region's ring, one server thread (slot 0), the
+/// replay connections' kernel side and the server's clock.
+pub struct SimHost {
+    region: Arc<Region>,
+    reader: RingReader,
+    /// Each entry's seq and end, and how many the follower delivered.
+    ends: Vec<(u64, u64)>,
+    delivered: usize,
+    pub applied: u64,
+    pub diverged: u64,
+    width: usize,
+    /// The server thread's waits, whether it runs a turn, its marks and
+    /// clock; the process's log time.
+    waits: u64,
+    running: bool,
+    marks: TurnMarks,
+    pub clock: ThreadClock,
+    log_time: AtomicU64,
+    /// Replay connections the server has yet to accept, and those whose
+    /// log end was reached.
+    backlog: VecDeque<u64>,
+    /// Replay connections the log ended (the server's end reads EOF).
+    shut: BTreeSet<u64>,
+    /// The fd a bell byte waits in, and whether the loop's alarm rang.
+    bell: Option<i32>,
+    alarm: bool,
+    now: Duration,
+}
+
+impl SimHost {
+    fn new(log: &SimLog, node: u64, width: usize) -> SimHost {
+        SimHost {
+            region: log.region(node),
+            reader: RingReader::new(RING_SIZE, 0, 1, MAX_ENTRY as u32),
+            ends: log.ends().to_vec(),
+            delivered: 0,
+            applied: 0,
+            diverged: 0,
+            width,
+            waits: 0,
+            running: false,
+            marks: TurnMarks::NEW,
+            clock: ThreadClock::NEW,
+            log_time: AtomicU64::new(0),
+            backlog: VecDeque::new(),
+            shut: BTreeSet::new(),
+            bell: None,
+            alarm: false,
+            now: Duration::ZERO,
+        }
+    }
+
+    /// The follower delivers up to `n` more entries: false when it had
+    /// delivered them all.
+    fn deliver(&mut self, n: usize) -> bool {
+        if self.delivered == self.ends.len() {
+            return false;
+        }
+        self.delivered = (self.delivered + n.max(1)).min(self.ends.len());
+        true
+    }
+
+    /// The last seq of the log.
+    fn last_seq(&self) -> u64 {
+        self.ends.last().map_or(0, |e| e.0)
+    }
+
+    /// What the server's clocks read now outside a counted read.
+    fn reads_now(&self) -> u64 {
+        match self.clock.now() {
+            0 => ORIGIN_US,
+            t => t,
+        }
+    }
+}
+
+impl Host for SimHost {
+    fn stream(&mut self) -> Option<(u64, u64)> {
+        Some((1, 1))
+    }
+
+    fn read_from(&mut self, start: u64) {
+        self.reader = RingReader::new(RING_SIZE, 0, start, MAX_ENTRY as u32);
+    }
+
+    fn next_entry(&mut self, buf: &mut Vec<u8>) -> Option<(EntryHeader, u64)> {
+        let tail = match self.delivered {
+            0 => 0,
+            n => self.ends[n - 1].1,
+        };
+        match self.reader.poll(self.region.ring(), tail, buf) {
+            ReadOutcome::Entry { header, pos, len } => Some((header, pos + len as u64)),
+            ReadOutcome::Empty => None,
+            other => panic!("the simulated ring is unreadable: {other:?}"),
+        }
+    }
+
+    fn set_head(&mut self, _pos: u64) {}
+
+    fn set_applied(&mut self, seq: u64) {
+        self.applied = self.applied.max(seq);
+    }
+
+    fn diverged(&mut self) {
+        self.diverged += 1;
+    }
+
+    fn slot(&self) -> usize {
+        0
+    }
+
+    fn waits(&self, _slot: usize) -> u64 {
+        self.waits
+    }
+
+    fn running(&self, _slot: usize) -> bool {
+        self.running
+    }
+
+    fn due(&self, view: u64, waits: u32) -> bool {
+        self.marks.due(view, waits, self.waits)
+    }
+
+    fn handed(&mut self, view: u64) {
+        self.marks.handed(view, self.waits);
+    }
+
+    fn batch_width(&self) -> usize {
+        self.width
+    }
+
+    fn wants_write(&self, _fd: i32) -> bool {
+        false
+    }
+
+    fn loop_of(&self, _fd: i32) -> Option<u64> {
+        None
+    }
+
+    fn enter_input(&mut self, us: u64) {
+        if us != 0 {
+            self.log_time.store(us, Ordering::Release);
+        }
+    }
+
+    fn enter_turn(&mut self, turn: u64, us: u64) {
+        self.clock.enter_turn(turn, us);
+    }
+
+    fn enter_window(&mut self, turn: u64, anchor: u64, us: u64) {
+        self.clock.enter_window(turn, anchor, us);
+    }
+
+    fn connect(&mut self, conn: u64) -> bool {
+        self.backlog.push_back(conn);
+        true
+    }
+
+    fn shut_write(&mut self, conn: u64) {
+        self.shut.insert(conn);
+    }
+
+    fn disconnect(&mut self, conn: u64) {
+        self.backlog.retain(|c| *c != conn);
+        self.shut.insert(conn);
+    }
+
+    fn ring_bell(&mut self, _conn: u64, server_fd: i32) {
+        if self.bell.is_none() {
+            self.bell = Some(server_fd);
+        }
+    }
+
+    fn bell_gone(&mut self, server_fd: i32) {
+        if self.bell == Some(server_fd) {
+            self.bell = None;
+        }
+    }
+
+    fn wake_loop(&mut self, _id: u64) {
+        self.alarm = true;
+    }
+
+    fn now(&self) -> Duration {
+        self.now
+    }
+}
+
+/// The backup's operating system as its server sees it: the preload's
+/// backup hooks over the machine.
+struct BackupOs<'a> {
+    rng: &'a mut Rng,
+    replay: &'a mut Replay,
+    host: &'a mut SimHost,
+    fds: BTreeMap<i32, u64>,
+    next_fd: i32,
+    /// What went wrong that a real backup would hang on.
+    stalls: Vec<String>,
+}
+
+impl BackupOs<'_> {
+    /// The applier thread or the follower may act between any two calls of
+    /// the server.
+    fn meanwhile(&mut self) {
+        if self.rng.chance(15) {
+            let n = 1 + self.rng.below(4) as usize;
+            self.host.deliver(n);
+        }
+        if self.rng.chance(15) {
+            self.replay.run(self.host);
+        }
+        self.host.now += Duration::from_micros(self.rng.below(300));
+    }
+}
+
+impl Os for BackupOs<'_> {
+    fn accept(&mut self) -> Option<i32> {
+        self.meanwhile();
+        let conn = self.host.backlog.pop_front()?;
+        let fd = self.next_fd;
+        self.next_fd += 1;
+        self.fds.insert(fd, conn);
+        // `apply::on_accept`.
+        self.replay.accepted(self.host, conn, fd);
+        self.replay.run(self.host);
+        Some(fd)
+    }
+
+    fn read(&mut self, fd: i32) -> Read {
+        self.meanwhile();
+        let Some(&conn) = self.fds.get(&fd) else {
+            return Read::Again;
+        };
+        let mut got = Vec::new();
+        let cap = 1 + self.rng.below(64) as usize;
+        let served = self.replay.serve(self.host, conn, false, &mut |src| {
+            let n = src.len().min(cap);
+            got.extend_from_slice(&src[..n]);
+            n
+        });
+        match served {
+            Served::Bytes(n) if n > 0 => Read::Bytes(got),
+            Served::Bytes(_) | Served::Empty => Read::Again,
+            Served::Eof => Read::Eof,
+        }
+    }
+
+    fn write(&mut self, fd: i32, bytes: &[u8]) {
+        if let Some(&conn) = self.fds.get(&fd) {
+            self.replay.output(conn, &[bytes]);
+        }
+    }
+
+    fn close(&mut self, fd: i32) {
+        if let Some(conn) = self.fds.remove(&fd) {
+            self.replay.closed(self.host, conn);
+        }
+    }
+
+    /// `turn_time::read` on a backup (`apply::time_at`'s wait: the
+    /// follower delivers more until the log says).
+    fn clock(&mut self) -> u64 {
+        self.meanwhile();
+        let Some((at, mut now)) = self.host.clock.count_read() else {
+            return self.host.reads_now();
+        };
+        loop {
+            match self.replay.time_lookup(self.host, at, now) {
+                Ok((us, _)) => return self.host.clock.finish_read(&self.host.log_time, us),
+                Err(us) => now = us,
+            }
+            if !self.host.deliver(1) {
+                self.stalls.push(format!(
+                    "clock read {} after seq {} of the turn at seq {} waits for a log that has nothing more",
+                    at.count, at.anchor, at.turn
+                ));
+                return self.host.clock.finish_read(&self.host.log_time, now);
+            }
+        }
+    }
+
+    fn busy(&mut self, _us: u64) {}
+}
+
+/// What a backup's run ended with.
+pub struct BackupRun {
+    pub trace: Vec<String>,
+    pub diverged: u64,
+    pub applied: u64,
+    pub last_seq: u64,
+    pub stalls: Vec<String>,
+}
+
+/// Replays the log on node `node`'s model server.
+pub fn run(
+    rng: &mut Rng,
+    shape: Shape,
+    maxevents: usize,
+    timers: bool,
+    period: u64,
+    log: &SimLog,
+    node: u64,
+) -> BackupRun {
+    // `turns::batch_width`: the wait's `maxevents` for epoll, one
+    // connection for a scanning server.
+    let width = match shape {
+        Shape::EpollOne | Shape::Scan => 1,
+        Shape::Epoll => maxevents.clamp(1, MAX_WIDTH),
+    };
+    let mut host = SimHost::new(log, node, width);
+    let mut replay = Replay::new();
+    let mut server = Server::new(shape, maxevents, timers, period, ORIGIN_US);
+    let mut os = BackupOs {
+        rng,
+        replay: &mut replay,
+        host: &mut host,
+        fds: BTreeMap::new(),
+        next_fd: LISTENER_FD + 1,
+        stalls: Vec::new(),
+    };
+    let loop_id = shape.loop_id();
+    let mut iterations = 0u64;
+    'run: loop {
+        iterations += 1;
+        if iterations > 200_000 {
+            os.stalls.push("the backup's server spins".into());
+            break;
+        }
+        let timeout = server.timeout(os.host.reads_now());
+        // `dispatch::before_wait`.
+        os.host.waits += 1;
+        os.host.running = false;
+        os.host.clock.leave_turn();
+        os.replay.on_loop(os.host);
+        // The wait hook (`hooks::epoll`/`hooks::scan`).
+        let unread = |os: &BackupOs| -> Vec<i32> {
+            let fds: Vec<i32> = os
+                .replay
+                .unread(os.host)
+                .into_iter()
+                .take_while(|fd| *fd >= 0)
+                .collect();
+            fds
+        };
+        let mut keys = unread(&os);
+        let mut tick = os.replay.must_not_block(os.host, loop_id);
+        let awaits = shape == Shape::Scan || loop_id != 0;
+        if keys.is_empty() && !tick && timeout == Some(0) && awaits {
+            // `apply::await_turn`: the follower delivers until a turn comes.
+            while !os.replay.in_turn() {
+                if !os.host.deliver(1 + os.rng.below(3) as usize) {
+                    break;
+                }
+                os.replay.on_loop(os.host);
+            }
+            keys = unread(&os);
+            tick = os.replay.must_not_block(os.host, loop_id);
+        }
+        // The kernel's readiness: a connection whose end the log shut
+        // reads EOF.
+        let kernel = |os: &BackupOs| -> Vec<i32> {
+            os.fds
+                .iter()
+                .filter(|(_, c)| os.host.shut.contains(c))
+                .map(|(fd, _)| *fd)
+                .collect()
+        };
+        let returns_at_once =
+            !keys.is_empty() || tick || timeout == Some(0) || !kernel(&os).is_empty();
+        if !returns_at_once {
+            // Blocked until the kernel reports something: the world moves.
+            let mut quiet = 0;
+            loop {
+                if !os.host.backlog.is_empty()
+                    || os.host.bell.is_some()
+                    || os.host.alarm
+                    || !kernel(&os).is_empty()
+                {
+                    break;
+                }
+                if timeout.is_some() && os.rng.chance(10) {
+                    // The server's own timeout ends the wait.
+                    break;
+                }
+                let delivered = os.host.deliver(1 + os.rng.below(4) as usize);
+                os.replay.run(os.host);
+                os.host.now += Duration::from_millis(1 + os.rng.below(50));
+                if !delivered {
+                    quiet += 1;
+                    if quiet > 20 {
+                        break 'run;
+                    }
+                }
+            }
+        }
+        // `dispatch::after_wait` and the bell's byte taken out.
+        os.host.running = true;
+        os.replay.turn_returned(os.host, loop_id, !keys.is_empty());
+        os.host.bell = None;
+        os.host.alarm = false;
+        // `apply::merge_events`: the log's connections first, in log order,
+        // then the kernel's events.
+        let mut ready: Vec<Ready> = keys.iter().map(|fd| Ready::Conn(*fd)).collect();
+        let mut from_kernel = Vec::new();
+        if !os.host.backlog.is_empty() {
+            from_kernel.push(Ready::Listener);
+        }
+        for fd in kernel(&os) {
+            if !keys.contains(&fd) {
+                from_kernel.push(Ready::Conn(fd));
+            }
+        }
+        if os.replay.listener_first() {
+            from_kernel.append(&mut ready);
+            ready = from_kernel;
+        } else {
+            ready.append(&mut from_kernel);
+        }
+        if std::env::var("LOCKSTEP_SIM_VERBOSE").is_ok() {
+            eprintln!("wait: {ready:?} {}", os.replay.describe());
+        }
+        server.handle(&mut os, &ready);
+    }
+    let stalls = std::mem::take(&mut os.stalls);
+    BackupRun {
+        trace: server.trace,
+        diverged: host.diverged,
+        applied: host.applied,
+        last_seq: host.last_seq(),
+        stalls,
+    }
+}

@@ -1,0 +1,397 @@
+//! The leader: the model server under the leader's preload rules, fed by
+//! scripted clients in simulated real time. Each rule it applies is the
+//! preload's own code where that code is pure (`ThreadClock`, `TurnMarks`,
+//! `turn_time::leader_value`, the engine's chunking, the real writer);
+//! what `Engine::append` and `dispatch::before_wait` decide around them is
+//! restated here, each step naming its source.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+
+use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, SAME_TURN};
+
+use super::log::{SimLog, MAX_ENTRY};
+use super::rng::Rng;
+use super::server::{Os, Read, Ready, Server, Shape, LISTENER_FD};
+use crate::clock::ORIGIN_US;
+use crate::thread_clock::ThreadClock;
+use crate::turn_time::leader_value;
+use crate::turns::TurnMarks;
+
+/// The real time the run starts at (µs since the epoch).
+pub const START_US: u64 = 1_700_000_000_000_000;
+
+/// One scripted client: when it connects, what it sends when, whether it
+/// hangs up after.
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub at: u64,
+    pub sends: Vec<(u64, Vec<u8>)>,
+    pub hangs_up: bool,
+}
+
+/// Random clients: a few, each sending a few lines (some split in two
+/// sends), some hanging up.
+pub fn clients(rng: &mut Rng) -> Vec<Client> {
+    let n = 1 + rng.below(6);
+    (0..n)
+        .map(|_| {
+            let mut t = START_US + rng.below(20_000);
+            let at = t;
+            let mut sends = Vec::new();
+            for _ in 0..1 + rng.below(5) {
+                let mut line = String::new();
+                for _ in 0..1 + rng.below(3) {
+                    let key = (b'a' + rng.below(4) as u8) as char;
+                    let cmd = match rng.below(10) {
+                        0..=3 => format!("set {key} {}", rng.below(1000)),
+                        4..=7 => format!("get {key}"),
+                        8 => format!("busy {}", 1 + rng.below(6)),
+                        _ => "what".to_string(),
+                    };
+                    line.push_str(&cmd);
+                    line.push('\n');
+                }
+                t += rng.below(3_000);
+                let bytes = line.into_bytes();
+                if bytes.len() > 2 && rng.chance(20) {
+                    let cut = 1 + rng.below(bytes.len() as u64 - 1) as usize;
+                    sends.push((t, bytes[..cut].to_vec()));
+                    t += rng.below(2_000);
+                    sends.push((t, bytes[cut..].to_vec()));
+                } else {
+                    sends.push((t, bytes));
+                }
+            }
+            Client {
+                at,
+                sends,
+                hangs_up: rng.chance(60),
+            }
+        })
+        .collect()
+}
+
+/// A client's connection on the leader.
+struct LeaderConn {
+    client: usize,
+    /// Its ACCEPT's seq (the log's name for it).
+    conn: u64,
+    /// Sends it read so far.
+    read: usize,
+    /// Output since its last logged input.
+    out: OutputDigest,
+    eof_read: bool,
+}
+
+/// The leader's operating system: simulated sockets and real time, with
+/// the preload's logging in between.
+struct LeaderOs<'a> {
+    rng: &'a mut Rng,
+    log: &'a mut SimLog,
+    clients: &'a [Client],
+    real: u64,
+    log_time: AtomicU64,
+    clock: ThreadClock,
+    marks: TurnMarks,
+    /// Waits the loop thread entered (`turns::enter_wait`).
+    waits: u64,
+    /// The (thread, wait count) of the last entry's turn (`Engine`'s
+    /// `w.turn`), and whether the last logged turn's end is not logged yet
+    /// (`w.open`).
+    writer_turn: Option<(usize, u64)>,
+    open: bool,
+    accepted: Vec<bool>,
+    conns: BTreeMap<i32, LeaderConn>,
+    next_fd: i32,
+    /// Scratch for the engine's chunking.
+    gather: Vec<u8>,
+}
+
+impl LeaderOs<'_> {
+    /// `Engine::append`: one input (or tick, or clock record) into the log.
+    fn append(
+        &mut self,
+        kind: Kind,
+        conn: u64,
+        out_hash: u64,
+        payload: &[u8],
+        time: Option<u64>,
+    ) -> u64 {
+        let view = self.log.view();
+        // `turns::current()`: the loop thread is slot 0.
+        let here = (self.waits > 0).then_some((0usize, self.waits));
+        let mut flags = if here.is_some() && self.writer_turn == here {
+            SAME_TURN
+        } else {
+            0
+        };
+        self.writer_turn = here;
+        let mut fields = EntryHeader::new(kind, view, 0, conn, 0);
+        fields.time_us = time.unwrap_or_else(|| self.clock.entry_time(&self.log_time, self.real));
+        if flags == 0 && here.is_some() {
+            fields.waits = self.marks.log_turn(view, self.waits);
+        }
+        fields.turn_loop = match kind {
+            Kind::Tick => Some(conn),
+            _ => self.clock.turn_loop(),
+        }
+        .and_then(|l| u16::try_from(l).ok());
+        let mut digest = out_hash;
+        let mut waits = fields.waits;
+        let mut first = None;
+        let log = &mut *self.log;
+        let mut one = |payload: &[u8]| {
+            fields.out_hash = std::mem::take(&mut digest);
+            fields.flags = std::mem::replace(&mut flags, SAME_TURN);
+            fields.waits = std::mem::take(&mut waits);
+            let (_, conn) = log.append(&fields, payload);
+            first.get_or_insert(conn);
+            Ok(())
+        };
+        if kind == Kind::Data {
+            crate::engine::for_each_chunk(
+                &[payload],
+                payload.len(),
+                MAX_ENTRY,
+                &mut self.gather,
+                &mut one,
+            )
+            .expect("chunks");
+        } else {
+            one(payload).expect("one entry");
+        }
+        self.open = kind != Kind::Tick;
+        if matches!(kind, Kind::Accept | Kind::Data | Kind::Close) {
+            self.clock.input_logged();
+        }
+        first.unwrap_or(0)
+    }
+
+    /// `Engine::close_turn`: the loop is about to block with its last
+    /// logged turn's end not in the log.
+    fn close_turn(&mut self) {
+        if !self.open {
+            return;
+        }
+        let mut fields = EntryHeader::new(Kind::Time, self.log.view(), 0, 0, 0);
+        fields.flags = SAME_TURN;
+        fields.time_us = match self.clock.now() {
+            0 => ORIGIN_US,
+            t => t,
+        };
+        fields.turn_loop = self.clock.turn_loop().and_then(|l| u16::try_from(l).ok());
+        self.log.append(&fields, &[]);
+        self.open = false;
+    }
+
+    /// `dispatch::before_wait`: the turn's TICK when it owes one, then the
+    /// wait counts and the turn's reads end.
+    fn before_wait(&mut self, shape: Shape) {
+        if let Some((t, loop_id)) = self.clock.take_unlogged() {
+            self.append(Kind::Tick, loop_id, 0, &[], Some(t));
+        }
+        self.waits += 1;
+        self.clock.leave_turn();
+        if shape == Shape::Scan {
+            // Only an epoll wait probes first (`closing_probe`).
+            self.close_turn();
+        }
+    }
+
+    /// What is ready now, in the kernel's order: the listener, then the
+    /// connections in the order their data arrived (here: fd order).
+    fn ready(&self) -> Vec<Ready> {
+        let mut r = Vec::new();
+        if self
+            .clients
+            .iter()
+            .zip(&self.accepted)
+            .any(|(c, a)| !a && c.at <= self.real)
+        {
+            r.push(Ready::Listener);
+        }
+        for (fd, c) in &self.conns {
+            let client = &self.clients[c.client];
+            let has_data = client
+                .sends
+                .get(c.read)
+                .is_some_and(|(t, _)| *t <= self.real);
+            let ended = c.read == client.sends.len() && client.hangs_up && !c.eof_read;
+            if has_data || ended {
+                r.push(Ready::Conn(*fd));
+            }
+        }
+        r
+    }
+
+    /// The next moment something arrives (None: nothing will).
+    fn next_arrival(&self) -> Option<u64> {
+        let accepts = self
+            .clients
+            .iter()
+            .zip(&self.accepted)
+            .filter(|(_, a)| !**a)
+            .map(|(c, _)| c.at);
+        let sends = self
+            .conns
+            .values()
+            .filter_map(|c| self.clients[c.client].sends.get(c.read).map(|(t, _)| *t));
+        accepts.chain(sends).min()
+    }
+
+    /// The wait (`timeout` µs; None: none): what it reports, or None when
+    /// nothing will ever come (the run is over).
+    fn wait(&mut self, timeout: Option<u64>) -> Option<Vec<Ready>> {
+        let mut ready = self.ready();
+        if ready.is_empty() && timeout != Some(0) {
+            // About to block: the log must say where the turn ends.
+            self.close_turn();
+            let until = match (self.next_arrival(), timeout.map(|t| self.real + t)) {
+                (Some(a), Some(t)) => a.min(t),
+                (Some(a), None) => a,
+                (None, Some(t)) => t,
+                (None, None) => return None,
+            };
+            self.real = self.real.max(until);
+            ready = self.ready();
+        }
+        self.real += self.rng.below(400);
+        Some(ready)
+    }
+}
+
+impl Os for LeaderOs<'_> {
+    fn accept(&mut self) -> Option<i32> {
+        let i = (0..self.clients.len())
+            .find(|&i| !self.accepted[i] && self.clients[i].at <= self.real)?;
+        self.accepted[i] = true;
+        let conn = self.append(Kind::Accept, 0, 0, &[], None);
+        let fd = self.next_fd;
+        self.next_fd += 1;
+        self.conns.insert(
+            fd,
+            LeaderConn {
+                client: i,
+                conn,
+                read: 0,
+                out: OutputDigest::default(),
+                eof_read: false,
+            },
+        );
+        Some(fd)
+    }
+
+    fn read(&mut self, fd: i32) -> Read {
+        let real = self.real;
+        let Some(c) = self.conns.get_mut(&fd) else {
+            return Read::Again;
+        };
+        let client = &self.clients[c.client];
+        let mut bytes = Vec::new();
+        while let Some((_, b)) = client.sends.get(c.read).filter(|(t, _)| *t <= real) {
+            bytes.extend_from_slice(b);
+            c.read += 1;
+        }
+        let conn = c.conn;
+        if !bytes.is_empty() {
+            let digest = std::mem::take(&mut c.out).pack();
+            self.append(Kind::Data, conn, digest, &bytes, None);
+            return Read::Bytes(bytes);
+        }
+        if c.read == client.sends.len() && client.hangs_up && !c.eof_read {
+            c.eof_read = true;
+            let digest = std::mem::take(&mut c.out).pack();
+            self.append(Kind::Close, conn, digest, &[], None);
+            return Read::Eof;
+        }
+        Read::Again
+    }
+
+    fn write(&mut self, fd: i32, bytes: &[u8]) {
+        if let Some(c) = self.conns.get_mut(&fd) {
+            c.out.update(bytes);
+        }
+    }
+
+    fn close(&mut self, fd: i32) {
+        self.conns.remove(&fd);
+    }
+
+    /// `turn_time::read` on the leader.
+    fn clock(&mut self) -> u64 {
+        let Some((reads, now)) = self.clock.count_read() else {
+            return match self.clock.now() {
+                0 => ORIGIN_US,
+                t => t,
+            };
+        };
+        let (us, logs) = leader_value(self.real, now);
+        let us = self.clock.finish_read(&self.log_time, us);
+        if logs {
+            self.append(Kind::Time, u64::from(reads.count), 0, &[], Some(us));
+            self.clock.record_logged();
+        }
+        us
+    }
+
+    fn busy(&mut self, us: u64) {
+        self.real += us;
+    }
+}
+
+/// Runs the leader's server until its clients are done and its loop
+/// blocks with nothing more to come: its trace.
+pub fn run(
+    rng: &mut Rng,
+    shape: Shape,
+    maxevents: usize,
+    timers: bool,
+    period: u64,
+    clients: &[Client],
+    log: &mut SimLog,
+) -> Vec<String> {
+    let mut server = Server::new(shape, maxevents, timers, period, ORIGIN_US);
+    let mut os = LeaderOs {
+        rng,
+        log,
+        clients,
+        real: START_US,
+        log_time: AtomicU64::new(0),
+        clock: ThreadClock::NEW,
+        marks: TurnMarks::NEW,
+        waits: 0,
+        writer_turn: None,
+        open: false,
+        accepted: vec![false; clients.len()],
+        conns: BTreeMap::new(),
+        next_fd: LISTENER_FD + 1,
+        gather: vec![0; MAX_ENTRY],
+    };
+    let mut turns = 0u64;
+    loop {
+        let now = match os.clock.now() {
+            0 => ORIGIN_US,
+            t => t,
+        };
+        os.before_wait(shape);
+        let all_done =
+            os.accepted.iter().all(|a| *a) && os.ready().is_empty() && os.next_arrival().is_none();
+        // Once every client is done, the server idles until its timer is
+        // due in the future: then it would block for good.
+        let timeout = server.timeout(now);
+        if all_done && timeout != Some(0) {
+            os.close_turn();
+            break;
+        }
+        let Some(ready) = os.wait(timeout) else {
+            break;
+        };
+        // `dispatch::after_wait`: the loop's turn starts.
+        os.clock.turn_starts(&os.log_time, os.real, shape.loop_id());
+        server.handle(&mut os, &ready);
+        turns += 1;
+        assert!(turns < 1_000_000, "the leader spins");
+    }
+    server.trace
+}

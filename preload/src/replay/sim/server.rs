@@ -1,0 +1,228 @@
+//! A model event-loop server: the same code runs on the leader and on each
+//! backup, as an unmodified server does; only the calls it makes into its
+//! operating system ([`Os`]) differ (the leader's preload logs, a backup's
+//! replays).
+//!
+//! It keeps a small key-value store, answers each command at once, reads
+//! its clock for every command (a busy command reads it many times while
+//! it works, as a long script does) and runs a periodic timer. Everything
+//! it does goes into its trace: two servers that did the same things in
+//! the same order at the same times have equal traces.
+
+use std::collections::BTreeMap;
+
+/// How the server's event loop takes what its wait reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// `epoll`, level-triggered: every ready event, in the wait's order
+    /// (Redis).
+    Epoll,
+    /// `epoll`, one event per wait (beanstalkd).
+    EpollOne,
+    /// `poll`/`select`: every ready fd, in the server's own fd order.
+    Scan,
+}
+
+impl Shape {
+    /// The loop id the preload gives the server's loop (`loops`: an epoll
+    /// instance has one; a scanning loop is loop 0).
+    pub fn loop_id(self) -> u64 {
+        match self {
+            Shape::Epoll | Shape::EpollOne => 1,
+            Shape::Scan => 0,
+        }
+    }
+}
+
+/// What a wait reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ready {
+    /// The listener has connections to accept.
+    Listener,
+    /// A connection is readable.
+    Conn(i32),
+}
+
+/// What a read got.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Read {
+    /// These bytes.
+    Bytes(Vec<u8>),
+    /// The peer ended the connection.
+    Eof,
+    /// Nothing now (EAGAIN).
+    Again,
+}
+
+/// The listener's fd (lowest: a scanning server looks at it first).
+pub const LISTENER_FD: i32 = 3;
+
+/// What the server asks of its operating system.
+pub trait Os {
+    /// Accepts a pending connection: its fd.
+    fn accept(&mut self) -> Option<i32>;
+    /// Reads what `fd` has.
+    fn read(&mut self, fd: i32) -> Read;
+    /// Writes `bytes` to `fd` (all of them).
+    fn write(&mut self, fd: i32, bytes: &[u8]);
+    /// Closes `fd`.
+    fn close(&mut self, fd: i32);
+    /// Reads the wall clock (µs).
+    fn clock(&mut self) -> u64;
+    /// The server works for `us` without a syscall.
+    fn busy(&mut self, us: u64);
+}
+
+/// One client connection.
+struct Conn {
+    /// The order it was accepted in (the same on every replica).
+    id: u64,
+    /// Bytes read that do not end a line yet.
+    buf: Vec<u8>,
+}
+
+/// The model server.
+pub struct Server {
+    pub shape: Shape,
+    /// The most events one wait returns (`maxevents`: 1 for `EpollOne`).
+    pub maxevents: usize,
+    /// Whether its timer runs.
+    timers: bool,
+    conns: BTreeMap<i32, Conn>,
+    accepted: u64,
+    store: BTreeMap<String, String>,
+    /// When the timer is due next (µs), and its period.
+    due: u64,
+    period: u64,
+    /// What it did, in order.
+    pub trace: Vec<String>,
+}
+
+impl Server {
+    /// A server of `shape` whose timer (when `timers`) runs every
+    /// `period_us`; it starts at clock value `start`.
+    pub fn new(shape: Shape, maxevents: usize, timers: bool, period_us: u64, start: u64) -> Server {
+        Server {
+            shape,
+            maxevents: match shape {
+                Shape::EpollOne => 1,
+                Shape::Epoll | Shape::Scan => maxevents,
+            },
+            timers,
+            conns: BTreeMap::new(),
+            accepted: 0,
+            store: BTreeMap::new(),
+            due: start + period_us,
+            period: period_us,
+            trace: Vec::new(),
+        }
+    }
+
+    /// The wait's timeout for a clock reading `now` (µs; None: none).
+    pub fn timeout(&self, now: u64) -> Option<u64> {
+        self.timers.then(|| self.due.saturating_sub(now))
+    }
+
+    /// One loop iteration after a wait reported `ready`.
+    pub fn handle(&mut self, os: &mut dyn Os, ready: &[Ready]) {
+        let mut ready = ready.to_vec();
+        match self.shape {
+            Shape::Epoll | Shape::EpollOne => ready.truncate(self.maxevents),
+            Shape::Scan => ready.sort_by_key(|r| match r {
+                Ready::Listener => LISTENER_FD,
+                Ready::Conn(fd) => *fd,
+            }),
+        }
+        for r in ready {
+            match r {
+                Ready::Listener => {
+                    while let Some(fd) = os.accept() {
+                        self.accepted += 1;
+                        self.trace.push(format!("accept {}", self.accepted));
+                        self.conns.insert(
+                            fd,
+                            Conn {
+                                id: self.accepted,
+                                buf: Vec::new(),
+                            },
+                        );
+                    }
+                }
+                Ready::Conn(fd) => self.serve(os, fd),
+            }
+        }
+        if self.timers {
+            let t = os.clock();
+            if t >= self.due {
+                self.trace.push(format!("timer at {t}"));
+                self.due = t + self.period;
+            }
+        }
+    }
+
+    /// Reads `fd` until it has nothing more, answering each whole line.
+    fn serve(&mut self, os: &mut dyn Os, fd: i32) {
+        loop {
+            match os.read(fd) {
+                Read::Again => return,
+                Read::Eof => {
+                    if let Some(c) = self.conns.remove(&fd) {
+                        self.trace.push(format!("{} closed", c.id));
+                    }
+                    os.close(fd);
+                    return;
+                }
+                Read::Bytes(bytes) => {
+                    let Some(c) = self.conns.get_mut(&fd) else {
+                        return;
+                    };
+                    c.buf.extend_from_slice(&bytes);
+                    let id = c.id;
+                    while let Some(end) = self
+                        .conns
+                        .get(&fd)
+                        .and_then(|c| c.buf.iter().position(|b| *b == b'\n'))
+                    {
+                        let line: Vec<u8> = self
+                            .conns
+                            .get_mut(&fd)
+                            .map(|c| c.buf.drain(..=end).collect())
+                            .unwrap_or_default();
+                        let line = String::from_utf8_lossy(&line[..end]).to_string();
+                        let reply = self.command(os, id, &line);
+                        os.write(fd, reply.as_bytes());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs one command of connection `id`: its reply.
+    fn command(&mut self, os: &mut dyn Os, id: u64, line: &str) -> String {
+        let mut words = line.split(' ');
+        let t = os.clock();
+        let reply = match (words.next(), words.next(), words.next()) {
+            (Some("set"), Some(k), Some(v)) => {
+                self.store.insert(k.to_string(), format!("{v}@{t}"));
+                format!("+ok {t}\n")
+            }
+            (Some("get"), Some(k), None) => match self.store.get(k) {
+                Some(v) => format!("${v}\n"),
+                None => "$-\n".to_string(),
+            },
+            (Some("busy"), Some(n), None) => {
+                let n: u64 = n.parse().unwrap_or(0);
+                let mut last = t;
+                for _ in 0..n {
+                    os.busy(700);
+                    last = os.clock();
+                }
+                format!("+busy {}\n", last - t)
+            }
+            _ => format!("-what {t}\n"),
+        };
+        self.trace
+            .push(format!("{id} {line} at {t}: {}", reply.trim_end()));
+        reply
+    }
+}
