@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use lockstep_common::apply_lag::{self, Gate};
 use lockstep_common::config::CommitMode;
-use lockstep_common::entry::{EntryHeader, Kind, SAME_TURN};
+use lockstep_common::entry::{EntryHeader, Kind};
 use lockstep_common::leader_writer::{
     self, AckMajority, AppendError, AppendHooks, LeaderWriter, Waited,
 };
@@ -43,6 +43,7 @@ use lockstep_common::region::{Region, Role};
 use lockstep_common::transport::{self, Transport, TransportError};
 use lockstep_common::Config;
 
+use crate::entry_tags::AppendTags;
 use crate::sys;
 
 /// How long one park on the doorbell lasts before the wait loop looks at
@@ -280,10 +281,11 @@ impl Engine {
             return false;
         }
         let view = w.log.view();
-        let mut fields = EntryHeader::new(Kind::Time, view, 0, 0, 0);
-        fields.flags = SAME_TURN;
-        fields.time_us = crate::clock::now_us(true, || 0).unwrap_or(0);
-        fields.turn_loop = crate::clock::turn_loop().and_then(|l| u16::try_from(l).ok());
+        let fields = crate::entry_tags::turn_end(
+            view,
+            crate::clock::now_us(true, || 0).unwrap_or(0),
+            crate::clock::turn_loop(),
+        );
         if self.append_one(&mut w.log, view, &fields, &[]).is_err() {
             return false;
         }
@@ -408,36 +410,19 @@ impl Engine {
         // Whether a backup may hand this input to its server in the same
         // turn as the entry before (a later chunk of one read always may).
         let here = crate::turns::current();
-        let mut flags = if here.is_some() && w.turn == here {
-            SAME_TURN
-        } else {
-            0
-        };
-        w.turn = here;
+        let mut tags = AppendTags::new(
+            kind,
+            view,
+            conn,
+            out_hash,
+            time_us,
+            here,
+            &mut w.turn,
+            crate::clock::turn_loop(),
+            || crate::turns::log_turn(view),
+        );
         let Writer { log, gather, .. } = w;
-        let mut fields = EntryHeader::new(kind, view, 0, conn, 0);
-        fields.time_us = time_us;
-        if flags == 0 && here.is_some() {
-            // A turn's first entry: the waits since the thread's last one.
-            fields.waits = crate::turns::log_turn(view);
-        }
-        // The loop whose turn this is (a TICK names it).
-        fields.turn_loop = match kind {
-            Kind::Tick => Some(conn),
-            _ => crate::clock::turn_loop(),
-        }
-        .and_then(|l| u16::try_from(l).ok());
-        // Only the input's first entry carries the output digest: a backup
-        // checks it where the input begins.
-        let mut digest = out_hash;
-        let mut waits = fields.waits;
-        let mut one = |payload: &[u8]| {
-            fields.out_hash = std::mem::take(&mut digest);
-            fields.flags = std::mem::replace(&mut flags, SAME_TURN);
-            // Only the turn's first entry counts its waits.
-            fields.waits = std::mem::take(&mut waits);
-            self.append_one(log, view, &fields, payload)
-        };
+        let mut one = |payload: &[u8]| self.append_one(log, view, tags.entry(), payload);
         if kind == Kind::Data {
             for_each_chunk(segments, total, self.max_entry, gather, one)?;
         } else {

@@ -35,7 +35,8 @@
 //! - [`reentry`]: which threads are inside a hook (their calls pass
 //!   through).
 //! - [`dispatch`]: what each call does, per fd class and role.
-//! - [`engine`]: the leader's replication path (ring, transport, acks).
+//! - [`engine`]: the leader's replication path (ring, transport, acks);
+//!   [`entry_tags`]: how it tags the entries it appends, pure.
 //! - [`replay`]: the passive side: a backup's server re-executes the log;
 //!   the decisions are a pure machine, simulated against model servers.
 //! - [`apply`]: the replay's host: the region, the turn counters, real
@@ -57,6 +58,7 @@ pub mod clock;
 pub mod dispatch;
 pub mod engine;
 pub mod entropy;
+pub mod entry_tags;
 pub mod fdtable;
 pub mod forks;
 pub mod held_output;

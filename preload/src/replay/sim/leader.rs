@@ -1,19 +1,20 @@
 //! The leader: the model server under the leader's preload rules, fed by
 //! scripted clients in simulated real time. Each rule it applies is the
-//! preload's own code where that code is pure (`ThreadClock`, `TurnMarks`,
+//! preload's own code (`ThreadClock`, `TurnMarks`, `AppendTags`,
 //! `turn_time::leader_value`, the engine's chunking, the real writer);
-//! what `Engine::append` and `dispatch::before_wait` decide around them is
-//! restated here, each step naming its source.
+//! only the order `dispatch::before_wait` and `Engine::append` call them in
+//! is restated here, each step naming its source.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
-use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, SAME_TURN};
+use lockstep_common::entry::{Kind, OutputDigest};
 
 use super::log::{SimLog, MAX_ENTRY};
 use super::rng::Rng;
 use super::server::{Os, Read, Ready, Server, Shape, LISTENER_FD};
 use crate::clock::ORIGIN_US;
+use crate::entry_tags::{turn_end, AppendTags};
 use crate::thread_clock::ThreadClock;
 use crate::turn_time::leader_value;
 use crate::turns::TurnMarks;
@@ -119,33 +120,25 @@ impl LeaderOs<'_> {
         time: Option<u64>,
     ) -> u64 {
         let view = self.log.view();
+        let time_us = time.unwrap_or_else(|| self.clock.entry_time(&self.log_time, self.real));
         // `turns::current()`: the loop thread is slot 0.
         let here = (self.waits > 0).then_some((0usize, self.waits));
-        let mut flags = if here.is_some() && self.writer_turn == here {
-            SAME_TURN
-        } else {
-            0
-        };
-        self.writer_turn = here;
-        let mut fields = EntryHeader::new(kind, view, 0, conn, 0);
-        fields.time_us = time.unwrap_or_else(|| self.clock.entry_time(&self.log_time, self.real));
-        if flags == 0 && here.is_some() {
-            fields.waits = self.marks.log_turn(view, self.waits);
-        }
-        fields.turn_loop = match kind {
-            Kind::Tick => Some(conn),
-            _ => self.clock.turn_loop(),
-        }
-        .and_then(|l| u16::try_from(l).ok());
-        let mut digest = out_hash;
-        let mut waits = fields.waits;
+        let (marks, waits) = (&mut self.marks, self.waits);
+        let mut tags = AppendTags::new(
+            kind,
+            view,
+            conn,
+            out_hash,
+            time_us,
+            here,
+            &mut self.writer_turn,
+            self.clock.turn_loop(),
+            || marks.log_turn(view, waits),
+        );
         let mut first = None;
         let log = &mut *self.log;
         let mut one = |payload: &[u8]| {
-            fields.out_hash = std::mem::take(&mut digest);
-            fields.flags = std::mem::replace(&mut flags, SAME_TURN);
-            fields.waits = std::mem::take(&mut waits);
-            let (_, conn) = log.append(&fields, payload);
+            let (_, conn) = log.append(tags.entry(), payload);
             first.get_or_insert(conn);
             Ok(())
         };
@@ -174,13 +167,11 @@ impl LeaderOs<'_> {
         if !self.open {
             return;
         }
-        let mut fields = EntryHeader::new(Kind::Time, self.log.view(), 0, 0, 0);
-        fields.flags = SAME_TURN;
-        fields.time_us = match self.clock.now() {
+        let time_us = match self.clock.now() {
             0 => ORIGIN_US,
             t => t,
         };
-        fields.turn_loop = self.clock.turn_loop().and_then(|l| u16::try_from(l).ok());
+        let fields = turn_end(self.log.view(), time_us, self.clock.turn_loop());
         self.log.append(&fields, &[]);
         self.open = false;
     }
