@@ -506,7 +506,7 @@ pub fn epoll_unread(epfd: i32) -> ([u64; MAX_WIDTH], usize) {
 /// Builds what an epoll wait returns: `events[..real]` came from the
 /// kernel, `events[real..]` is room for `unread` (log order), which go
 /// first (after the kernel's when `kernel_first`: see
-/// [`Replay::listener_first`]), readable; a kernel event for one of them
+/// [`Replay::kernel_first`]), readable; a kernel event for one of them
 /// adds its other bits, and the bell's readiness (`bell`: its key) is
 /// dropped. Returns the count.
 pub fn merge_events(
@@ -549,9 +549,9 @@ pub fn merge_events(
     out
 }
 
-/// See [`Replay::listener_first`].
-pub fn listener_first() -> bool {
-    with(|r, _| r.listener_first()).unwrap_or(false)
+/// See [`Replay::kernel_first`].
+pub fn kernel_first() -> bool {
+    with(|r, _| r.kernel_first()).unwrap_or(false)
 }
 
 /// The server wrote `segments` to replay connection `conn` (see

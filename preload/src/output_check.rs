@@ -1,18 +1,27 @@
 //! A backup's check of one replay connection's output against the
 //! leader's: what its server wrote that no leader digest has covered yet,
-//! and the comparison when the connection's next input brings the
-//! leader's digest (see `apply::Pump::check_output`). Pure: bytes in,
-//! verdicts out.
+//! and the comparison when its server reads the connection's next input,
+//! which brings the leader's digest (see `replay::Replay::serve`). Pure:
+//! bytes in, verdicts out.
 //!
 //! The leader's digest of an input covers the bytes its client socket
-//! took between that input and the one before. A backup's writes are
-//! dropped, so they always "take" everything, while the leader's socket
-//! takes less when its client reads late (the socket is full; the server
-//! keeps the rest and sends it in a later interval). The leader's bytes
-//! are then a prefix of the backup's: a digest that matches a prefix is a
-//! match, and the rest of the backup's bytes wait for the next interval,
-//! where the leader sends them. Bytes are kept only until a digest covers
-//! them: a fast reader's connection keeps one reply at a time.
+//! took between its server's read of the input before and its read of this
+//! one. A backup checks at the same moment of its own server: when it reads
+//! that input. Its bytes are then the leader's, or more:
+//!
+//! - A backup's writes are dropped, so they always "take" everything, while
+//!   the leader's socket takes less when its client reads late (the socket
+//!   is full; the server keeps the rest and sends it in a later interval).
+//! - A backup that hands a leader's turn over in two (past the server's
+//!   `maxevents`) lets its server write, at the end of the first part, what
+//!   the leader's wrote at the end of the whole turn, after this read.
+//!
+//! So a digest that matches a prefix of the backup's bytes is a match, and
+//! the rest wait for the next interval, where the leader has them. A backup
+//! that really wrote more than the leader is then counted one interval
+//! later (not at all for a connection's last output). Bytes are kept only
+//! until a digest covers them: a fast reader's connection keeps one reply
+//! at a time.
 
 use lockstep_common::entry::OutputDigest;
 
@@ -65,9 +74,6 @@ pub enum Verdict {
 #[derive(Debug, Default)]
 pub struct PendingOutput {
     bytes: Vec<u8>,
-    /// How many of `bytes` were written before the leader's turn in
-    /// flight began (see `apply::Pump::cut`).
-    cut: usize,
     /// Bytes were dropped over [`KEEP`]: differences are not counted until
     /// a digest matches again.
     unsynced: bool,
@@ -90,33 +96,23 @@ impl PendingOutput {
     pub fn forget(&mut self, budget: &mut Budget) {
         budget.kept -= self.bytes.len();
         self.bytes = Vec::new();
-        self.cut = 0;
     }
 
-    /// A leader turn begins: what was written so far is what the digests
-    /// of its inputs cover.
-    pub fn cut(&mut self) {
-        self.cut = self.bytes.len();
-    }
-
-    /// Compares the interval that the digest `leader` (packed, see
-    /// [`OutputDigest::pack`]) covers: everything written (`whole`: the
-    /// leader's server wrote it before reading this input, in the same
-    /// turn) or what was written before the cut. Covered bytes are
-    /// forgotten; a differing interval is forgotten whole, so one
-    /// difference counts once.
-    pub fn check(&mut self, leader: u64, whole: bool, budget: &mut Budget) -> Verdict {
-        let end = self.interval_end(whole);
+    /// Compares what was written with the interval the digest `leader`
+    /// (packed, see [`OutputDigest::pack`]) covers: all of it, or a prefix
+    /// (the rest is the next interval's). Covered bytes are forgotten; a
+    /// differing interval is forgotten whole, so one difference counts
+    /// once.
+    pub fn check(&mut self, leader: u64, budget: &mut Budget) -> Verdict {
+        let end = self.bytes.len();
         let interval = &self.bytes[..end];
         let (_, leader_len) = OutputDigest::unpack(leader);
         let prefix = leader_len as usize;
         let matched = if OutputDigest::same(digest(interval).pack(), leader) {
             Some(end)
-        } else if OutputDigest::backlogged(leader)
-            && prefix < end
-            && OutputDigest::same(digest(&interval[..prefix]).pack(), leader)
-        {
-            // The leader's client took less so far (it reads late).
+        } else if prefix < end && OutputDigest::same(digest(&interval[..prefix]).pack(), leader) {
+            // The leader's client took less so far, or its server wrote
+            // the rest after this read.
             Some(prefix)
         } else {
             None
@@ -139,9 +135,8 @@ impl PendingOutput {
 
     /// Forgets the interval a digest would have covered, unchecked (the
     /// leader withheld its server's output).
-    pub fn skip(&mut self, whole: bool, budget: &mut Budget) {
-        let end = self.interval_end(whole);
-        self.consume(end, budget);
+    pub fn skip(&mut self, budget: &mut Budget) {
+        self.consume(self.bytes.len(), budget);
     }
 
     /// Unmatched bytes kept.
@@ -149,18 +144,9 @@ impl PendingOutput {
         self.bytes.len()
     }
 
-    fn interval_end(&self, whole: bool) -> usize {
-        if whole {
-            self.bytes.len()
-        } else {
-            self.cut.min(self.bytes.len())
-        }
-    }
-
     fn consume(&mut self, n: usize, budget: &mut Budget) {
         budget.kept -= n;
         self.bytes.drain(..n);
-        self.cut = self.cut.saturating_sub(n);
         if self.bytes.is_empty() && self.bytes.capacity() > 1 << 20 {
             // A burst is over: give its memory back.
             self.bytes = Vec::new();
@@ -194,27 +180,31 @@ mod tests {
         let mut p = PendingOutput::default();
         let mut b = Budget::default();
         p.write(b"+OK\r\n", &mut b);
-        p.cut();
-        assert_eq!(p.check(packed(b"+OK\r\n"), false, &mut b), Verdict::Same);
+        assert_eq!(p.check(packed(b"+OK\r\n"), &mut b), Verdict::Same);
         assert_eq!(p.kept(), 0);
         // No output on both sides matches too.
-        p.cut();
-        assert_eq!(p.check(packed(b""), false, &mut b), Verdict::Same);
+        assert_eq!(p.check(packed(b""), &mut b), Verdict::Same);
     }
 
     #[test]
-    fn output_after_the_cut_waits_for_the_next_interval() {
+    fn bytes_past_the_leaders_interval_wait_for_the_next_one() {
         let mut p = PendingOutput::default();
         let mut b = Budget::default();
+        // The backup's server wrote the second reply before this read; the
+        // leader's wrote it after.
         p.write(b":1\r\n", &mut b);
-        p.cut();
         p.write(b":2\r\n", &mut b);
-        assert_eq!(p.check(packed(b":1\r\n"), false, &mut b), Verdict::Same);
-        p.cut();
-        assert_eq!(p.check(packed(b":2\r\n"), false, &mut b), Verdict::Same);
-        // Whole: everything written counts.
+        assert_eq!(p.check(packed(b":1\r\n"), &mut b), Verdict::Same);
+        assert_eq!(p.check(packed(b":2\r\n"), &mut b), Verdict::Same);
+        // A reply too many here shows in the next interval.
         p.write(b":3\r\n", &mut b);
-        assert_eq!(p.check(packed(b":3\r\n"), true, &mut b), Verdict::Same);
+        p.write(b":3\r\n", &mut b);
+        assert_eq!(p.check(packed(b":3\r\n"), &mut b), Verdict::Same);
+        p.write(b":4\r\n", &mut b);
+        assert!(matches!(
+            p.check(packed(b":4\r\n"), &mut b),
+            Verdict::Differs { len: 8, .. }
+        ));
     }
 
     #[test]
@@ -223,27 +213,13 @@ mod tests {
         let mut b = Budget::default();
         let reply = vec![b'x'; 10_000];
         p.write(&reply, &mut b);
-        p.cut();
-        // Unflagged, a prefix is a difference.
-        let mut q = PendingOutput::default();
-        q.write(&reply, &mut b);
-        q.cut();
-        assert!(matches!(
-            q.check(packed(&reply[..3000]), false, &mut b),
-            Verdict::Differs { .. }
-        ));
         // The leader's socket took 3000 bytes of it, then 0, then the rest.
-        assert_eq!(
-            p.check(backlogged(&reply[..3000]), false, &mut b),
-            Verdict::Same
-        );
+        assert_eq!(p.check(backlogged(&reply[..3000]), &mut b), Verdict::Same);
         p.write(b":5\r\n", &mut b);
-        p.cut();
-        assert_eq!(p.check(backlogged(b""), false, &mut b), Verdict::Same);
-        p.cut();
+        assert_eq!(p.check(backlogged(b""), &mut b), Verdict::Same);
         let mut rest = reply[3000..].to_vec();
         rest.extend_from_slice(b":5\r\n");
-        assert_eq!(p.check(packed(&rest), false, &mut b), Verdict::Same);
+        assert_eq!(p.check(packed(&rest), &mut b), Verdict::Same);
         assert_eq!(p.kept(), 0);
     }
 
@@ -252,22 +228,19 @@ mod tests {
         let mut p = PendingOutput::default();
         let mut b = Budget::default();
         p.write(b":863340\r\n", &mut b);
-        p.cut();
         assert_eq!(
-            p.check(packed(b":1\r\n"), false, &mut b),
+            p.check(packed(b":1\r\n"), &mut b),
             Verdict::Differs {
                 len: 9,
                 shown: b":863340\r\n".to_vec()
             }
         );
         p.write(b"+OK\r\n", &mut b);
-        p.cut();
-        assert_eq!(p.check(packed(b"+OK\r\n"), false, &mut b), Verdict::Same);
+        assert_eq!(p.check(packed(b"+OK\r\n"), &mut b), Verdict::Same);
         // More bytes on the leader than here is a difference, not a prefix.
         p.write(b"+O", &mut b);
-        p.cut();
         assert!(matches!(
-            p.check(packed(b"+OK\r\n"), false, &mut b),
+            p.check(packed(b"+OK\r\n"), &mut b),
             Verdict::Differs { len: 2, .. }
         ));
     }
@@ -281,15 +254,12 @@ mod tests {
             p.write(&chunk, &mut b);
         }
         assert!(p.kept() < KEEP);
-        p.cut();
-        assert_eq!(p.check(packed(b"whatever"), false, &mut b), Verdict::Unsure);
+        assert_eq!(p.check(packed(b"whatever"), &mut b), Verdict::Unsure);
         p.write(b"+OK\r\n", &mut b);
-        p.cut();
-        assert_eq!(p.check(packed(b"+OK\r\n"), false, &mut b), Verdict::Same);
+        assert_eq!(p.check(packed(b"+OK\r\n"), &mut b), Verdict::Same);
         p.write(b"-ERR\r\n", &mut b);
-        p.cut();
         assert!(matches!(
-            p.check(packed(b"+OK\r\n"), false, &mut b),
+            p.check(packed(b"+OK\r\n"), &mut b),
             Verdict::Differs { .. }
         ));
     }
@@ -307,12 +277,10 @@ mod tests {
         assert_eq!(b.kept(), BUDGET);
         let last = conns.last_mut().unwrap();
         assert_eq!(last.kept(), 0);
-        last.cut();
-        assert_eq!(last.check(packed(b"x"), false, &mut b), Verdict::Unsure);
+        assert_eq!(last.check(packed(b"x"), &mut b), Verdict::Unsure);
         conns[0].forget(&mut b);
         assert_eq!(b.kept(), BUDGET - KEEP);
-        conns[1].cut();
-        assert_eq!(conns[1].check(packed(&chunk), false, &mut b), Verdict::Same);
+        assert_eq!(conns[1].check(packed(&chunk), &mut b), Verdict::Same);
         assert_eq!(b.kept(), BUDGET - 2 * KEEP);
     }
 
@@ -321,11 +289,9 @@ mod tests {
         let mut p = PendingOutput::default();
         let mut b = Budget::default();
         p.write(b"lost", &mut b);
-        p.cut();
+        p.skip(&mut b);
         p.write(b"+OK\r\n", &mut b);
-        p.skip(false, &mut b);
-        p.cut();
-        assert_eq!(p.check(packed(b"+OK\r\n"), false, &mut b), Verdict::Same);
+        assert_eq!(p.check(packed(b"+OK\r\n"), &mut b), Verdict::Same);
     }
 
     proptest! {
@@ -338,22 +304,20 @@ mod tests {
             took in proptest::collection::vec(0.0f64..=1.0, 30),
         ) {
             let mut p = PendingOutput::default();
-        let mut b = Budget::default();
+            let mut b = Budget::default();
             let mut written = Vec::new();
             let mut sent = 0usize;
             for (i, r) in replies.iter().enumerate() {
                 p.write(r, &mut b);
                 written.extend_from_slice(r);
-                p.cut();
-                // The leader's socket took some of what is unsent.
+                        // The leader's socket took some of what is unsent.
                 let upto = sent + ((written.len() - sent) as f64 * took[i]) as usize;
                 let d = digest(&written[sent..upto]).pack_flagged(upto < written.len());
-                prop_assert_eq!(p.check(d, false, &mut b), Verdict::Same);
+                prop_assert_eq!(p.check(d, &mut b), Verdict::Same);
                 sent = upto;
             }
             // It takes the rest at last.
-            p.cut();
-            prop_assert_eq!(p.check(packed(&written[sent..]), false, &mut b), Verdict::Same);
+                prop_assert_eq!(p.check(packed(&written[sent..]), &mut b), Verdict::Same);
             prop_assert_eq!(p.kept(), 0);
         }
     }

@@ -95,7 +95,7 @@ pub(super) unsafe fn epoll_turn(
     // SAFETY: the first `real_n` events were filled by the kernel and the
     // next `k` just now, all inside the caller's buffer of `max`.
     let events = unsafe { std::slice::from_raw_parts_mut(ev, real_n + k) };
-    let kernel_first = caught(crate::apply::listener_first).unwrap_or(false);
+    let kernel_first = caught(crate::apply::kernel_first).unwrap_or(false);
     caught(|| crate::apply::merge_events(events, real_n, &keys[..k], bell_key, kernel_first))
         .map_or(n, |m| m as c_int)
 }

@@ -39,15 +39,15 @@ struct Conn {
     /// worker loops (memcached), and only the reader's wait sees a turn of
     /// the connection without the bell.
     read_slot: Option<usize>,
-    /// The log ended the connection (CLOSE): its end is shut, the server
-    /// reads EOF once the inbox is empty.
+    /// The log ended the connection (CLOSE): the server reads EOF once the
+    /// inbox is empty (its end is shut once it did).
     closing: bool,
     /// The server read EOF, or closed its end.
     eof: bool,
     closed: bool,
-    /// Output no digest of the leader's covered yet (what the leader's
-    /// digest of an input covers is the output before the turn that read
-    /// it: see `Replay::cut`).
+    /// Output no digest of the leader's covered yet (the leader's digest of
+    /// an input covers the output since the server read the input before:
+    /// see `Replay::check_upto`).
     pending: PendingOutput,
     /// Seq of the connection's last input (whose output `pending` begins
     /// with).
@@ -57,9 +57,10 @@ struct Conn {
 }
 
 impl Conn {
-    /// Whether the server has bytes of the turn in flight to read here.
+    /// Whether the server has something of the turn in flight to read
+    /// here: bytes, or the EOF the log ended it with.
     fn has_unread(&self) -> bool {
-        self.served < self.inbox.1
+        self.served < self.inbox.1 || (self.closing && !self.eof && !self.closed)
     }
 
     /// The calling server thread handled this connection in its current
@@ -101,9 +102,8 @@ pub struct Replay {
     /// Where each entry of the turn begins in `payloads` (for DATA: its
     /// bytes; for the rest: where it stands among them).
     starts: Vec<usize>,
-    /// Inputs of the turn whose output checks wait for the server to reach
-    /// them (seqs, log order): a connection's later reads and its EOF in
-    /// the same leader turn (see `check_turn`).
+    /// The turn's inputs whose output checks wait for the server to read
+    /// them (seqs, log order: every DATA entry and EOF; see `check_upto`).
     later: Vec<u64>,
     turn_end: u64,
     consumed_at: Option<Duration>,
@@ -124,13 +124,6 @@ pub struct Replay {
     stash: Vec<Record>,
     /// The highest seq the turn in flight took from the log.
     turn_last: u64,
-    /// The first seq of the leader turn the last cut was taken at (see
-    /// `cut`), and the connection of the last input handed over.
-    cut_at: u64,
-    last_input_conn: u64,
-    /// The turn in flight's output checks are still to run (see
-    /// `check_turn`), from a cut at this seq when it begins a leader turn.
-    checks_due: Option<Option<u64>>,
     /// The waits the leader's thread entered before the turn in flight
     /// (`EntryHeader::waits` of its first entry, or of its first clock
     /// record), those of the stash's turn, and whether a server thread
@@ -175,10 +168,10 @@ impl Replay {
 
     /// Whether the wait that hands over the turn in flight reports the
     /// kernel's events (the listener) before the log's connections: the
-    /// leader's server accepted before it read the turn's inputs.
-    pub fn listener_first(&self) -> bool {
-        self.turn.first().is_some_and(|f| f.kind == Kind::Accept)
-            && self.turn.iter().any(|h| h.kind != Kind::Accept)
+    /// leader's server accepted first.
+    pub fn kernel_first(&self) -> bool {
+        let t = &self.turn;
+        !t.is_empty() && kernel_reported(t, 0) && (0..t.len()).any(|i| !kernel_reported(t, i))
     }
 
     /// Whether clock records of a turn whose kind is not known yet were
@@ -210,7 +203,8 @@ impl Replay {
             .is_some_and(|(id, taken)| id == loop_id && taken.is_none());
         let held_back = !self.started
             && self.turn.first().is_some_and(|f| {
-                f.kind == Kind::Data && f.turn_loop.map(u64::from) == Some(loop_id)
+                matches!(f.kind, Kind::Data | Kind::Close)
+                    && f.turn_loop.map(u64::from) == Some(loop_id)
             })
             && !self.due(host);
         tick || held_back
@@ -245,7 +239,6 @@ impl Replay {
             _ => runs_in(&first, loop_id, delivers),
         };
         if mine {
-            self.check_turn(host);
             self.started = true;
             host.handed(first.view);
             host.enter_turn(first.seq, first.time_us);
@@ -291,13 +284,13 @@ impl Replay {
                 // turn first: so must this one (see `waits_behind`).
                 return Served::Empty;
             }
-            let (limit, anchor, reached) = self.read_bounds(conn, served);
+            let (from, limit, anchor, reached) = self.read_bounds(conn, served);
             if let (Some(seq), false) = (reached, peek) {
-                // A later read of the turn's: the server answered the one
-                // before by now, as the leader's had when it read this.
-                self.check_later(host, seq);
+                // The server reads this input now: its output check runs
+                // where the leader's read ended the digest's interval.
+                self.check_upto(host, conn, seq);
             }
-            let n = fill(&self.payloads[served..limit]);
+            let n = fill(&self.payloads[from..limit]);
             if !peek && n > 0 {
                 let turn = self.turn_start();
                 let time = self
@@ -306,12 +299,9 @@ impl Replay {
                     .find(|h| h.seq == anchor)
                     .map_or(0, |h| h.time_us);
                 if let Some(c) = self.conns.get_mut(&conn) {
-                    c.served += n;
+                    c.served = from + n;
                     c.handled_here(host);
                     c.read_slot = Some(c.handled_slot);
-                    if c.closing && !c.has_unread() {
-                        host.shut_write(conn);
-                    }
                 }
                 // The server handles this input now: its time, and its
                 // clock reads count from the input's last entry.
@@ -320,6 +310,9 @@ impl Replay {
             return Served::Bytes(n);
         }
         if c.closing || c.closed {
+            if self.eof_behind(conn) {
+                return Served::Empty;
+            }
             if !peek {
                 if let Some(h) = self
                     .turn
@@ -327,11 +320,13 @@ impl Replay {
                     .find(|h| h.kind == Kind::Close && h.conn == conn)
                 {
                     let seq = h.seq;
-                    self.check_later(host, seq);
+                    self.check_upto(host, conn, seq);
                 }
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.eof = true;
                     c.handled_here(host);
+                    // From now on the socket says so too.
+                    host.shut_write(conn);
                 }
                 self.enter_close_window(host, conn);
                 self.run(host);
@@ -440,8 +435,8 @@ impl Replay {
 /// bytes); see [`Replay::turn_returned`].
 fn runs_in(first: &EntryHeader, loop_id: u64, delivers: bool) -> bool {
     match first.kind {
-        Kind::Data => delivers,
-        Kind::Accept | Kind::Close => first.turn_loop.is_none_or(|l| u64::from(l) == loop_id),
+        Kind::Data | Kind::Close => delivers,
+        Kind::Accept => first.turn_loop.is_none_or(|l| u64::from(l) == loop_id),
         Kind::Tick | Kind::View | Kind::Noop | Kind::Wrap | Kind::Time => false,
     }
 }
@@ -450,15 +445,14 @@ fn runs_in(first: &EntryHeader, loop_id: u64, delivers: bool) -> bool {
 /// turn; `width`: how many connections one turn may hand over).
 ///
 /// Only entries the leader flagged as read in the same turn as the one
-/// before join: ACCEPTs after ACCEPTs, or inputs after a DATA or a CLOSE
-/// that joined. A connection appears once, in one run of
-/// entries: the chunks of one read, the later reads of the connection in
-/// the same leader turn (a server that reads until EAGAIN got more while it
-/// worked), and its EOF read right after (a server learns of an EOF from a
-/// read of its own; any other CLOSE is a turn of its own: the server learns
-/// of it from the kernel, whose order the replay does not set). A later
-/// read's output check waits until the server reaches it (see
-/// `check_turn`).
+/// before join: accepts, inputs and EOFs. A connection appears once, in one
+/// run of entries: the chunks of one read, the later reads of the
+/// connection in the same leader turn (a server that reads until EAGAIN got
+/// more while it worked), and its EOF read right after. What the server
+/// learns of from the kernel (the listener) comes all before what it reads
+/// from the log (inputs, EOFs), or all after: a wait reports the kernel's
+/// events after the log's connections, or before them when the turn begins
+/// with an accept (see `Replay::kernel_first`).
 /// `prev_seq`: the entry read just before `next` (a clock record between
 /// them belongs to the turn).
 fn joins(turn: &[EntryHeader], next: &EntryHeader, prev_seq: u64, width: usize) -> bool {
@@ -468,32 +462,53 @@ fn joins(turn: &[EntryHeader], next: &EntryHeader, prev_seq: u64, width: usize) 
     if next.flags & SAME_TURN == 0 || next.seq != prev_seq + 1 {
         return false;
     }
-    let accepts = turn.iter().filter(|h| h.kind == Kind::Accept).count();
-    match (last.kind, next.kind) {
-        // Connections the server accepted in one go (its accept loop takes
-        // every pending one, in the order they came; they take no room in
-        // the wait's result).
-        (Kind::Accept, Kind::Accept) => return true,
-        // Inputs after the accepts (the wait reports the listener first:
-        // see `Replay::listener_first`), or accepts after the inputs (the
-        // listener after the log's connections, as by default): never
-        // accepts on both sides of an input.
-        (Kind::Accept, Kind::Data) if accepts == turn.len() => {}
-        (Kind::Data | Kind::Close, Kind::Accept) => return accepts == 0,
-        (Kind::Data, Kind::Data | Kind::Close) if next.conn == last.conn => return true,
-        (Kind::Data | Kind::Close, Kind::Data) => {}
-        _ => return false,
+    // A connection's later reads, and the EOF read right after them.
+    if next.conn == last.conn && last.kind == Kind::Data {
+        return matches!(next.kind, Kind::Data | Kind::Close);
     }
-    let mut conns = 0;
-    for (i, h) in turn.iter().enumerate() {
-        if h.conn == next.conn {
-            return false;
-        }
-        if h.kind != Kind::Accept && (i == 0 || turn[i - 1].conn != h.conn) {
-            conns += 1;
-        }
+    let input = |k: Kind| matches!(k, Kind::Accept | Kind::Data | Kind::Close);
+    if !input(next.kind) || !input(last.kind) {
+        return false;
     }
+    let mine: Vec<Kind> = turn
+        .iter()
+        .filter(|h| h.conn == next.conn)
+        .map(|h| h.kind)
+        .collect();
+    if !mine.is_empty() {
+        // A connection comes back (the server read it again later in the
+        // turn) for more input or its EOF, not after its EOF; its read
+        // waits until what comes before it in the turn is read (see
+        // `waits_behind`, `eof_behind`).
+        return matches!(next.kind, Kind::Data | Kind::Close)
+            && mine.iter().all(|k| *k == Kind::Data);
+    }
+    // What the kernel reports (accepts) may come before what the log
+    // reports (inputs, EOFs), or after: not on both sides.
+    let classes: Vec<bool> = (0..turn.len()).map(|i| kernel_reported(turn, i)).collect();
+    let switches = classes.windows(2).filter(|w| w[0] != w[1]).count();
+    let next_kernel = next.kind == Kind::Accept;
+    if classes.last() != Some(&next_kernel) && switches > 0 {
+        return false;
+    }
+    // Accepted connections take no room in the wait's result (the listener
+    // is one fd); every other connection does.
+    if next.kind == Kind::Accept {
+        return true;
+    }
+    let conns = turn
+        .iter()
+        .enumerate()
+        .filter(|&(i, h)| h.kind != Kind::Accept && (i == 0 || turn[i - 1].conn != h.conn))
+        .count();
     conns < width
+}
+
+/// Whether the server learns of entry `i` of `turn` from the kernel (the
+/// listener is ready) rather than from the log (an input or an EOF: the
+/// wait reports the connection readable in log order).
+fn kernel_reported(turn: &[EntryHeader], i: usize) -> bool {
+    turn[i].kind == Kind::Accept
 }
 
 impl Replay {
@@ -506,16 +521,47 @@ impl Replay {
     /// and reads it at the next, so it read a later connection of the same
     /// wait first and stored an `append` before the leader's `set`.
     fn waits_behind(&self, conn: u64) -> bool {
-        for h in self.turn.iter().filter(|h| h.kind == Kind::Data) {
-            if h.conn == conn {
-                return false;
-            }
-            if self.conns.get(&h.conn).is_some_and(Conn::has_unread) {
-                return true;
-            }
-        }
-        false
+        let Some(at) = self
+            .turn
+            .iter()
+            .enumerate()
+            .position(|(i, h)| h.conn == conn && self.entry_unread(i))
+        else {
+            return false;
+        };
+        self.read_before(conn, at)
     }
+
+    /// Whether entry `i` of the turn in flight is still to be read: bytes
+    /// the server has not taken, or an EOF it has not read.
+    fn entry_unread(&self, i: usize) -> bool {
+        let h = &self.turn[i];
+        let Some(c) = self.conns.get(&h.conn) else {
+            return false;
+        };
+        match h.kind {
+            Kind::Data => !c.closed && c.served < self.starts[i] + h.len as usize,
+            Kind::Close => !c.eof && !c.closed,
+            _ => false,
+        }
+    }
+
+    /// Whether entries of other connections before entry `at` are still to
+    /// be read.
+    fn read_before(&self, conn: u64, at: usize) -> bool {
+        (0..at).any(|i| self.turn[i].conn != conn && self.entry_unread(i))
+    }
+
+    /// Whether the EOF of `conn` in the turn in flight comes after entries
+    /// of other connections the server has not read yet: its read gets
+    /// nothing for now, as the leader's server read it after those.
+    fn eof_behind(&self, conn: u64) -> bool {
+        self.turn
+            .iter()
+            .position(|h| h.kind == Kind::Close && h.conn == conn)
+            .is_some_and(|at| self.read_before(conn, at))
+    }
+
     /// Hands over turns until one is in flight or none is left
     /// (`from_server`: on the server thread, about to wait).
     fn run_from<H: Host>(&mut self, host: &mut H, from_server: bool) {
@@ -550,11 +596,7 @@ impl Replay {
     /// Takes the next turn from the log and starts handing it over: false
     /// when there is none.
     fn take_turn<H: Host>(&mut self, host: &mut H, from_server: bool) -> bool {
-        // A turn that ended without a wait of the server starting it (a
-        // server whose waits the hooks do not see) is checked now.
-        self.check_turn(host);
         let width = host.batch_width();
-        let mut cut = None;
         while let Some((h, end)) = self.next_entry(host) {
             if h.kind == Kind::Time {
                 if self.absorb_time(host, h, end) {
@@ -569,9 +611,6 @@ impl Replay {
             if self.turn.is_empty() {
                 let adopted = self.adopt_stash(&h);
                 self.turn_waits = if adopted { self.stash_waits } else { h.waits };
-                if adopted || h.flags & SAME_TURN == 0 {
-                    cut = Some(h.seq);
-                }
             }
             self.prev_seq = h.seq;
             self.turn_last = h.seq;
@@ -585,9 +624,13 @@ impl Replay {
                 self.closed = true;
             }
             if h.kind == Kind::Data {
-                // A connection's entries in a turn are consecutive (see
-                // `joins`): its inbox is one range, begun by its first.
-                let continues = self.turn.last().is_some_and(|l| l.conn == h.conn);
+                // The inbox spans a connection's entries in the turn, begun
+                // by its first (a later run's bytes lie past other
+                // connections': a read skips those, see `read_bounds`).
+                let continues = self
+                    .turn
+                    .iter()
+                    .any(|l| l.conn == h.conn && l.kind == Kind::Data);
                 let at = self.payloads.len();
                 self.payloads
                     .extend_from_slice(&self.buf[HEADER_LEN..HEADER_LEN + h.len as usize]);
@@ -614,7 +657,20 @@ impl Replay {
         if self.turn.is_empty() {
             return false;
         }
-        self.checks_due = Some(cut);
+        if log::log_enabled!(log::Level::Trace) {
+            let entries: Vec<String> = self
+                .turn
+                .iter()
+                .map(|h| format!("{:?} {} conn {} waits {}", h.kind, h.seq, h.conn, h.waits))
+                .collect();
+            log::trace!("turn: {}", entries.join(", "));
+        }
+        self.later = self
+            .turn
+            .iter()
+            .filter(|h| matches!(h.kind, Kind::Data | Kind::Close))
+            .map(|h| h.seq)
+            .collect();
         if self.tick.is_some() {
             self.wake_tick_loop(host);
         } else if !(from_server && self.read_here(host)) {
@@ -654,19 +710,20 @@ impl Replay {
     fn read_here<H: Host>(&self, host: &H) -> bool {
         self.turn
             .iter()
-            .find(|h| h.kind == Kind::Data)
+            .find(|h| matches!(h.kind, Kind::Data | Kind::Close))
             .and_then(|h| self.conns.get(&h.conn))
             .is_some_and(|c| c.read_slot == Some(host.slot()))
     }
 
-    /// The server may be blocked in its wait, and the log's bytes make no
-    /// fd ready: one byte into the turn's first connection wakes it (the
-    /// wait hook takes the byte out again and reports what the log holds).
+    /// The server may be blocked in its wait, and the log's bytes (or its
+    /// EOFs) make no fd ready: one byte into the turn's first connection
+    /// wakes it (the wait hook takes the byte out again and reports what
+    /// the log holds).
     fn ring_bell<H: Host>(&mut self, host: &mut H) {
         let first = self
             .turn
             .iter()
-            .find(|h| h.kind == Kind::Data)
+            .find(|h| matches!(h.kind, Kind::Data | Kind::Close))
             .and_then(|h| self.conns.get(&h.conn).map(|c| (h.conn, c.server_fd)));
         if let Some((conn, fd)) = first.filter(|(_, fd)| *fd >= 0) {
             host.ring_bell(conn, fd);
@@ -705,15 +762,13 @@ impl Replay {
             Kind::Noop | Kind::Wrap | Kind::Time => {}
         }
         if h.kind == Kind::Close {
+            // The server learns of the EOF as of the log's bytes: the wait
+            // reports the connection readable in log order and its read
+            // gets the end (see `serve`); the socket ends after that, or
+            // the kernel would report it out of order or before the turn
+            // is the server's.
             if let Some(c) = self.conns.get_mut(&h.conn) {
                 c.closing = true;
-                // An EOF read right after the connection's input in the
-                // turn: the socket ends once the server read that input
-                // (see `serve`), or the kernel would report it before the
-                // turn is the server's.
-                if !c.has_unread() {
-                    host.shut_write(h.conn);
-                }
             }
         }
     }
@@ -745,9 +800,7 @@ impl Replay {
     fn finish<H: Host>(&mut self, host: &mut H) {
         // Inputs the server never reached (it closed the connection
         // first) are checked as the turn ends.
-        while let Some(seq) = self.later.first().copied() {
-            self.check_later(host, seq);
-        }
+        self.check_rest(host);
         if let Some(last) = self.turn.last() {
             host.set_applied(last.seq.max(self.turn_last));
             host.set_head(self.turn_end);
@@ -950,13 +1003,13 @@ impl Replay {
 
     /// Whether the calling server thread entered as many waits since its
     /// last turn as the leader's thread did before the turn in flight. A
-    /// turn the kernel reports (its first entry an ACCEPT or a CLOSE: the
-    /// listener or the connection is ready) runs at the first wait that
-    /// sees it, whatever the count, inputs joined to it included.
+    /// turn the kernel reports (its first entry an ACCEPT: the
+    /// listener is ready: the connections are there) runs at the first wait
+    /// that sees it, whatever the count, inputs joined to it included.
     fn due<H: Host>(&self, host: &H) -> bool {
-        self.turn.first().is_none_or(|f| {
-            matches!(f.kind, Kind::Accept | Kind::Close) || host.due(f.view, self.turn_waits)
-        })
+        self.turn
+            .first()
+            .is_none_or(|f| f.kind == Kind::Accept || host.due(f.view, self.turn_waits))
     }
 
     /// The server read the EOF of, or closed, connection `conn`: its clock
@@ -971,103 +1024,77 @@ impl Replay {
         }
     }
 
-    /// The output checks of the turn in flight, once: each input's digest
-    /// against what this server wrote on its connection before it. They
-    /// run when a wait of the server starts the turn, not when the pump
-    /// takes it from the log: a server still inside its last turn (Redis's
-    /// `DEBUG RELOAD` waits in its event loop while it loads, and the pump
-    /// takes the next turn at such a wait) writes that turn's reply after
-    /// the pump took the next one, and a check then counted the reply one
-    /// input late on every backup.
-    fn check_turn<H: Host>(&mut self, host: &mut H) {
-        let Some(cut) = self.checks_due.take() else {
-            return;
-        };
-        if let Some(at) = cut {
-            self.cut(at);
-        }
-        let mut deferring = None;
-        for i in 0..self.turn.len() {
-            let h = self.turn[i];
-            let later_input = matches!(h.kind, Kind::Data | Kind::Close)
-                && (h.kind == Kind::Close || h.out_hash != 0)
-                && self.turn[..i].iter().any(|e| e.conn == h.conn);
-            if later_input {
-                deferring = Some(h.conn);
-            }
-            if deferring == Some(h.conn) && matches!(h.kind, Kind::Data | Kind::Close) {
-                // Its digest covers what the server answers to the input
-                // before it, in this turn: checked when the server reads it.
-                self.later.push(h.seq);
-                continue;
-            }
-            match h.kind {
-                Kind::Data | Kind::Close => {
-                    let adjacent = self.last_input_conn == h.conn;
-                    self.check_output(host, &h, adjacent);
-                    self.classify_input(&h);
-                    self.last_input_conn = h.conn;
-                }
-                Kind::Accept => self.last_input_conn = h.seq,
-                Kind::View => self.last_input_conn = 0,
-                Kind::Tick | Kind::Noop | Kind::Wrap | Kind::Time => {}
-            }
-        }
-    }
-
-    /// Runs the deferred check of input `seq` (see `check_turn`) and
-    /// those before it: the leader's server read the connection's previous
-    /// input just before it, in the same turn.
-    fn check_later<H: Host>(&mut self, host: &mut H, seq: u64) {
-        while let Some(&next) = self.later.first() {
-            if next > seq {
-                return;
-            }
-            self.later.remove(0);
+    /// The server reached entry `seq` of connection `conn` (it reads its
+    /// bytes, or its EOF): the output checks of the connection's inputs up
+    /// to it run now, each against what this server wrote on the
+    /// connection since it read the input before — the interval the
+    /// leader's digest covers, ending where the leader's server read it.
+    fn check_upto<H: Host>(&mut self, host: &mut H, conn: u64, seq: u64) {
+        while let Some(i) = self
+            .later
+            .iter()
+            .position(|&s| s <= seq && self.turn.iter().any(|h| h.seq == s && h.conn == conn))
+        {
+            let next = self.later.remove(i);
             if let Some(h) = self.turn.iter().find(|h| h.seq == next).copied() {
-                self.check_output(host, &h, true);
+                self.check_output(host, &h);
                 self.classify_input(&h);
-                self.last_input_conn = h.conn;
             }
         }
     }
 
-    /// Where the server's read of `conn` at `served` must stop (the start
-    /// of the connection's next input in the turn, or its end: a read
-    /// takes no more than the leader's read took), the last entry of the
-    /// input it reads (its clock reads count from there), and the last
-    /// deferred input that begins at or before `served`.
-    fn read_bounds(&self, conn: u64, served: usize) -> (usize, u64, Option<u64>) {
-        let mut limit = self.conns.get(&conn).map_or(served, |c| c.inbox.1);
+    /// Runs every check still to run (the server ended the turn without
+    /// reading some input: a connection it closed first).
+    fn check_rest<H: Host>(&mut self, host: &mut H) {
+        for seq in std::mem::take(&mut self.later) {
+            if let Some(h) = self.turn.iter().find(|h| h.seq == seq).copied() {
+                self.check_output(host, &h);
+                self.classify_input(&h);
+            }
+        }
+    }
+
+    /// Where the server's read of `conn` at `served` takes bytes from
+    /// (past other connections' bytes when the connection comes back later
+    /// in the turn) and must stop (the end of the input it reads: a read
+    /// takes no more than the leader's read took), the last entry of that
+    /// input (its clock reads count from there), and the last entry still
+    /// to check that begins where the read starts or before.
+    fn read_bounds(&self, conn: u64, served: usize) -> (usize, usize, u64, Option<u64>) {
+        let mut from = served;
+        let mut limit = served;
         let mut anchor = 0;
         let mut reached = None;
+        let mut found = false;
         for (h, &start) in self.turn.iter().zip(&self.starts) {
             if h.conn != conn || h.kind != Kind::Data {
                 continue;
             }
-            if h.out_hash != 0 && start > served {
-                limit = start;
-                break;
+            let end = start + h.len as usize;
+            if found {
+                // The input goes on through its later chunks.
+                if h.out_hash != 0 || start != limit {
+                    break;
+                }
+                limit = end;
+                anchor = h.seq;
+                continue;
             }
+            if end <= served {
+                if self.later.contains(&h.seq) {
+                    reached = Some(h.seq);
+                }
+                continue;
+            }
+            from = served.max(start);
+            limit = end;
             anchor = h.seq;
+            found = true;
             if self.later.contains(&h.seq) {
                 reached = Some(h.seq);
             }
         }
-        (limit, anchor, reached)
-    }
-
-    /// A turn of the leader's begins (not the rest of one this server takes
-    /// in parts): each connection's output so far is what the leader's
-    /// digests of the turn's inputs cover. The leader's server writes what
-    /// a turn causes (replies, pub/sub deliveries to other connections) as
-    /// the turn ends, after reading all of its inputs; a backup that took
-    /// the turn in parts wrote some of it between them.
-    fn cut(&mut self, at: u64) {
-        self.cut_at = at;
-        for c in self.conns.values_mut() {
-            c.pending.cut();
-        }
+        (from, limit, anchor, reached)
     }
 
     /// The seq the turn in flight begins at (0: none).
@@ -1109,7 +1136,7 @@ impl Replay {
 
     /// DATA/CLOSE carry the leader's digest of the connection's output
     /// since its last input: compare with this server's, then start over.
-    fn check_output<H: Host>(&mut self, host: &mut H, h: &EntryHeader, adjacent: bool) {
+    fn check_output<H: Host>(&mut self, host: &mut H, h: &EntryHeader) {
         // Only an input's first entry carries a digest (the leader's
         // server read the whole input at once).
         if h.out_hash == 0 {
@@ -1118,19 +1145,11 @@ impl Replay {
         let Some(c) = self.conns.get_mut(&h.conn) else {
             return;
         };
-        // The leader's server read this connection's last input just
-        // before, in this same turn (a server that reads a connection until
-        // EAGAIN and answers each request at once, as memcached does): it
-        // wrote that answer before reading this one. Otherwise the digest
-        // covers what it wrote before the turn that read this input; what
-        // this server wrote since (in parts of that turn it took apart)
-        // starts the next interval, as it does on the leader.
-        let whole = adjacent && c.last_input >= self.cut_at;
         let prev = std::mem::replace(&mut c.last_input, h.seq);
         if h.out_hash == OutputDigest::WITHHELD {
             // The leader's server output never left it (it failed the
             // connection): nothing to compare; start over.
-            c.pending.skip(whole, &mut self.kept);
+            c.pending.skip(&mut self.kept);
             c.replies.take();
             log::debug!(
                 "connection {}: the leader withheld its output before seq {} (not compared)",
@@ -1139,7 +1158,7 @@ impl Replay {
             );
             return;
         }
-        let verdict = c.pending.check(h.out_hash, whole, &mut self.kept);
+        let verdict = c.pending.check(h.out_hash, &mut self.kept);
         // The commands that produced it describe the node: not counted.
         let node_dependent = c.replies.take();
         let command = c.replies.last_command();
@@ -1221,7 +1240,10 @@ mod tests {
         );
         let mut close = EntryHeader::new(Kind::Close, 1, 9, 5, 0);
         close.turn_loop = Some(2);
-        assert!(runs_in(&close, 2, false) && !runs_in(&close, 1, false));
+        assert!(
+            runs_in(&close, 2, true) && !runs_in(&close, 2, false),
+            "an EOF is the log's to report, as bytes are"
+        );
         let data = data(6, 5, false, 0);
         assert!(runs_in(&data, 2, true), "reported the log's bytes");
         assert!(!runs_in(&data, 2, false), "returned for something else");
@@ -1271,7 +1293,7 @@ mod tests {
     }
 
     #[test]
-    fn a_connection_reads_in_one_run_of_entries_and_its_own_eof_joins() {
+    fn a_connections_later_reads_and_eofs_join_until_its_eof() {
         let t = [data(10, 1, false, 7), data(11, 2, true, 7)];
         assert!(
             joins_last(&t, &data(12, 2, true, 0), 4),
@@ -1282,8 +1304,8 @@ mod tests {
             "a later read of conn 2 in the same leader turn"
         );
         assert!(
-            !joins_last(&t, &data(12, 1, true, 0), 4),
-            "conn 1 after another"
+            joins_last(&t, &data(12, 1, true, 9), 4),
+            "conn 1 again, after another: the server read it again later in the turn"
         );
         let close = |conn| {
             let mut c = data(12, conn, true, 5);
@@ -1295,9 +1317,10 @@ mod tests {
             "conn 2's EOF, read right after"
         );
         assert!(
-            !joins_last(&t, &close(3), 4),
-            "another connection's EOF: the kernel's to report, a turn of its own"
+            joins_last(&t, &close(3), 4),
+            "another connection's EOF: the log's to report, in its place"
         );
+        assert!(!joins_last(&t, &close(3), 2), "within the width");
         let mut after = t.to_vec();
         after.push(close(2));
         assert!(

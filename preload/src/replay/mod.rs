@@ -15,7 +15,8 @@
 //!   server's read syscall cost about four times what the server's own
 //!   work on a small command does (measured with `perf`: apply went from
 //!   58k to 230k entries/s on 2 cores).
-//! - `CLOSE`: the replay shuts its end down; the server reads EOF.
+//! - `CLOSE`: the wait hooks report the connection readable in log order
+//!   and its read gets the end; the replay shuts its end down after that.
 //! - `VIEW`: every replay connection ends (the new view's clients connect
 //!   to its leader).
 //! - `TICK`: a turn of the leader's server that read no input but moved
@@ -26,10 +27,11 @@
 //! Only one *turn* is in flight: the entries the leader's server read in
 //! one event-loop turn (the leader flags them, `entry::SAME_TURN`), for at
 //! most `turns::batch_width` connections (see `machine::joins`): the
-//! connections it accepted in one go, before or after its inputs, and each
-//! connection's inputs in one run — the chunks of one read, its later reads
-//! in that turn (a server that reads until EAGAIN got more while it
-//! worked), an EOF it read right after. The next turn starts once the
+//! connections it accepted in one go, before or after its inputs, and the
+//! inputs and EOFs it read, a connection again when the server read it
+//! again in that turn (a server that reads until EAGAIN got more while it
+//! worked; Redis's loop going on after a script let it run) but nothing of
+//! it after its EOF. The next turn starts once the
 //! server read the last and went back to its event loop (the
 //! `epoll_wait`/`poll`/`select` hooks tell: by then it wrote whatever it
 //! answers). That keeps the leader's exact cross-connection order, and each
@@ -39,21 +41,26 @@
 //! order, the listener before them when the leader accepted first
 //! (`apply::merge_events`); a server that scans (`poll`, `select`) is
 //! handed one connection per turn (it handles a wait's result in an order
-//! of its own). A read stops
-//! where the leader's read stopped, so the server's clock reads count from
-//! the same input. Entries of different leader turns never share one: a
-//! server that changes a connection's interest between turns (beanstalkd
-//! sends a reply in the turn after the request) sees them as its leader
-//! did; a CLOSE the leader's server learned of from the kernel is a turn of
-//! its own (the kernel reports the EOF, in its order).
+//! of its own). A read stops where the leader's read stopped, and a read
+//! of a connection whose next entry comes after entries of others still
+//! unread gets nothing yet (EAGAIN), so the server's reads and its clock
+//! reads follow the leader's. Entries of different leader turns never
+//! share one: a server that changes a connection's interest between turns
+//! (beanstalkd sends a reply in the turn after the request) sees them as
+//! its leader did.
+//!
+//! Each input's output check runs when the server reads it (its bytes or
+//! its EOF): the leader's digest covers what its server wrote between its
+//! reads of the connection's previous input and this one (see
+//! `output_check`).
 //!
 //! Splitting a leader's turn is not harmless: whatever a server does once
 //! per loop iteration (checking its timers) then runs between inputs the
 //! leader's server read in one iteration, and a due timer runs earlier on
 //! the backup. The simulation (`sim`) found that for accept loops, a
-//! connection read again after a busy command and an EOF read with its
-//! data; an epoll server's turn is split now only past its `maxevents`. A
-//! scanning server's still is (one connection per turn).
+//! connection read again after a busy command, EOFs and a script letting
+//! the loop run; an epoll server's turn is split now only past its
+//! `maxevents`. A scanning server's still is (one connection per turn).
 //!
 //! The replay advances from the hooks themselves (the server thread that
 //! re-enters its event loop takes the next turn, which its wait then

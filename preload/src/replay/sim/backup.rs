@@ -14,7 +14,7 @@ use lockstep_common::ring::{ReadOutcome, RingReader};
 
 use super::log::{SimLog, MAX_ENTRY, RING_SIZE};
 use super::rng::Rng;
-use super::server::{Os, Read, Ready, Server, Shape, LISTENER_FD};
+use super::server::{Os, Read, Ready, Server, Setup, Shape, LISTENER_FD};
 use crate::clock::ORIGIN_US;
 use crate::replay::{Host, Replay, Served};
 use crate::thread_clock::ThreadClock;
@@ -218,13 +218,20 @@ struct BackupOs<'a> {
     next_fd: i32,
     /// What went wrong that a real backup would hang on.
     stalls: Vec<String>,
+    shape: Shape,
+    read_once: bool,
+    /// How likely the follower delivers more between two calls of the
+    /// server (percent): 0 delivers only while the server waits for it.
+    eagerness: u64,
+    /// Waits so far (a bound against a spinning server).
+    iterations: u64,
 }
 
 impl BackupOs<'_> {
     /// The applier thread or the follower may act between any two calls of
     /// the server.
     fn meanwhile(&mut self) {
-        if self.rng.chance(15) {
+        if self.rng.chance(self.eagerness) {
             let n = 1 + self.rng.below(4) as usize;
             self.host.deliver(n);
         }
@@ -235,7 +242,122 @@ impl BackupOs<'_> {
     }
 }
 
+impl BackupOs<'_> {
+    /// The server's wait (`timeout` µs; None: none) through the preload's
+    /// wait hooks: what it reports, or None once nothing more will come.
+    fn event_wait(&mut self, timeout: Option<u64>) -> Option<Vec<Ready>> {
+        let os = self;
+        let (shape, loop_id) = (os.shape, os.shape.loop_id());
+        os.iterations += 1;
+        if os.iterations > 200_000 {
+            os.stalls.push("the backup's server spins".into());
+            return None;
+        }
+        // `dispatch::before_wait`.
+        os.host.waits += 1;
+        os.host.running = false;
+        os.host.clock.leave_turn();
+        os.replay.on_loop(os.host);
+        // The wait hook (`hooks::epoll`/`hooks::scan`).
+        let unread = |os: &BackupOs| -> Vec<i32> {
+            let fds: Vec<i32> = os
+                .replay
+                .unread(os.host)
+                .into_iter()
+                .take_while(|fd| *fd >= 0)
+                .collect();
+            fds
+        };
+        let mut keys = unread(&*os);
+        let mut tick = os.replay.must_not_block(os.host, loop_id);
+        let awaits = shape == Shape::Scan || loop_id != 0;
+        if keys.is_empty() && !tick && timeout == Some(0) && awaits {
+            // `apply::await_turn`: the follower delivers until a turn comes.
+            while !os.replay.in_turn() {
+                if !os.host.deliver(1 + os.rng.below(3) as usize) {
+                    break;
+                }
+                os.replay.on_loop(os.host);
+            }
+            keys = unread(&*os);
+            tick = os.replay.must_not_block(os.host, loop_id);
+        }
+        // The kernel's readiness: a connection whose end the log shut
+        // reads EOF.
+        let kernel = |os: &BackupOs| -> Vec<i32> {
+            os.fds
+                .iter()
+                .filter(|(_, c)| os.host.shut.contains(c))
+                .map(|(fd, _)| *fd)
+                .collect()
+        };
+        let returns_at_once =
+            !keys.is_empty() || tick || timeout == Some(0) || !kernel(&*os).is_empty();
+        if !returns_at_once {
+            // Blocked until the kernel reports something: the world moves.
+            let mut quiet = 0;
+            loop {
+                if !os.host.backlog.is_empty()
+                    || os.host.bell.is_some()
+                    || os.host.alarm
+                    || !kernel(&*os).is_empty()
+                {
+                    break;
+                }
+                if timeout.is_some() && os.rng.chance(10) {
+                    // The server's own timeout ends the wait.
+                    break;
+                }
+                let delivered = os.host.deliver(1 + os.rng.below(4) as usize);
+                os.replay.run(os.host);
+                os.host.now += Duration::from_millis(1 + os.rng.below(50));
+                if !delivered {
+                    quiet += 1;
+                    if quiet > 20 {
+                        return None;
+                    }
+                }
+            }
+        }
+        // `dispatch::after_wait` and the bell's byte taken out.
+        os.host.running = true;
+        os.replay.turn_returned(os.host, loop_id, !keys.is_empty());
+        os.host.bell = None;
+        os.host.alarm = false;
+        // `apply::merge_events`: the log's connections first, in log order,
+        // then the kernel's events.
+        let mut ready: Vec<Ready> = keys.iter().map(|fd| Ready::Conn(*fd)).collect();
+        let mut from_kernel = Vec::new();
+        if !os.host.backlog.is_empty() {
+            from_kernel.push(Ready::Listener);
+        }
+        for fd in kernel(&*os) {
+            if !keys.contains(&fd) {
+                from_kernel.push(Ready::Conn(fd));
+            }
+        }
+        if os.replay.kernel_first() {
+            from_kernel.append(&mut ready);
+            ready = from_kernel;
+        } else {
+            ready.append(&mut from_kernel);
+        }
+        if std::env::var("LOCKSTEP_SIM_VERBOSE").is_ok() {
+            eprintln!("wait: {ready:?} {}", os.replay.describe());
+        }
+        Some(ready)
+    }
+}
+
 impl Os for BackupOs<'_> {
+    fn now(&self) -> u64 {
+        self.host.reads_now()
+    }
+
+    fn wait(&mut self, timeout: Option<u64>) -> Option<Vec<Ready>> {
+        self.event_wait(timeout)
+    }
+
     fn accept(&mut self) -> Option<i32> {
         self.meanwhile();
         let conn = self.host.backlog.pop_front()?;
@@ -254,7 +376,14 @@ impl Os for BackupOs<'_> {
             return Read::Again;
         };
         let mut got = Vec::new();
-        let cap = 1 + self.rng.below(64) as usize;
+        // A server that reads once per event reads with its whole buffer
+        // (the leader's read took no more); one that reads until EAGAIN
+        // may take any part.
+        let cap = if self.read_once {
+            16 * 1024
+        } else {
+            1 + self.rng.below(64) as usize
+        };
         let served = self.replay.serve(self.host, conn, false, &mut |src| {
             let n = src.len().min(cap);
             got.extend_from_slice(&src[..n]);
@@ -314,24 +443,18 @@ pub struct BackupRun {
 }
 
 /// Replays the log on node `node`'s model server.
-pub fn run(
-    rng: &mut Rng,
-    shape: Shape,
-    maxevents: usize,
-    timers: bool,
-    period: u64,
-    log: &SimLog,
-    node: u64,
-) -> BackupRun {
+pub fn run(rng: &mut Rng, setup: &Setup, log: &SimLog, node: u64) -> BackupRun {
     // `turns::batch_width`: the wait's `maxevents` for epoll, one
     // connection for a scanning server.
-    let width = match shape {
+    let width = match setup.shape {
         Shape::EpollOne | Shape::Scan => 1,
-        Shape::Epoll => maxevents.clamp(1, MAX_WIDTH),
+        Shape::Epoll => setup.maxevents.clamp(1, MAX_WIDTH),
     };
     let mut host = SimHost::new(log, node, width);
     let mut replay = Replay::new();
-    let mut server = Server::new(shape, maxevents, timers, period, ORIGIN_US);
+    let shape = setup.shape;
+    let mut server = Server::new(setup, ORIGIN_US);
+    let eagerness = [0, 5, 15, 40][rng.below(4) as usize];
     let mut os = BackupOs {
         rng,
         replay: &mut replay,
@@ -339,110 +462,12 @@ pub fn run(
         fds: BTreeMap::new(),
         next_fd: LISTENER_FD + 1,
         stalls: Vec::new(),
+        shape,
+        read_once: setup.read_once,
+        eagerness,
+        iterations: 0,
     };
-    let loop_id = shape.loop_id();
-    let mut iterations = 0u64;
-    'run: loop {
-        iterations += 1;
-        if iterations > 200_000 {
-            os.stalls.push("the backup's server spins".into());
-            break;
-        }
-        let timeout = server.timeout(os.host.reads_now());
-        // `dispatch::before_wait`.
-        os.host.waits += 1;
-        os.host.running = false;
-        os.host.clock.leave_turn();
-        os.replay.on_loop(os.host);
-        // The wait hook (`hooks::epoll`/`hooks::scan`).
-        let unread = |os: &BackupOs| -> Vec<i32> {
-            let fds: Vec<i32> = os
-                .replay
-                .unread(os.host)
-                .into_iter()
-                .take_while(|fd| *fd >= 0)
-                .collect();
-            fds
-        };
-        let mut keys = unread(&os);
-        let mut tick = os.replay.must_not_block(os.host, loop_id);
-        let awaits = shape == Shape::Scan || loop_id != 0;
-        if keys.is_empty() && !tick && timeout == Some(0) && awaits {
-            // `apply::await_turn`: the follower delivers until a turn comes.
-            while !os.replay.in_turn() {
-                if !os.host.deliver(1 + os.rng.below(3) as usize) {
-                    break;
-                }
-                os.replay.on_loop(os.host);
-            }
-            keys = unread(&os);
-            tick = os.replay.must_not_block(os.host, loop_id);
-        }
-        // The kernel's readiness: a connection whose end the log shut
-        // reads EOF.
-        let kernel = |os: &BackupOs| -> Vec<i32> {
-            os.fds
-                .iter()
-                .filter(|(_, c)| os.host.shut.contains(c))
-                .map(|(fd, _)| *fd)
-                .collect()
-        };
-        let returns_at_once =
-            !keys.is_empty() || tick || timeout == Some(0) || !kernel(&os).is_empty();
-        if !returns_at_once {
-            // Blocked until the kernel reports something: the world moves.
-            let mut quiet = 0;
-            loop {
-                if !os.host.backlog.is_empty()
-                    || os.host.bell.is_some()
-                    || os.host.alarm
-                    || !kernel(&os).is_empty()
-                {
-                    break;
-                }
-                if timeout.is_some() && os.rng.chance(10) {
-                    // The server's own timeout ends the wait.
-                    break;
-                }
-                let delivered = os.host.deliver(1 + os.rng.below(4) as usize);
-                os.replay.run(os.host);
-                os.host.now += Duration::from_millis(1 + os.rng.below(50));
-                if !delivered {
-                    quiet += 1;
-                    if quiet > 20 {
-                        break 'run;
-                    }
-                }
-            }
-        }
-        // `dispatch::after_wait` and the bell's byte taken out.
-        os.host.running = true;
-        os.replay.turn_returned(os.host, loop_id, !keys.is_empty());
-        os.host.bell = None;
-        os.host.alarm = false;
-        // `apply::merge_events`: the log's connections first, in log order,
-        // then the kernel's events.
-        let mut ready: Vec<Ready> = keys.iter().map(|fd| Ready::Conn(*fd)).collect();
-        let mut from_kernel = Vec::new();
-        if !os.host.backlog.is_empty() {
-            from_kernel.push(Ready::Listener);
-        }
-        for fd in kernel(&os) {
-            if !keys.contains(&fd) {
-                from_kernel.push(Ready::Conn(fd));
-            }
-        }
-        if os.replay.listener_first() {
-            from_kernel.append(&mut ready);
-            ready = from_kernel;
-        } else {
-            ready.append(&mut from_kernel);
-        }
-        if std::env::var("LOCKSTEP_SIM_VERBOSE").is_ok() {
-            eprintln!("wait: {ready:?} {}", os.replay.describe());
-        }
-        server.handle(&mut os, &ready);
-    }
+    server.run(&mut os);
     let stalls = std::mem::take(&mut os.stalls);
     BackupRun {
         trace: server.trace,

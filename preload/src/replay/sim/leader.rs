@@ -12,7 +12,7 @@ use lockstep_common::entry::{Kind, OutputDigest};
 
 use super::log::{SimLog, MAX_ENTRY};
 use super::rng::Rng;
-use super::server::{Os, Read, Ready, Server, Shape, LISTENER_FD};
+use super::server::{Os, Read, Ready, Server, Setup, Shape, LISTENER_FD};
 use crate::clock::ORIGIN_US;
 use crate::entry_tags::{turn_end, AppendTags};
 use crate::thread_clock::ThreadClock;
@@ -44,10 +44,12 @@ pub fn clients(rng: &mut Rng) -> Vec<Client> {
                 let mut line = String::new();
                 for _ in 0..1 + rng.below(3) {
                     let key = (b'a' + rng.below(4) as u8) as char;
-                    let cmd = match rng.below(10) {
-                        0..=3 => format!("set {key} {}", rng.below(1000)),
-                        4..=7 => format!("get {key}"),
-                        8 => format!("busy {}", 1 + rng.below(6)),
+                    let cmd = match rng.below(24) {
+                        0..=8 => format!("set {key} {}", rng.below(1000)),
+                        9..=17 => format!("get {key}"),
+                        18 | 19 => format!("busy {}", 1 + rng.below(6)),
+                        20 => format!("script {}", 2 + rng.below(12)),
+                        21 => "kill".to_string(),
                         _ => "what".to_string(),
                     };
                     line.push_str(&cmd);
@@ -107,6 +109,9 @@ struct LeaderOs<'a> {
     next_fd: i32,
     /// Scratch for the engine's chunking.
     gather: Vec<u8>,
+    shape: Shape,
+    /// Waits so far (a bound against a spinning server).
+    turns: u64,
 }
 
 impl LeaderOs<'_> {
@@ -231,9 +236,30 @@ impl LeaderOs<'_> {
         accepts.chain(sends).min()
     }
 
-    /// The wait (`timeout` µs; None: none): what it reports, or None when
-    /// nothing will ever come (the run is over).
-    fn wait(&mut self, timeout: Option<u64>) -> Option<Vec<Ready>> {
+    /// The wait (`timeout` µs; None: none) with the preload's hooks around
+    /// it: what it reports, or None once every client is done and the
+    /// server would block for good (the run is over).
+    fn event_wait(&mut self, timeout: Option<u64>) -> Option<Vec<Ready>> {
+        self.before_wait(self.shape);
+        let all_done = self.accepted.iter().all(|a| *a)
+            && self.ready().is_empty()
+            && self.next_arrival().is_none();
+        if all_done && timeout != Some(0) {
+            self.close_turn();
+            return None;
+        }
+        self.turns += 1;
+        assert!(self.turns < 1_000_000, "the leader spins");
+        let ready = self.kernel_wait(timeout)?;
+        // `dispatch::after_wait`: the loop's turn starts.
+        self.clock
+            .turn_starts(&self.log_time, self.real, self.shape.loop_id());
+        Some(ready)
+    }
+
+    /// The kernel's wait: what is ready, after blocking (the real time
+    /// moves on) when nothing is and `timeout` allows.
+    fn kernel_wait(&mut self, timeout: Option<u64>) -> Option<Vec<Ready>> {
         let mut ready = self.ready();
         if ready.is_empty() && timeout != Some(0) {
             // About to block: the log must say where the turn ends.
@@ -253,6 +279,17 @@ impl LeaderOs<'_> {
 }
 
 impl Os for LeaderOs<'_> {
+    fn now(&self) -> u64 {
+        match self.clock.now() {
+            0 => ORIGIN_US,
+            t => t,
+        }
+    }
+
+    fn wait(&mut self, timeout: Option<u64>) -> Option<Vec<Ready>> {
+        self.event_wait(timeout)
+    }
+
     fn accept(&mut self) -> Option<i32> {
         let i = (0..self.clients.len())
             .find(|&i| !self.accepted[i] && self.clients[i].at <= self.real)?;
@@ -333,16 +370,9 @@ impl Os for LeaderOs<'_> {
 
 /// Runs the leader's server until its clients are done and its loop
 /// blocks with nothing more to come: its trace.
-pub fn run(
-    rng: &mut Rng,
-    shape: Shape,
-    maxevents: usize,
-    timers: bool,
-    period: u64,
-    clients: &[Client],
-    log: &mut SimLog,
-) -> Vec<String> {
-    let mut server = Server::new(shape, maxevents, timers, period, ORIGIN_US);
+pub fn run(rng: &mut Rng, setup: &Setup, clients: &[Client], log: &mut SimLog) -> Vec<String> {
+    let shape = setup.shape;
+    let mut server = Server::new(setup, ORIGIN_US);
     let mut os = LeaderOs {
         rng,
         log,
@@ -358,31 +388,9 @@ pub fn run(
         conns: BTreeMap::new(),
         next_fd: LISTENER_FD + 1,
         gather: vec![0; MAX_ENTRY],
+        shape,
+        turns: 0,
     };
-    let mut turns = 0u64;
-    loop {
-        let now = match os.clock.now() {
-            0 => ORIGIN_US,
-            t => t,
-        };
-        os.before_wait(shape);
-        let all_done =
-            os.accepted.iter().all(|a| *a) && os.ready().is_empty() && os.next_arrival().is_none();
-        // Once every client is done, the server idles until its timer is
-        // due in the future: then it would block for good.
-        let timeout = server.timeout(now);
-        if all_done && timeout != Some(0) {
-            os.close_turn();
-            break;
-        }
-        let Some(ready) = os.wait(timeout) else {
-            break;
-        };
-        // `dispatch::after_wait`: the loop's turn starts.
-        os.clock.turn_starts(&os.log_time, os.real, shape.loop_id());
-        server.handle(&mut os, &ready);
-        turns += 1;
-        assert!(turns < 1_000_000, "the leader spins");
-    }
+    server.run(&mut os);
     server.trace
 }

@@ -21,7 +21,24 @@ mod rng;
 mod server;
 
 use rng::Rng;
-use server::Shape;
+use server::{Setup, Shape};
+
+/// A failing seed's details, to stderr.
+struct Stderr;
+
+impl ::log::Log for Stderr {
+    fn enabled(&self, _: &::log::Metadata) -> bool {
+        true
+    }
+
+    fn log(&self, record: &::log::Record) {
+        eprintln!("{} {}", record.level(), record.args());
+    }
+
+    fn flush(&self) {}
+}
+
+static STDERR: Stderr = Stderr;
 
 /// Seeds run by default.
 const SEEDS: u64 = 10_000;
@@ -34,19 +51,26 @@ fn run(seed: u64) -> Result<(), String> {
         1 => Shape::EpollOne,
         _ => Shape::Scan,
     };
-    let maxevents = 1 + rng.below(16) as usize;
     // A scanning server is handed one connection per turn (see
     // `turns::batch_width`): a timer it checks every iteration would run
     // between inputs its leader read in one turn, as the README says. Its
     // runs have no timer.
-    let timers = shape != Shape::Scan && rng.chance(60);
-    let period = 1_000 + rng.below(20_000);
+    let setup = Setup {
+        shape,
+        maxevents: 1 + rng.below(16) as usize,
+        // Only a server that reads once per event lets its loop run inside
+        // a script (Redis); a scanning one is handed one connection per
+        // turn and would take a script's inputs in other waits.
+        read_once: shape != Shape::Scan && rng.chance(50),
+        timers: shape != Shape::Scan && rng.chance(60),
+        period: 1_000 + rng.below(20_000),
+    };
     let clients = leader::clients(&mut rng);
     let mut log = log::SimLog::new(&format!("sim-{seed}"));
-    let expected = leader::run(
-        &mut rng, shape, maxevents, timers, period, &clients, &mut log,
-    );
+    let expected = leader::run(&mut rng, &setup, &clients, &mut log);
     if std::env::var("LOCKSTEP_SIM_VERBOSE").is_ok() {
+        let _ =
+            ::log::set_logger(&STDERR).map(|()| ::log::set_max_level(::log::LevelFilter::Debug));
         log.dump();
         eprintln!("leader trace:");
         for t in &expected {
@@ -54,16 +78,14 @@ fn run(seed: u64) -> Result<(), String> {
         }
     }
     for node in &log::NODES[1..] {
-        let b = backup::run(&mut rng, shape, maxevents, timers, period, &log, *node);
+        let b = backup::run(&mut rng, &setup, &log, *node);
         if std::env::var("LOCKSTEP_SIM_VERBOSE").is_ok() {
             eprintln!("node {node} trace:");
             for t in &b.trace {
                 eprintln!("  {t}");
             }
         }
-        let what = format!(
-            "{shape:?} (maxevents {maxevents}), timers {timers} (period {period} µs), node {node}"
-        );
+        let what = format!("{setup:?}, node {node}");
         if let Some(s) = b.stalls.first() {
             return Err(format!("{what}: {s}"));
         }

@@ -34,6 +34,20 @@ impl Shape {
     }
 }
 
+/// One run's server: its shape and habits (the same on every replica).
+#[derive(Clone, Copy, Debug)]
+pub struct Setup {
+    pub shape: Shape,
+    /// The most events one wait returns (`EpollOne`: 1).
+    pub maxevents: usize,
+    /// It reads a ready connection once per event (Redis) rather than
+    /// until EAGAIN (memcached).
+    pub read_once: bool,
+    /// Its timer runs, every `period` µs.
+    pub timers: bool,
+    pub period: u64,
+}
+
 /// What a wait reported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ready {
@@ -59,6 +73,12 @@ pub const LISTENER_FD: i32 = 3;
 
 /// What the server asks of its operating system.
 pub trait Os {
+    /// What its clock reads now, outside any counted read (for its wait's
+    /// timeout).
+    fn now(&self) -> u64;
+    /// Waits (`timeout` µs; None: none): what is ready, or None once the
+    /// run is over.
+    fn wait(&mut self, timeout: Option<u64>) -> Option<Vec<Ready>>;
     /// Accepts a pending connection: its fd.
     fn accept(&mut self) -> Option<i32>;
     /// Reads what `fd` has.
@@ -96,12 +116,28 @@ pub struct Server {
     period: u64,
     /// What it did, in order.
     pub trace: Vec<String>,
+    /// The connection whose script runs (its events are not watched
+    /// meanwhile), and whether a `kill` stopped it.
+    script: Option<i32>,
+    killed: bool,
+    /// It reads a ready connection once per event, as Redis does (else
+    /// until EAGAIN, as memcached does); only such a server lets its loop
+    /// run inside a long script.
+    pub read_once: bool,
+    /// The fired events of the last wait (see `handle`).
+    fired: Vec<Ready>,
 }
 
 impl Server {
-    /// A server of `shape` whose timer (when `timers`) runs every
-    /// `period_us`; it starts at clock value `start`.
-    pub fn new(shape: Shape, maxevents: usize, timers: bool, period_us: u64, start: u64) -> Server {
+    /// A server as `setup` says; it starts at clock value `start`.
+    pub fn new(setup: &Setup, start: u64) -> Server {
+        let Setup {
+            shape,
+            maxevents,
+            read_once,
+            timers,
+            period: period_us,
+        } = *setup;
         Server {
             shape,
             maxevents: match shape {
@@ -115,12 +151,27 @@ impl Server {
             due: start + period_us,
             period: period_us,
             trace: Vec::new(),
+            script: None,
+            killed: false,
+            read_once,
+            fired: Vec::new(),
         }
     }
 
     /// The wait's timeout for a clock reading `now` (µs; None: none).
     pub fn timeout(&self, now: u64) -> Option<u64> {
         self.timers.then(|| self.due.saturating_sub(now))
+    }
+
+    /// The event loop, until the run is over.
+    pub fn run(&mut self, os: &mut dyn Os) {
+        loop {
+            let timeout = self.timeout(os.now());
+            let Some(ready) = os.wait(timeout) else {
+                return;
+            };
+            self.handle(os, &ready);
+        }
     }
 
     /// One loop iteration after a wait reported `ready`.
@@ -133,7 +184,20 @@ impl Server {
                 Ready::Conn(fd) => *fd,
             }),
         }
-        for r in ready {
+        // A running script's own connection is not watched (Redis protects
+        // it).
+        ready.retain(|r| self.script.is_none_or(|fd| *r != Ready::Conn(fd)));
+        // One list of fired events, as Redis's event loop has: a wait
+        // inside a script's command replaces it, and the outer loop goes on
+        // over what that wait fired. (Redis goes on up to the outer wait's
+        // count, over entries the inner wait left: events a backup cannot
+        // know its leader's outer wait had. Not modeled; the README says
+        // so.)
+        self.fired = ready;
+        let mut j = 0;
+        while j < self.fired.len() {
+            let r = self.fired[j];
+            j += 1;
             match r {
                 Ready::Listener => {
                     while let Some(fd) = os.accept() {
@@ -151,7 +215,7 @@ impl Server {
                 Ready::Conn(fd) => self.serve(os, fd),
             }
         }
-        if self.timers {
+        if self.timers && self.script.is_none() {
             let t = os.clock();
             if t >= self.due {
                 self.trace.push(format!("timer at {t}"));
@@ -162,6 +226,7 @@ impl Server {
 
     /// Reads `fd` until it has nothing more, answering each whole line.
     fn serve(&mut self, os: &mut dyn Os, fd: i32) {
+        let during_script = self.script.is_some();
         loop {
             match os.read(fd) {
                 Read::Again => return,
@@ -189,16 +254,37 @@ impl Server {
                             .map(|c| c.buf.drain(..=end).collect())
                             .unwrap_or_default();
                         let line = String::from_utf8_lossy(&line[..end]).to_string();
-                        let reply = self.command(os, id, &line);
+                        let reply = if during_script {
+                            self.while_busy(id, &line)
+                        } else {
+                            self.command(os, fd, id, &line)
+                        };
                         os.write(fd, reply.as_bytes());
+                    }
+                    if self.read_once {
+                        return;
                     }
                 }
             }
         }
     }
 
-    /// Runs one command of connection `id`: its reply.
-    fn command(&mut self, os: &mut dyn Os, id: u64, line: &str) -> String {
+    /// A command that comes while a script runs: only `kill` runs (it
+    /// stops the script), the rest are refused.
+    fn while_busy(&mut self, id: u64, line: &str) -> String {
+        let reply = if line == "kill" {
+            self.killed = true;
+            "+killed\n".to_string()
+        } else {
+            "-busy\n".to_string()
+        };
+        self.trace
+            .push(format!("{id} {line} while busy: {}", reply.trim_end()));
+        reply
+    }
+
+    /// Runs one command of connection `id` (on `fd`): its reply.
+    fn command(&mut self, os: &mut dyn Os, fd: i32, id: u64, line: &str) -> String {
         let mut words = line.split(' ');
         let t = os.clock();
         let reply = match (words.next(), words.next(), words.next()) {
@@ -210,6 +296,32 @@ impl Server {
                 Some(v) => format!("${v}\n"),
                 None => "$-\n".to_string(),
             },
+            (Some("script"), Some(n), None) => {
+                // A long script: it works, reads the clock, and every 2 ms
+                // of it lets the event loop run once without blocking
+                // (Redis's `processEventsWhileBlocked`), where a `kill`
+                // can stop it.
+                let n: u64 = n.parse().unwrap_or(0);
+                self.script = Some(fd);
+                let (mut last, mut polled, mut done) = (t, t, 0);
+                while done < n && !self.killed {
+                    os.busy(700);
+                    last = os.clock();
+                    done += 1;
+                    if last >= polled + 2_000 {
+                        polled = last;
+                        if !self.read_once {
+                            continue;
+                        }
+                        if let Some(ready) = os.wait(Some(0)) {
+                            self.handle(os, &ready);
+                        }
+                    }
+                }
+                self.script = None;
+                let killed = std::mem::take(&mut self.killed);
+                format!("+script {done} {} killed {killed}\n", last - t)
+            }
             (Some("busy"), Some(n), None) => {
                 let n: u64 = n.parse().unwrap_or(0);
                 let mut last = t;
