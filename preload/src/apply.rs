@@ -340,20 +340,30 @@ pub fn wait_timeout(tick: bool, timeout: i32) -> i32 {
 }
 
 /// A backup's wait that asks not to block (timeout 0) while the replay
-/// has no turn in flight: the server has a timer due (or polls inside a
-/// command), and a due timer must run in the turn the leader ran it in,
-/// whose entries may not be here yet — the leader's previous turn moved
-/// the time past the timer with clock records, and its next turn (a
-/// `TICK`, maybe with records of children it reaped) is on its way.
-/// Returned at once, the wait would let the server run the timer outside
-/// any turn (its cron then reaped a child for real where the log named no
-/// reap). So it waits for the log's next entries: up to
-/// [`TURN_NEWS_WAIT`] when the log has said nothing yet, longer
-/// ([`TURN_STARTED_WAIT`]) when records of a turn whose kind is not known
-/// yet are here (that turn comes for sure). True when a turn came. Only
-/// for a wait of the server's event loop (the caller knows).
+/// has no turn in flight. The leader's server made the same wait, at the
+/// same point (the backup's server is where the leader's was), and whether
+/// that wait returned input is not in the log yet: the leader logs nothing
+/// for a wait that found nothing, and the entries of one that found
+/// something (a `SCRIPT KILL` read inside a busy script, a timer's `TICK`
+/// with the children it reaped) may still be on their way. Returned at
+/// once, the wait would let the server go on as if the leader's had found
+/// nothing: a busy script ran on past the kill on every backup and
+/// answered later clients `-BUSY`, a due timer ran outside its turn. So it
+/// waits until the log says: the next turn of the log, whose wait count
+/// (`EntryHeader::waits`) places it at this wait or a later one — then
+/// this wait found nothing, as the hooks' `must_not_block` then lets it
+/// see. A leader that goes on working logs that soon (its clock records,
+/// its next turn); one that goes idle leaves this wait parked until its
+/// next turn, as any wait for input would be. Not before the log has a
+/// time (the server starts up: nothing of the log concerns it), once this
+/// node leads or its server is stopping. True when a turn came. Only for a
+/// wait of the server's event loop (the caller knows).
 pub fn await_turn() -> bool {
+    if crate::clock::stilled() {
+        return false;
+    }
     let since = Instant::now();
+    let mut said = false;
     loop {
         let Some(p) = pump() else {
             return false;
@@ -365,28 +375,19 @@ pub fn await_turn() -> bool {
         if p.replay.in_turn() {
             return true;
         }
-        let limit = if p.replay.turn_started_in_log() {
-            TURN_STARTED_WAIT
-        } else {
-            TURN_NEWS_WAIT
-        };
-        let Some(left) = limit.checked_sub(since.elapsed()).filter(|d| !d.is_zero()) else {
-            return false;
-        };
+        if !said && since.elapsed() >= SLOW_CLOCK {
+            said = true;
+            log::debug!(
+                "a wait that asks not to block waits for the log's next turn ({:.0?} so far: the leader logged none since)",
+                since.elapsed()
+            );
+        }
         let seen = region.apply().bell().value();
         drop(p);
-        region
-            .apply()
-            .bell()
-            .wait(seen, left.min(Duration::from_millis(5)));
+        region.apply().bell().wait(seen, Duration::from_millis(5));
         on_loop();
     }
 }
-
-/// How long [`await_turn`] waits when the log has said nothing yet.
-const TURN_NEWS_WAIT: Duration = Duration::from_millis(20);
-/// How long [`await_turn`] waits when a turn's clock records are here.
-const TURN_STARTED_WAIT: Duration = Duration::from_secs(2);
 
 /// See [`Replay::turn_returned`].
 pub fn turn_returned(loop_id: u64, delivers: bool) {

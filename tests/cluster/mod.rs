@@ -396,7 +396,9 @@ impl Drop for TestCluster {
         for n in &self.nodes {
             let _ = std::fs::remove_file(lockstep_common::region::region_path(&self.name, n.id));
         }
-        if !std::thread::panicking() {
+        // A failing test keeps its logs; `LOCKSTEP_TEST_KEEP=1` keeps a
+        // passing one's too (to read what its servers logged).
+        if !std::thread::panicking() && std::env::var_os("LOCKSTEP_TEST_KEEP").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }

@@ -105,6 +105,15 @@ pub struct Replay {
     /// The turn's inputs whose output checks wait for the server to read
     /// them (seqs, log order: every DATA entry and EOF; see `check_upto`).
     later: Vec<u64>,
+    /// For each entry of the turn, the clock reads of its window the
+    /// leader's server made before it read that entry (the highest read
+    /// index of the window's records logged before it; see `readable`),
+    /// and that maximum so far for the window being read from the log.
+    after_reads: Vec<u32>,
+    window_reads: u32,
+    /// The furthest clock read of the turn in flight the server made:
+    /// (window anchor, count).
+    reads_made: Option<(u64, u32)>,
     turn_end: u64,
     consumed_at: Option<Duration>,
     /// When the turn in flight was first found unfinished, and whether a
@@ -131,6 +140,9 @@ pub struct Replay {
     turn_waits: u32,
     stash_waits: u32,
     started: bool,
+    /// The thread (slot) whose wait started the turn in flight, and its
+    /// wait count then.
+    started_at: Option<(usize, u64)>,
     /// The `TICK` being handed over: its loop, and the thread (slot) whose
     /// wait of that loop returned for it with its wait count then.
     tick: Option<(u64, Option<(usize, u64)>)>,
@@ -172,12 +184,6 @@ impl Replay {
     pub fn kernel_first(&self) -> bool {
         let t = &self.turn;
         !t.is_empty() && kernel_reported(t, 0) && (0..t.len()).any(|i| !kernel_reported(t, i))
-    }
-
-    /// Whether clock records of a turn whose kind is not known yet were
-    /// read (that turn comes for sure).
-    pub fn turn_started_in_log(&self) -> bool {
-        !self.stash.is_empty()
     }
 
     /// Hands over turns until one is in flight or none is left, off the
@@ -240,6 +246,8 @@ impl Replay {
         };
         if mine {
             self.started = true;
+            let slot = host.slot();
+            self.started_at = Some((slot, host.waits(slot)));
             host.handed(first.view);
             host.enter_turn(first.seq, first.time_us);
         }
@@ -272,7 +280,13 @@ impl Replay {
         peek: bool,
         fill: &mut dyn FnMut(&[u8]) -> usize,
     ) -> Served {
-        let behind = self.waits_behind(conn);
+        let behind = self.waits_behind(conn)
+            || self
+                .turn
+                .iter()
+                .enumerate()
+                .position(|(i, h)| h.conn == conn && self.entry_unread(i))
+                .is_some_and(|i| !self.readable(host, i));
         let Some(c) = self.conns.get(&conn) else {
             // Ended by a CLOSE or a view change.
             return Served::Eof;
@@ -310,7 +324,7 @@ impl Replay {
             return Served::Bytes(n);
         }
         if c.closing || c.closed {
-            if self.eof_behind(conn) {
+            if self.eof_behind(conn) || behind {
                 return Served::Empty;
             }
             if !peek {
@@ -404,6 +418,12 @@ impl Replay {
             // A read of a turn that is over (or not begun): nothing of the
             // log is its.
             return Ok((now, None));
+        }
+        if self
+            .reads_made
+            .is_none_or(|(anchor, count)| (at.anchor, at.count) > (anchor, count))
+        {
+            self.reads_made = Some((at.anchor, at.count));
         }
         loop {
             let s = turn_time::settle(self.times.make_contiguous(), at, now);
@@ -532,6 +552,37 @@ impl Replay {
         self.read_before(conn, at)
     }
 
+    /// Whether the server may read entry `i` of the turn in flight: it
+    /// made the clock reads of the entry's window that the leader's server
+    /// made before reading it. A busy script's last reads come before the
+    /// input its leader read after the script ended (Redis read a client's
+    /// `PING` from an event its loop had fired before the script): handed
+    /// over at once, a backup's server read it inside the script and
+    /// answered `-BUSY`. The gate holds only while the thread that handled
+    /// the turn runs it: once it waits again, those reads will not come.
+    fn readable<H: Host>(&self, host: &H, i: usize) -> bool {
+        let need = self.after_reads.get(i).copied().unwrap_or(0);
+        if need == 0 {
+            return true;
+        }
+        let window = self.turn[..i]
+            .iter()
+            .rev()
+            .find(|h| matches!(h.kind, Kind::Data | Kind::Accept | Kind::Close))
+            .map_or(0, |h| h.seq);
+        let made = self
+            .reads_made
+            .is_some_and(|(anchor, count)| anchor > window || (anchor == window && count >= need));
+        made || !self.started || self.reader_waited(host)
+    }
+
+    /// Whether the thread whose wait started the turn in flight went back
+    /// to wait.
+    fn reader_waited<H: Host>(&self, host: &H) -> bool {
+        self.started_at
+            .is_some_and(|(slot, n)| host.waits(slot) > n)
+    }
+
     /// Whether entry `i` of the turn in flight is still to be read: bytes
     /// the server has not taken, or an EOF it has not read.
     fn entry_unread(&self, i: usize) -> bool {
@@ -642,6 +693,8 @@ impl Replay {
                     c.inbox.1 = self.payloads.len();
                 }
             }
+            self.after_reads
+                .push(std::mem::take(&mut self.window_reads));
             self.starts.push(if h.kind == Kind::Data {
                 self.payloads.len() - h.len as usize
             } else {
@@ -785,6 +838,10 @@ impl Replay {
         self.payloads.clear();
         self.starts.clear();
         self.later.clear();
+        self.after_reads.clear();
+        self.window_reads = 0;
+        self.reads_made = None;
+        self.started_at = None;
         self.consumed_at = None;
         self.pending_since = None;
         self.stuck_said = false;
@@ -958,6 +1015,7 @@ impl Replay {
                     us: h.time_us,
                     child,
                 });
+                self.window_reads = self.window_reads.max(k);
             }
             self.prev_seq = h.seq;
             self.turn_last = h.seq;
@@ -996,6 +1054,7 @@ impl Replay {
         let stash = std::mem::take(&mut self.stash);
         let adopted = !stash.is_empty() && h.flags & SAME_TURN != 0 && h.seq == self.prev_seq + 1;
         if adopted {
+            self.window_reads = stash.iter().map(|r| r.k).max().unwrap_or(0);
             self.times.extend(stash);
         }
         adopted

@@ -477,3 +477,85 @@ pub fn run(rng: &mut Rng, setup: &Setup, log: &SimLog, node: u64) -> BackupRun {
         stalls,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, SAME_TURN};
+
+    use super::*;
+
+    /// A thread's wait begins (`dispatch::before_wait`).
+    fn enter_wait(replay: &mut Replay, host: &mut SimHost) {
+        host.waits += 1;
+        host.running = false;
+        host.clock.leave_turn();
+        replay.on_loop(host);
+    }
+
+    fn entry(kind: Kind, conn: u64, flags: u8, waits: u32, time_us: u64) -> EntryHeader {
+        let mut h = EntryHeader::new(kind, 1, 0, conn, 0);
+        h.flags = flags;
+        h.waits = waits;
+        h.time_us = time_us;
+        h.turn_loop = Some(1);
+        h
+    }
+
+    /// Redis read a client's `PING` after a busy script ended, from an
+    /// event its loop had fired before: the leader logged the clock reads
+    /// the script's end made (a record for read 2 of the turn), then the
+    /// input. A backup hands the turn over at the wait, but its server may
+    /// read the input only once it made those reads (inside the script it
+    /// answered `-BUSY`); had it waited again without making them, they
+    /// would not come, and the input is its to read.
+    #[test]
+    fn an_input_the_leader_read_after_clock_reads_waits_for_them() {
+        let t = 1_700_000_000_000_000;
+        for wait_instead in [false, true] {
+            let mut log = SimLog::new("gate");
+            let (_, conn) = log.append(&entry(Kind::Accept, 0, 0, 0, t), &[]);
+            log.append(&entry(Kind::Time, 0, SAME_TURN, 0, t), &[]);
+            log.append(&entry(Kind::Time, 2, 0, 1, t + 1_500), &[]);
+            let mut ping = entry(Kind::Data, conn, SAME_TURN, 0, t + 1_000);
+            ping.out_hash = OutputDigest::default().pack();
+            log.append(&ping, b"PING\r\n");
+            let mut host = SimHost::new(&log, 2, 8);
+            host.deliver(usize::MAX);
+            let mut replay = Replay::new();
+            // The accept's turn.
+            enter_wait(&mut replay, &mut host);
+            assert_eq!(host.backlog.pop_front(), Some(conn));
+            host.running = true;
+            replay.turn_returned(&mut host, 1, false);
+            replay.accepted(&mut host, conn, 10);
+            // The next wait hands the input's turn over.
+            enter_wait(&mut replay, &mut host);
+            assert_eq!(replay.unread(&host)[0], 10, "reported at this wait");
+            host.running = true;
+            replay.turn_returned(&mut host, 1, true);
+            let mut read = |replay: &mut Replay, host: &mut SimHost| {
+                replay.serve(host, conn, false, &mut |b: &[u8]| b.len())
+            };
+            assert_eq!(
+                read(&mut replay, &mut host),
+                Served::Empty,
+                "not before the reads the leader made first"
+            );
+            if wait_instead {
+                enter_wait(&mut replay, &mut host);
+                assert_eq!(read(&mut replay, &mut host), Served::Bytes(6));
+                continue;
+            }
+            for _ in 0..2 {
+                let (at, now) = host.clock.count_read().expect("in the turn");
+                let us = replay
+                    .time_lookup(&mut host, at, now)
+                    .expect("the log says")
+                    .0;
+                host.clock.finish_read(&host.log_time, us);
+            }
+            assert_eq!(host.clock.now(), t + 1_500, "read 2 reads the record");
+            assert_eq!(read(&mut replay, &mut host), Served::Bytes(6));
+        }
+    }
+}
