@@ -533,7 +533,7 @@ mod tests {
             assert_eq!(replay.unread(&host)[0], 10, "reported at this wait");
             host.running = true;
             replay.turn_returned(&mut host, 1, true);
-            let mut read = |replay: &mut Replay, host: &mut SimHost| {
+            let read = |replay: &mut Replay, host: &mut SimHost| {
                 replay.serve(host, conn, false, &mut |b: &[u8]| b.len())
             };
             assert_eq!(
