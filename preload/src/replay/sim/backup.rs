@@ -13,12 +13,12 @@ use lockstep_common::region::Region;
 use lockstep_common::ring::{ReadOutcome, RingReader};
 
 use super::log::{SimLog, MAX_ENTRY, RING_SIZE};
-use super::rng::Rng;
 use super::server::{Os, Read, Ready, Server, Setup, Shape, LISTENER_FD};
 use crate::clock::ORIGIN_US;
 use crate::replay::{Host, Replay, Served};
 use crate::thread_clock::ThreadClock;
 use crate::turns::{TurnMarks, MAX_WIDTH};
+use lockstep_launcher::rng::Rng;
 
 /// The backup's world: its region's ring, one server thread (slot 0), the
 /// replay connections' kernel side and the server's clock.
@@ -231,11 +231,11 @@ impl BackupOs<'_> {
     /// The applier thread or the follower may act between any two calls of
     /// the server.
     fn meanwhile(&mut self) {
-        if self.rng.chance(self.eagerness) {
+        if self.rng.percent(self.eagerness) {
             let n = 1 + self.rng.below(4) as usize;
             self.host.deliver(n);
         }
-        if self.rng.chance(15) {
+        if self.rng.percent(15) {
             self.replay.run(self.host);
         }
         self.host.now += Duration::from_micros(self.rng.below(300));
@@ -304,7 +304,7 @@ impl BackupOs<'_> {
                 {
                     break;
                 }
-                if timeout.is_some() && os.rng.chance(10) {
+                if timeout.is_some() && os.rng.percent(10) {
                     // The server's own timeout ends the wait.
                     break;
                 }

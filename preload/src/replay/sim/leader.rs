@@ -11,13 +11,13 @@ use std::sync::atomic::AtomicU64;
 use lockstep_common::entry::{Kind, OutputDigest};
 
 use super::log::{SimLog, MAX_ENTRY};
-use super::rng::Rng;
 use super::server::{Os, Read, Ready, Server, Setup, Shape, LISTENER_FD};
 use crate::clock::ORIGIN_US;
 use crate::entry_tags::{turn_end, AppendTags};
 use crate::thread_clock::ThreadClock;
 use crate::turn_time::leader_value;
 use crate::turns::TurnMarks;
+use lockstep_launcher::rng::Rng;
 
 /// The real time the run starts at (µs since the epoch).
 pub const START_US: u64 = 1_700_000_000_000_000;
@@ -57,7 +57,7 @@ pub fn clients(rng: &mut Rng) -> Vec<Client> {
                 }
                 t += rng.below(3_000);
                 let bytes = line.into_bytes();
-                if bytes.len() > 2 && rng.chance(20) {
+                if bytes.len() > 2 && rng.percent(20) {
                     let cut = 1 + rng.below(bytes.len() as u64 - 1) as usize;
                     sends.push((t, bytes[..cut].to_vec()));
                     t += rng.below(2_000);
@@ -69,7 +69,7 @@ pub fn clients(rng: &mut Rng) -> Vec<Client> {
             Client {
                 at,
                 sends,
-                hangs_up: rng.chance(60),
+                hangs_up: rng.percent(60),
             }
         })
         .collect()

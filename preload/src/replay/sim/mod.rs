@@ -17,10 +17,9 @@
 mod backup;
 mod leader;
 mod log;
-mod rng;
 mod server;
 
-use rng::Rng;
+use lockstep_launcher::rng::Rng;
 use server::{Setup, Shape};
 
 /// A failing seed's details, to stderr.
@@ -61,8 +60,8 @@ fn run(seed: u64) -> Result<(), String> {
         // Only a server that reads once per event lets its loop run inside
         // a script (Redis); a scanning one is handed one connection per
         // turn and would take a script's inputs in other waits.
-        read_once: shape != Shape::Scan && rng.chance(50),
-        timers: shape != Shape::Scan && rng.chance(60),
+        read_once: shape != Shape::Scan && rng.percent(50),
+        timers: shape != Shape::Scan && rng.percent(60),
         period: 1_000 + rng.below(20_000),
     };
     let clients = leader::clients(&mut rng);
