@@ -448,7 +448,7 @@ pub fn run(rng: &mut Rng, setup: &Setup, log: &SimLog, node: u64) -> BackupRun {
     // connection for a scanning server.
     let width = match setup.shape {
         Shape::EpollOne | Shape::Scan => 1,
-        Shape::Epoll => setup.maxevents.clamp(1, MAX_WIDTH),
+        Shape::Epoll | Shape::EpollEt => setup.maxevents.clamp(1, MAX_WIDTH),
     };
     let mut host = SimHost::new(log, node, width);
     let mut replay = Replay::new();

@@ -85,6 +85,10 @@ struct LeaderConn {
     /// Output since its last logged input.
     out: OutputDigest,
     eof_read: bool,
+    /// Edge-triggered: the sends that had arrived when it was last
+    /// reported, and whether its end was.
+    edge_seen: usize,
+    eof_edge: bool,
 }
 
 /// The leader's operating system: simulated sockets and real time, with
@@ -110,6 +114,7 @@ struct LeaderOs<'a> {
     /// Scratch for the engine's chunking.
     gather: Vec<u8>,
     shape: Shape,
+    maxevents: usize,
     /// Waits so far (a bound against a spinning server).
     turns: u64,
 }
@@ -209,16 +214,60 @@ impl LeaderOs<'_> {
         }
         for (fd, c) in &self.conns {
             let client = &self.clients[c.client];
-            let has_data = client
-                .sends
-                .get(c.read)
-                .is_some_and(|(t, _)| *t <= self.real);
-            let ended = c.read == client.sends.len() && client.hangs_up && !c.eof_read;
-            if has_data || ended {
+            let (data, ended) = if self.shape == Shape::EpollEt {
+                // Only what came since it was last reported.
+                (
+                    self.arrived(c) > c.edge_seen,
+                    client.hangs_up && self.arrived(c) == client.sends.len() && !c.eof_edge,
+                )
+            } else {
+                (
+                    client
+                        .sends
+                        .get(c.read)
+                        .is_some_and(|(t, _)| *t <= self.real),
+                    c.read == client.sends.len() && client.hangs_up && !c.eof_read,
+                )
+            };
+            if data || ended {
                 r.push(Ready::Conn(*fd));
             }
         }
         r
+    }
+
+    /// How many of `c`'s sends have arrived.
+    fn arrived(&self, c: &LeaderConn) -> usize {
+        let client = &self.clients[c.client];
+        client
+            .sends
+            .iter()
+            .take_while(|(t, _)| *t <= self.real)
+            .count()
+    }
+
+    /// The wait reports `ready` (at most `maxevents` of them): an
+    /// edge-triggered one will not report them again until more comes.
+    fn report(&mut self, mut ready: Vec<Ready>) -> Vec<Ready> {
+        if self.shape != Shape::Scan {
+            ready.truncate(self.maxevents);
+        }
+        if self.shape == Shape::EpollEt {
+            for r in &ready {
+                if let Ready::Conn(fd) = r {
+                    let Some(c) = self.conns.get(fd) else {
+                        continue;
+                    };
+                    let n = self.arrived(c);
+                    let all = n == self.clients[c.client].sends.len();
+                    if let Some(c) = self.conns.get_mut(fd) {
+                        c.edge_seen = n;
+                        c.eof_edge |= all && self.clients[c.client].hangs_up;
+                    }
+                }
+            }
+        }
+        ready
     }
 
     /// The next moment something arrives (None: nothing will).
@@ -274,7 +323,7 @@ impl LeaderOs<'_> {
             ready = self.ready();
         }
         self.real += self.rng.below(400);
-        Some(ready)
+        Some(self.report(ready))
     }
 }
 
@@ -305,6 +354,8 @@ impl Os for LeaderOs<'_> {
                 read: 0,
                 out: OutputDigest::default(),
                 eof_read: false,
+                edge_seen: 0,
+                eof_edge: false,
             },
         );
         Some(fd)
@@ -389,6 +440,7 @@ pub fn run(rng: &mut Rng, setup: &Setup, clients: &[Client], log: &mut SimLog) -
         next_fd: LISTENER_FD + 1,
         gather: vec![0; MAX_ENTRY],
         shape,
+        maxevents: server.maxevents,
         turns: 0,
     };
     server.run(&mut os);

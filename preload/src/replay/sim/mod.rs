@@ -1,8 +1,9 @@
 //! The replay machine simulated against model event-loop servers.
 //!
 //! Each seed makes a run: scripted clients, a server shape (epoll taking
-//! every event, epoll taking one per wait, a scanning `poll` loop), with or
-//! without a periodic timer. The leader's model server runs under the
+//! every event, epoll taking one per wait, edge-triggered epoll, a scanning
+//! `poll` loop), reading once per event or until EAGAIN, with or without a
+//! periodic timer and scripts that let the loop run. The leader's model server runs under the
 //! leader preload's rules and the real `LeaderWriter` logs its turns into
 //! real regions; each backup's model server then runs the log through the
 //! real [`Replay`](crate::replay::Replay), its follower delivering entries,
@@ -45,9 +46,10 @@ const SEEDS: u64 = 10_000;
 /// One run: Err names what differed.
 fn run(seed: u64) -> Result<(), String> {
     let mut rng = Rng::new(seed);
-    let shape = match rng.below(3) {
+    let shape = match rng.below(4) {
         0 => Shape::Epoll,
         1 => Shape::EpollOne,
+        2 => Shape::EpollEt,
         _ => Shape::Scan,
     };
     // A scanning server is handed one connection per turn (see
@@ -60,7 +62,8 @@ fn run(seed: u64) -> Result<(), String> {
         // Only a server that reads once per event lets its loop run inside
         // a script (Redis); a scanning one is handed one connection per
         // turn and would take a script's inputs in other waits.
-        read_once: shape != Shape::Scan && rng.percent(50),
+        // (An edge-triggered one reads until EAGAIN.)
+        read_once: !matches!(shape, Shape::Scan | Shape::EpollEt) && rng.percent(50),
         timers: shape != Shape::Scan && rng.percent(60),
         period: 1_000 + rng.below(20_000),
     };

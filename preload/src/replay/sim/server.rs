@@ -19,6 +19,9 @@ pub enum Shape {
     Epoll,
     /// `epoll`, one event per wait (beanstalkd).
     EpollOne,
+    /// `epoll`, edge-triggered: a connection is reported when more comes,
+    /// and the server reads it until EAGAIN.
+    EpollEt,
     /// `poll`/`select`: every ready fd, in the server's own fd order.
     Scan,
 }
@@ -28,7 +31,7 @@ impl Shape {
     /// instance has one; a scanning loop is loop 0).
     pub fn loop_id(self) -> u64 {
         match self {
-            Shape::Epoll | Shape::EpollOne => 1,
+            Shape::Epoll | Shape::EpollOne | Shape::EpollEt => 1,
             Shape::Scan => 0,
         }
     }
@@ -142,7 +145,7 @@ impl Server {
             shape,
             maxevents: match shape {
                 Shape::EpollOne => 1,
-                Shape::Epoll | Shape::Scan => maxevents,
+                Shape::Epoll | Shape::EpollEt | Shape::Scan => maxevents,
             },
             timers,
             conns: BTreeMap::new(),
@@ -178,7 +181,7 @@ impl Server {
     pub fn handle(&mut self, os: &mut dyn Os, ready: &[Ready]) {
         let mut ready = ready.to_vec();
         match self.shape {
-            Shape::Epoll | Shape::EpollOne => ready.truncate(self.maxevents),
+            Shape::Epoll | Shape::EpollOne | Shape::EpollEt => ready.truncate(self.maxevents),
             Shape::Scan => ready.sort_by_key(|r| match r {
                 Ready::Listener => LISTENER_FD,
                 Ready::Conn(fd) => *fd,
