@@ -137,3 +137,38 @@ fn replies_of_long_commands_are_compared_where_the_leader_wrote_them() {
     c.wait_converged(LIMIT);
     c.assert_no_divergence();
 }
+
+/// A client that sends many requests with large replies and hangs up
+/// without reading them: the leader's Redis writes part of the replies,
+/// then its writes fail (the peer reset the connection), while a backup's
+/// writes are dropped and never fail. The leader's digests then cover a
+/// prefix of what a backup's server wrote, which is no divergence.
+#[test]
+fn a_client_that_hangs_up_before_reading_its_replies_counts_no_divergence() {
+    let mut c = TestCluster::new("div-hangup", Options::default());
+    c.start_all();
+    let mut setup = Resp::connect(c.app(1)).unwrap();
+    let big = vec![b'B'; 100_000];
+    assert_eq!(
+        setup.cmd(&[b"SET", b"big", &big]).unwrap(),
+        Reply::Status("OK".into())
+    );
+    for round in 0..5 {
+        let mut gone = Resp::connect(c.app(1)).unwrap();
+        for _ in 0..40 {
+            gone.send(&[b"GET", b"big"]).unwrap();
+        }
+        gone.send(&[b"INCR", b"rounds"]).unwrap();
+        // Let the leader read them and start answering, then hang up with
+        // the replies unread (the kernel resets the connection).
+        std::thread::sleep(Duration::from_millis(50));
+        drop(gone);
+        assert_eq!(
+            setup.cmd(&[b"INCR", b"after"]).unwrap(),
+            Reply::Int(round + 1)
+        );
+    }
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}
