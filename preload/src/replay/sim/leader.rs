@@ -47,7 +47,8 @@ pub fn clients(rng: &mut Rng) -> Vec<Client> {
                     let cmd = match rng.below(24) {
                         0..=8 => format!("set {key} {}", rng.below(1000)),
                         9..=17 => format!("get {key}"),
-                        18 | 19 => format!("busy {}", 1 + rng.below(6)),
+                        18 => format!("busy {}", 1 + rng.below(6)),
+                        19 => format!("big {}", 1 + rng.below(20)),
                         20 => format!("script {}", 2 + rng.below(12)),
                         21 => "kill".to_string(),
                         _ => "what".to_string(),
@@ -89,6 +90,9 @@ struct LeaderConn {
     /// reported, and whether its end was.
     edge_seen: usize,
     eof_edge: bool,
+    /// What its socket takes until the client reads again (see
+    /// `kernel_wait`).
+    room: usize,
 }
 
 /// The leader's operating system: simulated sockets and real time, with
@@ -323,6 +327,14 @@ impl LeaderOs<'_> {
             ready = self.ready();
         }
         self.real += self.rng.below(400);
+        // Each client read some (or all) of what was sent to it.
+        for c in self.conns.values_mut() {
+            c.room = if self.rng.percent(70) {
+                usize::MAX
+            } else {
+                self.rng.below(3_000) as usize
+            };
+        }
         Some(self.report(ready))
     }
 }
@@ -356,6 +368,7 @@ impl Os for LeaderOs<'_> {
                 eof_read: false,
                 edge_seen: 0,
                 eof_edge: false,
+                room: usize::MAX,
             },
         );
         Some(fd)
@@ -387,10 +400,15 @@ impl Os for LeaderOs<'_> {
         Read::Again
     }
 
-    fn write(&mut self, fd: i32, bytes: &[u8]) {
-        if let Some(c) = self.conns.get_mut(&fd) {
-            c.out.update(bytes);
-        }
+    fn write(&mut self, fd: i32, bytes: &[u8]) -> usize {
+        let Some(c) = self.conns.get_mut(&fd) else {
+            return bytes.len();
+        };
+        // A slow client's socket takes what room it has this turn.
+        let n = bytes.len().min(c.room);
+        c.room -= n;
+        c.out.update(&bytes[..n]);
+        n
     }
 
     fn close(&mut self, fd: i32) {

@@ -3,7 +3,8 @@
 //! Each seed makes a run: scripted clients, a server shape (epoll taking
 //! every event, epoll taking one per wait, edge-triggered epoll, a scanning
 //! `poll` loop), reading once per event or until EAGAIN, with or without a
-//! periodic timer and scripts that let the loop run. The leader's model server runs under the
+//! periodic timer and scripts that let the loop run; clients that read late
+//! make the leader's server send large replies over several turns. The leader's model server runs under the
 //! leader preload's rules and the real `LeaderWriter` logs its turns into
 //! real regions; each backup's model server then runs the log through the
 //! real [`Replay`](crate::replay::Replay), its follower delivering entries,

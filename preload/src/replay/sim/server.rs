@@ -86,8 +86,9 @@ pub trait Os {
     fn accept(&mut self) -> Option<i32>;
     /// Reads what `fd` has.
     fn read(&mut self, fd: i32) -> Read;
-    /// Writes `bytes` to `fd` (all of them).
-    fn write(&mut self, fd: i32, bytes: &[u8]);
+    /// Writes `bytes` to `fd`: how many the socket took (the rest waits
+    /// in the server for a later turn).
+    fn write(&mut self, fd: i32, bytes: &[u8]) -> usize;
     /// Closes `fd`.
     fn close(&mut self, fd: i32);
     /// Reads the wall clock (µs).
@@ -102,6 +103,8 @@ struct Conn {
     id: u64,
     /// Bytes read that do not end a line yet.
     buf: Vec<u8>,
+    /// Replies the socket did not take yet.
+    out: Vec<u8>,
 }
 
 /// The model server.
@@ -211,12 +214,24 @@ impl Server {
                             Conn {
                                 id: self.accepted,
                                 buf: Vec::new(),
+                                out: Vec::new(),
                             },
                         );
                     }
                 }
                 Ready::Conn(fd) => self.serve(os, fd),
             }
+        }
+        // Replies a slow client's socket did not take go on each turn (a
+        // reply sent over several turns).
+        let pending: Vec<i32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.out.is_empty())
+            .map(|(fd, _)| *fd)
+            .collect();
+        for fd in pending {
+            self.flush(os, fd);
         }
         if self.timers && self.script.is_none() {
             let t = os.clock();
@@ -262,7 +277,10 @@ impl Server {
                         } else {
                             self.command(os, fd, id, &line)
                         };
-                        os.write(fd, reply.as_bytes());
+                        if let Some(c) = self.conns.get_mut(&fd) {
+                            c.out.extend_from_slice(reply.as_bytes());
+                        }
+                        self.flush(os, fd);
                     }
                     if self.read_once {
                         return;
@@ -270,6 +288,18 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Sends what the socket of `fd` takes of its pending replies.
+    fn flush(&mut self, os: &mut dyn Os, fd: i32) {
+        let Some(c) = self.conns.get_mut(&fd) else {
+            return;
+        };
+        if c.out.is_empty() {
+            return;
+        }
+        let n = os.write(fd, &c.out);
+        c.out.drain(..n);
     }
 
     /// A command that comes while a script runs: only `kill` runs (it
@@ -324,6 +354,10 @@ impl Server {
                 self.script = None;
                 let killed = std::mem::take(&mut self.killed);
                 format!("+script {done} {} killed {killed}\n", last - t)
+            }
+            (Some("big"), Some(n), None) => {
+                let n: usize = n.parse().unwrap_or(0);
+                format!("${}\n", "x".repeat(n * 1000))
             }
             (Some("busy"), Some(n), None) => {
                 let n: u64 = n.parse().unwrap_or(0);
