@@ -220,6 +220,8 @@ struct BackupOs<'a> {
     stalls: Vec<String>,
     shape: Shape,
     read_once: bool,
+    /// Whether the server's waits never block.
+    spins: bool,
     /// How likely the follower delivers more between two calls of the
     /// server (percent): 0 delivers only while the server waits for it.
     eagerness: u64,
@@ -281,6 +283,11 @@ impl BackupOs<'_> {
             }
             keys = unread(&*os);
             tick = os.replay.must_not_block(os.host, loop_id);
+            if os.spins && !os.replay.in_turn() && os.host.backlog.is_empty() {
+                // The whole log ran: a spinning server would go on
+                // spinning with nothing to do.
+                return None;
+            }
         }
         // The kernel's readiness: a connection whose end the log shut
         // reads EOF.
@@ -466,6 +473,7 @@ pub fn run(rng: &mut Rng, setup: &Setup, log: &SimLog, node: u64) -> BackupRun {
         stalls: Vec::new(),
         shape,
         read_once: setup.read_once,
+        spins: setup.spins,
         eagerness,
         iterations: 0,
     };

@@ -119,6 +119,8 @@ struct LeaderOs<'a> {
     gather: Vec<u8>,
     shape: Shape,
     maxevents: usize,
+    /// Whether the server's waits never block.
+    spins: bool,
     /// Waits so far (a bound against a spinning server).
     turns: u64,
 }
@@ -297,7 +299,9 @@ impl LeaderOs<'_> {
         let all_done = self.accepted.iter().all(|a| *a)
             && self.ready().is_empty()
             && self.next_arrival().is_none();
-        if all_done && timeout != Some(0) {
+        // A spinning server's run is over there too (its waits never
+        // block, so this is where it would idle).
+        if all_done && (timeout != Some(0) || self.spins) {
             self.close_turn();
             return None;
         }
@@ -459,6 +463,7 @@ pub fn run(rng: &mut Rng, setup: &Setup, clients: &[Client], log: &mut SimLog) -
         gather: vec![0; MAX_ENTRY],
         shape,
         maxevents: server.maxevents,
+        spins: setup.spins,
         turns: 0,
     };
     server.run(&mut os);

@@ -2,9 +2,10 @@
 //!
 //! Each seed makes a run: scripted clients, a server shape (epoll taking
 //! every event, epoll taking one per wait, edge-triggered epoll, a scanning
-//! `poll` loop), reading once per event or until EAGAIN, with or without a
-//! periodic timer and scripts that let the loop run; clients that read late
-//! make the leader's server send large replies over several turns. The leader's model server runs under the
+//! `poll` loop; some spin, every wait with a zero timeout), reading once per
+//! event or until EAGAIN, with or without a periodic timer and scripts that
+//! let the loop run; clients that read late make the leader's server send
+//! large replies over several turns. The leader's model server runs under the
 //! leader preload's rules and the real `LeaderWriter` logs its turns into
 //! real regions; each backup's model server then runs the log through the
 //! real [`Replay`](crate::replay::Replay), its follower delivering entries,
@@ -57,16 +58,19 @@ fn run(seed: u64) -> Result<(), String> {
     // `turns::batch_width`): a timer it checks every iteration would run
     // between inputs its leader read in one turn, as the README says. Its
     // runs have no timer.
+    let spins = shape != Shape::Scan && rng.percent(15);
     let setup = Setup {
         shape,
         maxevents: 1 + rng.below(16) as usize,
         // Only a server that reads once per event lets its loop run inside
         // a script (Redis); a scanning one is handed one connection per
-        // turn and would take a script's inputs in other waits.
-        // (An edge-triggered one reads until EAGAIN.)
-        read_once: !matches!(shape, Shape::Scan | Shape::EpollEt) && rng.percent(50),
+        // turn and would take a script's inputs in other waits. (An
+        // edge-triggered one reads until EAGAIN, and so does a spinning
+        // one: its scripts do not wait.)
+        read_once: !matches!(shape, Shape::Scan | Shape::EpollEt) && !spins && rng.percent(50),
         timers: shape != Shape::Scan && rng.percent(60),
         period: 1_000 + rng.below(20_000),
+        spins,
     };
     let clients = leader::clients(&mut rng);
     let mut log = log::SimLog::new(&format!("sim-{seed}"));

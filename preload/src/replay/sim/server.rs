@@ -49,6 +49,9 @@ pub struct Setup {
     /// Its timer runs, every `period` µs.
     pub timers: bool,
     pub period: u64,
+    /// Its loop never blocks: every wait has a zero timeout (a server that
+    /// polls its sockets while it does other work).
+    pub spins: bool,
 }
 
 /// What a wait reported.
@@ -114,6 +117,8 @@ pub struct Server {
     pub maxevents: usize,
     /// Whether its timer runs.
     timers: bool,
+    /// Whether its waits never block.
+    spins: bool,
     conns: BTreeMap<i32, Conn>,
     accepted: u64,
     store: BTreeMap<String, String>,
@@ -143,6 +148,7 @@ impl Server {
             read_once,
             timers,
             period: period_us,
+            spins,
         } = *setup;
         Server {
             shape,
@@ -151,6 +157,7 @@ impl Server {
                 Shape::Epoll | Shape::EpollEt | Shape::Scan => maxevents,
             },
             timers,
+            spins,
             conns: BTreeMap::new(),
             accepted: 0,
             store: BTreeMap::new(),
@@ -166,6 +173,9 @@ impl Server {
 
     /// The wait's timeout for a clock reading `now` (µs; None: none).
     pub fn timeout(&self, now: u64) -> Option<u64> {
+        if self.spins {
+            return Some(0);
+        }
         self.timers.then(|| self.due.saturating_sub(now))
     }
 
