@@ -13,14 +13,34 @@ use lockstep_common::region::Region;
 use lockstep_common::ring::{ReadOutcome, RingReader};
 
 use super::log::{SimLog, MAX_ENTRY, RING_SIZE};
-use super::server::{Os, Read, Ready, Server, Setup, Shape, LISTENER_FD};
+use super::server::{Os, Read, Ready, Role, Server, Setup, Shape, LISTENER_FD};
 use crate::clock::ORIGIN_US;
 use crate::replay::{Host, Replay, Served};
 use crate::thread_clock::ThreadClock;
 use crate::turns::{TurnMarks, MAX_WIDTH};
 use lockstep_launcher::rng::Rng;
 
-/// The backup's world: its region's ring, one server thread (slot 0), the
+/// One server thread as the backup's preload keeps it: its waits, whether
+/// it runs a turn (between a wait's return and its next), its marks and
+/// clock.
+#[derive(Clone)]
+pub struct SimThread {
+    pub waits: u64,
+    pub running: bool,
+    pub marks: TurnMarks,
+    pub clock: ThreadClock,
+}
+
+impl SimThread {
+    const NEW: SimThread = SimThread {
+        waits: 0,
+        running: false,
+        marks: TurnMarks::NEW,
+        clock: ThreadClock::NEW,
+    };
+}
+
+/// The backup's world: its region's ring, the server's threads, the
 /// replay connections' kernel side and the server's clock.
 pub struct SimHost {
     region: Arc<Region>,
@@ -31,26 +51,24 @@ pub struct SimHost {
     pub applied: u64,
     pub diverged: u64,
     width: usize,
-    /// The server thread's waits, whether it runs a turn, its marks and
-    /// clock; the process's log time.
-    waits: u64,
-    running: bool,
-    marks: TurnMarks,
-    pub clock: ThreadClock,
+    /// The server's threads (slots) and the one calling now; the
+    /// process's log time.
+    pub threads: Vec<SimThread>,
+    pub cur: usize,
     log_time: AtomicU64,
     /// Replay connections the server has yet to accept, and those whose
     /// log end was reached.
     backlog: VecDeque<u64>,
     /// Replay connections the log ended (the server's end reads EOF).
     shut: BTreeSet<u64>,
-    /// The fd a bell byte waits in, and whether the loop's alarm rang.
-    bell: Option<i32>,
-    alarm: bool,
+    /// The fd a bell byte waits in, and the loops whose alarm rang.
+    pub bell: Option<i32>,
+    pub alarms: BTreeSet<u64>,
     now: Duration,
 }
 
 impl SimHost {
-    fn new(log: &SimLog, node: u64, width: usize) -> SimHost {
+    pub fn new(log: &SimLog, node: u64, width: usize, threads: usize) -> SimHost {
         SimHost {
             region: log.region(node),
             reader: RingReader::new(RING_SIZE, 0, 1, MAX_ENTRY as u32),
@@ -59,15 +77,13 @@ impl SimHost {
             applied: 0,
             diverged: 0,
             width,
-            waits: 0,
-            running: false,
-            marks: TurnMarks::NEW,
-            clock: ThreadClock::NEW,
+            threads: vec![SimThread::NEW; threads],
+            cur: 0,
             log_time: AtomicU64::new(0),
             backlog: VecDeque::new(),
             shut: BTreeSet::new(),
             bell: None,
-            alarm: false,
+            alarms: BTreeSet::new(),
             now: Duration::ZERO,
         }
     }
@@ -82,14 +98,20 @@ impl SimHost {
         true
     }
 
+    /// `ThreadClock::finish_read` of the calling thread.
+    pub fn finish_read(&mut self, us: u64) -> u64 {
+        let cur = self.cur;
+        self.threads[cur].clock.finish_read(&self.log_time, us)
+    }
+
     /// The last seq of the log.
     fn last_seq(&self) -> u64 {
         self.ends.last().map_or(0, |e| e.0)
     }
 
     /// What the server's clocks read now outside a counted read.
-    fn reads_now(&self) -> u64 {
-        match self.clock.now() {
+    pub fn reads_now(&self) -> u64 {
+        match self.threads[self.cur].clock.now() {
             0 => ORIGIN_US,
             t => t,
         }
@@ -128,23 +150,25 @@ impl Host for SimHost {
     }
 
     fn slot(&self) -> usize {
-        0
+        self.cur
     }
 
-    fn waits(&self, _slot: usize) -> u64 {
-        self.waits
+    fn waits(&self, slot: usize) -> u64 {
+        self.threads[slot].waits
     }
 
-    fn running(&self, _slot: usize) -> bool {
-        self.running
+    fn running(&self, slot: usize) -> bool {
+        self.threads[slot].running
     }
 
     fn due(&self, view: u64, waits: u32) -> bool {
-        self.marks.due(view, waits, self.waits)
+        let t = &self.threads[self.cur];
+        t.marks.due(view, waits, t.waits)
     }
 
     fn handed(&mut self, view: u64) {
-        self.marks.handed(view, self.waits);
+        let t = &mut self.threads[self.cur];
+        t.marks.handed(view, t.waits);
     }
 
     fn batch_width(&self) -> usize {
@@ -166,11 +190,11 @@ impl Host for SimHost {
     }
 
     fn enter_turn(&mut self, turn: u64, us: u64) {
-        self.clock.enter_turn(turn, us);
+        self.threads[self.cur].clock.enter_turn(turn, us);
     }
 
     fn enter_window(&mut self, turn: u64, anchor: u64, us: u64) {
-        self.clock.enter_window(turn, anchor, us);
+        self.threads[self.cur].clock.enter_window(turn, anchor, us);
     }
 
     fn connect(&mut self, conn: u64) -> bool {
@@ -199,8 +223,8 @@ impl Host for SimHost {
         }
     }
 
-    fn wake_loop(&mut self, _id: u64) {
-        self.alarm = true;
+    fn wake_loop(&mut self, id: u64) {
+        self.alarms.insert(id);
     }
 
     fn now(&self) -> Duration {
@@ -227,6 +251,11 @@ struct BackupOs<'a> {
     eagerness: u64,
     /// Waits so far (a bound against a spinning server).
     iterations: u64,
+    /// A server with two loops: the thread whose loop watches each
+    /// connection (absent: handed over, not taken yet), and the
+    /// connections the listener handed to the worker.
+    watch: BTreeMap<i32, usize>,
+    handed: VecDeque<(i32, u64)>,
 }
 
 impl BackupOs<'_> {
@@ -256,9 +285,10 @@ impl BackupOs<'_> {
             return None;
         }
         // `dispatch::before_wait`.
-        os.host.waits += 1;
-        os.host.running = false;
-        os.host.clock.leave_turn();
+        let th = &mut os.host.threads[0];
+        th.waits += 1;
+        th.running = false;
+        th.clock.leave_turn();
         os.replay.on_loop(os.host);
         // The wait hook (`hooks::epoll`/`hooks::scan`).
         let unread = |os: &BackupOs| -> Vec<i32> {
@@ -306,7 +336,7 @@ impl BackupOs<'_> {
             loop {
                 if !os.host.backlog.is_empty()
                     || os.host.bell.is_some()
-                    || os.host.alarm
+                    || !os.host.alarms.is_empty()
                     || !kernel(&*os).is_empty()
                 {
                     break;
@@ -327,10 +357,10 @@ impl BackupOs<'_> {
             }
         }
         // `dispatch::after_wait` and the bell's byte taken out.
-        os.host.running = true;
+        os.host.threads[0].running = true;
         os.replay.turn_returned(os.host, loop_id, !keys.is_empty());
         os.host.bell = None;
-        os.host.alarm = false;
+        os.host.alarms.clear();
         // `apply::merge_events`: the log's connections first, in log order,
         // then the kernel's events.
         let mut ready: Vec<Ready> = keys.iter().map(|fd| Ready::Conn(*fd)).collect();
@@ -371,6 +401,7 @@ impl Os for BackupOs<'_> {
         let fd = self.next_fd;
         self.next_fd += 1;
         self.fds.insert(fd, conn);
+        self.watch.insert(fd, self.host.cur);
         // `apply::on_accept`.
         self.replay.accepted(self.host, conn, fd);
         self.replay.run(self.host);
@@ -421,12 +452,12 @@ impl Os for BackupOs<'_> {
     /// follower delivers more until the log says).
     fn clock(&mut self) -> u64 {
         self.meanwhile();
-        let Some((at, mut now)) = self.host.clock.count_read() else {
+        let Some((at, mut now)) = self.host.threads[self.host.cur].clock.count_read() else {
             return self.host.reads_now();
         };
         loop {
             match self.replay.time_lookup(self.host, at, now) {
-                Ok((us, _)) => return self.host.clock.finish_read(&self.host.log_time, us),
+                Ok((us, _)) => return self.host.finish_read(us),
                 Err(us) => now = us,
             }
             if !self.host.deliver(1) {
@@ -434,12 +465,247 @@ impl Os for BackupOs<'_> {
                     "clock read {} after seq {} of the turn at seq {} waits for a log that has nothing more",
                     at.count, at.anchor, at.turn
                 ));
-                return self.host.clock.finish_read(&self.host.log_time, now);
+                return self.host.finish_read(now);
             }
         }
     }
 
     fn busy(&mut self, _us: u64) {}
+
+    fn hand_over(&mut self, fd: i32, id: u64) {
+        self.watch.remove(&fd);
+        self.handed.push_back((fd, id));
+    }
+
+    fn take_handed(&mut self) -> Vec<(i32, u64)> {
+        let taken: Vec<(i32, u64)> = self.handed.drain(..).collect();
+        for (fd, _) in &taken {
+            self.watch.insert(*fd, self.host.cur);
+        }
+        taken
+    }
+}
+
+/// Where a thread of a two-loop server stands in its wait.
+#[derive(Clone, Copy)]
+enum InWait {
+    /// It just called its wait (`timeout` µs; None: none): the hook has
+    /// yet to look at the log.
+    Entered(Option<u64>),
+    /// Its wait blocks in the kernel; `timed_out`: its timeout passed.
+    Blocked {
+        timeout: Option<u64>,
+        timed_out: bool,
+    },
+}
+
+impl BackupOs<'_> {
+    /// Thread `t` of a two-loop server calls its wait
+    /// (`dispatch::before_wait`).
+    fn enter_wait(&mut self, t: usize) {
+        self.host.cur = t;
+        let th = &mut self.host.threads[t];
+        th.waits += 1;
+        th.running = false;
+        th.clock.leave_turn();
+        self.replay.on_loop(self.host);
+    }
+
+    /// What the kernel reports to thread `t`'s loop: the listener's
+    /// pending connections, the worker's pipe, the connections the log
+    /// shut.
+    fn kernel_of(&self, t: usize) -> Vec<Ready> {
+        let mut r = Vec::new();
+        if t == 0 && !self.host.backlog.is_empty() {
+            r.push(Ready::Listener);
+        }
+        if t == 1 && !self.handed.is_empty() {
+            r.push(Ready::Pipe);
+        }
+        for (fd, c) in &self.fds {
+            if self.watch.get(fd) == Some(&t) && self.host.shut.contains(c) {
+                r.push(Ready::Conn(*fd));
+            }
+        }
+        r
+    }
+
+    /// Thread `t`'s wait (the epoll hook over loop `t + 1`): what it
+    /// returns now, or None while it blocks (`state` says how far it got).
+    fn poll_wait(&mut self, t: usize, state: &mut InWait) -> Option<Vec<Ready>> {
+        self.host.cur = t;
+        let loop_id = t as u64 + 1;
+        let mut keys = Vec::new();
+        match *state {
+            InWait::Entered(timeout) => {
+                // `apply::epoll_unread`: the log's connections this loop
+                // watches, up to the first it does not.
+                let unread = |os: &BackupOs| -> Vec<i32> {
+                    os.replay
+                        .unread(os.host)
+                        .into_iter()
+                        .take_while(|fd| *fd >= 0 && os.watch.get(fd) == Some(&t))
+                        .collect()
+                };
+                keys = unread(self);
+                let mut tick = self.replay.must_not_block(self.host, loop_id);
+                if keys.is_empty() && !tick && timeout == Some(0) {
+                    // `apply::await_turn`.
+                    while !self.replay.in_turn() {
+                        if !self.host.deliver(1 + self.rng.below(3) as usize) {
+                            break;
+                        }
+                        self.replay.on_loop(self.host);
+                    }
+                    keys = unread(self);
+                    tick = self.replay.must_not_block(self.host, loop_id);
+                }
+                let at_once =
+                    !keys.is_empty() || tick || timeout == Some(0) || !self.kernel_of(t).is_empty();
+                if !at_once {
+                    *state = InWait::Blocked {
+                        timeout,
+                        timed_out: false,
+                    };
+                    return None;
+                }
+            }
+            InWait::Blocked { timed_out, .. } => {
+                let bell = self
+                    .host
+                    .bell
+                    .is_some_and(|fd| self.watch.get(&fd) == Some(&t));
+                let woken = timed_out
+                    || bell
+                    || self.host.alarms.contains(&loop_id)
+                    || !self.kernel_of(t).is_empty();
+                if !woken {
+                    return None;
+                }
+            }
+        }
+        // `dispatch::after_wait`, the bell's byte and the alarm taken out.
+        self.host.threads[t].running = true;
+        self.replay
+            .turn_returned(self.host, loop_id, !keys.is_empty());
+        if self
+            .host
+            .bell
+            .is_some_and(|fd| self.watch.get(&fd) == Some(&t))
+        {
+            self.host.bell = None;
+        }
+        self.host.alarms.remove(&loop_id);
+        let kernel: Vec<Ready> = self
+            .kernel_of(t)
+            .into_iter()
+            .filter(|r| !matches!(r, Ready::Conn(fd) if keys.contains(fd)))
+            .collect();
+        Some(merge(&keys, kernel, self.replay.kernel_first()))
+    }
+}
+
+/// `apply::merge_events`: the log's connections first, in log order, then
+/// the kernel's events (the other way round when the leader's server
+/// accepted first).
+fn merge(keys: &[i32], mut kernel: Vec<Ready>, kernel_first: bool) -> Vec<Ready> {
+    let mut ready: Vec<Ready> = keys.iter().map(|fd| Ready::Conn(*fd)).collect();
+    if kernel_first {
+        kernel.append(&mut ready);
+        kernel
+    } else {
+        ready.append(&mut kernel);
+        ready
+    }
+}
+
+/// Replays the log on node `node`'s server with two loops (see
+/// `leader::run_two_loops`): its threads' waits, the follower and the
+/// applier interleaved by the seed; what both loops did, in order.
+pub fn run_two_loops(rng: &mut Rng, setup: &Setup, log: &SimLog, node: u64) -> BackupRun {
+    let width = setup.maxevents.clamp(1, MAX_WIDTH);
+    let mut host = SimHost::new(log, node, width, 2);
+    let mut replay = Replay::new();
+    let mut servers = [
+        Server::part(setup, ORIGIN_US, Role::Listener),
+        Server::part(setup, ORIGIN_US, Role::Worker),
+    ];
+    let eagerness = [0, 5, 15, 40][rng.below(4) as usize];
+    let mut os = BackupOs {
+        rng,
+        replay: &mut replay,
+        host: &mut host,
+        fds: BTreeMap::new(),
+        next_fd: LISTENER_FD + 1,
+        stalls: Vec::new(),
+        shape: setup.shape,
+        read_once: setup.read_once,
+        spins: false,
+        eagerness,
+        iterations: 0,
+        watch: BTreeMap::new(),
+        handed: VecDeque::new(),
+    };
+    let mut trace = Vec::new();
+    let mut states = [InWait::Entered(None); 2];
+    for (t, state) in states.iter_mut().enumerate() {
+        os.enter_wait(t);
+        *state = InWait::Entered(servers[t].timeout(os.host.reads_now()));
+    }
+    let mut quiet = 0;
+    loop {
+        os.iterations += 1;
+        if os.iterations > 200_000 {
+            os.stalls.push("the backup's server spins".into());
+            break;
+        }
+        let first = os.rng.below(2) as usize;
+        let mut ran = false;
+        for t in [first, 1 - first] {
+            let Some(ready) = os.poll_wait(t, &mut states[t]) else {
+                continue;
+            };
+            servers[t].handle(&mut os, &ready);
+            let who = ["listener", "worker"][t];
+            trace.extend(servers[t].trace.drain(..).map(|l| format!("{who}: {l}")));
+            os.enter_wait(t);
+            states[t] = InWait::Entered(servers[t].timeout(os.host.reads_now()));
+            ran = true;
+            break;
+        }
+        if ran {
+            quiet = 0;
+            continue;
+        }
+        // Both loops block: the world moves.
+        for state in &mut states {
+            if let InWait::Blocked {
+                timeout: Some(_),
+                timed_out,
+            } = state
+            {
+                // The server's own timeout ends the wait.
+                *timed_out |= os.rng.percent(10);
+            }
+        }
+        let delivered = os.host.deliver(1 + os.rng.below(4) as usize);
+        os.replay.run(os.host);
+        os.host.now += Duration::from_millis(1 + os.rng.below(50));
+        if !delivered {
+            quiet += 1;
+            if quiet > 20 {
+                break;
+            }
+        }
+    }
+    let stalls = std::mem::take(&mut os.stalls);
+    BackupRun {
+        trace,
+        diverged: host.diverged,
+        applied: host.applied,
+        last_seq: host.last_seq(),
+        stalls,
+    }
 }
 
 /// What a backup's run ended with.
@@ -459,7 +725,7 @@ pub fn run(rng: &mut Rng, setup: &Setup, log: &SimLog, node: u64) -> BackupRun {
         Shape::EpollOne | Shape::Scan => 1,
         Shape::Epoll | Shape::EpollEt => setup.maxevents.clamp(1, MAX_WIDTH),
     };
-    let mut host = SimHost::new(log, node, width);
+    let mut host = SimHost::new(log, node, width, 1);
     let mut replay = Replay::new();
     let shape = setup.shape;
     let mut server = Server::new(setup, ORIGIN_US);
@@ -476,6 +742,8 @@ pub fn run(rng: &mut Rng, setup: &Setup, log: &SimLog, node: u64) -> BackupRun {
         spins: setup.spins,
         eagerness,
         iterations: 0,
+        watch: BTreeMap::new(),
+        handed: VecDeque::new(),
     };
     server.run(&mut os);
     let stalls = std::mem::take(&mut os.stalls);
@@ -496,9 +764,9 @@ mod tests {
 
     /// A thread's wait begins (`dispatch::before_wait`).
     fn enter_wait(replay: &mut Replay, host: &mut SimHost) {
-        host.waits += 1;
-        host.running = false;
-        host.clock.leave_turn();
+        host.threads[0].waits += 1;
+        host.threads[0].running = false;
+        host.threads[0].clock.leave_turn();
         replay.on_loop(host);
     }
 
@@ -529,19 +797,19 @@ mod tests {
             let mut ping = entry(Kind::Data, conn, SAME_TURN, 0, t + 1_000);
             ping.out_hash = OutputDigest::default().pack();
             log.append(&ping, b"PING\r\n");
-            let mut host = SimHost::new(&log, 2, 8);
+            let mut host = SimHost::new(&log, 2, 8, 1);
             host.deliver(usize::MAX);
             let mut replay = Replay::new();
             // The accept's turn.
             enter_wait(&mut replay, &mut host);
             assert_eq!(host.backlog.pop_front(), Some(conn));
-            host.running = true;
+            host.threads[0].running = true;
             replay.turn_returned(&mut host, 1, false);
             replay.accepted(&mut host, conn, 10);
             // The next wait hands the input's turn over.
             enter_wait(&mut replay, &mut host);
             assert_eq!(replay.unread(&host)[0], 10, "reported at this wait");
-            host.running = true;
+            host.threads[0].running = true;
             replay.turn_returned(&mut host, 1, true);
             let read = |replay: &mut Replay, host: &mut SimHost| {
                 replay.serve(host, conn, false, &mut |b: &[u8]| b.len())
@@ -557,14 +825,18 @@ mod tests {
                 continue;
             }
             for _ in 0..2 {
-                let (at, now) = host.clock.count_read().expect("in the turn");
+                let (at, now) = host.threads[0].clock.count_read().expect("in the turn");
                 let us = replay
                     .time_lookup(&mut host, at, now)
                     .expect("the log says")
                     .0;
-                host.clock.finish_read(&host.log_time, us);
+                host.finish_read(us);
             }
-            assert_eq!(host.clock.now(), t + 1_500, "read 2 reads the record");
+            assert_eq!(
+                host.threads[0].clock.now(),
+                t + 1_500,
+                "read 2 reads the record"
+            );
             assert_eq!(read(&mut replay, &mut host), Served::Bytes(6));
         }
     }

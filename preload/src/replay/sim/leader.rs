@@ -5,13 +5,13 @@
 //! only the order `dispatch::before_wait` and `Engine::append` call them in
 //! is restated here, each step naming its source.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::AtomicU64;
 
 use lockstep_common::entry::{Kind, OutputDigest};
 
 use super::log::{SimLog, MAX_ENTRY};
-use super::server::{Os, Read, Ready, Server, Setup, Shape, LISTENER_FD};
+use super::server::{Os, Read, Ready, Role, Server, Setup, Shape, LISTENER_FD};
 use crate::clock::ORIGIN_US;
 use crate::entry_tags::{turn_end, AppendTags};
 use crate::thread_clock::ThreadClock;
@@ -93,6 +93,32 @@ struct LeaderConn {
     /// What its socket takes until the client reads again (see
     /// `kernel_wait`).
     room: usize,
+    /// The thread whose loop watches it (None: handed over, not taken
+    /// yet).
+    watcher: Option<usize>,
+}
+
+/// One loop thread of the leader's server, as the preload keeps it: its
+/// clock, its turn marks and the waits it entered (`turns::enter_wait`).
+struct LeaderThread {
+    clock: ThreadClock,
+    marks: TurnMarks,
+    waits: u64,
+    /// Its loop (`loops`), and when its wait times out (µs, real time).
+    loop_id: u64,
+    deadline: u64,
+}
+
+impl LeaderThread {
+    fn new(loop_id: u64) -> LeaderThread {
+        LeaderThread {
+            clock: ThreadClock::NEW,
+            marks: TurnMarks::NEW,
+            waits: 0,
+            loop_id,
+            deadline: u64::MAX,
+        }
+    }
 }
 
 /// The leader's operating system: simulated sockets and real time, with
@@ -103,10 +129,12 @@ struct LeaderOs<'a> {
     clients: &'a [Client],
     real: u64,
     log_time: AtomicU64,
-    clock: ThreadClock,
-    marks: TurnMarks,
-    /// Waits the loop thread entered (`turns::enter_wait`).
-    waits: u64,
+    /// The server's loop threads, and the one running now (turns run one
+    /// at a time: `turn_lock`).
+    threads: Vec<LeaderThread>,
+    cur: usize,
+    /// Connections the listener handed to the worker, not taken yet.
+    handed: VecDeque<(i32, u64)>,
     /// The (thread, wait count) of the last entry's turn (`Engine`'s
     /// `w.turn`), and whether the last logged turn's end is not logged yet
     /// (`w.open`).
@@ -126,6 +154,11 @@ struct LeaderOs<'a> {
 }
 
 impl LeaderOs<'_> {
+    /// The running thread.
+    fn th(&mut self) -> &mut LeaderThread {
+        &mut self.threads[self.cur]
+    }
+
     /// `Engine::append`: one input (or tick, or clock record) into the log.
     fn append(
         &mut self,
@@ -136,10 +169,13 @@ impl LeaderOs<'_> {
         time: Option<u64>,
     ) -> u64 {
         let view = self.log.view();
-        let time_us = time.unwrap_or_else(|| self.clock.entry_time(&self.log_time, self.real));
-        // `turns::current()`: the loop thread is slot 0.
-        let here = (self.waits > 0).then_some((0usize, self.waits));
-        let (marks, waits) = (&mut self.marks, self.waits);
+        let cur = self.cur;
+        let th = &mut self.threads[cur];
+        let time_us = time.unwrap_or_else(|| th.clock.entry_time(&self.log_time, self.real));
+        // `turns::current()`: the thread's slot and waits.
+        let here = (th.waits > 0).then_some((cur, th.waits));
+        let turn_loop = th.clock.turn_loop();
+        let (marks, waits) = (&mut th.marks, th.waits);
         let mut tags = AppendTags::new(
             kind,
             view,
@@ -148,7 +184,7 @@ impl LeaderOs<'_> {
             time_us,
             here,
             &mut self.writer_turn,
-            self.clock.turn_loop(),
+            turn_loop,
             || marks.log_turn(view, waits),
         );
         let mut first = None;
@@ -172,7 +208,7 @@ impl LeaderOs<'_> {
         }
         self.open = kind != Kind::Tick;
         if matches!(kind, Kind::Accept | Kind::Data | Kind::Close) {
-            self.clock.input_logged();
+            self.th().clock.input_logged();
         }
         first.unwrap_or(0)
     }
@@ -183,11 +219,11 @@ impl LeaderOs<'_> {
         if !self.open {
             return;
         }
-        let time_us = match self.clock.now() {
+        let time_us = match self.th().clock.now() {
             0 => ORIGIN_US,
             t => t,
         };
-        let fields = turn_end(self.log.view(), time_us, self.clock.turn_loop());
+        let fields = turn_end(self.log.view(), time_us, self.th().clock.turn_loop());
         self.log.append(&fields, &[]);
         self.open = false;
     }
@@ -195,13 +231,24 @@ impl LeaderOs<'_> {
     /// `dispatch::before_wait`: the turn's TICK when it owes one, then the
     /// wait counts and the turn's reads end.
     fn before_wait(&mut self, shape: Shape) {
-        if let Some((t, loop_id)) = self.clock.take_unlogged() {
+        if let Some((t, loop_id)) = self.th().clock.take_unlogged() {
             self.append(Kind::Tick, loop_id, 0, &[], Some(t));
         }
-        self.waits += 1;
-        self.clock.leave_turn();
+        self.th().waits += 1;
+        self.th().clock.leave_turn();
         if shape == Shape::Scan {
             // Only an epoll wait probes first (`closing_probe`).
+            self.close_turn();
+        }
+    }
+
+    /// A thread of a server with two loops enters its wait (`timeout` µs;
+    /// None: none): it closes the log's turn when it is about to block.
+    fn enter_wait(&mut self, timeout: Option<u64>) {
+        self.before_wait(self.shape);
+        let real = self.real;
+        self.th().deadline = timeout.map_or(u64::MAX, |t| real + t);
+        if self.ready().is_empty() && timeout != Some(0) {
             self.close_turn();
         }
     }
@@ -210,15 +257,22 @@ impl LeaderOs<'_> {
     /// connections in the order their data arrived (here: fd order).
     fn ready(&self) -> Vec<Ready> {
         let mut r = Vec::new();
-        if self
-            .clients
-            .iter()
-            .zip(&self.accepted)
-            .any(|(c, a)| !a && c.at <= self.real)
+        if self.cur == 0
+            && self
+                .clients
+                .iter()
+                .zip(&self.accepted)
+                .any(|(c, a)| !a && c.at <= self.real)
         {
             r.push(Ready::Listener);
         }
+        if self.cur == 1 && !self.handed.is_empty() {
+            r.push(Ready::Pipe);
+        }
         for (fd, c) in &self.conns {
+            if c.watcher != Some(self.cur) {
+                continue;
+            }
             let client = &self.clients[c.client];
             let (data, ended) = if self.shape == Shape::EpollEt {
                 // Only what came since it was last reported.
@@ -309,8 +363,10 @@ impl LeaderOs<'_> {
         assert!(self.turns < 1_000_000, "the leader spins");
         let ready = self.kernel_wait(timeout)?;
         // `dispatch::after_wait`: the loop's turn starts.
-        self.clock
-            .turn_starts(&self.log_time, self.real, self.shape.loop_id());
+        let real = self.real;
+        let th = &mut self.threads[self.cur];
+        let loop_id = th.loop_id;
+        th.clock.turn_starts(&self.log_time, real, loop_id);
         Some(ready)
     }
 
@@ -330,8 +386,14 @@ impl LeaderOs<'_> {
             self.real = self.real.max(until);
             ready = self.ready();
         }
+        self.returns();
+        Some(self.report(ready))
+    }
+
+    /// A wait returns: a little real time passed, and each client read
+    /// some (or all) of what was sent to it.
+    fn returns(&mut self) {
         self.real += self.rng.below(400);
-        // Each client read some (or all) of what was sent to it.
         for c in self.conns.values_mut() {
             c.room = if self.rng.percent(70) {
                 usize::MAX
@@ -339,13 +401,18 @@ impl LeaderOs<'_> {
                 self.rng.below(3_000) as usize
             };
         }
-        Some(self.report(ready))
+    }
+
+    /// Every client connected and nothing more will arrive (asked when no
+    /// loop has anything ready: nothing is left to read or take either).
+    fn all_done(&self) -> bool {
+        self.accepted.iter().all(|a| *a) && self.next_arrival().is_none()
     }
 }
 
 impl Os for LeaderOs<'_> {
     fn now(&self) -> u64 {
-        match self.clock.now() {
+        match self.threads[self.cur].clock.now() {
             0 => ORIGIN_US,
             t => t,
         }
@@ -373,9 +440,27 @@ impl Os for LeaderOs<'_> {
                 edge_seen: 0,
                 eof_edge: false,
                 room: usize::MAX,
+                watcher: Some(self.cur),
             },
         );
         Some(fd)
+    }
+
+    fn hand_over(&mut self, fd: i32, id: u64) {
+        if let Some(c) = self.conns.get_mut(&fd) {
+            c.watcher = None;
+        }
+        self.handed.push_back((fd, id));
+    }
+
+    fn take_handed(&mut self) -> Vec<(i32, u64)> {
+        let taken: Vec<(i32, u64)> = self.handed.drain(..).collect();
+        for (fd, _) in &taken {
+            if let Some(c) = self.conns.get_mut(fd) {
+                c.watcher = Some(self.cur);
+            }
+        }
+        taken
     }
 
     fn read(&mut self, fd: i32) -> Read {
@@ -421,17 +506,18 @@ impl Os for LeaderOs<'_> {
 
     /// `turn_time::read` on the leader.
     fn clock(&mut self) -> u64 {
-        let Some((reads, now)) = self.clock.count_read() else {
-            return match self.clock.now() {
+        let Some((reads, now)) = self.th().clock.count_read() else {
+            return match self.th().clock.now() {
                 0 => ORIGIN_US,
                 t => t,
             };
         };
         let (us, logs) = leader_value(self.real, now);
-        let us = self.clock.finish_read(&self.log_time, us);
+        let th = &mut self.threads[self.cur];
+        let us = th.clock.finish_read(&self.log_time, us);
         if logs {
             self.append(Kind::Time, u64::from(reads.count), 0, &[], Some(us));
-            self.clock.record_logged();
+            self.th().clock.record_logged();
         }
         us
     }
@@ -444,17 +530,89 @@ impl Os for LeaderOs<'_> {
 /// Runs the leader's server until its clients are done and its loop
 /// blocks with nothing more to come: its trace.
 pub fn run(rng: &mut Rng, setup: &Setup, clients: &[Client], log: &mut SimLog) -> Vec<String> {
-    let shape = setup.shape;
     let mut server = Server::new(setup, ORIGIN_US);
-    let mut os = LeaderOs {
+    let mut os = leader_os(rng, setup, clients, log, server.maxevents);
+    server.run(&mut os);
+    server.trace
+}
+
+/// Runs a server whose listener loop (loop 1, with the timer) hands each
+/// connection to a worker loop (loop 2) through a pipe, as memcached does,
+/// until its clients are done and both loops block with nothing more to
+/// come: what both loops did, in the order they did it (the turn lock runs
+/// one loop's turn at a time).
+pub fn run_two_loops(
+    rng: &mut Rng,
+    setup: &Setup,
+    clients: &[Client],
+    log: &mut SimLog,
+) -> Vec<String> {
+    let mut servers = [
+        Server::part(setup, ORIGIN_US, Role::Listener),
+        Server::part(setup, ORIGIN_US, Role::Worker),
+    ];
+    let mut os = leader_os(rng, setup, clients, log, servers[0].maxevents);
+    os.threads = vec![LeaderThread::new(1), LeaderThread::new(2)];
+    let mut trace = Vec::new();
+    for (t, server) in servers.iter().enumerate() {
+        os.cur = t;
+        let timeout = server.timeout(os.now());
+        os.enter_wait(timeout);
+    }
+    loop {
+        os.turns += 1;
+        assert!(os.turns < 1_000_000, "the leader spins");
+        let ready: Vec<usize> = (0..2)
+            .filter(|&t| {
+                os.cur = t;
+                !os.ready().is_empty() || os.threads[t].deadline <= os.real
+            })
+            .collect();
+        let Some(&t) = ready.get(os.rng.below(ready.len().max(1) as u64) as usize) else {
+            if os.all_done() {
+                break;
+            }
+            // Both loops block: the world moves on to the next arrival or
+            // timeout.
+            let deadline = os.threads.iter().map(|t| t.deadline).min();
+            let until = os.next_arrival().into_iter().chain(deadline).min();
+            os.real = os.real.max(until.unwrap_or(u64::MAX));
+            continue;
+        };
+        os.cur = t;
+        let ready = os.ready();
+        os.returns();
+        let ready = os.report(ready);
+        // `dispatch::after_wait`: this loop's turn starts.
+        let (real, th) = (os.real, &mut os.threads[t]);
+        th.clock.turn_starts(&os.log_time, real, th.loop_id);
+        servers[t].handle(&mut os, &ready);
+        let who = ["listener", "worker"][t];
+        trace.extend(servers[t].trace.drain(..).map(|l| format!("{who}: {l}")));
+        let timeout = servers[t].timeout(os.now());
+        os.enter_wait(timeout);
+    }
+    trace
+}
+
+/// The leader's world before the server starts.
+fn leader_os<'a>(
+    rng: &'a mut Rng,
+    setup: &Setup,
+    clients: &'a [Client],
+    log: &'a mut SimLog,
+    maxevents: usize,
+) -> LeaderOs<'a> {
+    let shape = setup.shape;
+    LeaderOs {
         rng,
         log,
         clients,
         real: START_US,
         log_time: AtomicU64::new(0),
-        clock: ThreadClock::NEW,
-        marks: TurnMarks::NEW,
-        waits: 0,
+        threads: vec![LeaderThread::new(shape.loop_id())],
+        cur: 0,
+        handed: VecDeque::new(),
         writer_turn: None,
         open: false,
         accepted: vec![false; clients.len()],
@@ -462,10 +620,8 @@ pub fn run(rng: &mut Rng, setup: &Setup, clients: &[Client], log: &mut SimLog) -
         next_fd: LISTENER_FD + 1,
         gather: vec![0; MAX_ENTRY],
         shape,
-        maxevents: server.maxevents,
+        maxevents,
         spins: setup.spins,
         turns: 0,
-    };
-    server.run(&mut os);
-    server.trace
+    }
 }

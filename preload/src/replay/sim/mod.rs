@@ -2,10 +2,12 @@
 //!
 //! Each seed makes a run: scripted clients, a server shape (epoll taking
 //! every event, epoll taking one per wait, edge-triggered epoll, a scanning
-//! `poll` loop; some spin, every wait with a zero timeout), reading once per
-//! event or until EAGAIN, with or without a periodic timer and scripts that
-//! let the loop run; clients that read late make the leader's server send
-//! large replies over several turns. The leader's model server runs under the
+//! `poll` loop; some spin, every wait with a zero timeout; some run two
+//! loops, a listener with the timer handing each connection to a worker
+//! through a pipe, as memcached does), reading once per event or until
+//! EAGAIN, with or without a periodic timer and scripts that let the loop
+//! run; clients that read late make the leader's server send large replies
+//! over several turns. The leader's model server runs under the
 //! leader preload's rules and the real `LeaderWriter` logs its turns into
 //! real regions; each backup's model server then runs the log through the
 //! real [`Replay`](crate::replay::Replay), its follower delivering entries,
@@ -58,7 +60,10 @@ fn run(seed: u64) -> Result<(), String> {
     // `turns::batch_width`): a timer it checks every iteration would run
     // between inputs its leader read in one turn, as the README says. Its
     // runs have no timer.
-    let spins = shape != Shape::Scan && rng.percent(15);
+    // Some epoll servers hand connections from a listener loop to a worker
+    // loop (memcached); they read until EAGAIN, as memcached does.
+    let two_loops = shape == Shape::Epoll && rng.percent(40);
+    let spins = shape != Shape::Scan && !two_loops && rng.percent(15);
     let setup = Setup {
         shape,
         maxevents: 1 + rng.below(16) as usize,
@@ -67,14 +72,22 @@ fn run(seed: u64) -> Result<(), String> {
         // turn and would take a script's inputs in other waits. (An
         // edge-triggered one reads until EAGAIN, and so does a spinning
         // one: its scripts do not wait.)
-        read_once: !matches!(shape, Shape::Scan | Shape::EpollEt) && !spins && rng.percent(50),
+        read_once: !matches!(shape, Shape::Scan | Shape::EpollEt)
+            && !spins
+            && !two_loops
+            && rng.percent(50),
         timers: shape != Shape::Scan && rng.percent(60),
         period: 1_000 + rng.below(20_000),
         spins,
+        two_loops,
     };
     let clients = leader::clients(&mut rng);
     let mut log = log::SimLog::new(&format!("sim-{seed}"));
-    let expected = leader::run(&mut rng, &setup, &clients, &mut log);
+    let expected = if setup.two_loops {
+        leader::run_two_loops(&mut rng, &setup, &clients, &mut log)
+    } else {
+        leader::run(&mut rng, &setup, &clients, &mut log)
+    };
     if std::env::var("LOCKSTEP_SIM_VERBOSE").is_ok() {
         let _ =
             ::log::set_logger(&STDERR).map(|()| ::log::set_max_level(::log::LevelFilter::Debug));
@@ -85,7 +98,11 @@ fn run(seed: u64) -> Result<(), String> {
         }
     }
     for node in &log::NODES[1..] {
-        let b = backup::run(&mut rng, &setup, &log, *node);
+        let b = if setup.two_loops {
+            backup::run_two_loops(&mut rng, &setup, &log, *node)
+        } else {
+            backup::run(&mut rng, &setup, &log, *node)
+        };
         if std::env::var("LOCKSTEP_SIM_VERBOSE").is_ok() {
             eprintln!("node {node} trace:");
             for t in &b.trace {

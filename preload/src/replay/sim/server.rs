@@ -52,6 +52,9 @@ pub struct Setup {
     /// Its loop never blocks: every wait has a zero timeout (a server that
     /// polls its sockets while it does other work).
     pub spins: bool,
+    /// A listener loop hands each connection to a worker loop through a
+    /// pipe (memcached; see `Role`).
+    pub two_loops: bool,
 }
 
 /// What a wait reported.
@@ -61,6 +64,21 @@ pub enum Ready {
     Listener,
     /// A connection is readable.
     Conn(i32),
+    /// The hand-over pipe from the listener's loop has connections for
+    /// this worker (memcached's notify pipe).
+    Pipe,
+}
+
+/// Which part of the server one event loop plays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The whole server on one loop.
+    Single,
+    /// Accepts connections and hands each to the worker's loop; runs the
+    /// timer (memcached's listener thread with its clock event).
+    Listener,
+    /// Serves the connections handed to it.
+    Worker,
 }
 
 /// What a read got.
@@ -96,6 +114,16 @@ pub trait Os {
     fn close(&mut self, fd: i32);
     /// Reads the wall clock (µs).
     fn clock(&mut self) -> u64;
+    /// Hands connection `fd` (accepted `id`th) to the worker's loop: a
+    /// queue and a byte into the worker's pipe.
+    fn hand_over(&mut self, _fd: i32, _id: u64) {
+        unreachable!("one loop hands nothing over")
+    }
+    /// The worker reads its pipe: the connections handed to it, which it
+    /// adds to its loop's interest.
+    fn take_handed(&mut self) -> Vec<(i32, u64)> {
+        unreachable!("one loop hands nothing over")
+    }
     /// The server works for `us` without a syscall.
     fn busy(&mut self, us: u64);
 }
@@ -137,6 +165,8 @@ pub struct Server {
     pub read_once: bool,
     /// The fired events of the last wait (see `handle`).
     fired: Vec<Ready>,
+    /// The part this loop plays.
+    pub role: Role,
 }
 
 impl Server {
@@ -149,6 +179,7 @@ impl Server {
             timers,
             period: period_us,
             spins,
+            two_loops: _,
         } = *setup;
         Server {
             shape,
@@ -168,7 +199,17 @@ impl Server {
             killed: false,
             read_once,
             fired: Vec::new(),
+            role: Role::Single,
         }
+    }
+
+    /// One loop of a server whose listener hands connections to a worker:
+    /// only the listener runs the timer.
+    pub fn part(setup: &Setup, start: u64, role: Role) -> Server {
+        let mut s = Server::new(setup, start);
+        s.role = role;
+        s.timers &= role != Role::Worker;
+        s
     }
 
     /// The wait's timeout for a clock reading `now` (µs; None: none).
@@ -198,6 +239,7 @@ impl Server {
             Shape::Scan => ready.sort_by_key(|r| match r {
                 Ready::Listener => LISTENER_FD,
                 Ready::Conn(fd) => *fd,
+                Ready::Pipe => LISTENER_FD - 1,
             }),
         }
         // A running script's own connection is not watched (Redis protects
@@ -219,14 +261,20 @@ impl Server {
                     while let Some(fd) = os.accept() {
                         self.accepted += 1;
                         self.trace.push(format!("accept {}", self.accepted));
-                        self.conns.insert(
-                            fd,
-                            Conn {
-                                id: self.accepted,
-                                buf: Vec::new(),
-                                out: Vec::new(),
-                            },
-                        );
+                        if self.role == Role::Listener {
+                            os.hand_over(fd, self.accepted);
+                        } else {
+                            self.adopt(fd, self.accepted);
+                        }
+                    }
+                }
+                Ready::Pipe => {
+                    // Not in the trace: where the pipe stands among a
+                    // wait's events is the kernel's order, which no log
+                    // records (a backup reports the log's connections
+                    // first), and taking a connection is seen by nobody.
+                    for (fd, id) in os.take_handed() {
+                        self.adopt(fd, id);
                     }
                 }
                 Ready::Conn(fd) => self.serve(os, fd),
@@ -250,6 +298,18 @@ impl Server {
                 self.due = t + self.period;
             }
         }
+    }
+
+    /// Serves connection `fd`, the `id`th accepted.
+    fn adopt(&mut self, fd: i32, id: u64) {
+        self.conns.insert(
+            fd,
+            Conn {
+                id,
+                buf: Vec::new(),
+                out: Vec::new(),
+            },
+        );
     }
 
     /// Reads `fd` until it has nothing more, answering each whole line.
