@@ -377,10 +377,10 @@ impl OutputDigest {
         self.len += bytes.len() as u64;
     }
 
-    /// The bit of a packed digest that says the leader's client socket
-    /// refused some of its server's output in the interval (or still had
-    /// some to take as it began): the leader's bytes may then be a prefix
-    /// of what a backup's server wrote (see the preload's `output_check`).
+    /// A bit of a packed digest that leaders used to set when their
+    /// client's socket refused output; backups take every leader's bytes
+    /// as a possible prefix now (see the preload's `output_check`), so
+    /// nothing sets it, and comparisons ignore it for logs written before.
     pub const BACKLOGGED: u64 = 1 << 32;
 
     /// A 31-bit hash of the bytes, [`OutputDigest::BACKLOGGED`] clear, and
@@ -391,12 +391,6 @@ impl OutputDigest {
         ((h as u64 & !1) << 32) | (self.len as u32 as u64)
     }
 
-    /// As [`OutputDigest::pack`], with [`OutputDigest::BACKLOGGED`] set
-    /// when `backlogged`.
-    pub fn pack_flagged(&self, backlogged: bool) -> u64 {
-        self.pack() | if backlogged { Self::BACKLOGGED } else { 0 }
-    }
-
     /// Whether two packed digests name the same bytes (the flag aside).
     pub fn same(a: u64, b: u64) -> bool {
         a & !Self::BACKLOGGED == b & !Self::BACKLOGGED
@@ -405,11 +399,6 @@ impl OutputDigest {
     /// Splits a packed digest into (hash bits, len mod 2^32).
     pub fn unpack(packed: u64) -> (u32, u32) {
         ((packed >> 32) as u32 & !1, packed as u32)
-    }
-
-    /// Whether a packed digest has [`OutputDigest::BACKLOGGED`] set.
-    pub fn backlogged(packed: u64) -> bool {
-        packed & Self::BACKLOGGED != 0
     }
 }
 

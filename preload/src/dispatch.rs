@@ -448,10 +448,7 @@ fn try_hold(engine: &Engine, fd: i32, slot: &Slot, segments: &[&[u8]]) -> Option
             // Over the bound: what it holds goes first.
             return match held_output::release(engine, fd, conn, &mut fail_held) {
                 held_output::Released::Sent => None,
-                held_output::Released::Stuck => {
-                    slot.note_sent(false);
-                    Some(Ret::err(libc::EAGAIN))
-                }
+                held_output::Released::Stuck => Some(Ret::err(libc::EAGAIN)),
                 held_output::Released::Failed => Some(Ret::err(libc::ECONNRESET)),
             };
         }
@@ -466,7 +463,6 @@ fn try_hold(engine: &Engine, fd: i32, slot: &Slot, segments: &[&[u8]]) -> Option
         }
     }
     slot.add_output(segments);
-    slot.note_sent(true);
     let total: usize = segments.iter().map(|s| s.len()).sum();
     Some(Ret::pass(total as isize))
 }
@@ -504,15 +500,10 @@ pub fn replay_output(fd: i32, segments: &[&[u8]]) -> Option<usize> {
 
 /// The server does (or no longer does) wait to write more to `fd`: on a
 /// replay connection, a reply it sends over several turns (the pump waits
-/// for it); on a leader's client, output it holds back (its digest may
-/// cover less than a backup's server writes: `Slot::note_write_interest`).
+/// for it).
 pub fn write_interest(fd: i32, wants: bool) {
-    if let Some(slot) = fdtable::slot(fd) {
-        match slot.class() {
-            Class::Replay => slot.set_wants_write(wants),
-            Class::Client => slot.note_write_interest(wants),
-            _ => {}
-        }
+    if let Some(slot) = fdtable::slot(fd).filter(|s| s.class() == Class::Replay) {
+        slot.set_wants_write(wants);
     }
 }
 
@@ -529,13 +520,11 @@ pub fn is_replay(fd: i32) -> bool {
     fdtable::slot(fd).is_some_and(|s| s.class() == Class::Replay)
 }
 
-/// Output written to a tracked fd: `segments` what the socket took,
-/// `whole` whether it took all the server asked to send.
-pub fn after_output(fd: i32, segments: &[&[u8]], whole: bool) {
+/// Output written to a tracked fd: `segments` what the socket took.
+pub fn after_output(fd: i32, segments: &[&[u8]]) {
     if let Some(slot) = fdtable::slot(fd) {
         if slot.class() == Class::Client {
             slot.add_output(segments);
-            slot.note_sent(whole);
         }
     }
 }

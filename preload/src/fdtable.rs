@@ -8,7 +8,7 @@
 //! are never tracked: `accept` refuses such client connections rather than
 //! serving them unreplicated.
 
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use lockstep_common::entry::{OutputDigest, OutputHash};
 
@@ -65,25 +65,12 @@ pub struct Slot {
     view: AtomicU64,
     out_hash: AtomicU64,
     out_len: AtomicU64,
-    /// [`BACKLOG_REFUSED`]: the client's socket refused the last write
-    /// (all or part of it); [`BACKLOG_WANTS`]: the server waits to write
-    /// more (it keeps output it did not try to send yet, as Redis does past
-    /// 64 KiB per turn); [`BACKLOG_INTERVAL`]: either was so at some time
-    /// since the last input (see [`OutputDigest::BACKLOGGED`]).
-    backlog: AtomicU8,
     /// The `epoll_event` data the server registered a replay connection
     /// with: how a backup finds it among the events a wait returns.
     wait_key: AtomicU64,
     /// The epoll fd it is registered in for reading (-1: none).
     wait_epfd: AtomicI32,
 }
-
-/// See `Slot::backlog`.
-const BACKLOG_REFUSED: u8 = 1;
-/// See `Slot::backlog`.
-const BACKLOG_WANTS: u8 = 2;
-/// See `Slot::backlog`.
-const BACKLOG_INTERVAL: u8 = 4;
 
 static TABLE: [Slot; TABLE_SIZE] = [const { Slot::new() }; TABLE_SIZE];
 
@@ -114,7 +101,6 @@ impl Slot {
             view: AtomicU64::new(0),
             out_hash: AtomicU64::new(0),
             out_len: AtomicU64::new(0),
-            backlog: AtomicU8::new(0),
             wait_key: AtomicU64::new(0),
             wait_epfd: AtomicI32::new(-1),
         }
@@ -146,7 +132,6 @@ impl Slot {
         self.out_hash
             .store(OutputHash::default().0, Ordering::Relaxed);
         self.out_len.store(0, Ordering::Relaxed);
-        self.backlog.store(0, Ordering::Relaxed);
         self.wait_key.store(0, Ordering::Relaxed);
         self.wait_epfd.store(-1, Ordering::Relaxed);
         self.state.store(class as u64, Ordering::Release);
@@ -225,47 +210,13 @@ impl Slot {
     }
 
     /// The digest of the output since the last input, packed (see
-    /// [`OutputDigest::pack_flagged`]), and a fresh start for the next one;
-    /// a socket still backlogged starts the next interval so.
+    /// [`OutputDigest::pack`]), and a fresh start for the next one.
     pub fn take_digest(&self) -> u64 {
         let d = self.digest();
         self.out_hash
             .store(OutputHash::default().0, Ordering::Relaxed);
         self.out_len.store(0, Ordering::Relaxed);
-        let b = self.backlog.load(Ordering::Relaxed);
-        let now = b & (BACKLOG_REFUSED | BACKLOG_WANTS);
-        self.backlog.store(
-            if now != 0 { now | BACKLOG_INTERVAL } else { 0 },
-            Ordering::Relaxed,
-        );
-        d.pack_flagged(b != 0)
-    }
-
-    /// The server does (or no longer does) wait to write more to this
-    /// client: it holds output back. Only the server's own calls set it.
-    pub fn note_write_interest(&self, wants: bool) {
-        self.note_backlog(BACKLOG_WANTS, wants);
-    }
-
-    /// Whether the client's socket took the whole of a write (`whole`) or
-    /// refused some of it: the server keeps the rest for later, which a
-    /// backup's server (whose writes never fail) does not. Only the thread
-    /// that writes to the connection calls this.
-    pub fn note_sent(&self, whole: bool) {
-        self.note_backlog(BACKLOG_REFUSED, !whole);
-    }
-
-    /// Sets `bit` (and [`BACKLOG_INTERVAL`] with it) or clears it. A load
-    /// and a store, not a locked read-modify-write: only the server's
-    /// thread that writes to the connection changes it, on every write.
-    fn note_backlog(&self, bit: u8, on: bool) {
-        let b = self.backlog.load(Ordering::Relaxed);
-        let b = if on {
-            b | bit | BACKLOG_INTERVAL
-        } else {
-            b & !bit
-        };
-        self.backlog.store(b, Ordering::Relaxed);
+        d.pack()
     }
 
     /// The digest of the output since the last input.
@@ -326,21 +277,6 @@ mod tests {
         assert_eq!(s.digest(), d);
         assert_eq!(s.take_digest(), d.pack());
         assert_eq!(s.digest(), OutputDigest::default());
-        // A refused write flags its interval and the next, while the
-        // socket stays backlogged.
-        s.note_sent(false);
-        assert!(OutputDigest::backlogged(s.take_digest()));
-        s.note_sent(true);
-        assert!(OutputDigest::backlogged(s.take_digest()));
-        assert!(!OutputDigest::backlogged(s.take_digest()));
-        // So does a server that waits to write more, whatever its writes.
-        s.note_write_interest(true);
-        s.note_sent(true);
-        assert!(OutputDigest::backlogged(s.take_digest()));
-        assert!(OutputDigest::backlogged(s.take_digest()));
-        s.note_write_interest(false);
-        assert!(OutputDigest::backlogged(s.take_digest()));
-        assert!(!OutputDigest::backlogged(s.take_digest()));
         s.add_output(&[b"x"]);
         s.set_client(2, 1);
         assert_eq!(s.digest(), OutputDigest::default());

@@ -126,11 +126,7 @@ pub(super) unsafe fn output(fd: c_int, bufs: Bufs, real: impl FnOnce() -> ssize_
         let sent = n.max(0) as usize;
         let _ = caught(|| {
             // SAFETY: the real call sent `sent` bytes from `bufs`.
-            unsafe {
-                with_segments(bufs, sent, |segs| {
-                    dispatch::after_output(fd, segs, sent >= total)
-                })
-            }
+            unsafe { with_segments(bufs, sent, |segs| dispatch::after_output(fd, segs)) }
         });
         set_errno(e);
     }
