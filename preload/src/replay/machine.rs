@@ -135,13 +135,11 @@ pub struct Replay {
     turn_last: u64,
     /// The waits the leader's thread entered before the turn in flight
     /// (`EntryHeader::waits` of its first entry, or of its first clock
-    /// record), those of the stash's turn, and whether a server thread
-    /// started handling the turn.
+    /// record), and those of the stash's turn.
     turn_waits: u32,
     stash_waits: u32,
-    started: bool,
     /// The thread (slot) whose wait started the turn in flight, and its
-    /// wait count then.
+    /// wait count then (None: no server thread started it yet).
     started_at: Option<(usize, u64)>,
     /// The `TICK` being handed over: its loop, and the thread (slot) whose
     /// wait of that loop returned for it with its wait count then.
@@ -172,7 +170,7 @@ impl Replay {
             .collect();
         format!(
             "started {} later {:?} [{}]",
-            self.started,
+            self.started(),
             self.later,
             entries.join(", ")
         )
@@ -207,7 +205,7 @@ impl Replay {
         let tick = self
             .tick
             .is_some_and(|(id, taken)| id == loop_id && taken.is_none());
-        let held_back = !self.started
+        let held_back = !self.started()
             && self.turn.first().is_some_and(|f| {
                 matches!(f.kind, Kind::Data | Kind::Close)
                     && f.turn_loop.map(u64::from) == Some(loop_id)
@@ -229,7 +227,7 @@ impl Replay {
         let Some(first) = self.turn.first().copied() else {
             return;
         };
-        if self.started && first.kind != Kind::Tick {
+        if self.started() && first.kind != Kind::Tick {
             return;
         }
         let due = self.due(host);
@@ -245,7 +243,6 @@ impl Replay {
             _ => runs_in(&first, loop_id, delivers),
         };
         if mine {
-            self.started = true;
             let slot = host.slot();
             self.started_at = Some((slot, host.waits(slot)));
             host.handed(first.view);
@@ -280,13 +277,7 @@ impl Replay {
         peek: bool,
         fill: &mut dyn FnMut(&[u8]) -> usize,
     ) -> Served {
-        let behind = self.waits_behind(conn)
-            || self
-                .turn
-                .iter()
-                .enumerate()
-                .position(|(i, h)| h.conn == conn && self.entry_unread(i))
-                .is_some_and(|i| !self.readable(host, i));
+        let behind = self.read_waits(host, conn);
         let Some(c) = self.conns.get(&conn) else {
             // Ended by a CLOSE or a view change.
             return Served::Eof;
@@ -294,8 +285,8 @@ impl Replay {
         let (served, end) = (c.served, c.inbox.1);
         if served < end {
             if behind {
-                // The leader's server read an earlier connection of this
-                // turn first: so must this one (see `waits_behind`).
+                // The leader's server read something else of this turn
+                // first: so must this one (see `read_waits`).
                 return Served::Empty;
             }
             let (from, limit, anchor, reached) = self.read_bounds(conn, served);
@@ -324,7 +315,7 @@ impl Replay {
             return Served::Bytes(n);
         }
         if c.closing || c.closed {
-            if self.eof_behind(conn) || behind {
+            if behind {
                 return Served::Empty;
             }
             if !peek {
@@ -355,7 +346,7 @@ impl Replay {
     /// -1).
     pub fn unread<H: Host>(&self, host: &H) -> [i32; MAX_WIDTH] {
         let mut fds = [-1; MAX_WIDTH];
-        if !self.started && !self.due(host) {
+        if !self.started() && !self.due(host) {
             // The leader's server read this turn some waits later.
             return fds;
         }
@@ -499,7 +490,7 @@ fn joins(turn: &[EntryHeader], next: &EntryHeader, prev_seq: u64, width: usize) 
         // A connection comes back (the server read it again later in the
         // turn) for more input or its EOF, not after its EOF; its read
         // waits until what comes before it in the turn is read (see
-        // `waits_behind`, `eof_behind`).
+        // `read_waits`).
         return matches!(next.kind, Kind::Data | Kind::Close)
             && mine.iter().all(|k| *k == Kind::Data);
     }
@@ -532,15 +523,16 @@ fn kernel_reported(turn: &[EntryHeader], i: usize) -> bool {
 }
 
 impl Replay {
-    /// Whether replay connection `conn` has bytes in the turn in flight
-    /// behind an earlier connection of the turn the server has not read
-    /// yet (or not accepted yet). Its read gets nothing for now (EAGAIN):
-    /// the server reads the turn's connections in the leader's order even
-    /// where a wait reports several at once and the server passes over
+    /// Whether a read of replay connection `conn` gets nothing for now
+    /// (EAGAIN): its next entry in the turn in flight (bytes or its EOF)
+    /// comes after entries of other connections the server has not read
+    /// yet, or after clock reads it has not made yet (see `readable`). The
+    /// server reads the turn's entries in the leader's order even where a
+    /// wait reports several connections at once and the server passes over
     /// some — memcached takes a new connection's first readiness to arm it
     /// and reads it at the next, so it read a later connection of the same
     /// wait first and stored an `append` before the leader's `set`.
-    fn waits_behind(&self, conn: u64) -> bool {
+    fn read_waits<H: Host>(&self, host: &H, conn: u64) -> bool {
         let Some(at) = self
             .turn
             .iter()
@@ -549,7 +541,7 @@ impl Replay {
         else {
             return false;
         };
-        self.read_before(conn, at)
+        self.read_before(conn, at) || !self.readable(host, at)
     }
 
     /// Whether the server may read entry `i` of the turn in flight: it
@@ -573,7 +565,12 @@ impl Replay {
         let made = self
             .reads_made
             .is_some_and(|(anchor, count)| anchor > window || (anchor == window && count >= need));
-        made || !self.started || self.reader_waited(host)
+        made || !self.started() || self.reader_waited(host)
+    }
+
+    /// Whether a server thread's wait started the turn in flight.
+    fn started(&self) -> bool {
+        self.started_at.is_some()
     }
 
     /// Whether the thread whose wait started the turn in flight went back
@@ -601,16 +598,6 @@ impl Replay {
     /// be read.
     fn read_before(&self, conn: u64, at: usize) -> bool {
         (0..at).any(|i| self.turn[i].conn != conn && self.entry_unread(i))
-    }
-
-    /// Whether the EOF of `conn` in the turn in flight comes after entries
-    /// of other connections the server has not read yet: its read gets
-    /// nothing for now, as the leader's server read it after those.
-    fn eof_behind(&self, conn: u64) -> bool {
-        self.turn
-            .iter()
-            .position(|h| h.kind == Kind::Close && h.conn == conn)
-            .is_some_and(|at| self.read_before(conn, at))
     }
 
     /// Hands over turns until one is in flight or none is left
@@ -849,7 +836,6 @@ impl Replay {
         self.times.clear();
         self.anchor = 0;
         self.closed = false;
-        self.started = false;
         self.turn_waits = 0;
     }
 
