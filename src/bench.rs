@@ -46,7 +46,7 @@ use lockstep_launcher::process::{kill_and_reap, open_log, spawn_logged, Grouping
 use lockstep_launcher::resp::{self, resp_encode, Reply};
 use serde_json::json;
 
-use crate::up::Binaries;
+use lockstep_launcher::binaries::Binaries;
 
 /// What `lockstep bench follower` was asked to do.
 #[derive(Clone, Debug)]
@@ -99,7 +99,7 @@ struct Bench {
 
 impl Bench {
     fn new(opts: &Options) -> anyhow::Result<Bench> {
-        let bins = Binaries::locate()?;
+        let bins = Binaries::beside_current_exe()?;
         let pid = std::process::id();
         let name = format!("bench{pid}");
         let dir = std::env::temp_dir().join(format!("lockstep-{name}"));

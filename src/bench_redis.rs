@@ -29,7 +29,8 @@ use serde::Serialize;
 use crate::chart;
 use crate::cpu_cost;
 use crate::status;
-use crate::up::{Binaries, Cluster};
+use crate::up::Cluster;
+use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::cluster_spec::ClusterSpec;
 use lockstep_launcher::commands::redis_command;
 use lockstep_launcher::load::{self, LoadSpec, Request};
@@ -993,7 +994,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     }
     let systems: Vec<System> = opts.only.clone().unwrap_or_else(|| System::ALL.to_vec());
     let bins = if systems.iter().any(|s| s.lockstep().is_some()) {
-        Some(Binaries::locate()?)
+        Some(Binaries::beside_current_exe()?)
     } else {
         None
     };

@@ -14,7 +14,8 @@ use lockstep_common::Config;
 use lockstep_launcher::resp::{self, Reply};
 
 use crate::status;
-use crate::up::{self, Binaries, Cluster};
+use crate::up::{self, Cluster};
+use lockstep_launcher::binaries::Binaries;
 
 /// One INCR on `addr`: Ok when the server acknowledged it.
 fn incr(addr: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
@@ -68,7 +69,7 @@ pub fn run(config_path: &Path, rounds: usize) -> anyhow::Result<()> {
             config_path.display()
         );
     }
-    let bins = Binaries::locate()?;
+    let bins = Binaries::beside_current_exe()?;
     let stop = AtomicBool::new(false);
     let say = |m: &str| eprintln!("  {m}");
     let cmd = config

@@ -28,7 +28,8 @@ use lockstep_launcher::load::{self, LoadSpec, Request};
 use lockstep_launcher::memcache::Memcache;
 
 use crate::bench_redis::{bench_spec, in_path, lockstep_divergences, work_dir, write_spec};
-use crate::up::{Binaries, Cluster};
+use crate::up::Cluster;
+use lockstep_launcher::binaries::Binaries;
 
 /// How long a server or cluster may take to take its first `set`.
 const READY_LIMIT: Duration = Duration::from_secs(120);
@@ -90,7 +91,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             bail!("--systems: {s:?} is none of plain, lockstep-shm, lockstep-tcp");
         }
     }
-    let bins = Binaries::locate()?;
+    let bins = Binaries::beside_current_exe()?;
     let out = work_dir(&opts.out)?;
     let mut rows: Vec<Row> = Vec::new();
     for &workers in &opts.workers {

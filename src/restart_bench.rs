@@ -37,7 +37,8 @@ use lockstep_launcher::resp::{self, Reply};
 use crate::bench_redis::{bench_spec, in_path, redis_benchmark, redis_server_args, work_dir};
 use crate::failover_bench::wait_converged;
 use crate::status;
-use crate::up::{self, Binaries, Cluster};
+use crate::up::{self, Cluster};
+use lockstep_launcher::binaries::Binaries;
 
 /// How long any one step may take before the bench gives up.
 const STEP_LIMIT: Duration = Duration::from_secs(600);
@@ -129,7 +130,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !in_path("redis-benchmark") {
         bail!("redis-benchmark is not installed (Debian package redis-tools; scripts/setup installs it)");
     }
-    let bins = Binaries::locate()?;
+    let bins = Binaries::beside_current_exe()?;
     let out = work_dir(&opts.out)?;
     let mut runs = Vec::new();
     for mode in &opts.modes {

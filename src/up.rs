@@ -27,7 +27,8 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::status;
-use lockstep_launcher::commands::{follower_command, in_own_pid_namespace, under_preload};
+use lockstep_launcher::binaries::Binaries;
+use lockstep_launcher::commands::{follower_command, preloaded_server};
 use lockstep_launcher::process::{
     last_line, open_log, port_free, spawn_logged, stop_on_signals, Grouping,
 };
@@ -39,39 +40,6 @@ use crate::up_zookeeper::Keeper;
 /// How long a server that exited at start may take to be replaced by its
 /// follower's installed snapshot (stop, then restore: under a second).
 const REPLACE_GRACE: Duration = Duration::from_secs(5);
-
-/// Where the built binaries are: next to the running `lockstep`.
-#[derive(Clone)]
-pub struct Binaries {
-    /// lockstep-follower.
-    pub follower: PathBuf,
-    /// liblockstep.so.
-    pub preload: PathBuf,
-    /// lockstep itself: it launches the servers (`launch-server`).
-    pub lockstep: PathBuf,
-}
-
-impl Binaries {
-    /// Finds the follower and the preload beside the current executable.
-    pub fn locate() -> anyhow::Result<Binaries> {
-        let exe = std::env::current_exe().context("cannot find the lockstep executable")?;
-        let dir = exe.parent().context("executable has no directory")?;
-        let b = Binaries {
-            follower: dir.join("lockstep-follower"),
-            preload: dir.join("liblockstep.so"),
-            lockstep: exe.clone(),
-        };
-        for p in [&b.follower, &b.preload] {
-            if !p.exists() {
-                bail!(
-                    "{} is missing: build the workspace first (cargo build --workspace)",
-                    p.display()
-                );
-            }
-        }
-        Ok(b)
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -500,9 +468,8 @@ impl Cluster {
         ));
         let log = self.server_log(id);
         let mut server = Command::new(&args[0]);
-        under_preload(server.args(&args[1..]), &bins.preload, config_path, id);
         // In a PID namespace of its own: its image can be restored.
-        let c = in_own_pid_namespace(&bins.lockstep, &server, &log);
+        let c = preloaded_server(bins, config_path, id, server.args(&args[1..]), &log);
         let child =
             spawn(c, &log, append).with_context(|| format!("cannot start server `{}`", args[0]))?;
         self.push_server(id, log, child, None);
@@ -988,7 +955,7 @@ pub fn run(config_path: &Path, server_cmd: Vec<String>, node: Option<u64>) -> an
         server_cmd
     };
     let stop = stop_on_signals().context("cannot install signal handlers")?;
-    let bins = Binaries::locate()?;
+    let bins = Binaries::beside_current_exe()?;
     let say = |m: &str| println!("{} lockstep up: {m}", status::utc_clock(Duration::ZERO));
     let mut cluster = match node {
         None => Cluster::start(config.clone(), config_path, &cmd, &bins, &stop, &say)?,

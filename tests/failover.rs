@@ -28,11 +28,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cluster::{
-    bin_dir, cli_status, free_port, zookeeper_serving, Options, Reply, Resp, TestCluster,
+    bin_dir, binaries, cli_status, free_port, zookeeper_serving, Options, Reply, Resp, TestCluster,
     ZookeeperServer,
 };
 use lockstep_common::control::NodeStatus;
-use lockstep_launcher::commands::follower_command;
+use lockstep_launcher::binaries::Binaries;
+use lockstep_launcher::commands::{follower_command, under_preload};
 use lockstep_launcher::leader::find_leader;
 use lockstep_launcher::poll::poll_until;
 use lockstep_launcher::process::{open_log, spawn_logged, Grouping};
@@ -1362,7 +1363,7 @@ struct NetnsCluster {
     ns_paths: Vec<PathBuf>,
     followers: Vec<Option<Child>>,
     servers: Vec<Option<Child>>,
-    bins: PathBuf,
+    bins: Binaries,
 }
 
 impl NetnsCluster {
@@ -1384,7 +1385,7 @@ impl NetnsCluster {
             ns_paths: (1..=n as u64).map(|id| net.node_path(id)).collect(),
             followers: (0..n).map(|_| None).collect(),
             servers: (0..n).map(|_| None).collect(),
-            bins: bin_dir(),
+            bins: binaries(),
         }
     }
 
@@ -1401,7 +1402,7 @@ impl NetnsCluster {
         let log = self.log("follower", id);
         let child = self.spawn_in(
             id,
-            follower_command(&self.bins.join("lockstep-follower"), &self.config_path, id)
+            follower_command(&self.bins.follower, &self.config_path, id)
                 .env("LOCKSTEP_LOG", "info")
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
@@ -1431,23 +1432,23 @@ impl NetnsCluster {
         let data = self.dir.join(format!("server-{id}"));
         std::fs::create_dir_all(&data).unwrap();
         let log = self.log("server", id);
+        let mut server = Command::new("redis-server");
+        server
+            .args([
+                "--port",
+                &app.port().to_string(),
+                "--bind",
+                &app.ip().to_string(),
+            ])
+            .args(lockstep_common::config::REDIS_REPLICA_ARGS)
+            // Clients come from other namespaces, not from loopback.
+            .args(["--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&data);
+        under_preload(&mut server, &self.bins.preload, &self.config_path, id);
         let child = self.spawn_in(
             id,
-            Command::new("redis-server")
-                .args([
-                    "--port",
-                    &app.port().to_string(),
-                    "--bind",
-                    &app.ip().to_string(),
-                ])
-                .args(lockstep_common::config::REDIS_REPLICA_ARGS)
-                // Clients come from other namespaces, not from loopback.
-                .args(["--protected-mode", "no"])
-                .arg("--dir")
-                .arg(&data)
-                .env("LD_PRELOAD", self.bins.join("liblockstep.so"))
-                .env("LOCKSTEP_CONFIG", &self.config_path)
-                .env("LOCKSTEP_NODE", id.to_string())
+            server
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
                 .stderr(log),

@@ -5,6 +5,8 @@
 use std::path::Path;
 use std::process::Command;
 
+use crate::binaries::Binaries;
+
 /// `redis-server` on 127.0.0.1:`port` with its data in `dir` and the given
 /// settings (`lockstep_common::config::REDIS_REPLICA_ARGS` for a replica).
 pub fn redis_command(port: u16, dir: &Path, settings: &[&str]) -> Command {
@@ -45,6 +47,21 @@ pub fn under_preload<'a>(
     cmd.env("LD_PRELOAD", lib)
         .env("LOCKSTEP_CONFIG", config)
         .env("LOCKSTEP_NODE", id.to_string())
+}
+
+/// `server` as node `id`'s server: under the preload, launched by
+/// `lockstep launch-server` in a PID namespace of its own, its output
+/// appended to `log` (see [`in_own_pid_namespace`]). How `lockstep up` and
+/// the tests start every server.
+pub fn preloaded_server(
+    bins: &Binaries,
+    config: &Path,
+    id: u64,
+    server: &mut Command,
+    log: &Path,
+) -> Command {
+    under_preload(server, &bins.preload, config, id);
+    in_own_pid_namespace(&bins.lockstep, server, log)
 }
 
 /// `cmd` (a server command, its environment included) run through

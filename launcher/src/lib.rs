@@ -1,5 +1,5 @@
 //! What `lockstep up`, the benchmarks and the tests share to run a local
-//! cluster and look at it: its config ([`cluster_spec`]), launching
+//! cluster and look at it: its programs ([`binaries`]), its config ([`cluster_spec`]), launching
 //! processes with their logs ([`process`]), the processes' command lines
 //! ([`commands`]), a private
 //! ZooKeeper ([`zookeeper`]), loopback ports ([`ports`]), the Redis and
@@ -20,6 +20,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod binaries;
 pub mod cluster_spec;
 pub mod commands;
 pub mod config_fixture;

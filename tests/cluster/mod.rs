@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::{commit_line, commit_mode};
+use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::cluster_spec::{ClusterSpec, ElectionSpec, NodeSpec};
 use lockstep_launcher::commands::{
-    follower_command, in_own_pid_namespace, memcached_command, redis_command, under_preload,
+    follower_command, memcached_command, preloaded_server, redis_command,
 };
 #[allow(unused_imports)]
 pub use lockstep_launcher::leader::{find_leader, leading};
@@ -39,19 +40,14 @@ pub use lockstep_launcher::zookeeper::{
 
 use lockstep_common::control::NodeStatus;
 
+/// The programs of this build (`lockstep`, the follower, the preload).
+pub fn binaries() -> Binaries {
+    Binaries::of_test_build().unwrap_or_else(|e| panic!("{e:#}"))
+}
+
 /// Directory holding the built binaries (target/debug).
 pub fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let deps = exe.parent().expect("deps dir");
-    let dir = deps.parent().expect("target dir").to_path_buf();
-    for b in ["lockstep-follower", "liblockstep.so", "lockstep"] {
-        assert!(
-            dir.join(b).exists(),
-            "{} missing: run `cargo build --workspace` first (scripts/test does)",
-            dir.join(b).display()
-        );
-    }
-    dir
+    binaries().dir().to_path_buf()
 }
 
 /// What kind of server each node runs.
@@ -81,7 +77,7 @@ pub struct TestCluster {
     servers: Vec<Option<Child>>,
     /// Servers a follower restored from a snapshot (not our children).
     restored: Vec<Option<u32>>,
-    bins: PathBuf,
+    bins: Binaries,
     /// Set by `use_server_command`: replaces `server`.
     command: Option<Vec<String>>,
 }
@@ -142,7 +138,7 @@ impl TestCluster {
             followers: (0..n).map(|_| None).collect(),
             servers: (0..n).map(|_| None).collect(),
             restored: (0..n).map(|_| None).collect(),
-            bins: bin_dir(),
+            bins: binaries(),
             command: None,
         }
     }
@@ -162,7 +158,7 @@ impl TestCluster {
 
     /// Starts node `id`'s follower and waits until it answers.
     pub fn start_follower(&mut self, id: u64) {
-        let mut cmd = follower_command(&self.bins.join("lockstep-follower"), &self.config_path, id);
+        let mut cmd = follower_command(&self.bins.follower, &self.config_path, id);
         cmd.env("LOCKSTEP_LOG", "info");
         let child = spawn(cmd, self.log("follower", id));
         let i = self.idx(id);
@@ -219,16 +215,10 @@ impl TestCluster {
         if let Some(argv) = &self.command {
             cmd = templated_command(argv, n.app.port(), &data);
         }
-        under_preload(
-            &mut cmd,
-            &self.bins.join("liblockstep.so"),
-            &self.config_path,
-            id,
-        );
         // In a PID namespace of its own, as `lockstep up` starts it: its
         // image can be restored.
         let log = self.dir.join(format!("server-{id}.log"));
-        let cmd = in_own_pid_namespace(&self.bins.join("lockstep"), &cmd, &log);
+        let cmd = preloaded_server(&self.bins, &self.config_path, id, &mut cmd, &log);
         let child = spawn(cmd, self.log("server", id));
         let i = self.idx(id);
         self.servers[i] = Some(child);
