@@ -801,7 +801,14 @@ impl Replica {
                 deadline,
             } => {
                 let asked = plan.get(at).map(|p| p.peer) == Some(from);
-                let continues = consecutive(&es, next);
+                // Only entries the ring reader would store: of the log this
+                // node follows. A failed candidate's log ends in its own
+                // view's entry while `leader` is still the one it followed
+                // before, whose older view's entries must not go on it.
+                let continues = consecutive(&es, next)
+                    && es
+                        .iter()
+                        .all(|e| fence::admits(self.promised, self.log_view, e.view));
                 let mut next = next;
                 if asked && continues {
                     if let Some(e) = es.last() {
@@ -1737,6 +1744,33 @@ mod tests {
         };
         let (r, _) = Replica::new(cfg, Restored::default(), 0);
         (r, Log::default())
+    }
+
+    /// A catch-up stores only entries of the view its log follows: a
+    /// failed candidate (its log ends in its own view's entry, its leader
+    /// is still the one it followed) must not append that leader's older
+    /// view's entries after its view entry.
+    #[test]
+    fn a_catch_up_stores_no_entry_of_another_view_than_its_log() {
+        let (mut r, mut log) = backup_of_1();
+        let status = Event::LeaderStatus {
+            view: 1,
+            serving: true,
+        };
+        log.step(&mut r, 0, status);
+        let older = Event::Message {
+            from: 1,
+            msg: Message::Entries {
+                entries: metas(1..=3, 0),
+                more: false,
+            },
+        };
+        let a = log.step(&mut r, 1, older);
+        assert!(
+            !a.iter().any(|a| matches!(a, Action::Persist { .. })),
+            "{a:?}"
+        );
+        assert!(log.views.is_empty());
     }
 
     #[test]
