@@ -14,6 +14,10 @@ use super::sync::{self, PrefixSearch, Probe};
 use super::viewchange::{self, Adoption, Candidate, Promise, ViewChangeState, Views};
 use super::{Action, EntryMeta, Event, Host, Message, Millis, Role, Session, Words};
 
+/// How often a backup at rest repeats its last ack (see `Replica::ack_sent`):
+/// as often as a leader repeats its commit record.
+pub const ACK_REPEAT_MS: Millis = 100;
+
 /// How the leader is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaderChoice {
@@ -135,6 +139,11 @@ pub struct Replica {
     job: Job,
     next_attempt: Millis,
     commit_sent: (u64, Millis),
+    /// The last ack sent (leader, view, seq) and when: a backup repeats it
+    /// now and then ([`ACK_REPEAT_MS`]). A lost ack (a broken connection)
+    /// is otherwise repaired only by the next entry's, and a leader whose
+    /// writer waits for that ack to reuse ring space appends none.
+    ack_sent: (u64, u64, u64, Millis),
     /// As leader: how long appended entries have waited for a majority.
     progress: CommitProgress,
     stuck: Millis,
@@ -180,6 +189,7 @@ impl Replica {
             job: Job::Idle,
             next_attempt: now,
             commit_sent: (0, now),
+            ack_sent: (0, 0, 0, now),
             progress: CommitProgress::default(),
             stuck: 0,
             contact: Contact::default(),
@@ -322,11 +332,46 @@ impl Replica {
     }
 
     fn ack(&mut self, seq: u64) {
+        self.ack_sent = (self.leader, self.promised, seq, self.now);
         self.out.push(Action::Ack {
             leader: self.leader,
             view: self.promised,
             seq,
         });
+    }
+
+    /// A backup at rest repeats its last ack every [`ACK_REPEAT_MS`] while
+    /// it still follows the leader and view it acked to (the log it acked
+    /// is unchanged: only a job cuts it, and a cut forgets the ack). A
+    /// static backup that acked nothing yet (it restarted with its log)
+    /// acks that log when it follows the log's view: only the configured
+    /// leader ever leads a view, so the log is a prefix of its log.
+    fn repeat_ack(&mut self, host: &impl Host) {
+        if self.role != Role::Backup || !matches!(self.job, Job::Idle) {
+            return;
+        }
+        let (leader, view, seq, at) = self.ack_sent;
+        if leader == 0 {
+            let restarted = matches!(self.cfg.election, LeaderChoice::Static { leader } if leader == self.leader)
+                && self.leader != self.cfg.me
+                && self.log_view == self.promised;
+            let last = host.last().0;
+            if restarted && last > 0 {
+                self.ack(last);
+            }
+            return;
+        }
+        let same = leader == self.leader && view == self.promised;
+        if same && self.now.saturating_sub(at) >= ACK_REPEAT_MS {
+            self.ack(seq);
+        }
+    }
+
+    /// Cuts the log after `after`, forgetting the last ack (set apart
+    /// where `self.job` is borrowed).
+    fn truncate(&mut self, after: u64) {
+        self.ack_sent = (0, 0, 0, self.now);
+        self.out.push(Action::Truncate { after });
     }
 
     fn on_tick(&mut self, w: Words, host: &mut impl Host) {
@@ -403,6 +448,7 @@ impl Replica {
             self.contact.reset();
             self.stuck = 0;
         }
+        self.repeat_ack(host);
         let (rv, rs) = w.commit_record;
         if let Some(seq) = commit::learn_record(rv, rs, self.log_view, last) {
             self.committed = commit::learn(self.committed, seq, self.log_view, self.promised);
@@ -724,7 +770,7 @@ impl Replica {
                 f.step = Sync::Fetching { cut, got: cut };
                 f.deadline = self.now + self.cfg.request_timeout;
                 let to = f.leader;
-                self.out.push(Action::Truncate { after: cut });
+                self.truncate(cut);
                 self.out.push(Action::ResetReader);
                 self.out.push(Action::Send {
                     to,
@@ -1231,6 +1277,7 @@ impl Replica {
             }),
             Probe::Done(shared) => {
                 let cut = sync::adopt_cut(shared, adopt.last_seq, floor);
+                self.ack_sent = (0, 0, 0, self.now);
                 self.out.push(Action::Truncate { after: cut });
                 self.out.push(Action::ResetReader);
                 c.deadline = self.now + self.cfg.request_timeout;
@@ -1272,9 +1319,7 @@ impl Replica {
             .map(|e| e.seq)
             .unwrap_or(kept)
             .min(adopt.last_seq);
-        self.out.push(Action::Truncate {
-            after: adopt.last_seq,
-        });
+        self.truncate(adopt.last_seq);
         if end != adopt.last_seq {
             self.fail_candidacy();
             return;
@@ -1746,6 +1791,36 @@ mod tests {
         (r, Log::default())
     }
 
+    /// A static backup that restarts with its log acks it at once when
+    /// its log follows the view it promised (the leader counts it again),
+    /// and not when it promised a newer view than its log's.
+    #[test]
+    fn a_restarted_static_backup_acks_its_log() {
+        for (log_view, acked) in [(2, true), (1, false)] {
+            let cfg = ReplicaConfig {
+                me: 2,
+                ..config(LeaderChoice::Static { leader: 1 })
+            };
+            let restored = Restored {
+                view: 2,
+                log_view,
+                committed: 0,
+            };
+            let (mut r, _) = Replica::new(cfg, restored, 0);
+            let mut log = Log {
+                views: vec![log_view; 3],
+                ..Log::default()
+            };
+            let a = log.step(&mut r, 1, Event::Tick(Words::default()));
+            let ack = Action::Ack {
+                leader: 1,
+                view: 2,
+                seq: 3,
+            };
+            assert_eq!(a.contains(&ack), acked, "log view {log_view}: {a:?}");
+        }
+    }
+
     /// A catch-up stores only entries of the view its log follows: a
     /// failed candidate (its log ends in its own view's entry, its leader
     /// is still the one it followed) must not append that leader's older
@@ -1771,6 +1846,37 @@ mod tests {
             "{a:?}"
         );
         assert!(log.views.is_empty());
+    }
+
+    /// A lost ack is repaired without a new entry: a leader whose writer
+    /// waits for it to reuse ring space appends none.
+    #[test]
+    fn a_backup_at_rest_repeats_its_last_ack() {
+        let (mut r, mut log) = backup_of_1();
+        let status = Event::LeaderStatus {
+            view: 1,
+            serving: true,
+        };
+        log.step(&mut r, 0, status);
+        log.step(&mut r, 1, chunk(1, 1..=3, false));
+        let acks = |a: &[Action]| -> Vec<Action> {
+            a.iter()
+                .filter(|a| matches!(a, Action::Ack { .. }))
+                .cloned()
+                .collect()
+        };
+        let tick = |log: &mut Log, r: &mut Replica, t| {
+            acks(&log.step(r, t, Event::Tick(Words::default())))
+        };
+        assert_eq!(tick(&mut log, &mut r, 50), vec![], "not before the pause");
+        let again = vec![Action::Ack {
+            leader: 1,
+            view: 1,
+            seq: 3,
+        }];
+        assert_eq!(tick(&mut log, &mut r, 1 + ACK_REPEAT_MS), again);
+        assert_eq!(tick(&mut log, &mut r, 2 + ACK_REPEAT_MS), vec![]);
+        assert_eq!(tick(&mut log, &mut r, 1 + 2 * ACK_REPEAT_MS), again);
     }
 
     #[test]
