@@ -85,6 +85,14 @@ impl Node {
                         return Some(Event::WriteRefused { peer: to, theirs });
                     }
                 }
+                // The ring's tail with it: a backup that missed the
+                // writer's last writes (a broken connection) sees its tail
+                // ahead and catches up, even while the writer appends
+                // nothing (waiting for that backup's ack to reuse space).
+                let tail = self.region.tail().to_le_bytes();
+                if let Err(e) = self.write_now(to, view, region::tail_offset(), &tail) {
+                    log::debug!("tail to node {to}: {e}");
+                }
             }
             Action::ApplyUpTo { seq } => {
                 if self.apply_target.swap(seq, Ordering::AcqRel) != seq {
