@@ -1,18 +1,34 @@
-//! A simulated cluster: real [`Replica`]s over a deterministic network.
+//! A simulated cluster: real [`Replica`]s over a deterministic network,
+//! with the real leader writer into real rings.
 //!
 //! Each node has a stored log (kept across crashes; the lazily saved
-//! commit and applied marks are lost up to the last save), a region
-//! (view, leader, role, commit word and record, ack array, served mark
-//! with its fence, ring slots by seq), a server (the inputs it consumed,
-//! in order) and a preload that turns client inputs into entries while
-//! the node leads (output commit: the server consumes an input at once).
-//! The network delivers one-sided writes and control messages after a
-//! delay, and may drop, duplicate (and so reorder) them or cut links.
-//! ZooKeeper is an oracle: the lowest live, connected, non-stale node is
-//! the candidate; views are claimed from one counter.
+//! commit and applied marks are lost up to the last save; each entry keeps
+//! its ring position, the same on every node), a region, a server (the
+//! inputs it consumed, in order) and a preload that appends client inputs
+//! while the node leads (output commit: the server consumes an input at
+//! once). The region is part real, part modelled: its ring, tail word,
+//! writer hand-off and commit word are a real [`Memory`] (the commit word
+//! kept equal to the modelled one); view, leader, role, acks, commit
+//! record and the served mark with its fence are modelled. The leader's
+//! preload appends with the real [`LeaderWriter`] (started at the
+//! follower's hand-off when it leads a view it has not written in yet,
+//! flow-controlled by a majority's acks: a small ring wraps, and an input
+//! that finds it full is refused), and each follower reads its own ring
+//! with the real [`RingReader`], as the runtime's poll loop does.
+//! The network delivers the writer's one-sided writes in order per link
+//! (it may lose them), and the followers' writes and control messages
+//! after a delay, and may drop, duplicate (and so reorder) those or cut
+//! links. ZooKeeper is an oracle: the lowest live, connected, non-stale
+//! node is the candidate; views are claimed from one counter.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 
+use lockstep_common::entry::{self, EntryHeader, Kind};
+use lockstep_common::leader_writer::{AppendError, AppendHooks, LeaderWriter};
+use lockstep_common::region::{self as words, Region as Memory, RegionSpec};
+use lockstep_common::ring::{ReadOutcome, RingReader};
+use lockstep_common::transport::{Transport, TransportError};
 use lockstep_follower::protocol::replica::Restored;
 use lockstep_follower::protocol::{
     commit, fence, Action, EntryMeta, Event, LeaderChoice, Message, Millis, Replica, ReplicaConfig,
@@ -21,14 +37,26 @@ use lockstep_follower::protocol::{
 
 use crate::rng::Rng;
 
+/// Ring bytes per node: 128 entries (every entry takes 128 bytes), so
+/// that long runs wrap and the writer's flow control takes part.
+const RING_SIZE: u64 = 16 << 10;
+/// The largest payload (a client value takes 8 bytes).
+const MAX_ENTRY: usize = 64;
+/// The connection every client input comes on (the sim has one client).
+const CONN: u64 = 1;
+
 /// One entry: seq, the view that wrote it, the client value (0: a
-/// view-start entry), the commit point its header carries.
+/// view-start entry), the commit point its header carries, and where it
+/// lies in the ring (start and end position: the same on every node, as
+/// the store keeps them) — enough to encode it again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub seq: u64,
     pub view: u64,
     pub value: u64,
     pub last_committed: u64,
+    pub pos: u64,
+    pub end: u64,
 }
 
 impl Entry {
@@ -51,7 +79,18 @@ pub struct Storage {
     pub committed: u64,
 }
 
-/// The region words and ring.
+impl Storage {
+    /// Ring position just past the stored log (the runtime's
+    /// `store.last().end_pos`).
+    pub fn end(&self) -> u64 {
+        self.log.last().map_or(0, |e| e.end)
+    }
+}
+
+/// The region's words, modelled (the ring, the tail and the writer's
+/// hand-off are in the node's real region, [`Node::memory`], whose commit
+/// word and its view tag follow `commit` and `commit_record`: the writer
+/// reads them there).
 #[derive(Clone, Debug, Default)]
 pub struct Region {
     pub view: u64,
@@ -62,8 +101,6 @@ pub struct Region {
     pub acks: BTreeMap<u64, u64>,
     pub served: u64,
     pub fenced: bool,
-    pub ring: BTreeMap<u64, Entry>,
-    pub next_seq: u64,
     pub fenced_by: u64,
 }
 
@@ -73,6 +110,17 @@ pub struct Node {
     pub replica: Option<Replica>,
     pub storage: Storage,
     pub region: Region,
+    /// The real region: its ring, tail word and writer hand-off (and the
+    /// commit word, kept equal to the modelled one).
+    pub memory: Memory,
+    /// The preload's writer: appends while the node leads.
+    writer: LeaderWriter,
+    /// The follower's ring reader (None: to be made again from the stored
+    /// log's end, as the runtime does when its epoch moves).
+    reader: Option<RingReader>,
+    /// The reader's position after its last empty read (`u64::MAX`: it
+    /// read entries), for `tail_ahead`, as the runtime's `stalled_at`.
+    stalled_at: u64,
     /// Inputs the server consumed, in order: (seq, view, value).
     pub server: Vec<(u64, u64, u64)>,
     pub server_alive: bool,
@@ -129,8 +177,12 @@ impl lockstep_follower::protocol::Host for Host<'_> {
 /// What travels.
 #[derive(Clone, Debug)]
 enum Payload {
-    /// One-sided writes, tagged with the writer's view.
-    Ring(Entry),
+    /// The writer's one-sided writes into a peer's region (ring bytes, a
+    /// wrap marker, the tail word), tagged with the writer's view.
+    Write {
+        offset: u64,
+        bytes: Vec<u8>,
+    },
     Ack(u64),
     CommitRecord(u64, u64),
     /// Control messages (fetch answers carry the entries).
@@ -198,19 +250,76 @@ pub struct Cluster {
     pub session_timeout: Millis,
     pub trace: Vec<String>,
     pub tracing: bool,
+    /// (writer, peer) -> when the last one-sided write on that link lands:
+    /// later writes land no earlier (see [`Cluster::send_write`]).
+    links: BTreeMap<(u64, u64), Millis>,
+    /// Client inputs refused because the ring was full (a majority had
+    /// not acked what the writer would overwrite).
+    pub refused_full: u64,
+    /// The ring readers' buffer (kept: one allocation).
+    read_buf: Vec<u8>,
 }
 
-/// The runtime's `region.tail() > reader.pos()` after an empty read: the
-/// writer wrote past the reader's position, and the slot the reader waits
-/// on holds nothing it may read (empty, or an older view's entry that the
-/// reader's minimum view skips: a write of the new leader was lost there).
-fn tail_ahead(region: &Region, last: u64) -> bool {
-    let current = |e: &Entry| e.view >= region.view;
-    let written = region
-        .ring
-        .last_key_value()
-        .is_some_and(|(&seq, e)| seq > last + 1 && current(e));
-    written && !region.ring.get(&(last + 1)).is_some_and(current)
+/// The writer's transport: it keeps each one-sided write, which travels
+/// as a flight once the append returned ([`Cluster::send_write`]); the
+/// sim cannot tell at posting time whether a peer refuses it (a delivered
+/// write of an older view is refused then, as a region server does).
+struct Wire<'a> {
+    local: &'a Memory,
+    writes: Mutex<Vec<Posted>>,
+}
+
+/// A posted write: (node, view, offset, bytes).
+type Posted = (u64, u64, u64, Vec<u8>);
+
+impl Transport for Wire<'_> {
+    fn write(&self, node: u64, view: u64, offset: u64, bytes: &[u8]) -> Result<(), TransportError> {
+        let mut w = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        w.push((node, view, offset, bytes.to_vec()));
+        Ok(())
+    }
+
+    fn local(&self) -> &Memory {
+        self.local
+    }
+}
+
+/// Flow control: the sim cannot block, so room is there at once (a
+/// majority acked the seq the writer waits for) or the input is refused.
+struct Room {
+    /// The highest seq a majority acked, as the writer's majority reads
+    /// the modelled acks.
+    acked: u64,
+}
+
+impl AppendHooks for Room {
+    type Error = ();
+
+    fn wait_for_room(&mut self, seq: u64) -> Result<(), ()> {
+        if self.acked >= seq {
+            Ok(())
+        } else {
+            Err(())
+        }
+    }
+}
+
+fn memory(id: u64) -> Memory {
+    let spec = RegionSpec {
+        cluster: "sim".into(),
+        node: id,
+        ring_size: RING_SIZE,
+    };
+    Memory::anonymous(&spec).expect("an anonymous region")
+}
+
+/// The client value an entry read from a ring carries (0: none).
+fn value_of(header: &EntryHeader, bytes: &[u8]) -> u64 {
+    let payload = &bytes[entry::HEADER_LEN..entry::HEADER_LEN + header.len as usize];
+    match (header.kind, payload.try_into()) {
+        (Kind::Data, Ok(b)) => u64::from_le_bytes(b),
+        _ => 0,
+    }
 }
 
 fn link(a: u64, b: u64) -> (u64, u64) {
@@ -238,13 +347,21 @@ impl Cluster {
             session_timeout: 300,
             trace: Vec::new(),
             tracing: std::env::var("LOCKSTEP_SIM_TRACE").is_ok(),
+            links: BTreeMap::new(),
+            refused_full: 0,
+            read_buf: Vec::new(),
         };
+        let ids: Vec<u64> = (1..=n).collect();
         for id in 1..=n {
             c.nodes.push(Node {
                 id,
                 replica: None,
                 storage: Storage::default(),
                 region: Region::default(),
+                memory: memory(id),
+                writer: LeaderWriter::new(&ids, id, RING_SIZE, MAX_ENTRY),
+                reader: None,
+                stalled_at: u64::MAX,
                 server: Vec::new(),
                 server_alive: true,
                 stale: false,
@@ -283,7 +400,13 @@ impl Cluster {
             log_view: n.storage.log_view,
             committed: n.storage.committed,
         };
+        // A fresh region (as the follower resets the one it finds) and a
+        // fresh preload (its server restarts).
         n.region = Region::default();
+        n.memory = memory(id);
+        n.writer = LeaderWriter::new(&cfg.members, id, RING_SIZE, MAX_ENTRY);
+        n.reader = None;
+        n.stalled_at = u64::MAX;
         n.server.clear();
         n.checked.applied = 0;
         n.checked.restarts += 1;
@@ -416,9 +539,12 @@ impl Cluster {
                     }
                 }
             }
-            Action::ResetReader => {}
+            // The runtime bumps its epoch: the poll loop makes its reader
+            // again from the stored log's end.
+            Action::ResetReader => self.node(id).reader = None,
             Action::Truncate { after } => {
                 let n = self.node(id);
+                n.reader = None;
                 n.storage.log.truncate(after as usize);
                 n.checked.agree = n.checked.agree.min(after);
                 n.checked.recorded = n.checked.recorded.min(after);
@@ -430,11 +556,16 @@ impl Cluster {
             } => {
                 let n = self.node(id);
                 assert_eq!(n.storage.log.len() as u64 + 1, seq, "view entry in order");
+                // Stored at the log's end (never in a ring): the new view's
+                // writer goes on after it.
+                let pos = n.storage.end();
                 n.storage.log.push(Entry {
                     seq,
                     view,
                     value: 0,
                     last_committed,
+                    pos,
+                    end: pos + entry::footprint(0) as u64,
                 });
             }
             Action::SaveViews { promised, log_view } => {
@@ -446,7 +577,21 @@ impl Cluster {
             Action::Ack { leader, view, seq } => self.send(id, leader, view, Payload::Ack(seq)),
             Action::RaiseCommit { seq } => self.raise_commit(id, seq),
             Action::CommitRecord { to, view, seq } => {
-                self.send(id, to, view, Payload::CommitRecord(view, seq))
+                self.send(id, to, view, Payload::CommitRecord(view, seq));
+                // The runtime posts the ring's tail word with it: a
+                // backup that missed the writer's last writes sees its
+                // tail ahead, even when the writer appends nothing more.
+                let tail = self.node(id).memory.tail().to_le_bytes().to_vec();
+                let offset = words::tail_offset();
+                self.send(
+                    id,
+                    to,
+                    view,
+                    Payload::Write {
+                        offset,
+                        bytes: tail,
+                    },
+                );
             }
             Action::ApplyUpTo { seq } => {
                 let n = self.node(id);
@@ -490,6 +635,11 @@ impl Cluster {
             Action::SetLeader { leader } => self.node(id).region.leader = leader,
             Action::SetRole { role } => {
                 let n = self.node(id);
+                if role == Role::Backup {
+                    // A former leader's tail word would look like entries
+                    // this node missed.
+                    n.memory.set_tail(n.storage.end());
+                }
                 n.region.role = Some(role);
             }
             Action::StartView { view, seq, holders } => {
@@ -505,7 +655,12 @@ impl Cluster {
                 n.region.commit = seq;
                 n.region.served = seq;
                 n.region.fenced = false;
-                n.region.next_seq = seq + 1;
+                // The writer's hand-off, as the runtime sets it: the
+                // preload starts the view's writer there.
+                let end = n.storage.end();
+                n.memory.set_commit(seq);
+                n.memory.set_writer_start(seq + 1, end);
+                n.memory.set_tail(end);
                 self.record_commit(id, seq);
             }
             Action::ClaimView { floor } => {
@@ -544,6 +699,7 @@ impl Cluster {
         let n = self.node(id);
         if seq > n.region.commit {
             n.region.commit = seq;
+            n.memory.raise_commit(seq);
             self.record_commit(id, seq);
         }
     }
@@ -577,7 +733,8 @@ impl Cluster {
         n.recorded = n.recorded.max(seq);
     }
 
-    /// A client input at whichever node's preload leads.
+    /// A client input at whichever node's preload leads: appended with
+    /// the real writer into the node's ring and posted to every peer.
     pub fn client_input(&mut self) {
         let leaders: Vec<u64> = self
             .nodes
@@ -590,28 +747,81 @@ impl Cluster {
         for id in leaders {
             let value = self.next_value;
             self.next_value += 1;
-            let n = self.node(id);
+            let n = &mut self.nodes[id as usize - 1];
             if n.region.fenced {
                 continue; // the hand-over fails: the connection is reset
             }
-            let seq = n.region.next_seq;
-            n.region.next_seq += 1;
-            let e = Entry {
-                seq,
-                view: n.region.view,
-                value,
-                last_committed: n.region.commit,
+            // The preload's `writer_view`: a view it has not written in
+            // yet starts at the follower's hand-off.
+            let view = n.region.view;
+            if n.writer.view() != view {
+                let (seq, pos) = n.memory.writer_start();
+                n.writer.start(view, seq, pos);
+            }
+            let acks = &n.region.acks;
+            let acked = n
+                .writer
+                .majority()
+                .reached_by(|i| acks.get(&i).copied().unwrap_or(0));
+            let wire = Wire {
+                local: &n.memory,
+                writes: Mutex::default(),
             };
-            n.region.served = seq;
-            n.server.push((seq, e.view, value));
-            n.region.ring.insert(seq, e);
-            let view = e.view;
-            for to in 1..=self.nodes.len() as u64 {
-                if to != id {
-                    self.send(id, to, view, Payload::Ring(e));
+            let fields = EntryHeader::new(Kind::Data, view, 0, CONN, 0);
+            let appended = n.writer.append(
+                &n.memory,
+                &wire,
+                &fields,
+                &value.to_le_bytes(),
+                &mut Room { acked },
+            );
+            let writes = wire.writes.into_inner().unwrap_or_else(|p| p.into_inner());
+            match appended {
+                Ok(posted) => {
+                    n.region.served = posted.seq;
+                    n.server.push((posted.seq, view, value));
                 }
+                // The ring is full: the input is refused (the server
+                // never sees it) and takes no seq.
+                Err(AppendError::Room(())) => {
+                    if self.tracing {
+                        let t = format!("{} n{id} refused: ring full (acked {acked})", self.now);
+                        self.trace.push(t);
+                    }
+                    self.refused_full += 1;
+                    continue;
+                }
+                Err(e) => panic!("node {id} cannot append: {e:?}"),
+            }
+            for (to, view, offset, bytes) in writes {
+                self.send_write(id, to, view, offset, bytes);
             }
         }
+    }
+
+    /// A one-sided write of a writer, delivered as the real transports
+    /// deliver them: in order on each (writer, peer) link (an RDMA RC
+    /// queue pair, one TCP stream), so never duplicated nor overtaken by a
+    /// later write of that link. The fault rate loses one now and then (a
+    /// broken connection): that peer misses what it carried, as the
+    /// writer's `peer_missed` says, notices (its tail is ahead, or its
+    /// reader is lapped) and catches up from another node.
+    fn send_write(&mut self, from: u64, to: u64, view: u64, offset: u64, bytes: Vec<u8>) {
+        if self.rng.percent(self.faults.drop) {
+            return;
+        }
+        let delay = 1 + self.rng.below(self.faults.max_delay.max(1));
+        let last = self.links.entry((from, to)).or_insert(0);
+        let at = (self.now + delay).max(*last);
+        *last = at;
+        // Flights due together are delivered in the order sent.
+        self.flights.push(Flight {
+            at,
+            from,
+            to,
+            view,
+            payload: Payload::Write { offset, bytes },
+        });
     }
 
     fn deliver(&mut self, f: Flight) {
@@ -623,10 +833,12 @@ impl Cluster {
             return;
         }
         match f.payload {
-            Payload::Ring(e) => {
+            Payload::Write { offset, bytes } => {
                 let n = self.node(to);
                 if fence::accepts_write(n.region.view, f.view) {
-                    n.region.ring.insert(e.seq, e);
+                    n.memory
+                        .write(offset, &bytes)
+                        .expect("a write inside the region");
                 } else {
                     let theirs = n.region.view;
                     self.note_refused(f.from, to, theirs);
@@ -645,6 +857,11 @@ impl Cluster {
                 let n = self.node(to);
                 if fence::accepts_write(n.region.view, f.view) {
                     n.region.commit_record = (v, seq);
+                    // The real word's view tag (the commit word itself
+                    // stays the modelled one, see `Words::commit`).
+                    n.memory
+                        .write(words::commit_record_offset(), &v.to_le_bytes())
+                        .expect("the commit word's tag");
                 } else {
                     let theirs = n.region.view;
                     self.note_refused(f.from, to, theirs);
@@ -761,25 +978,49 @@ impl Cluster {
         }
     }
 
+    /// The runtime's poll loop, one round: the node's real ring read
+    /// with the real reader (made from the stored log's end when missing,
+    /// its minimum view the region's), up to the region's tail word.
     fn poll(&mut self, id: u64) {
-        let n = &self.nodes[id as usize - 1];
-        let mut next = n.storage.log.len() as u64 + 1;
+        let mut buf = std::mem::take(&mut self.read_buf);
+        let n = &mut self.nodes[id as usize - 1];
+        let (seq, end) = n.storage.log.last().map_or((0, 0), |e| (e.seq, e.end));
+        let reader = n
+            .reader
+            .get_or_insert_with(|| RingReader::new(RING_SIZE, end, seq + 1, MAX_ENTRY as u32));
+        reader.set_min_view(n.region.view);
+        let (ring, tail) = (n.memory.ring(), n.memory.tail());
         let mut batch = Vec::new();
-        while let Some(e) = n.region.ring.get(&next) {
-            if e.view < n.region.view {
-                break;
-            }
-            batch.push(*e);
-            next += 1;
-            if batch.len() == 16 {
-                break;
+        let mut failed = false;
+        while batch.len() < 16 {
+            match reader.poll(ring, tail, &mut buf) {
+                ReadOutcome::Entry { header, pos, len } => batch.push(Entry {
+                    seq: header.seq,
+                    view: header.view,
+                    value: value_of(&header, &buf[..len]),
+                    last_committed: header.last_committed,
+                    pos,
+                    end: pos + len as u64,
+                }),
+                ReadOutcome::Empty => break,
+                ReadOutcome::Lapped { .. } | ReadOutcome::Corrupt { .. } => {
+                    failed = true;
+                    break;
+                }
             }
         }
+        self.read_buf = buf;
+        let n = &mut self.nodes[id as usize - 1];
         if batch.is_empty() {
+            n.stalled_at = n.reader.as_ref().map_or(u64::MAX, |r| r.pos());
+            if failed {
+                self.step_node(id, Event::ReadFailed);
+            }
             return;
         }
+        n.stalled_at = u64::MAX;
         let metas = batch.iter().map(|e| e.meta()).collect();
-        self.node(id).pending = batch;
+        n.pending = batch;
         self.step_node(id, Event::Read(metas));
     }
 
@@ -796,7 +1037,6 @@ impl Cluster {
             self.raise_commit(id, c);
         }
         let n = &self.nodes[id as usize - 1];
-        let last = n.storage.log.len() as u64;
         let words = Words {
             acks: n.region.acks.iter().map(|(&k, &v)| (k, v)).collect(),
             served: n.region.served,
@@ -805,7 +1045,10 @@ impl Cluster {
             commit: (n.region.commit_record.0, n.region.commit),
             commit_record: n.region.commit_record,
             fenced_by: n.region.fenced_by,
-            tail_ahead: tail_ahead(&n.region, last),
+            // The runtime's: the writer's tail is past where the reader
+            // found nothing it may read (an empty slot, or an older view's
+            // entry: a write of this view was lost there).
+            tail_ahead: n.stalled_at != u64::MAX && n.memory.tail() > n.stalled_at,
         };
         self.step_node(id, Event::Tick(words));
     }
@@ -916,15 +1159,9 @@ impl Cluster {
     pub fn step(&mut self) {
         self.now += 1;
         let now = self.now;
-        let mut due = Vec::new();
-        let mut i = 0;
-        while i < self.flights.len() {
-            if self.flights[i].at <= now {
-                due.push(self.flights.swap_remove(i));
-            } else {
-                i += 1;
-            }
-        }
+        // Stable: flights due at the same time go in the order sent (a
+        // link's writes stay in order).
+        let mut due: Vec<Flight> = self.flights.extract_if(.., |f| f.at <= now).collect();
         due.sort_by_key(|f| f.at);
         for f in due {
             self.deliver(f);
@@ -979,9 +1216,11 @@ impl Cluster {
             let upto = (r.committed() as usize).min(reach);
             assert!(
                 agree >= upto,
-                "node {} changed committed seq {}",
+                "node {} changed committed seq {} (committed {:?}, stored {:?})",
                 n.id,
-                agree + 1
+                agree + 1,
+                committed.get(agree),
+                log.get(agree)
             );
             if r.serving() {
                 assert!(
