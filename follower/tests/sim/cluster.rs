@@ -245,6 +245,10 @@ pub struct Cluster {
     /// (view, value) of every entry ever committed, by seq - 1 (commits
     /// cover every seq up to theirs).
     pub committed: Vec<(u64, u64)>,
+    /// Where each committed entry lies in the ring (start, end): the same
+    /// on every node that commits it, or a follower reading on from its
+    /// log's end would look for the leader's next entry elsewhere.
+    committed_at: Vec<(u64, u64)>,
     /// view -> its leader, for every view that started.
     pub started: BTreeMap<u64, u64>,
     pub session_timeout: Millis,
@@ -343,6 +347,7 @@ impl Cluster {
             znodes: 0,
             next_value: 1,
             committed: Vec::new(),
+            committed_at: Vec::new(),
             started: BTreeMap::new(),
             session_timeout: 300,
             trace: Vec::new(),
@@ -723,7 +728,18 @@ impl Cluster {
                     break;
                 }
                 Some(_) => {}
-                None => self.committed.push((e.view, e.value)),
+                None => {
+                    self.committed.push((e.view, e.value));
+                    self.committed_at.push((e.pos, e.end));
+                }
+            }
+            let at = self.committed_at[s as usize - 1];
+            if at != (e.pos, e.end) {
+                bad = Some(format!(
+                    "seq {s} committed at ring positions {at:?} and held at {:?} by node {id}",
+                    (e.pos, e.end)
+                ));
+                break;
             }
         }
         if let Some(b) = bad {
@@ -757,6 +773,13 @@ impl Cluster {
             if n.writer.view() != view {
                 let (seq, pos) = n.memory.writer_start();
                 n.writer.start(view, seq, pos);
+                if self.tracing {
+                    let t = format!(
+                        "{} n{id} writer: view {view} from seq {seq} at {pos}",
+                        self.now
+                    );
+                    self.trace.push(t);
+                }
             }
             let acks = &n.region.acks;
             let acked = n
