@@ -258,6 +258,34 @@ struct BackupOs<'a> {
     handed: VecDeque<(i32, u64)>,
 }
 
+impl<'a> BackupOs<'a> {
+    /// The backup's world before its server starts: how eagerly its
+    /// follower delivers is the seed's.
+    fn new(
+        rng: &'a mut Rng,
+        replay: &'a mut Replay,
+        host: &'a mut SimHost,
+        setup: &Setup,
+    ) -> BackupOs<'a> {
+        let eagerness = [0, 5, 15, 40][rng.below(4) as usize];
+        BackupOs {
+            rng,
+            replay,
+            host,
+            fds: BTreeMap::new(),
+            next_fd: LISTENER_FD + 1,
+            stalls: Vec::new(),
+            shape: setup.shape,
+            read_once: setup.read_once,
+            spins: setup.spins,
+            eagerness,
+            iterations: 0,
+            watch: BTreeMap::new(),
+            handed: VecDeque::new(),
+        }
+    }
+}
+
 impl BackupOs<'_> {
     /// The applier thread or the follower may act between any two calls of
     /// the server.
@@ -630,22 +658,7 @@ pub fn run_two_loops(rng: &mut Rng, setup: &Setup, log: &SimLog, node: u64) -> B
         Server::part(setup, ORIGIN_US, Role::Listener),
         Server::part(setup, ORIGIN_US, Role::Worker),
     ];
-    let eagerness = [0, 5, 15, 40][rng.below(4) as usize];
-    let mut os = BackupOs {
-        rng,
-        replay: &mut replay,
-        host: &mut host,
-        fds: BTreeMap::new(),
-        next_fd: LISTENER_FD + 1,
-        stalls: Vec::new(),
-        shape: setup.shape,
-        read_once: setup.read_once,
-        spins: false,
-        eagerness,
-        iterations: 0,
-        watch: BTreeMap::new(),
-        handed: VecDeque::new(),
-    };
+    let mut os = BackupOs::new(rng, &mut replay, &mut host, setup);
     let mut trace = Vec::new();
     let mut states = [InWait::Entered(None); 2];
     for (t, state) in states.iter_mut().enumerate() {
@@ -727,24 +740,8 @@ pub fn run(rng: &mut Rng, setup: &Setup, log: &SimLog, node: u64) -> BackupRun {
     };
     let mut host = SimHost::new(log, node, width, 1);
     let mut replay = Replay::new();
-    let shape = setup.shape;
     let mut server = Server::new(setup, ORIGIN_US);
-    let eagerness = [0, 5, 15, 40][rng.below(4) as usize];
-    let mut os = BackupOs {
-        rng,
-        replay: &mut replay,
-        host: &mut host,
-        fds: BTreeMap::new(),
-        next_fd: LISTENER_FD + 1,
-        stalls: Vec::new(),
-        shape,
-        read_once: setup.read_once,
-        spins: setup.spins,
-        eagerness,
-        iterations: 0,
-        watch: BTreeMap::new(),
-        handed: VecDeque::new(),
-    };
+    let mut os = BackupOs::new(rng, &mut replay, &mut host, setup);
     server.run(&mut os);
     let stalls = std::mem::take(&mut os.stalls);
     BackupRun {
