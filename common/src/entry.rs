@@ -34,6 +34,13 @@ const CRC_OFFSET: usize = 48;
 /// flag it never joins an entry to the one before.
 pub const SAME_TURN: u8 = 1;
 
+/// Flag: the leader's server read this input after the function that
+/// called its turn's wait had returned (Redis's outer loop going on over
+/// an event a nested wait left in its fired list, once a busy script
+/// ended). A backup's server gets it only once it reads from as far out
+/// (see the preload's `stack_depth`).
+pub const RETURNED: u8 = 2;
+
 /// What an entry records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -93,7 +100,7 @@ pub struct EntryHeader {
     pub len: u32,
     /// What the entry records.
     pub kind: Kind,
-    /// Flag bits: [`SAME_TURN`]; the others are reserved (zero).
+    /// Flag bits: [`SAME_TURN`], [`RETURNED`]; the others are reserved (zero).
     pub flags: u8,
     /// The event loop of the leader's server whose turn read the input
     /// (loops are named alike on every replica): a backup's server moves

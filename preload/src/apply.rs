@@ -164,6 +164,14 @@ impl Host for RegionHost {
         fdtable::slot(fd).is_some_and(|s| s.wants_write())
     }
 
+    fn wait_mark(&self) -> u64 {
+        crate::stack_depth::last_wait()
+    }
+
+    fn read_returned_from(&self, since: u64) -> bool {
+        crate::stack_depth::read_returned_from(since)
+    }
+
     fn loop_of(&self, fd: i32) -> Option<u64> {
         fdtable::slot(fd)
             .map(|s| s.wait_epfd())
@@ -306,15 +314,15 @@ fn applier(region: Arc<Region>) {
     }
 }
 
-/// The server is about to wait in its event loop (`epoll_wait`, `poll`,
-/// `select` and their variants): it has handled what it read.
-pub fn on_loop() {
+/// The server is about to wait in its event loop `loop_id` (0: a
+/// `poll`/`select` loop; see `loops`): it has handled what it read.
+pub fn on_loop(loop_id: u64) {
     let Some(m) = PUMP.get() else {
         return;
     };
     if let Ok(mut p) = m.try_lock() {
         let Pump { replay, host } = &mut *p;
-        replay.on_loop(host);
+        replay.on_loop(host, loop_id);
     }
 }
 
@@ -357,8 +365,8 @@ pub fn wait_timeout(tick: bool, timeout: i32) -> i32 {
 /// next turn, as any wait for input would be. Not before the log has a
 /// time (the server starts up: nothing of the log concerns it), once this
 /// node leads or its server is stopping. True when a turn came. Only for a
-/// wait of the server's event loop (the caller knows).
-pub fn await_turn() -> bool {
+/// wait of the server's event loop `loop_id` (the caller knows).
+pub fn await_turn(loop_id: u64) -> bool {
     if crate::clock::stilled() {
         return false;
     }
@@ -385,7 +393,7 @@ pub fn await_turn() -> bool {
         let seen = region.apply().bell().value();
         drop(p);
         region.apply().bell().wait(seen, Duration::from_millis(5));
-        on_loop();
+        on_loop(loop_id);
     }
 }
 

@@ -98,9 +98,9 @@ pub fn passive_hooked() -> bool {
     !setup::inert() && setup::engine().is_some()
 }
 
-/// Before the server waits in its event loop: its turn ends (both roles
-/// count), and a backup's pump may move on.
-pub fn before_wait(wait: crate::turns::Wait, max: i32) {
+/// Before the server waits in its event loop `loop_id` (see `loops`): its
+/// turn ends (both roles count), and a backup's pump may move on.
+pub fn before_wait(wait: crate::turns::Wait, max: i32, loop_id: u64) {
     let engine = setup::engine();
     // The turn's held replies leave after one commit wait for all: here,
     // or, when another loop waits for the turn lock, once this turn has
@@ -152,7 +152,7 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32) {
             held_output::release_all(&mut || engine.wait_output_upto(mark), &mut fail_held);
         }
     }
-    apply::on_loop();
+    apply::on_loop(loop_id);
 }
 
 thread_local! {

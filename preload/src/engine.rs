@@ -420,7 +420,8 @@ impl Engine {
             &mut w.turn,
             crate::clock::turn_loop(),
             || crate::turns::log_turn(view),
-        );
+        )
+        .returned(matches!(kind, Kind::Data | Kind::Close) && crate::stack_depth::read_returned());
         let Writer { log, gather, .. } = w;
         let mut one = |payload: &[u8]| self.append_one(log, view, tags.entry(), payload);
         if kind == Kind::Data {

@@ -6,7 +6,7 @@
 //! simulation's leader, so the backups there replay what the real leader
 //! logs.
 
-use lockstep_common::entry::{EntryHeader, Kind, SAME_TURN};
+use lockstep_common::entry::{EntryHeader, Kind, RETURNED, SAME_TURN};
 
 /// A server thread's turn as the leader counts it (`turns::current`): its
 /// slot and the waits it entered; None for a thread that never waited.
@@ -65,6 +65,16 @@ impl AppendTags {
             out_hash,
             waits,
         }
+    }
+
+    /// Flags the append's input as read after the function that called its
+    /// turn's wait returned (`RETURNED`, on its first entry; see
+    /// `stack_depth`).
+    pub fn returned(mut self, yes: bool) -> AppendTags {
+        if yes {
+            self.flags |= RETURNED;
+        }
+        self
     }
 
     /// The next entry's fields: the first carries the digest, the append's

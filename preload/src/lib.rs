@@ -49,6 +49,8 @@
 //! - [`setup`]: configuration, attaching to the region, fork handling.
 //! - [`fdtable`]: per-fd state.
 //! - [`turns`]: the server threads' event-loop turns.
+//! - [`stack_depth`]: where a thread reads against where it waited (a read
+//!   after a nested loop returned).
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -71,6 +73,7 @@ pub mod output_check;
 pub mod reentry;
 pub mod replay;
 pub mod setup;
+pub mod stack_depth;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod thread_clock;

@@ -28,7 +28,7 @@ pub(super) unsafe fn epoll_turn(
         return real(max, timeout);
     };
     let loop_id = crate::loops::of_epfd(epfd);
-    event_loop_turn(Wait::Epoll, max, loop_id != 0);
+    event_loop_turn(Wait::Epoll, max, loop_id != 0, loop_id);
     if !dispatch::passive_hooked() || ev.is_null() || max <= 0 {
         let n = probed(timeout, |t| real(max, t));
         let _errno = KeptErrno::now();
@@ -43,7 +43,7 @@ pub(super) unsafe fn epoll_turn(
         && !tick
         && timeout == 0
         && loop_id != 0
-        && caught(crate::apply::await_turn) == Some(true)
+        && caught(|| crate::apply::await_turn(loop_id)) == Some(true)
     {
         // A timer of the server's is due: not before its turn is here.
         (keys, k) = caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));

@@ -45,6 +45,7 @@ pub(super) unsafe fn input(
     let Some((_reentry, bufs)) = (unsafe { enter_tracked(fd, bufs) }) else {
         return real();
     };
+    let _reading = crate::stack_depth::reading(crate::stack_depth::here());
     // SAFETY: per the contract.
     let want = unsafe { bufs.total() };
     let before = caught(|| dispatch::before_input(fd, want, flags))

@@ -238,7 +238,7 @@ pub(super) unsafe fn select_interest(n: c_int, w: *const libc::fd_set) {
 fn turn_news(awaits: bool) -> ([i32; crate::turns::MAX_WIDTH], usize, bool) {
     let (mut unread, mut k) = unread_fds();
     let mut tick = caught(|| crate::apply::must_not_block(0)).unwrap_or(false);
-    if k == 0 && !tick && awaits && caught(crate::apply::await_turn) == Some(true) {
+    if k == 0 && !tick && awaits && caught(|| crate::apply::await_turn(0)) == Some(true) {
         (unread, k) = unread_fds();
         tick = caught(|| crate::apply::must_not_block(0)).unwrap_or(false);
     }
@@ -265,7 +265,7 @@ pub(super) unsafe fn poll_turn(
     unsafe { poll_interest(fds, n) };
     // SAFETY: per the contract.
     let serves = unsafe { poll_serves(fds, n) };
-    event_loop_turn(Wait::Scan, 0, serves);
+    event_loop_turn(Wait::Scan, 0, serves, 0);
     let (unread, k, tick) = turn_news(serves && zero_timeout);
     // SAFETY: per the contract.
     let r = real(tick || unsafe { poll_unread(fds, n, &unread[..k]) });
@@ -296,7 +296,7 @@ pub(super) unsafe fn select_turn(
     unsafe { select_interest(n, w) };
     // SAFETY: per the contract.
     let serves = unsafe { select_serves(n, r) };
-    event_loop_turn(Wait::Scan, 0, serves);
+    event_loop_turn(Wait::Scan, 0, serves, 0);
     let (unread, k, tick) = turn_news(serves && zero_timeout);
     let asked = if r.is_null() {
         None

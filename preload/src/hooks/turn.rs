@@ -11,11 +11,13 @@ use crate::dispatch;
 use crate::sys::{errno, set_errno};
 use crate::turns::{Wait, MAX_WIDTH};
 
-/// The server is about to wait in its event loop (`max`: epoll's
-/// maxevents; `serves`: the wait watches fds of the server's). A
+/// The server is about to wait in its event loop `loop_id` (0: none
+/// named, see `loops`; `max`: epoll's maxevents; `serves`: the wait
+/// watches fds of the server's). A
 /// `poll`/`select` of a server that runs epoll loops is a wait of a
 /// thread's own, not a loop (see `loops::any`).
-pub(super) fn event_loop_turn(wait: Wait, max: c_int, serves: bool) {
+pub(super) fn event_loop_turn(wait: Wait, max: c_int, serves: bool, loop_id: u64) {
+    crate::stack_depth::waited(crate::stack_depth::here());
     if dispatch::passive_hooked() {
         let e = errno();
         if serves && (wait == Wait::Epoll || !crate::loops::any()) {
@@ -24,7 +26,7 @@ pub(super) fn event_loop_turn(wait: Wait, max: c_int, serves: bool) {
         if !GENERATORS_SEEDED.load(Ordering::Relaxed) {
             seed_server_generators();
         }
-        let _ = caught(|| dispatch::before_wait(wait, max));
+        let _ = caught(|| dispatch::before_wait(wait, max, loop_id));
         set_errno(e);
     }
 }

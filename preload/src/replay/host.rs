@@ -55,6 +55,13 @@ pub trait Host {
     fn wants_write(&self, fd: i32) -> bool;
     /// The event loop that waits for `fd` (diagnostics only).
     fn loop_of(&self, fd: i32) -> Option<u64>;
+    /// Where on its stack the calling thread last waited (see
+    /// `stack_depth`; 0: not known).
+    fn wait_mark(&self) -> u64;
+    /// Whether the calling thread's current read runs further out on its
+    /// stack than its reads usually run against its wait at `since`: the
+    /// function that called that wait returned (see `stack_depth`).
+    fn read_returned_from(&self, since: u64) -> bool;
 
     /// The log reached an entry of time `us` (see `clock::enter_input`).
     fn enter_input(&mut self, us: u64);

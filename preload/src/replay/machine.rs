@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, HEADER_LEN, SAME_TURN};
+use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, HEADER_LEN, RETURNED, SAME_TURN};
 
 use super::host::Host;
 use crate::clock::TurnReads;
@@ -23,6 +23,9 @@ const TURN_STUCK: Duration = Duration::from_secs(5);
 
 /// One replay connection.
 struct Conn {
+    /// Whether the replay connected it (an ACCEPT of a turn that is not
+    /// due yet waits: see `Replay::dial_due`).
+    dialed: bool,
     /// The server's end (-1 until the server accepted it).
     server_fd: i32,
     /// The bytes of the current turn for the server to read (a range of
@@ -139,8 +142,10 @@ pub struct Replay {
     turn_waits: u32,
     stash_waits: u32,
     /// The thread (slot) whose wait started the turn in flight, and its
-    /// wait count then (None: no server thread started it yet).
+    /// wait count then (None: no server thread started it yet); where on
+    /// its stack that wait was (see `stack_depth`).
     started_at: Option<(usize, u64)>,
+    started_sp: u64,
     /// The `TICK` being handed over: its loop, and the thread (slot) whose
     /// wait of that loop returned for it with its wait count then.
     tick: Option<(u64, Option<(usize, u64)>)>,
@@ -187,13 +192,14 @@ impl Replay {
     /// Hands over turns until one is in flight or none is left, off the
     /// server's threads (the applier).
     pub fn run<H: Host>(&mut self, host: &mut H) {
-        self.run_from(host, false);
+        self.run_from(host, None);
     }
 
-    /// The server is about to wait in its event loop (`epoll_wait`,
-    /// `poll`, `select` and their variants): it has handled what it read.
-    pub fn on_loop<H: Host>(&mut self, host: &mut H) {
-        self.run_from(host, true);
+    /// The server is about to wait in its event loop `loop_id` (0: a
+    /// `poll`/`select` loop; `epoll_wait`, `poll`, `select` and their
+    /// variants): it has handled what it read.
+    pub fn on_loop<H: Host>(&mut self, host: &mut H, loop_id: u64) {
+        self.run_from(host, Some(loop_id));
     }
 
     /// Whether a wait of loop `loop_id` must not block: a `TICK` of that
@@ -207,7 +213,7 @@ impl Replay {
             .is_some_and(|(id, taken)| id == loop_id && taken.is_none());
         let held_back = !self.started()
             && self.turn.first().is_some_and(|f| {
-                matches!(f.kind, Kind::Data | Kind::Close)
+                matches!(f.kind, Kind::Data | Kind::Close | Kind::Accept)
                     && f.turn_loop.map(u64::from) == Some(loop_id)
             })
             && !self.due(host);
@@ -227,7 +233,9 @@ impl Replay {
         let Some(first) = self.turn.first().copied() else {
             return;
         };
-        if self.started() && first.kind != Kind::Tick {
+        if (self.started() || self.undialed()) && first.kind != Kind::Tick {
+            // Started, or its accepts are not connected yet: this wait saw
+            // nothing of it.
             return;
         }
         let due = self.due(host);
@@ -240,11 +248,18 @@ impl Replay {
                 }
                 _ => false,
             },
+            // An input its leader read only after the nested loop whose
+            // wait began the turn returned: that wait reported nothing of
+            // it (see `unread`), and the turn is its all the same.
+            _ if first.flags & RETURNED != 0 => {
+                due && first.turn_loop.is_none_or(|l| u64::from(l) == loop_id)
+            }
             _ => runs_in(&first, loop_id, delivers),
         };
         if mine {
             let slot = host.slot();
             self.started_at = Some((slot, host.waits(slot)));
+            self.started_sp = host.wait_mark();
             host.handed(first.view);
             host.enter_turn(first.seq, first.time_us);
         }
@@ -362,6 +377,16 @@ impl Replay {
                 // Not accepted yet: the connections after it wait, or the
                 // server would read them before it, against the log's
                 // order.
+                break;
+            }
+            let returned = self
+                .first_unread(h.conn)
+                .is_some_and(|at| self.turn[at].flags & RETURNED != 0);
+            if returned && !self.outer_wait(host) {
+                // Its leader's server read it only once the nested loop
+                // whose wait began the turn had returned, from an event
+                // that wait did not report (see `stack_depth`): not this
+                // wait either, nor a nested one after it.
                 break;
             }
             if n == MAX_WIDTH {
@@ -533,15 +558,27 @@ impl Replay {
     /// and reads it at the next, so it read a later connection of the same
     /// wait first and stored an `append` before the leader's `set`.
     fn read_waits<H: Host>(&self, host: &H, conn: u64) -> bool {
-        let Some(at) = self
-            .turn
-            .iter()
-            .enumerate()
-            .position(|(i, h)| h.conn == conn && self.entry_unread(i))
-        else {
+        let Some(at) = self.first_unread(conn) else {
             return false;
         };
         self.read_before(conn, at) || !self.readable(host, at)
+    }
+
+    /// The first entry of `conn` in the turn in flight still to be read.
+    fn first_unread(&self, conn: u64) -> Option<usize> {
+        self.turn
+            .iter()
+            .enumerate()
+            .position(|(i, h)| h.conn == conn && self.entry_unread(i))
+    }
+
+    /// Whether the calling thread waits further out on its stack than the
+    /// wait that began the turn in flight: the nested loop that wait was in
+    /// returned (see `stack_depth`).
+    fn outer_wait<H: Host>(&self, host: &H) -> bool {
+        self.started()
+            && self.started_sp != 0
+            && host.wait_mark() as i64 - self.started_sp as i64 > crate::stack_depth::RETURNED_BY
     }
 
     /// Whether the server may read entry `i` of the turn in flight: it
@@ -553,6 +590,15 @@ impl Replay {
     /// answered `-BUSY`. The gate holds only while the thread that handled
     /// the turn runs it: once it waits again, those reads will not come.
     fn readable<H: Host>(&self, host: &H, i: usize) -> bool {
+        if self.turn[i].flags & RETURNED != 0
+            && self.started()
+            && !host.read_returned_from(self.started_sp)
+        {
+            // The leader's server read it only after the function that
+            // called the turn's wait returned (see `stack_depth`): not from
+            // inside that function here either, whatever waits it makes.
+            return false;
+        }
         let need = self.after_reads.get(i).copied().unwrap_or(0);
         if need == 0 {
             return true;
@@ -601,8 +647,9 @@ impl Replay {
     }
 
     /// Hands over turns until one is in flight or none is left
-    /// (`from_server`: on the server thread, about to wait).
-    fn run_from<H: Host>(&mut self, host: &mut H, from_server: bool) {
+    /// (`from_loop`: on the server thread about to wait in that loop).
+    fn run_from<H: Host>(&mut self, host: &mut H, from_loop: Option<u64>) {
+        let from_server = from_loop.is_some();
         let Some((epoch, start)) = host.stream() else {
             return;
         };
@@ -611,6 +658,9 @@ impl Replay {
         }
         loop {
             if !self.turn.is_empty() {
+                if let Some(id) = from_loop {
+                    self.dial_due(host, id);
+                }
                 if !self.progress(host) {
                     return;
                 }
@@ -619,6 +669,47 @@ impl Replay {
             if !self.take_turn(host, from_server) {
                 return;
             }
+        }
+    }
+
+    /// Whether accepts of the turn in flight wait to be connected.
+    fn undialed(&self) -> bool {
+        self.turn
+            .iter()
+            .any(|h| h.kind == Kind::Accept && self.conns.get(&h.seq).is_some_and(|c| !c.dialed))
+    }
+
+    /// Whether the turn's accepts wait until it is due: the leader's
+    /// server accepted them some waits after its last turn, in an epoll
+    /// loop (whose alarm wakes it). Connected at once, a replay connection
+    /// is reported by any wait (the kernel's listener), and a server that
+    /// runs a nested loop (Redis inside a busy script) would accept it,
+    /// and read the turn's inputs, inside the script.
+    fn defers_accepts(&self) -> bool {
+        self.turn_waits > 0
+            && self
+                .turn
+                .first()
+                .and_then(|f| f.turn_loop)
+                .is_some_and(|l| l != 0)
+    }
+
+    /// On the server thread about to wait in loop `loop_id`: connects the
+    /// turn's accepts when the turn is this loop's and due (see
+    /// `defers_accepts`); this wait then reports them.
+    fn dial_due<H: Host>(&mut self, host: &mut H, loop_id: u64) {
+        let mine = self.turn.first().and_then(|f| f.turn_loop).map(u64::from) == Some(loop_id);
+        if !self.undialed() || !mine || !self.due(host) {
+            return;
+        }
+        let conns: Vec<u64> = self
+            .turn
+            .iter()
+            .filter(|h| h.kind == Kind::Accept)
+            .map(|h| h.seq)
+            .collect();
+        for conn in conns {
+            self.dial(host, conn);
         }
     }
 
@@ -713,6 +804,13 @@ impl Replay {
             .collect();
         if self.tick.is_some() {
             self.wake_tick_loop(host);
+        } else if self.undialed() {
+            // Its loop's thread connects them once the turn is due: wake it
+            // from its wait to count (the applier took the turn), or let it
+            // go round without blocking (see `must_not_block`).
+            if let Some(id) = self.turn.first().and_then(|f| f.turn_loop) {
+                host.wake_loop(u64::from(id));
+            }
         } else if !(from_server && self.read_here(host)) {
             self.ring_bell(host);
         }
@@ -794,7 +892,12 @@ impl Replay {
     fn begin<H: Host>(&mut self, host: &mut H, h: EntryHeader) {
         host.enter_input(h.time_us);
         match h.kind {
-            Kind::Accept => self.open(host, h.seq),
+            Kind::Accept => {
+                self.register(h.seq);
+                if !self.defers_accepts() {
+                    self.dial(host, h.seq);
+                }
+            }
             // Their output checks run as the server starts the turn.
             Kind::Data | Kind::Close => {}
             Kind::View => self.end_all(host),
@@ -829,6 +932,7 @@ impl Replay {
         self.window_reads = 0;
         self.reads_made = None;
         self.started_at = None;
+        self.started_sp = 0;
         self.consumed_at = None;
         self.pending_since = None;
         self.stuck_said = false;
@@ -1048,13 +1152,12 @@ impl Replay {
 
     /// Whether the calling server thread entered as many waits since its
     /// last turn as the leader's thread did before the turn in flight. A
-    /// turn the kernel reports (its first entry an ACCEPT: the
-    /// listener is ready: the connections are there) runs at the first wait
-    /// that sees it, whatever the count, inputs joined to it included.
+    /// turn that begins with accepts is due alike: its connections are
+    /// dialed only then (see `defers_accepts`), where its loop can tell.
     fn due<H: Host>(&self, host: &H) -> bool {
         self.turn
             .first()
-            .is_none_or(|f| f.kind == Kind::Accept || host.due(f.view, self.turn_waits))
+            .is_none_or(|f| host.due(f.view, self.turn_waits))
     }
 
     /// The server read the EOF of, or closed, connection `conn`: its clock
@@ -1155,14 +1258,24 @@ impl Replay {
             .any(|h| h.seq > anchor && matches!(h.kind, Kind::Data | Kind::Accept | Kind::Close))
     }
 
-    /// ACCEPT: connects to the server (it accepts in its event loop).
-    fn open<H: Host>(&mut self, host: &mut H, conn: u64) {
+    /// ACCEPT: connects to the server (it accepts in its event loop); a
+    /// connection that cannot be opened is dropped (its inputs skipped).
+    fn dial<H: Host>(&mut self, host: &mut H, conn: u64) {
         if !host.connect(conn) {
+            self.conns.remove(&conn);
             return;
         }
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.dialed = true;
+        }
+    }
+
+    /// ACCEPT: the connection the turn opens (see `dial`).
+    fn register(&mut self, conn: u64) {
         self.conns.insert(
             conn,
             Conn {
+                dialed: false,
                 server_fd: -1,
                 inbox: (0, 0),
                 served: 0,

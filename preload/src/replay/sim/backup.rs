@@ -13,9 +13,10 @@ use lockstep_common::region::Region;
 use lockstep_common::ring::{ReadOutcome, RingReader};
 
 use super::log::{SimLog, MAX_ENTRY, RING_SIZE};
-use super::server::{Os, Read, Ready, Role, Server, Setup, Shape, LISTENER_FD};
+use super::server::{read_sp, wait_sp, Os, Read, Ready, Role, Server, Setup, Shape, LISTENER_FD};
 use crate::clock::ORIGIN_US;
 use crate::replay::{Host, Replay, Served};
+use crate::stack_depth::StackMarks;
 use crate::thread_clock::ThreadClock;
 use crate::turns::{TurnMarks, MAX_WIDTH};
 use lockstep_launcher::rng::Rng;
@@ -29,6 +30,7 @@ pub struct SimThread {
     pub running: bool,
     pub marks: TurnMarks,
     pub clock: ThreadClock,
+    pub stack: StackMarks,
 }
 
 impl SimThread {
@@ -37,6 +39,7 @@ impl SimThread {
         running: false,
         marks: TurnMarks::NEW,
         clock: ThreadClock::NEW,
+        stack: StackMarks::NEW,
     };
 }
 
@@ -183,6 +186,14 @@ impl Host for SimHost {
         None
     }
 
+    fn wait_mark(&self) -> u64 {
+        self.threads[self.cur].stack.last_wait()
+    }
+
+    fn read_returned_from(&self, since: u64) -> bool {
+        self.threads[self.cur].stack.read_returned_from(since)
+    }
+
     fn enter_input(&mut self, us: u64) {
         if us != 0 {
             self.log_time.store(us, Ordering::Release);
@@ -251,6 +262,8 @@ struct BackupOs<'a> {
     eagerness: u64,
     /// Waits so far (a bound against a spinning server).
     iterations: u64,
+    /// How deep the server's loop runs now (see `Os::at_depth`).
+    depth: u32,
     /// A server with two loops: the thread whose loop watches each
     /// connection (absent: handed over, not taken yet), and the
     /// connections the listener handed to the worker.
@@ -280,6 +293,7 @@ impl<'a> BackupOs<'a> {
             spins: setup.spins,
             eagerness,
             iterations: 0,
+            depth: 0,
             watch: BTreeMap::new(),
             handed: VecDeque::new(),
         }
@@ -314,10 +328,11 @@ impl BackupOs<'_> {
         }
         // `dispatch::before_wait`.
         let th = &mut os.host.threads[0];
+        th.stack.waited(wait_sp(os.depth));
         th.waits += 1;
         th.running = false;
         th.clock.leave_turn();
-        os.replay.on_loop(os.host);
+        os.replay.on_loop(os.host, loop_id);
         // The wait hook (`hooks::epoll`/`hooks::scan`).
         let unread = |os: &BackupOs| -> Vec<i32> {
             let fds: Vec<i32> = os
@@ -337,7 +352,7 @@ impl BackupOs<'_> {
                 if !os.host.deliver(1 + os.rng.below(3) as usize) {
                     break;
                 }
-                os.replay.on_loop(os.host);
+                os.replay.on_loop(os.host, loop_id);
             }
             keys = unread(&*os);
             tick = os.replay.must_not_block(os.host, loop_id);
@@ -408,7 +423,12 @@ impl BackupOs<'_> {
             ready.append(&mut from_kernel);
         }
         if std::env::var("LOCKSTEP_SIM_VERBOSE").is_ok() {
-            eprintln!("wait: {ready:?} {}", os.replay.describe());
+            eprintln!(
+                "wait: n{} d{} {ready:?} {}",
+                os.host.threads[0].waits,
+                os.depth,
+                os.replay.describe()
+            );
         }
         Some(ready)
     }
@@ -441,6 +461,9 @@ impl Os for BackupOs<'_> {
         let Some(&conn) = self.fds.get(&fd) else {
             return Read::Again;
         };
+        // The read hook's mark (`stack_depth::reading`).
+        let cur = self.host.cur;
+        self.host.threads[cur].stack.read(read_sp(self.depth));
         let mut got = Vec::new();
         // A server that reads once per event reads with its whole buffer
         // (the leader's read took no more); one that reads until EAGAIN
@@ -500,6 +523,10 @@ impl Os for BackupOs<'_> {
 
     fn busy(&mut self, _us: u64) {}
 
+    fn at_depth(&mut self, depth: u32) {
+        self.depth = depth;
+    }
+
     fn hand_over(&mut self, fd: i32, id: u64) {
         self.watch.remove(&fd);
         self.handed.push_back((fd, id));
@@ -533,10 +560,11 @@ impl BackupOs<'_> {
     fn enter_wait(&mut self, t: usize) {
         self.host.cur = t;
         let th = &mut self.host.threads[t];
+        th.stack.waited(wait_sp(self.depth));
         th.waits += 1;
         th.running = false;
         th.clock.leave_turn();
-        self.replay.on_loop(self.host);
+        self.replay.on_loop(self.host, t as u64 + 1);
     }
 
     /// What the kernel reports to thread `t`'s loop: the listener's
@@ -583,7 +611,7 @@ impl BackupOs<'_> {
                         if !self.host.deliver(1 + self.rng.below(3) as usize) {
                             break;
                         }
-                        self.replay.on_loop(self.host);
+                        self.replay.on_loop(self.host, loop_id);
                     }
                     keys = unread(self);
                     tick = self.replay.must_not_block(self.host, loop_id);
@@ -755,16 +783,22 @@ pub fn run(rng: &mut Rng, setup: &Setup, log: &SimLog, node: u64) -> BackupRun {
 
 #[cfg(test)]
 mod tests {
-    use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, SAME_TURN};
+    use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, RETURNED, SAME_TURN};
 
     use super::*;
 
     /// A thread's wait begins (`dispatch::before_wait`).
     fn enter_wait(replay: &mut Replay, host: &mut SimHost) {
+        enter_wait_at(replay, host, 0);
+    }
+
+    /// A wait of a loop running `depth` deep (see `Os::at_depth`).
+    fn enter_wait_at(replay: &mut Replay, host: &mut SimHost, depth: u32) {
+        host.threads[0].stack.waited(wait_sp(depth));
         host.threads[0].waits += 1;
         host.threads[0].running = false;
         host.threads[0].clock.leave_turn();
-        replay.on_loop(host);
+        replay.on_loop(host, 1);
     }
 
     fn entry(kind: Kind, conn: u64, flags: u8, waits: u32, time_us: u64) -> EntryHeader {
@@ -783,6 +817,59 @@ mod tests {
     /// read the input only once it made those reads (inside the script it
     /// answered `-BUSY`); had it waited again without making them, they
     /// would not come, and the input is its to read.
+    /// Redis read a client's `PING` after a busy script ended, from an
+    /// entry a nested wait had left in its fired array: no wait between
+    /// the nested one and the read, which ran further out on the stack
+    /// (`RETURNED`). A backup's nested wait where that turn is due starts
+    /// it (its clock reads are the turn's) but reports nothing of it, and a
+    /// read inside the script gets nothing (it would answer `-BUSY`),
+    /// whatever nested waits follow; the outer loop reads it, from its own
+    /// stale entry or after its next wait.
+    #[test]
+    fn an_input_the_leader_read_after_the_nested_loop_returned_waits_for_the_outer_loop() {
+        let t = 1_700_000_000_000_000;
+        for outer_wait in [false, true] {
+            let mut log = SimLog::new("returned");
+            let (_, conn) = log.append(&entry(Kind::Accept, 0, 0, 0, t), &[]);
+            let mut ping = entry(Kind::Data, conn, RETURNED, 1, t + 1_000);
+            ping.out_hash = OutputDigest::default().pack();
+            log.append(&ping, b"PING\r\n");
+            let mut host = SimHost::new(&log, 2, 8, 1);
+            host.deliver(usize::MAX);
+            let mut replay = Replay::new();
+            // The accept's turn, in the outer loop; a read there sets how
+            // far above its wait the server reads.
+            enter_wait(&mut replay, &mut host);
+            assert_eq!(host.backlog.pop_front(), Some(conn));
+            host.threads[0].running = true;
+            replay.turn_returned(&mut host, 1, false);
+            replay.accepted(&mut host, conn, 10);
+            host.threads[0].stack.read(read_sp(0));
+            // A script's nested loop waits: the input's turn is due there.
+            enter_wait_at(&mut replay, &mut host, 1);
+            assert_eq!(replay.unread(&host)[0], -1, "not reported");
+            host.threads[0].running = true;
+            replay.turn_returned(&mut host, 1, false);
+            assert!(replay.describe().starts_with("started true"));
+            let read = |replay: &mut Replay, host: &mut SimHost, depth: u32| {
+                host.threads[0].stack.read(read_sp(depth));
+                replay.serve(host, conn, false, &mut |b: &[u8]| b.len())
+            };
+            assert_eq!(read(&mut replay, &mut host, 1), Served::Empty);
+            // More nested waits neither report it nor let the script's
+            // loop read it.
+            enter_wait_at(&mut replay, &mut host, 1);
+            assert_eq!(replay.unread(&host)[0], -1);
+            assert_eq!(read(&mut replay, &mut host, 1), Served::Empty);
+            if outer_wait {
+                // The script ended and the outer loop waits again.
+                enter_wait_at(&mut replay, &mut host, 0);
+                assert_eq!(replay.unread(&host)[0], 10, "reported to the outer loop");
+            }
+            assert_eq!(read(&mut replay, &mut host, 0), Served::Bytes(6));
+        }
+    }
+
     #[test]
     fn an_input_the_leader_read_after_clock_reads_waits_for_them() {
         let t = 1_700_000_000_000_000;

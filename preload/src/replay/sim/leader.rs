@@ -11,9 +11,10 @@ use std::sync::atomic::AtomicU64;
 use lockstep_common::entry::{Kind, OutputDigest};
 
 use super::log::{SimLog, MAX_ENTRY};
-use super::server::{Os, Read, Ready, Role, Server, Setup, Shape, LISTENER_FD};
+use super::server::{read_sp, wait_sp, Os, Read, Ready, Role, Server, Setup, Shape, LISTENER_FD};
 use crate::clock::ORIGIN_US;
 use crate::entry_tags::{turn_end, AppendTags};
+use crate::stack_depth::StackMarks;
 use crate::thread_clock::ThreadClock;
 use crate::turn_time::leader_value;
 use crate::turns::TurnMarks;
@@ -103,6 +104,7 @@ struct LeaderConn {
 struct LeaderThread {
     clock: ThreadClock,
     marks: TurnMarks,
+    stack: StackMarks,
     waits: u64,
     /// Its loop (`loops`), and when its wait times out (µs, real time).
     loop_id: u64,
@@ -114,6 +116,7 @@ impl LeaderThread {
         LeaderThread {
             clock: ThreadClock::NEW,
             marks: TurnMarks::NEW,
+            stack: StackMarks::NEW,
             waits: 0,
             loop_id,
             deadline: u64::MAX,
@@ -135,6 +138,10 @@ struct LeaderOs<'a> {
     cur: usize,
     /// Connections the listener handed to the worker, not taken yet.
     handed: VecDeque<(i32, u64)>,
+    /// How deep the server's loop runs now, and whether the read being
+    /// logged ran further out than its wait (`stack_depth`).
+    depth: u32,
+    returned: bool,
     /// The (thread, wait count) of the last entry's turn (`Engine`'s
     /// `w.turn`), and whether the last logged turn's end is not logged yet
     /// (`w.open`).
@@ -186,7 +193,8 @@ impl LeaderOs<'_> {
             &mut self.writer_turn,
             turn_loop,
             || marks.log_turn(view, waits),
-        );
+        )
+        .returned(self.returned && matches!(kind, Kind::Data | Kind::Close));
         let mut first = None;
         let log = &mut *self.log;
         let mut one = |payload: &[u8]| {
@@ -234,6 +242,8 @@ impl LeaderOs<'_> {
         if let Some((t, loop_id)) = self.th().clock.take_unlogged() {
             self.append(Kind::Tick, loop_id, 0, &[], Some(t));
         }
+        let sp = wait_sp(self.depth);
+        self.th().stack.waited(sp);
         self.th().waits += 1;
         self.th().clock.leave_turn();
         if shape == Shape::Scan {
@@ -410,6 +420,35 @@ impl LeaderOs<'_> {
     }
 }
 
+impl LeaderOs<'_> {
+    /// A read of `fd` as the leader's read hook logs it.
+    fn read_logged(&mut self, fd: i32) -> Read {
+        let real = self.real;
+        let Some(c) = self.conns.get_mut(&fd) else {
+            return Read::Again;
+        };
+        let client = &self.clients[c.client];
+        let mut bytes = Vec::new();
+        while let Some((_, b)) = client.sends.get(c.read).filter(|(t, _)| *t <= real) {
+            bytes.extend_from_slice(b);
+            c.read += 1;
+        }
+        let conn = c.conn;
+        if !bytes.is_empty() {
+            let digest = std::mem::take(&mut c.out).pack();
+            self.append(Kind::Data, conn, digest, &bytes, None);
+            return Read::Bytes(bytes);
+        }
+        if c.read == client.sends.len() && client.hangs_up && !c.eof_read {
+            c.eof_read = true;
+            let digest = std::mem::take(&mut c.out).pack();
+            self.append(Kind::Close, conn, digest, &[], None);
+            return Read::Eof;
+        }
+        Read::Again
+    }
+}
+
 impl Os for LeaderOs<'_> {
     fn now(&self) -> u64 {
         match self.threads[self.cur].clock.now() {
@@ -464,29 +503,15 @@ impl Os for LeaderOs<'_> {
     }
 
     fn read(&mut self, fd: i32) -> Read {
-        let real = self.real;
-        let Some(c) = self.conns.get_mut(&fd) else {
-            return Read::Again;
-        };
-        let client = &self.clients[c.client];
-        let mut bytes = Vec::new();
-        while let Some((_, b)) = client.sends.get(c.read).filter(|(t, _)| *t <= real) {
-            bytes.extend_from_slice(b);
-            c.read += 1;
-        }
-        let conn = c.conn;
-        if !bytes.is_empty() {
-            let digest = std::mem::take(&mut c.out).pack();
-            self.append(Kind::Data, conn, digest, &bytes, None);
-            return Read::Bytes(bytes);
-        }
-        if c.read == client.sends.len() && client.hangs_up && !c.eof_read {
-            c.eof_read = true;
-            let digest = std::mem::take(&mut c.out).pack();
-            self.append(Kind::Close, conn, digest, &[], None);
-            return Read::Eof;
-        }
-        Read::Again
+        let sp = read_sp(self.depth);
+        self.returned = self.th().stack.read(sp);
+        let read = self.read_logged(fd);
+        self.returned = false;
+        read
+    }
+
+    fn at_depth(&mut self, depth: u32) {
+        self.depth = depth;
     }
 
     fn write(&mut self, fd: i32, bytes: &[u8]) -> usize {
@@ -613,6 +638,8 @@ fn leader_os<'a>(
         threads: vec![LeaderThread::new(shape.loop_id())],
         cur: 0,
         handed: VecDeque::new(),
+        depth: 0,
+        returned: false,
         writer_turn: None,
         open: false,
         accepted: vec![false; clients.len()],

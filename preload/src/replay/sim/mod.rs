@@ -6,8 +6,11 @@
 //! loops, a listener with the timer handing each connection to a worker
 //! through a pipe, as memcached does), reading once per event or until
 //! EAGAIN, with or without a periodic timer and scripts that let the loop
-//! run; clients that read late make the leader's server send large replies
-//! over several turns. The leader's model server runs under the
+//! run (as Redis's `processEventsWhileBlocked`: up to four nested
+//! iterations while they handle something, one fired-events list the outer
+//! loop goes on over once the script ended, waits and reads at the stack
+//! depth of their loop); clients that read late make the leader's server
+//! send large replies over several turns. The leader's model server runs under the
 //! leader preload's rules and the real `LeaderWriter` logs its turns into
 //! real regions; each backup's model server then runs the log through the
 //! real [`Replay`](crate::replay::Replay), its follower delivering entries,
@@ -18,6 +21,14 @@
 //! same times, the same timer runs — counted no divergence, applied the
 //! whole log, and never waited for a log that had nothing more to say. A
 //! failure names its seed; `LOCKSTEP_SIM_SEED=n` runs that one alone.
+//!
+//! `LOCKSTEP_SIM_STALE_FIRED=1` keeps Redis's whole fired array: the outer
+//! loop goes on up to its own wait's count over entries older waits left
+//! (the default model keeps only the last nested wait's). One seed in
+//! 10,000 then differs: the leader's outer loop read a connection from an
+//! entry its outer wait had left, a backup's array lacks it (its waits
+//! reported the log's connections, not the kernel's) and reads it at its
+//! next wait, after the timer — a known limit (README).
 
 mod backup;
 mod leader;

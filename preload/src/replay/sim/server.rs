@@ -95,6 +95,18 @@ pub enum Read {
 /// The listener's fd (lowest: a scanning server looks at it first).
 pub const LISTENER_FD: i32 = 3;
 
+/// Where on its stack the model server waits when its loop runs `depth`
+/// deep: a nested loop's frames lie 1.7 KiB below (as Redis's inside a
+/// script).
+pub fn wait_sp(depth: u32) -> u64 {
+    (1 << 20) - 1_728 * u64::from(depth)
+}
+
+/// Where it reads in a loop `depth` deep: a little above that loop's wait.
+pub fn read_sp(depth: u32) -> u64 {
+    wait_sp(depth) + 300
+}
+
 /// What the server asks of its operating system.
 pub trait Os {
     /// What its clock reads now, outside any counted read (for its wait's
@@ -126,6 +138,10 @@ pub trait Os {
     }
     /// The server works for `us` without a syscall.
     fn busy(&mut self, us: u64);
+    /// The server's loop runs nested `depth` deep (inside a script's
+    /// command: 1), which its waits and reads show on its stack (see
+    /// [`wait_sp`]).
+    fn at_depth(&mut self, depth: u32);
 }
 
 /// One client connection.
@@ -163,10 +179,12 @@ pub struct Server {
     /// until EAGAIN, as memcached does); only such a server lets its loop
     /// run inside a long script.
     pub read_once: bool,
-    /// The fired events of the last wait (see `handle`).
+    /// The fired events of the waits so far, as one array (see `handle`).
     fired: Vec<Ready>,
     /// The part this loop plays.
     pub role: Role,
+    /// Replies made so far.
+    replies: u64,
 }
 
 impl Server {
@@ -200,6 +218,7 @@ impl Server {
             read_once,
             fired: Vec::new(),
             role: Role::Single,
+            replies: 0,
         }
     }
 
@@ -231,8 +250,29 @@ impl Server {
         }
     }
 
-    /// One loop iteration after a wait reported `ready`.
-    pub fn handle(&mut self, os: &mut dyn Os, ready: &[Ready]) {
+    /// Redis's `processEventsWhileBlocked`: up to four iterations of the
+    /// loop, nested in the script, without blocking, while each handles
+    /// something — an event, or replies the one before left to write (its
+    /// `beforeSleep` writes them and counts them as events).
+    fn while_blocked(&mut self, os: &mut dyn Os) {
+        os.at_depth(1);
+        let mut pending = false;
+        for _ in 0..4 {
+            let Some(ready) = os.wait(Some(0)) else {
+                break;
+            };
+            let replies = self.replies;
+            let events = self.handle(os, &ready) + usize::from(pending);
+            pending = self.replies > replies;
+            if events == 0 {
+                break;
+            }
+        }
+    }
+
+    /// One loop iteration after a wait reported `ready`: how many events
+    /// it handled.
+    pub fn handle(&mut self, os: &mut dyn Os, ready: &[Ready]) -> usize {
         let mut ready = ready.to_vec();
         match self.shape {
             Shape::Epoll | Shape::EpollOne | Shape::EpollEt => ready.truncate(self.maxevents),
@@ -245,15 +285,23 @@ impl Server {
         // A running script's own connection is not watched (Redis protects
         // it).
         ready.retain(|r| self.script.is_none_or(|fd| *r != Ready::Conn(fd)));
-        // One list of fired events, as Redis's event loop has: a wait
-        // inside a script's command replaces it, and the outer loop goes on
-        // over what that wait fired. (Redis goes on up to the outer wait's
-        // count, over entries the inner wait left: events a backup cannot
-        // know its leader's outer wait had. Not modeled; the README says
-        // so.)
-        self.fired = ready;
+        // One array of fired events, as Redis's event loop has: a wait
+        // inside a script's command overwrites its first entries, and once
+        // the script ended the outer loop goes on up to its own wait's
+        // count, over what the inner waits left there. Such a read runs
+        // after the script's nested loop returned: the leader flags it
+        // (`stack_depth`).
+        let n = ready.len();
+        if std::env::var("LOCKSTEP_SIM_STALE_FIRED").is_ok() {
+            if self.fired.len() < n {
+                self.fired.resize(n, Ready::Listener);
+            }
+            self.fired[..n].copy_from_slice(&ready);
+        } else {
+            self.fired = ready;
+        }
         let mut j = 0;
-        while j < self.fired.len() {
+        while j < n.min(self.fired.len()) {
             let r = self.fired[j];
             j += 1;
             match r {
@@ -298,6 +346,7 @@ impl Server {
                 self.due = t + self.period;
             }
         }
+        n
     }
 
     /// Serves connection `fd`, the `id`th accepted.
@@ -350,6 +399,7 @@ impl Server {
                         if let Some(c) = self.conns.get_mut(&fd) {
                             c.out.extend_from_slice(reply.as_bytes());
                         }
+                        self.replies += 1;
                         self.flush(os, fd);
                     }
                     if self.read_once {
@@ -416,12 +466,11 @@ impl Server {
                         if !self.read_once {
                             continue;
                         }
-                        if let Some(ready) = os.wait(Some(0)) {
-                            self.handle(os, &ready);
-                        }
+                        self.while_blocked(os);
                     }
                 }
                 self.script = None;
+                os.at_depth(0);
                 let killed = std::mem::take(&mut self.killed);
                 format!("+script {done} {} killed {killed}\n", last - t)
             }
