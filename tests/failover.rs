@@ -768,8 +768,7 @@ fn leader_server_killed_alone_fails_over() {
 
     // Restarted, the node rebuilds its server from the log as a backup.
     c.kill_follower(old);
-    c.start_follower(old);
-    c.start_server(old);
+    c.restart_node(old);
     f.wait_role(old, "backup", new);
     f.wait_converged(new, &all);
     f.assert_digests_agree(&all);
@@ -888,9 +887,10 @@ fn leader_kills_in_a_row(test: &str, nodes: usize, rounds: usize) {
         );
         eprintln!("round {round}: leader {leader} killed, {next} took over");
         load.wait_progress(&f, 20, &format!("clients served after kill {round}"));
-        // The killed node comes back (fresh server, same data dir) as a backup.
-        c.start_follower(leader);
-        c.start_server(leader);
+        // The killed node comes back (same data dir) as a backup: its
+        // server restored from its snapshot, else a fresh one rebuilt from
+        // the log.
+        c.restart_node(leader);
         f.wait_role(leader, "backup", next);
         leader = next;
     }
@@ -1105,8 +1105,7 @@ fn rebuild_stale_then_check(mut c: TestCluster, f: &Finder, leader: u64, logs: &
         if f.wait_role_any(id, &["backup", "stale"], leader) == "stale" {
             eprintln!("node {id} reports stale: restarting it, as its log asks");
             kill_node(&mut c, id);
-            c.start_follower(id);
-            c.start_server(id);
+            c.restart_node(id);
             f.wait_role(id, "backup", leader);
         }
     }
@@ -1270,8 +1269,7 @@ fn backup_kill_body(test: &str, zookeeper: bool) {
     f.assert_digests_agree(&alive);
     // The backup comes back (fresh server, same data dir; its log is
     // already in the current view) and catches up.
-    c.start_follower(backup);
-    c.start_server(backup);
+    c.restart_node(backup);
     f.wait_role(backup, "backup", leader);
     f.wait_converged(leader, &all);
     f.assert_digests_agree(&all);

@@ -278,6 +278,15 @@ impl TestCluster {
         kill_restored(&mut self.restored[i]);
     }
 
+    /// Brings node `id` back after it was killed: its follower, and a fresh
+    /// server unless the follower restored one from a snapshot (that one is
+    /// the node's then, stopped with it; a second would not even listen).
+    pub fn restart_node(&mut self, id: u64) {
+        if self.start_follower_restoring(id).is_none() {
+            self.start_server(id);
+        }
+    }
+
     /// Starts node `id`'s follower; when it restored the node's server from
     /// a snapshot, that server is the node's (stopped with the cluster) and
     /// its pid is returned; None: no snapshot served, start a server.
@@ -889,8 +898,7 @@ impl TestCluster {
         self.kill_follower(id);
         self.kill_server(id);
         load.wait_more(self, 1000, limit);
-        self.start_follower(id);
-        self.start_server(id);
+        self.restart_node(id);
         load.wait_more(self, 1000, limit);
     }
 }
@@ -980,8 +988,7 @@ impl TestCluster {
         limit: Duration,
     ) {
         self.wait_converged_on(&[leader, other], limit);
-        self.start_follower(old);
-        self.start_server(old);
+        self.restart_node(old);
         self.wait_converged_on(&[leader, other, old], limit);
         for id in [leader, other, old] {
             assert_eq!(
