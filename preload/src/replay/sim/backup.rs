@@ -301,6 +301,16 @@ impl<'a> BackupOs<'a> {
 }
 
 impl BackupOs<'_> {
+    /// While the server blocks, the world moves: the follower delivers
+    /// some entries, the applier runs, time passes. False when the
+    /// follower had nothing more.
+    fn world_moves(&mut self) -> bool {
+        let delivered = self.host.deliver(1 + self.rng.below(4) as usize);
+        self.replay.run(self.host);
+        self.host.now += Duration::from_millis(1 + self.rng.below(50));
+        delivered
+    }
+
     /// The applier thread or the follower may act between any two calls of
     /// the server.
     fn meanwhile(&mut self) {
@@ -388,10 +398,7 @@ impl BackupOs<'_> {
                     // The server's own timeout ends the wait.
                     break;
                 }
-                let delivered = os.host.deliver(1 + os.rng.below(4) as usize);
-                os.replay.run(os.host);
-                os.host.now += Duration::from_millis(1 + os.rng.below(50));
-                if !delivered {
+                if !os.world_moves() {
                     quiet += 1;
                     if quiet > 20 {
                         return None;
@@ -729,10 +736,7 @@ pub fn run_two_loops(rng: &mut Rng, setup: &Setup, log: &SimLog, node: u64) -> B
                 *timed_out |= os.rng.percent(10);
             }
         }
-        let delivered = os.host.deliver(1 + os.rng.below(4) as usize);
-        os.replay.run(os.host);
-        os.host.now += Duration::from_millis(1 + os.rng.below(50));
-        if !delivered {
+        if !os.world_moves() {
             quiet += 1;
             if quiet > 20 {
                 break;
@@ -801,6 +805,21 @@ mod tests {
         replay.on_loop(host, 1);
     }
 
+    /// Node 2 replays `log` (all delivered) up to its first turn, the
+    /// accept of `conn`, which its server accepted as fd 10 in the outer
+    /// loop (loop 1).
+    fn accepted_as_fd_10(log: &SimLog, conn: u64) -> (SimHost, Replay) {
+        let mut host = SimHost::new(log, 2, 8, 1);
+        host.deliver(usize::MAX);
+        let mut replay = Replay::new();
+        enter_wait(&mut replay, &mut host);
+        assert_eq!(host.backlog.pop_front(), Some(conn));
+        host.threads[0].running = true;
+        replay.turn_returned(&mut host, 1, false);
+        replay.accepted(&mut host, conn, 10);
+        (host, replay)
+    }
+
     fn entry(kind: Kind, conn: u64, flags: u8, waits: u32, time_us: u64) -> EntryHeader {
         let mut h = EntryHeader::new(kind, 1, 0, conn, 0);
         h.flags = flags;
@@ -834,16 +853,9 @@ mod tests {
             let mut ping = entry(Kind::Data, conn, RETURNED, 1, t + 1_000);
             ping.out_hash = OutputDigest::default().pack();
             log.append(&ping, b"PING\r\n");
-            let mut host = SimHost::new(&log, 2, 8, 1);
-            host.deliver(usize::MAX);
-            let mut replay = Replay::new();
-            // The accept's turn, in the outer loop; a read there sets how
-            // far above its wait the server reads.
-            enter_wait(&mut replay, &mut host);
-            assert_eq!(host.backlog.pop_front(), Some(conn));
-            host.threads[0].running = true;
-            replay.turn_returned(&mut host, 1, false);
-            replay.accepted(&mut host, conn, 10);
+            let (mut host, mut replay) = accepted_as_fd_10(&log, conn);
+            // A read in the outer loop sets how far above its wait the
+            // server reads.
             host.threads[0].stack.read(read_sp(0));
             // A script's nested loop waits: the input's turn is due there.
             enter_wait_at(&mut replay, &mut host, 1);
@@ -881,15 +893,7 @@ mod tests {
             let mut ping = entry(Kind::Data, conn, SAME_TURN, 0, t + 1_000);
             ping.out_hash = OutputDigest::default().pack();
             log.append(&ping, b"PING\r\n");
-            let mut host = SimHost::new(&log, 2, 8, 1);
-            host.deliver(usize::MAX);
-            let mut replay = Replay::new();
-            // The accept's turn.
-            enter_wait(&mut replay, &mut host);
-            assert_eq!(host.backlog.pop_front(), Some(conn));
-            host.threads[0].running = true;
-            replay.turn_returned(&mut host, 1, false);
-            replay.accepted(&mut host, conn, 10);
+            let (mut host, mut replay) = accepted_as_fd_10(&log, conn);
             // The next wait hands the input's turn over.
             enter_wait(&mut replay, &mut host);
             assert_eq!(replay.unread(&host)[0], 10, "reported at this wait");
