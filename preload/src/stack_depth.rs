@@ -69,6 +69,11 @@ impl StackMarks {
         rel > usual + RETURNED_BY
     }
 
+    /// The thread's read is over: no read is current.
+    pub fn read_done(&mut self) {
+        self.read = 0;
+    }
+
     /// Whether the thread's current read runs further out than its usual
     /// reads against the wait at `since` (a wait of this thread's, maybe
     /// not its last).
@@ -83,16 +88,21 @@ impl StackMarks {
 }
 
 thread_local! {
-    static MARKS: Cell<(StackMarks, bool)> = const { Cell::new((StackMarks::NEW, false)) };
+    static MARKS: Cell<StackMarks> = const { Cell::new(StackMarks::NEW) };
+}
+
+/// Changes the calling thread's marks.
+fn update(f: impl FnOnce(&mut StackMarks)) {
+    let _ = MARKS.try_with(|c| {
+        let mut m = c.get();
+        f(&mut m);
+        c.set(m);
+    });
 }
 
 /// The calling thread enters a wait at stack address `sp`.
 pub fn waited(sp: u64) {
-    let _ = MARKS.try_with(|c| {
-        let (mut m, r) = c.get();
-        m.waited(sp);
-        c.set((m, r));
-    });
+    update(|m| m.waited(sp));
 }
 
 /// A read hook of the calling thread runs (see [`reading`]).
@@ -100,21 +110,16 @@ pub struct Reading(());
 
 impl Drop for Reading {
     fn drop(&mut self) {
-        let _ = MARKS.try_with(|c| {
-            let (m, _) = c.get();
-            c.set((m, false));
-        });
+        update(StackMarks::read_done);
     }
 }
 
 /// The calling thread reads at stack address `sp` (see
-/// [`StackMarks::read`]): [`read_returned`] says the verdict until the
-/// returned guard goes (the read hook ends).
+/// [`StackMarks::read`]) until the returned guard goes (the read hook
+/// ends).
 pub fn reading(sp: u64) -> Reading {
-    let _ = MARKS.try_with(|c| {
-        let (mut m, _) = c.get();
-        let r = m.read(sp);
-        c.set((m, r));
+    update(|m| {
+        m.read(sp);
     });
     Reading(())
 }
@@ -122,19 +127,24 @@ pub fn reading(sp: u64) -> Reading {
 /// Whether the calling thread is in a read that runs further out than
 /// usual against its last wait (the leader flags the input it logs).
 pub fn read_returned() -> bool {
-    MARKS.try_with(|c| c.get().1).unwrap_or(false)
+    MARKS
+        .try_with(|c| {
+            let m = c.get();
+            m.read_returned_from(m.last_wait())
+        })
+        .unwrap_or(false)
 }
 
 /// Where the calling thread last waited.
 pub fn last_wait() -> u64 {
-    MARKS.try_with(|c| c.get().0.last_wait()).unwrap_or(0)
+    MARKS.try_with(|c| c.get().last_wait()).unwrap_or(0)
 }
 
 /// Whether the calling thread's current read runs further out than usual
 /// against its wait at `since`.
 pub fn read_returned_from(since: u64) -> bool {
     MARKS
-        .try_with(|c| c.get().0.read_returned_from(since))
+        .try_with(|c| c.get().read_returned_from(since))
         .unwrap_or(false)
 }
 
@@ -164,6 +174,9 @@ mod tests {
         // 1.7 KiB further out than reads usually run against that wait.
         assert!(m.read(100_300));
         assert!(m.read_returned_from(98_300));
+        assert!(m.read_returned_from(m.last_wait()), "read's verdict, kept");
+        m.read_done();
+        assert!(!m.read_returned_from(98_300), "no read is current");
         // After the outer loop waited again, reads are usual against it,
         // and still further out than the nested wait.
         m.waited(100_000);

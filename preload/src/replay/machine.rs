@@ -672,11 +672,17 @@ impl Replay {
         }
     }
 
-    /// Whether accepts of the turn in flight wait to be connected.
-    fn undialed(&self) -> bool {
+    /// The accepts of the turn in flight still to be connected.
+    fn undialed_accepts(&self) -> impl Iterator<Item = u64> + '_ {
         self.turn
             .iter()
-            .any(|h| h.kind == Kind::Accept && self.conns.get(&h.seq).is_some_and(|c| !c.dialed))
+            .filter(|h| h.kind == Kind::Accept && self.conns.get(&h.seq).is_some_and(|c| !c.dialed))
+            .map(|h| h.seq)
+    }
+
+    /// Whether accepts of the turn in flight wait to be connected.
+    fn undialed(&self) -> bool {
+        self.undialed_accepts().next().is_some()
     }
 
     /// Whether the turn's accepts wait until it is due: the leader's
@@ -686,28 +692,22 @@ impl Replay {
     /// runs a nested loop (Redis inside a busy script) would accept it,
     /// and read the turn's inputs, inside the script.
     fn defers_accepts(&self) -> bool {
-        self.turn_waits > 0
-            && self
-                .turn
-                .first()
-                .and_then(|f| f.turn_loop)
-                .is_some_and(|l| l != 0)
+        self.turn_waits > 0 && self.turn_loop().is_some_and(|l| l != 0)
+    }
+
+    /// The loop whose turn the turn in flight is (its first entry names it).
+    fn turn_loop(&self) -> Option<u64> {
+        self.turn.first().and_then(|f| f.turn_loop).map(u64::from)
     }
 
     /// On the server thread about to wait in loop `loop_id`: connects the
     /// turn's accepts when the turn is this loop's and due (see
     /// `defers_accepts`); this wait then reports them.
     fn dial_due<H: Host>(&mut self, host: &mut H, loop_id: u64) {
-        let mine = self.turn.first().and_then(|f| f.turn_loop).map(u64::from) == Some(loop_id);
-        if !self.undialed() || !mine || !self.due(host) {
+        if !self.undialed() || self.turn_loop() != Some(loop_id) || !self.due(host) {
             return;
         }
-        let conns: Vec<u64> = self
-            .turn
-            .iter()
-            .filter(|h| h.kind == Kind::Accept)
-            .map(|h| h.seq)
-            .collect();
+        let conns: Vec<u64> = self.undialed_accepts().collect();
         for conn in conns {
             self.dial(host, conn);
         }
@@ -808,8 +808,8 @@ impl Replay {
             // Its loop's thread connects them once the turn is due: wake it
             // from its wait to count (the applier took the turn), or let it
             // go round without blocking (see `must_not_block`).
-            if let Some(id) = self.turn.first().and_then(|f| f.turn_loop) {
-                host.wake_loop(u64::from(id));
+            if let Some(id) = self.turn_loop() {
+                host.wake_loop(id);
             }
         } else if !(from_server && self.read_here(host)) {
             self.ring_bell(host);

@@ -185,6 +185,9 @@ pub struct Server {
     pub role: Role,
     /// Replies made so far.
     replies: u64,
+    /// Whether its fired array keeps what older waits left past the last
+    /// wait's events (`LOCKSTEP_SIM_STALE_FIRED`, see the module doc).
+    stale_fired: bool,
 }
 
 impl Server {
@@ -219,6 +222,7 @@ impl Server {
             fired: Vec::new(),
             role: Role::Single,
             replies: 0,
+            stale_fired: std::env::var_os("LOCKSTEP_SIM_STALE_FIRED").is_some(),
         }
     }
 
@@ -292,7 +296,7 @@ impl Server {
         // after the script's nested loop returned: the leader flags it
         // (`stack_depth`).
         let n = ready.len();
-        if std::env::var("LOCKSTEP_SIM_STALE_FIRED").is_ok() {
+        if self.stale_fired {
             if self.fired.len() < n {
                 self.fired.resize(n, Ready::Listener);
             }
