@@ -149,8 +149,10 @@ fn writes_land_byte_exact() {
         both(region::ack_offset(3), &v.to_le_bytes());
     }
     t.flush();
-    // The last write of a connection lands last.
+    // The last write of a connection lands last (once flushed: a write
+    // may wait for the next flush to leave).
     both(region::commit_offset(), &0xfeedu64.to_le_bytes());
+    t.flush();
     wait_until("the last write", || r2.commit() == 0xfeed);
 
     assert_eq!(r2.ack(3), 5000);
@@ -168,6 +170,60 @@ fn writes_land_byte_exact() {
     let first = read_region(&r2, region::ring_offset(0), 64);
     assert!(EntryHeader::parse(&first).is_ok());
     assert_eq!(t.fenced_by(), 0);
+}
+
+/// A flush sends inline what the socket takes and leaves the rest to the
+/// sender thread: batches far larger than the kernel's socket buffers,
+/// each flushed at once while the last one is still on its way, land
+/// whole and in order.
+#[test]
+fn batches_larger_than_the_socket_takes_land_in_order() {
+    const BIG: u64 = 16 << 20;
+    let (r2, _l, t) = pair(BIG);
+    let r1 = t.local();
+    let chunk = 1usize << 20;
+    // Connected, and the sender idle: the next flush sends inline.
+    t.write(2, 1, region::commit_offset(), &1u64.to_le_bytes())
+        .unwrap();
+    t.flush();
+    wait_until("the connection", || r2.commit() == 1);
+    for round in 0..4u64 {
+        for i in 0..BIG / chunk as u64 {
+            let bytes = noise(round * 1000 + i + 1, chunk);
+            let offset = region::ring_offset(i * chunk as u64);
+            t.write(1, 1, offset, &bytes).unwrap();
+            t.write(2, 1, offset, &bytes).unwrap();
+            // Half of the rounds flush the whole ring at once.
+            if round % 2 == 1 {
+                t.flush();
+            }
+        }
+        t.flush();
+        // Small writes between the big ones take the same road.
+        for v in 1..=100u64 {
+            let ack = (round * 100 + v).to_le_bytes();
+            t.write(1, 1, region::ack_offset(2), &ack).unwrap();
+            t.write(2, 1, region::ack_offset(2), &ack).unwrap();
+            t.flush();
+        }
+        // Every round lands whole before the next one overwrites it.
+        let mark = 0xbeef + round;
+        t.write(2, 1, region::commit_offset(), &mark.to_le_bytes())
+            .unwrap();
+        t.flush();
+        wait_until("the round's last write", || r2.commit() == mark);
+        assert_eq!(r2.ack(2), round * 100 + 100);
+        let ring_start = (region::CONTROL_SIZE / 8) as usize;
+        let (a, b) = (snapshot(r1), snapshot(&r2));
+        assert!(
+            a[ring_start..] == b[ring_start..],
+            "round {round}: rings differ at word {:?}",
+            a[ring_start..]
+                .iter()
+                .zip(&b[ring_start..])
+                .position(|(x, y)| x != y)
+        );
+    }
 }
 
 #[test]

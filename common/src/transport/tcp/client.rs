@@ -8,6 +8,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::frames::{decode_notice, FrameHeader, HEADER_LEN, MAX_WRITE, NOTICE_FENCED, NOTICE_LEN};
+use super::send_now::send_now;
 use super::{KEEP_BUF, MAX_QUEUE};
 use crate::config::Config;
 use crate::handshake::{self, Channel};
@@ -39,6 +40,10 @@ struct Peer {
     region_len: u64,
     state: Mutex<PeerState>,
     cv: Condvar,
+    /// The connection's sending side: whoever holds it writes to the
+    /// socket (a flush inline when it can, else the sender thread).
+    /// Locked before `state` when both are.
+    wire: Mutex<Wire>,
     /// Highest view this peer reported in a fence notice.
     fenced: AtomicU64,
     fenced_by: Arc<AtomicU64>,
@@ -55,19 +60,62 @@ struct PeerState {
     stop: bool,
     /// Writes dropped because the queue was full.
     dropped: u64,
+    /// A flush left bytes it could not send inline in `Wire::out`: the
+    /// sender has work even with an empty queue.
+    unsent: bool,
 }
 
+/// The connected socket and the batch being sent on it.
+#[derive(Default)]
+struct Wire {
+    stream: Option<TcpStream>,
+    /// Frames taken from the queue; `out[sent..]` is still to go out on
+    /// this connection (a batch is never continued on another one: the
+    /// server would read the middle of a frame as garbage).
+    out: Vec<u8>,
+    sent: usize,
+}
+
+impl Wire {
+    fn rest(&self) -> &[u8] {
+        &self.out[self.sent..]
+    }
+
+    /// Forgets the batch (sent, or lost with its connection).
+    fn clear(&mut self) {
+        self.out.clear();
+        self.sent = 0;
+        if self.out.capacity() > KEEP_BUF {
+            self.out.shrink_to(KEEP_BUF);
+        }
+    }
+
+    /// Takes the queued frames into `out` once the last batch is gone.
+    fn take_queue(&mut self, st: &mut PeerState) {
+        st.unsent = false;
+        if self.rest().is_empty() {
+            self.clear();
+            std::mem::swap(&mut st.queue, &mut self.out);
+        }
+    }
+
+    /// Closes the connection; what it had not sent is lost.
+    fn close(&mut self) {
+        if let Some(s) = self.stream.take() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        self.clear();
+    }
+}
+
+/// The sender's hold on a connection: set when the reader thread saw it end.
 struct Conn {
-    stream: TcpStream,
     dead: Arc<AtomicBool>,
 }
 
 impl Conn {
     fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
-    }
-    fn close(self) {
-        let _ = self.stream.shutdown(Shutdown::Both);
     }
 }
 
@@ -93,6 +141,7 @@ impl TcpTransport {
                 region_len: config.region_spec(n.id).remote_len(),
                 state: Mutex::new(PeerState::default()),
                 cv: Condvar::new(),
+                wire: Mutex::new(Wire::default()),
                 fenced: AtomicU64::new(0),
                 fenced_by: fenced_by.clone(),
                 started: AtomicBool::new(false),
@@ -119,11 +168,7 @@ impl Transport for TcpTransport {
 
     fn flush(&self) {
         for p in self.peers.iter() {
-            let mut st = lock(&p.state);
-            if st.idle && !st.queue.is_empty() {
-                st.idle = false;
-                p.cv.notify_one();
-            }
+            p.flush();
         }
     }
 
@@ -199,6 +244,63 @@ impl Peer {
         Ok(())
     }
 
+    /// Sends the queued frames from the calling thread when the socket
+    /// takes them all now and nobody else is sending; otherwise wakes the
+    /// sender for what is left. Never blocks: a flush runs on the
+    /// preloaded server's thread.
+    fn flush(&self) {
+        let mut wire = match self.wire.try_lock() {
+            Ok(w) => w,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            // The sender is writing: it takes the queue next.
+            Err(std::sync::TryLockError::WouldBlock) => return self.kick_if_queued(),
+        };
+        if wire.stream.is_none() || !wire.rest().is_empty() {
+            drop(wire);
+            return self.kick_if_queued();
+        }
+        {
+            let mut st = lock(&self.state);
+            if st.queue.is_empty() {
+                return;
+            }
+            wire.take_queue(&mut st);
+        }
+        let w = &mut *wire;
+        let Some(stream) = w.stream.as_ref() else {
+            return;
+        };
+        match send_now(stream, &w.out) {
+            Ok(n) if n == w.out.len() => w.clear(),
+            Ok(n) => {
+                // The socket is full: the sender sends the rest blocking.
+                w.sent = n;
+                drop(wire);
+                let mut st = lock(&self.state);
+                st.unsent = true;
+                if st.idle {
+                    st.idle = false;
+                    self.cv.notify_one();
+                }
+            }
+            Err(e) => {
+                log::warn!("tcp transport: sending to node {}: {e}", self.node);
+                // The reader thread sees the connection end and tells
+                // the sender, which reconnects.
+                w.close();
+            }
+        }
+    }
+
+    /// Wakes the sender if it waits while frames are queued.
+    fn kick_if_queued(&self) {
+        let mut st = lock(&self.state);
+        if st.idle && !st.queue.is_empty() {
+            st.idle = false;
+            self.cv.notify_one();
+        }
+    }
+
     /// Wakes the sender if it is waiting for work.
     fn kick(&self) {
         let mut st = lock(&self.state);
@@ -209,13 +311,16 @@ impl Peer {
     }
 
     fn run_sender(self: Arc<Self>) {
-        let mut out: Vec<u8> = Vec::new();
         let mut conn: Option<Conn> = None;
         let mut backoff = MIN_BACKOFF;
         let mut last_failure: Option<String> = None;
         loop {
             let mut st = lock(&self.state);
-            while !st.stop && st.queue.is_empty() && !conn.as_ref().is_some_and(Conn::is_dead) {
+            while !st.stop
+                && st.queue.is_empty()
+                && !st.unsent
+                && !conn.as_ref().is_some_and(Conn::is_dead)
+            {
                 st.idle = true;
                 st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
             }
@@ -223,18 +328,21 @@ impl Peer {
             if st.stop {
                 break;
             }
+            drop(st);
             if conn.as_ref().is_some_and(Conn::is_dead) {
-                drop(st);
-                if let Some(c) = conn.take() {
-                    c.close();
-                }
+                conn = None;
+                lock(&self.wire).close();
                 log::warn!("tcp transport: node {} closed the connection", self.node);
                 continue;
             }
             if conn.is_none() {
-                drop(st);
                 match self.connect() {
-                    Ok(c) => {
+                    Ok((stream, c)) => {
+                        {
+                            let mut wire = lock(&self.wire);
+                            wire.close();
+                            wire.stream = Some(stream);
+                        }
                         conn = Some(c);
                         backoff = MIN_BACKOFF;
                         last_failure = None;
@@ -260,31 +368,37 @@ impl Peer {
                 }
                 continue;
             }
-            std::mem::swap(&mut st.queue, &mut out);
-            drop(st);
-            if let Some(c) = conn.as_mut() {
-                if let Err(e) = c.stream.write_all(&out) {
+            let mut wire = lock(&self.wire);
+            wire.take_queue(&mut lock(&self.state));
+            let w = &mut *wire;
+            let Some(stream) = w.stream.as_mut() else {
+                // A flush's failed send closed it (its reader thread ends
+                // on its own): connect again.
+                conn = None;
+                continue;
+            };
+            match stream.write_all(&w.out[w.sent..]) {
+                Ok(()) => w.clear(),
+                Err(e) => {
                     log::warn!("tcp transport: sending to node {}: {e}", self.node);
-                    if let Some(c) = conn.take() {
-                        c.close();
-                    }
+                    w.close();
                 }
-            }
-            out.clear();
-            if out.capacity() > KEEP_BUF {
-                out.shrink_to(KEEP_BUF);
             }
         }
         // Stopped: best-effort send of what is still queued, then close.
-        if let Some(mut c) = conn {
+        let mut wire = lock(&self.wire);
+        if conn.is_some_and(|c| !c.is_dead()) {
+            wire.take_queue(&mut lock(&self.state));
             let rest = std::mem::take(&mut lock(&self.state).queue);
-            if !rest.is_empty() && !c.is_dead() {
-                let _ = c.stream.set_write_timeout(Some(FINAL_SEND_TIMEOUT));
-                let _ = c.stream.write_all(&rest);
+            let w = &mut *wire;
+            if let Some(s) = w.stream.as_mut() {
+                let _ = s.set_write_timeout(Some(FINAL_SEND_TIMEOUT));
+                let _ = s.write_all(&w.out[w.sent..]);
+                let _ = s.write_all(&rest);
+                let _ = s.flush();
             }
-            let _ = c.stream.flush();
-            c.close();
         }
+        wire.close();
     }
 
     /// Waits `d` or until the transport is dropped.
@@ -303,7 +417,7 @@ impl Peer {
         }
     }
 
-    fn connect(self: &Arc<Self>) -> Result<Conn, String> {
+    fn connect(self: &Arc<Self>) -> Result<(TcpStream, Conn), String> {
         let stream = handshake::connect(
             self.addr,
             &self.cluster,
@@ -323,7 +437,7 @@ impl Peer {
             .name(format!("lockstep-rx-{}", self.node))
             .spawn(move || peer.run_reader(rd, d))
             .map_err(|e| format!("cannot start the reader thread: {e}"))?;
-        Ok(Conn { stream, dead })
+        Ok((stream, Conn { dead }))
     }
 
     /// Reads fence notices until the connection ends, then tells the sender.

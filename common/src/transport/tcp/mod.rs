@@ -47,10 +47,14 @@
 //!
 //! [`TcpTransport::write`] never blocks on the network: it appends the frame
 //! to the peer's queue (one mutex, no allocation once the buffers have
-//! grown); [`Transport::flush`] wakes the senders of peers with queued
-//! frames, so what a writer posts between two flushes (a leader's turn)
-//! goes out in one send after one wake-up. Writes to the local node go
-//! straight into the local region.
+//! grown); [`Transport::flush`] sends each peer's queued frames, so what a
+//! writer posts between two flushes (a leader's turn) goes out in one
+//! send. The flush sends them itself, without blocking (`MSG_DONTWAIT`),
+//! when no sender is writing and the socket takes them: a wake-up of the
+//! sender thread and its context switch cost more than the send (2 cores,
+//! Redis SET through tcp). What the socket does not take, and everything
+//! while a connection is being set up, the sender thread sends. Writes to
+//! the local node go straight into the local region.
 //!
 //! Each peer gets a sender thread, started lazily on the first write to that
 //! peer (constructing a `TcpTransport` does no I/O and starts no thread, so
@@ -77,11 +81,12 @@
 //! # Files
 //!
 //! `frames` (the wire format), `server` (the region server), `client` (the
-//! writer: [`TcpTransport`]). A listener for tests lives beside the tests
+//! writer: [`TcpTransport`]), `send_now` (the flush's non-blocking send). A listener for tests lives beside the tests
 //! (`common/tests/region_listener`).
 
 mod client;
 mod frames;
+mod send_now;
 mod server;
 
 pub use super::IDENTITY_BYTES;
