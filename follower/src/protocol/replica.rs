@@ -1630,18 +1630,30 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
-        assert_eq!(records(&log.step(&mut r, 10, Event::Tick(raised(4)))), [(2, 4), (3, 4)]);
+        assert_eq!(
+            records(&log.step(&mut r, 10, Event::Tick(raised(4)))),
+            [(2, 4), (3, 4)]
+        );
         // The point moves twice more within the same millisecond: no record
         // (the entries appended meanwhile carry it).
         assert_eq!(records(&log.step(&mut r, 10, Event::Tick(raised(6)))), []);
         assert_eq!(records(&log.step(&mut r, 10, Event::Tick(raised(7)))), []);
         // The next tick a gap later sends the newest point.
         let at = 10 + COMMIT_RECORD_GAP_MS;
-        assert_eq!(records(&log.step(&mut r, at, Event::Tick(raised(7)))), [(2, 7), (3, 7)]);
+        assert_eq!(
+            records(&log.step(&mut r, at, Event::Tick(raised(7)))),
+            [(2, 7), (3, 7)]
+        );
         // Unchanged: repeated only after ACK_REPEAT_MS.
-        assert_eq!(records(&log.step(&mut r, at + 50, Event::Tick(raised(7)))), []);
+        assert_eq!(
+            records(&log.step(&mut r, at + 50, Event::Tick(raised(7)))),
+            []
+        );
         let later = at + ACK_REPEAT_MS + 1;
-        assert_eq!(records(&log.step(&mut r, later, Event::Tick(raised(7)))), [(2, 7), (3, 7)]);
+        assert_eq!(
+            records(&log.step(&mut r, later, Event::Tick(raised(7)))),
+            [(2, 7), (3, 7)]
+        );
     }
 
     /// A replica that leads view `view` (ZooKeeper election) with its
