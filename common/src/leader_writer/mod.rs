@@ -116,12 +116,12 @@ pub struct LeaderWriter {
     deferred: bool,
 }
 
-/// Makes what was appended so far move: rings `region`'s doorbell (the
-/// local follower parks there) and flushes `transport` (the peers'
+/// Makes what was appended so far move: rings `region`'s post doorbell
+/// (the local follower parks there while this node leads) and flushes `transport` (the peers'
 /// doorbells, batched network writes). For a writer whose appends are
 /// deferred ([`LeaderWriter::defer_posts`]); needs no writer lock.
 pub fn post(region: &Region, transport: &dyn Transport) {
-    region.bell().ring();
+    region.post_bell().ring();
     transport.flush();
 }
 

@@ -363,6 +363,27 @@ fn the_majority_reads_the_ack_array() {
     assert_eq!(m.reached_by(|id| id * 100), 200);
 }
 
+/// A post wakes the leader's own follower on the post bell, not the
+/// leader's server waiting on the acks' bell; acks ring only that one; a
+/// role change rings both.
+#[test]
+fn a_post_rings_the_post_bell_and_an_ack_the_other() {
+    let regions = Regions::new(1 << 16);
+    let r = regions.leader();
+    let bells = |r: &Region| (r.bell().value(), r.post_bell().value());
+    let (b0, p0) = bells(r);
+    post(r, &regions);
+    assert_eq!(bells(r), (b0, p0.wrapping_add(1)));
+    // A backup's ack, written remotely, and the follower's own ack.
+    regions
+        .write(ME, 1, crate::region::ack_offset(2), &5u64.to_le_bytes())
+        .unwrap();
+    r.set_ack(ME, 5);
+    assert_eq!(bells(r), (b0.wrapping_add(2), p0.wrapping_add(1)));
+    r.set_role(crate::region::Role::Backup);
+    assert_eq!(bells(r), (b0.wrapping_add(3), p0.wrapping_add(2)));
+}
+
 proptest! {
     #[test]
     fn any_sizes_reach_every_ring_in_order(

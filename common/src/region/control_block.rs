@@ -58,7 +58,7 @@ impl Region {
     /// Sets the role (follower only).
     pub fn set_role(&self, r: Role) {
         self.word(W_ROLE).store(r as u64, Ordering::Release);
-        self.bell().ring();
+        self.ring_all();
     }
     /// Highest committed seq.
     pub fn commit(&self) -> u64 {
@@ -154,9 +154,23 @@ impl Region {
     pub fn set_preload_pid(&self, pid: u64) {
         self.word(W_PRELOAD).store(pid, Ordering::Release)
     }
-    /// The doorbell pollers of this region park on.
+    /// The doorbell pollers of this region park on: rung by every remote
+    /// write (a backup's entries, a leader's acks) and local ack.
     pub fn bell(&self) -> Doorbell<'_> {
         Doorbell::new(self.word(W_BELL), self.word(W_BELL_WAITERS))
+    }
+    /// The doorbell a leader's own writer rings when it posted entries
+    /// into this (its local) ring, and its follower parks on while the node
+    /// leads. Apart from [`Region::bell`] because the backups' acks ring
+    /// that one, once each per turn: the leader's follower, which only
+    /// stores the leader's own entries, woke for each of them.
+    pub fn post_bell(&self) -> Doorbell<'_> {
+        Doorbell::new(self.word(W_POST_BELL), self.word(W_POST_BELL_WAITERS))
+    }
+    /// Rings both doorbells: a change every poller must see (role, view).
+    pub fn ring_all(&self) {
+        self.bell().ring();
+        self.post_bell().ring();
     }
 }
 

@@ -62,9 +62,14 @@ pub(super) const W_ACK: usize = 16 * LINE;
 // applied, written by the backups into the leader's region, followed by
 // the backup's report word (see `apply_lag::report_word`).
 pub(super) const W_APPLIED_BY: usize = W_ACK + (MAX_NODES + 1) * LINE;
+// The doorbell a leader's own writer rings for its follower (see
+// `Region::post_bell`); in what earlier layouts left unused (zero), so a
+// region file of layout 4 reads the same.
+pub(super) const W_POST_BELL: usize = W_APPLIED_BY + (MAX_NODES + 1) * LINE;
+pub(super) const W_POST_BELL_WAITERS: usize = W_POST_BELL + LINE;
 pub(super) const CONTROL_WORDS: usize = (CONTROL_SIZE / 8) as usize;
 
-const _: () = assert!(W_APPLIED_BY + (MAX_NODES + 1) * LINE <= CONTROL_WORDS);
+const _: () = assert!(W_POST_BELL_WAITERS + LINE <= CONTROL_WORDS);
 
 /// Bytes of a node's apply ring for a replication ring of `ring_size`: a
 /// quarter of it, between 1 and 16 MiB (a power of two, like the ring).

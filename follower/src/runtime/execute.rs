@@ -79,7 +79,10 @@ impl Node {
             Action::RaiseCommit { seq } => self.region.raise_commit(seq),
             Action::CommitRecord { to, view, seq } => {
                 let record = region::commit_record(view, seq);
-                if let Err(e) = self.write_now(to, view, region::commit_record_offset(), &record) {
+                let written =
+                    self.transport
+                        .write(to, view, region::commit_record_offset(), &record);
+                if let Err(e) = written {
                     log::debug!("commit record to node {to}: {e}");
                     if let TransportError::Fenced { theirs, .. } = e {
                         return Some(Event::WriteRefused { peer: to, theirs });
@@ -89,6 +92,8 @@ impl Node {
                 // writer's last writes (a broken connection) sees its tail
                 // ahead and catches up, even while the writer appends
                 // nothing (waiting for that backup's ack to reuse space).
+                // One flush for both: one send, one ring of the backup's
+                // doorbell.
                 let tail = self.region.tail().to_le_bytes();
                 if let Err(e) = self.write_now(to, view, region::tail_offset(), &tail) {
                     log::debug!("tail to node {to}: {e}");
@@ -104,8 +109,8 @@ impl Node {
             Action::Send { to, msg } => self.send(to, msg),
             Action::SetView { view } => {
                 self.region.raise_view(view);
-                // A poll loop parked on the bell re-reads the fence.
-                self.region.bell().ring();
+                // A poll loop parked on a bell re-reads the fence.
+                self.region.ring_all();
             }
             Action::SetLeader { leader } => self.region.set_leader(leader),
             Action::SetRole { role } => {
@@ -123,7 +128,6 @@ impl Node {
                     );
                 }
                 self.region.set_role(role);
-                self.region.bell().ring();
             }
             Action::StartView { view, seq, holders } => {
                 let end = self.store().last().end_pos;
@@ -135,7 +139,7 @@ impl Node {
                 self.region.open_handover(seq);
                 self.region.set_writer_start(seq + 1, end);
                 self.region.set_tail(end);
-                self.region.bell().ring();
+                self.region.ring_all();
                 log::info!("view {view} started at seq {seq} with nodes {holders:?}");
             }
             Action::ClaimView { floor } => self.zookeeper(ZkRequest::Claim { floor }),

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::Backoff;
 use lockstep_common::control::FetchedEntry;
+use lockstep_common::region::Role;
 use lockstep_common::ring::ReadOutcome;
 
 use crate::protocol::{EntryMeta, Event};
@@ -41,7 +42,14 @@ impl Node {
                 reader = self.reader();
             }
             reader.set_min_view(self.region.view());
-            let seen = self.region.bell().value();
+            // A leader's follower reads only its own writer's entries, which
+            // ring the post bell; the backups' acks ring the other one.
+            let bell = if self.region.role() == Role::Leader {
+                self.region.post_bell()
+            } else {
+                self.region.bell()
+            };
+            let seen = bell.value();
             let mut failed = false;
             let mut first_seen = None;
             while batch.len() < BATCH {
@@ -120,7 +128,7 @@ impl Node {
             if backoff.is_completed() {
                 // Writers ring after writing: a write since `seen` makes
                 // this return at once.
-                self.region.bell().wait(seen, Duration::from_millis(5));
+                bell.wait(seen, Duration::from_millis(5));
             } else {
                 backoff.snooze();
             }
