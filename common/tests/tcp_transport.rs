@@ -81,6 +81,20 @@ fn snapshot(r: &Region) -> Vec<u64> {
         .collect()
 }
 
+/// Both regions' rings hold the same bytes (`what` prefixes the failure).
+fn assert_same_rings(a: &Region, b: &Region, what: &str) {
+    let ring_start = (region::CONTROL_SIZE / 8) as usize;
+    let (a, b) = (snapshot(a), snapshot(b));
+    assert!(
+        a[ring_start..] == b[ring_start..],
+        "{what}rings differ at word {:?}",
+        a[ring_start..]
+            .iter()
+            .zip(&b[ring_start..])
+            .position(|(x, y)| x != y)
+    );
+}
+
 fn read_region(r: &Region, offset: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     lockstep_common::words::load(r.words(), offset, &mut out).unwrap();
@@ -156,16 +170,7 @@ fn writes_land_byte_exact() {
     wait_until("the last write", || r2.commit() == 0xfeed);
 
     assert_eq!(r2.ack(3), 5000);
-    let (a, b) = (snapshot(r1), snapshot(&r2));
-    let ring_start = (region::CONTROL_SIZE / 8) as usize;
-    assert!(
-        a[ring_start..] == b[ring_start..],
-        "rings differ at word {:?}",
-        a[ring_start..]
-            .iter()
-            .zip(&b[ring_start..])
-            .position(|(x, y)| x != y)
-    );
+    assert_same_rings(r1, &r2, "");
     // Spot-check a decoded entry on node 2.
     let first = read_region(&r2, region::ring_offset(0), 64);
     assert!(EntryHeader::parse(&first).is_ok());
@@ -213,16 +218,7 @@ fn batches_larger_than_the_socket_takes_land_in_order() {
         t.flush();
         wait_until("the round's last write", || r2.commit() == mark);
         assert_eq!(r2.ack(2), round * 100 + 100);
-        let ring_start = (region::CONTROL_SIZE / 8) as usize;
-        let (a, b) = (snapshot(r1), snapshot(&r2));
-        assert!(
-            a[ring_start..] == b[ring_start..],
-            "round {round}: rings differ at word {:?}",
-            a[ring_start..]
-                .iter()
-                .zip(&b[ring_start..])
-                .position(|(x, y)| x != y)
-        );
+        assert_same_rings(r1, &r2, &format!("round {round}: "));
     }
 }
 

@@ -1559,12 +1559,11 @@ mod tests {
         (r, log)
     }
 
-    #[test]
-    fn a_commit_word_the_leaders_preload_raised_goes_to_the_backups_a_newer_views_does_not() {
+    /// The leader of view 2 (see `leading_view_2`) whose follower read
+    /// the entries its preload appended, 2..=`last`.
+    fn leader_read_up_to(last: u64) -> (Replica, Log) {
         let (mut r, mut log) = leading_view_2();
-        // Its preload appends 2..=5 and raises the commit word to 4 (an
-        // output waited); the ack array says 3, the server was handed 5.
-        let es = (2..=5)
+        let es = (2..=last)
             .map(|seq| EntryMeta {
                 seq,
                 view: 2,
@@ -1572,6 +1571,14 @@ mod tests {
             })
             .collect();
         log.step(&mut r, 4, Event::Read(es));
+        (r, log)
+    }
+
+    #[test]
+    fn a_commit_word_the_leaders_preload_raised_goes_to_the_backups_a_newer_views_does_not() {
+        // Its preload appends 2..=5 and raises the commit word to 4 (an
+        // output waited); the ack array says 3, the server was handed 5.
+        let (mut r, mut log) = leader_read_up_to(5);
         let words = Words {
             acks: vec![(1, 5), (2, 3), (3, 1)],
             served: 5,
@@ -1606,15 +1613,7 @@ mod tests {
 
     #[test]
     fn a_leader_sends_a_new_commit_point_at_most_once_per_gap_and_the_last_one_at_the_next_tick() {
-        let (mut r, mut log) = leading_view_2();
-        let es = (2..=9)
-            .map(|seq| EntryMeta {
-                seq,
-                view: 2,
-                last_committed: 1,
-            })
-            .collect();
-        log.step(&mut r, 4, Event::Read(es));
+        let (mut r, mut log) = leader_read_up_to(9);
         let raised = |commit: u64| Words {
             acks: vec![(1, 9), (2, 1), (3, 1)],
             served: 9,
