@@ -373,7 +373,8 @@ fn ack_loop(
             }
             pending_ack = None;
         }
-        let seen = leader.bell().value();
+        // The preload's posts ring the leader's post bell (its follower's).
+        let seen = leader.post_bell().value();
         match readers[0].poll(leader.ring(), leader.tail(), &mut buf) {
             ReadOutcome::Entry { header, len, .. } => {
                 let bytes = buf[..len].to_vec();
@@ -413,7 +414,7 @@ fn ack_loop(
                 rec.lock().unwrap().entries.push(Rec { header, payload });
                 pending_ack = Some(header.seq);
             }
-            ReadOutcome::Empty => leader.bell().wait(seen, Duration::from_millis(2)),
+            ReadOutcome::Empty => leader.post_bell().wait(seen, Duration::from_millis(2)),
             other => {
                 error(format!("node 1: {other:?}"));
                 std::thread::sleep(Duration::from_millis(50));
