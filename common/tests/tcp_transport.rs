@@ -429,6 +429,9 @@ fn garbage_does_not_corrupt_the_region() {
     t.flush();
     let t2 = TcpTransport::new(&config(addr, KEY, RING), 1, region(1, RING)).unwrap();
     t2.write(2, 1, ring0 + 16448, &[0x45; 64]).unwrap();
+    // A write may wait for the next flush to leave: without this one it
+    // left only when the new sender happened to look after it was queued.
+    t2.flush();
     wait_until("good writes after garbage", || {
         read_region(&r2, ring0 + 16384, 64) == vec![0x44; 64]
             && read_region(&r2, ring0 + 16448, 64) == vec![0x45; 64]
