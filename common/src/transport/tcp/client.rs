@@ -278,10 +278,7 @@ impl Peer {
                 drop(wire);
                 let mut st = lock(&self.state);
                 st.unsent = true;
-                if st.idle {
-                    st.idle = false;
-                    self.cv.notify_one();
-                }
+                self.wake(&mut st);
             }
             Err(e) => {
                 log::warn!("tcp transport: sending to node {}: {e}", self.node);
@@ -295,15 +292,18 @@ impl Peer {
     /// Wakes the sender if it waits while frames are queued.
     fn kick_if_queued(&self) {
         let mut st = lock(&self.state);
-        if st.idle && !st.queue.is_empty() {
-            st.idle = false;
-            self.cv.notify_one();
+        if !st.queue.is_empty() {
+            self.wake(&mut st);
         }
     }
 
     /// Wakes the sender if it is waiting for work.
     fn kick(&self) {
-        let mut st = lock(&self.state);
+        self.wake(&mut lock(&self.state));
+    }
+
+    /// Wakes the sender if it waits (`st` is this peer's locked state).
+    fn wake(&self, st: &mut PeerState) {
         if st.idle {
             st.idle = false;
             self.cv.notify_one();
