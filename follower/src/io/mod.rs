@@ -3,6 +3,7 @@
 //! ([`zookeeper::ZkElection`]) and the feed of committed entries into the
 //! server's apply ring ([`feed::Feeder`]).
 
+pub mod entry_run;
 pub mod feed;
 pub mod store;
 pub mod zookeeper;

@@ -1,10 +1,13 @@
-//! The follower's durable log: RocksDB with one key per entry (big-endian
-//! seq, so iteration is log order) and a `meta` column family for the view,
-//! commit and applied marks.
+//! The follower's durable log: RocksDB with one key per run of entries
+//! that lay back to back in the ring (the run's first seq, big-endian, so
+//! iteration is log order; see [`crate::io::entry_run`]) and a `meta`
+//! column family for the view, commit and applied marks.
 //!
-//! A stored value is the entry's ring position (u64 LE) followed by the
-//! encoded entry, so a node that catches up from a peer knows where the
-//! next entry starts in the ring.
+//! A stored value is the run's ring position (u64 LE) followed by the
+//! encoded entries, so a node that catches up from a peer knows where the
+//! next entry starts in the ring. A value of one entry is what every value
+//! was before runs: older stores read the same (a store written with runs
+//! cannot be read by a build from before them).
 //!
 //! The log may start after seq 1: entries a snapshot covers are deleted
 //! ([`LogStore::compact_through`]), and a node that installed a peer's
@@ -16,7 +19,9 @@ use std::path::Path;
 
 use lockstep_common::config::Durability;
 use lockstep_common::entry::{self, EntryHeader};
-use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{ColumnFamilyDescriptor, DBRawIterator, Options, WriteBatch, WriteOptions, DB};
+
+use super::entry_run::{self, RunBuilder, RunEntry};
 
 const META: &str = "meta";
 const K_VIEW: &[u8] = b"view";
@@ -175,40 +180,76 @@ impl LogStore {
     }
 
     fn scan_last(&self) -> Result<LogEnd, StoreError> {
-        let mut it = self.db.iterator(IteratorMode::End);
-        match it.next() {
-            None => Ok(self.base),
-            Some(kv) => {
-                let (k, v) = kv?;
-                let seq =
-                    u64::from_be_bytes(k.as_ref().try_into().map_err(|_| StoreError::Corrupt {
-                        seq: 0,
-                        what: "bad key".into(),
-                    })?);
-                let e = Self::decode_value(seq, &v)?;
-                Ok(LogEnd {
-                    seq,
-                    view: e.header().view,
-                    end_pos: e.end(),
-                })
-            }
+        let mut it = self.db.raw_iterator();
+        it.seek_to_last();
+        let Some((first, v)) = Self::run_at(&it)? else {
+            return Ok(self.base);
+        };
+        let mut last = None;
+        for e in Self::run_entries(first, v)? {
+            last = Some(e?);
         }
+        let e = last.ok_or(StoreError::Corrupt {
+            seq: first,
+            what: "empty run".into(),
+        })?;
+        let stored = Self::decode(&e)?;
+        Ok(LogEnd {
+            seq: e.seq,
+            view: stored.header().view,
+            end_pos: stored.end(),
+        })
     }
 
-    fn decode_value(seq: u64, v: &[u8]) -> Result<StoredEntry, StoreError> {
-        if v.len() < 8 {
-            return Err(StoreError::Corrupt {
-                seq,
-                what: "value too short".into(),
-            });
-        }
-        let pos = u64::from_le_bytes(v[..8].try_into().expect("8 bytes"));
-        let bytes = v[8..].to_vec();
-        entry::decode(&bytes, u32::MAX).map_err(|e| StoreError::Corrupt {
-            seq,
+    /// The run the iterator is at: its first seq and value (None past the
+    /// end).
+    fn run_at<'a>(it: &'a DBRawIterator<'_>) -> Result<Option<(u64, &'a [u8])>, StoreError> {
+        it.status()?;
+        let (Some(k), Some(v)) = (it.key(), it.value()) else {
+            return Ok(None);
+        };
+        let first = u64::from_be_bytes(k.try_into().map_err(|_| StoreError::Corrupt {
+            seq: 0,
+            what: "bad key".into(),
+        })?);
+        Ok(Some((first, v)))
+    }
+
+    /// The entries of the run stored under `first`, errors as the store's.
+    fn run_entries(
+        first: u64,
+        v: &[u8],
+    ) -> Result<impl Iterator<Item = Result<RunEntry<'_>, StoreError>>, StoreError> {
+        let corrupt = move |e: entry_run::RunError| StoreError::Corrupt {
+            seq: first,
             what: e.to_string(),
+        };
+        Ok(entry_run::entries(first, v)
+            .map_err(corrupt)?
+            .map(move |r| r.map_err(corrupt)))
+    }
+
+    /// Checks and copies one entry of a run.
+    fn decode(e: &RunEntry<'_>) -> Result<StoredEntry, StoreError> {
+        entry::decode(e.bytes, u32::MAX).map_err(|err| StoreError::Corrupt {
+            seq: e.seq,
+            what: err.to_string(),
         })?;
-        Ok(StoredEntry { pos, bytes })
+        Ok(StoredEntry {
+            pos: e.pos,
+            bytes: e.bytes.to_vec(),
+        })
+    }
+
+    /// An iterator at the run that holds `seq`, or at the first run after
+    /// it when none does (or past the end).
+    fn seek_run(&self, seq: u64) -> DBRawIterator<'_> {
+        let mut it = self.db.raw_iterator();
+        it.seek_for_prev(key(seq));
+        if !it.valid() {
+            it.seek(key(seq));
+        }
+        it
     }
 
     /// Identity of the last stored entry (the base while the log is
@@ -255,9 +296,16 @@ impl LogStore {
             }
         };
         let deleted = seq - self.base.seq;
+        // Runs wholly at or below seq go; the one that holds seq + 1
+        // stays whole (readers skip what it holds below the base).
+        let cut = if seq < self.last.seq {
+            self.run_start(seq + 1)?.unwrap_or(seq + 1).min(seq + 1)
+        } else {
+            seq + 1
+        };
         let cf = self.db.cf_handle(META).expect("meta column family");
         let mut batch = WriteBatch::default();
-        batch.delete_range(key(0), key(seq + 1));
+        batch.delete_range(key(0), key(cut));
         batch.put_cf(cf, K_BASE, Self::base_value(base));
         batch.put_cf(cf, K_COMMIT, self.commit()?.max(seq).to_le_bytes());
         let mut wo = WriteOptions::default();
@@ -267,7 +315,7 @@ impl LogStore {
         if self.last.seq == seq {
             self.last = base;
         }
-        self.db.compact_range(None::<&[u8]>, Some(&key(seq + 1)));
+        self.db.compact_range(None::<&[u8]>, Some(&key(cut)));
         Ok(deleted)
     }
 
@@ -292,14 +340,15 @@ impl LogStore {
     }
 
     /// Appends entries `(pos, encoded bytes)` that must continue the log
-    /// without a gap; one RocksDB write (fsynced in `fsync` mode).
+    /// without a gap; one RocksDB write (fsynced in `fsync` mode), one key
+    /// per run of entries back to back in the ring.
     pub fn append(&mut self, entries: &[(u64, &[u8])]) -> Result<(), StoreError> {
         if entries.is_empty() {
             return Ok(());
         }
         let mut batch = WriteBatch::default();
         let mut last = self.last;
-        let mut value = Vec::new();
+        let mut runs = RunBuilder::default();
         for (pos, bytes) in entries {
             let h = EntryHeader::parse(bytes).map_err(|e| StoreError::Corrupt {
                 seq: last.seq + 1,
@@ -311,15 +360,24 @@ impl LogStore {
                     last: last.seq,
                 });
             }
-            value.clear();
-            value.extend_from_slice(&pos.to_le_bytes());
-            value.extend_from_slice(bytes);
-            batch.put(key(h.seq), &value);
+            if bytes.len() != h.footprint() {
+                // Runs split at footprints: the ring's entries are exactly that.
+                return Err(StoreError::Corrupt {
+                    seq: h.seq,
+                    what: format!("{} bytes for a footprint of {}", bytes.len(), h.footprint()),
+                });
+            }
+            if let Some((first, value)) = runs.push(h.seq, *pos, bytes) {
+                batch.put(key(first), value);
+            }
             last = LogEnd {
                 seq: h.seq,
                 view: h.view,
                 end_pos: pos + bytes.len() as u64,
             };
+        }
+        if let Some((first, value)) = runs.take() {
+            batch.put(key(first), value);
         }
         let mut wo = WriteOptions::default();
         wo.set_sync(self.sync);
@@ -328,12 +386,23 @@ impl LogStore {
         Ok(())
     }
 
-    /// The entry with seq `seq`, if stored.
+    /// The entry with seq `seq`, if stored (never one below the base: a
+    /// run the compaction kept may still hold some).
     pub fn get(&self, seq: u64) -> Result<Option<StoredEntry>, StoreError> {
-        match self.db.get(key(seq))? {
-            None => Ok(None),
-            Some(v) => Ok(Some(Self::decode_value(seq, &v)?)),
+        if seq <= self.base.seq || seq > self.last.seq {
+            return Ok(None);
         }
+        let it = self.seek_run(seq);
+        let Some((first, v)) = Self::run_at(&it)? else {
+            return Ok(None);
+        };
+        for e in Self::run_entries(first, v)? {
+            let e = e?;
+            if e.seq == seq {
+                return Ok(Some(Self::decode(&e)?));
+            }
+        }
+        Ok(None)
     }
 
     /// Up to `max` entries starting at `from`, in order.
@@ -350,21 +419,24 @@ impl LogStore {
         max: usize,
         max_bytes: usize,
     ) -> Result<Vec<(u64, StoredEntry)>, StoreError> {
+        let from = from.max(self.base.seq + 1);
         let mut out = Vec::new();
         let mut bytes = 0;
-        let start = key(from);
-        for kv in self
-            .db
-            .iterator(IteratorMode::From(&start, rocksdb::Direction::Forward))
-        {
-            if out.len() >= max || bytes >= max_bytes {
-                break;
+        let mut it = self.seek_run(from);
+        'runs: while let Some((first, v)) = Self::run_at(&it)? {
+            for e in Self::run_entries(first, v)? {
+                if out.len() >= max || bytes >= max_bytes {
+                    break 'runs;
+                }
+                let e = e?;
+                if e.seq < from {
+                    continue;
+                }
+                let stored = Self::decode(&e)?;
+                bytes += stored.bytes.len();
+                out.push((e.seq, stored));
             }
-            let (k, v) = kv?;
-            let seq = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0; 8]));
-            let e = Self::decode_value(seq, &v)?;
-            bytes += e.bytes.len();
-            out.push((seq, e));
+            it.next();
         }
         Ok(out)
     }
@@ -384,6 +456,10 @@ impl LogStore {
             return Ok(());
         }
         let mut batch = WriteBatch::default();
+        // The run that holds seq + 1 keeps its entries up to seq.
+        if let Some((first, kept)) = self.run_prefix_through(seq)? {
+            batch.put(key(first), kept);
+        }
         batch.delete_range(key(seq + 1), key(u64::MAX));
         batch.delete(key(u64::MAX));
         let mut wo = WriteOptions::default();
@@ -391,6 +467,36 @@ impl LogStore {
         self.db.write_opt(batch, &wo)?;
         self.last = self.scan_last()?;
         Ok(())
+    }
+
+    /// When the run that holds `seq + 1` starts at or before `seq`: its
+    /// first seq and the value of its entries up to `seq`.
+    fn run_prefix_through(&self, seq: u64) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        let mut it = self.db.raw_iterator();
+        it.seek_for_prev(key(seq + 1));
+        let Some((first, v)) = Self::run_at(&it)? else {
+            return Ok(None);
+        };
+        if first > seq {
+            return Ok(None);
+        }
+        let mut runs = RunBuilder::default();
+        for e in Self::run_entries(first, v)? {
+            let e = e?;
+            if e.seq > seq {
+                break;
+            }
+            // One run in, one run out: the entries were one run before.
+            let _ = runs.push(e.seq, e.pos, e.bytes);
+        }
+        Ok(runs.take())
+    }
+
+    /// The first seq of the run that holds `seq`.
+    fn run_start(&self, seq: u64) -> Result<Option<u64>, StoreError> {
+        let mut it = self.db.raw_iterator();
+        it.seek_for_prev(key(seq));
+        Ok(Self::run_at(&it)?.map(|(first, _)| first))
     }
 
     fn meta_get(&self, k: &[u8]) -> Result<u64, StoreError> {
@@ -637,5 +743,146 @@ mod tests {
         assert_eq!(s.oldest(), 901);
         assert!(s.commit().unwrap() >= 900);
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_store_of_one_key_per_entry_reads_the_same() {
+        // What every store held before runs: each entry under its own seq.
+        let d = tmpdir("one-per-key");
+        let es: Vec<Vec<u8>> = (1..=4).map(|i| e(i, 1, b"x")).collect();
+        {
+            let s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+            for (i, b) in es.iter().enumerate() {
+                let mut v = (i as u64 * 128).to_le_bytes().to_vec();
+                v.extend_from_slice(b);
+                s.db.put(key(i as u64 + 1), v).unwrap();
+            }
+        }
+        let mut s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+        assert_eq!(s.last().seq, 4);
+        assert_eq!(s.last().end_pos, 4 * 128);
+        let r = s.range(2, 10).unwrap();
+        assert_eq!(
+            r.iter().map(|(q, e)| (*q, e.pos)).collect::<Vec<_>>(),
+            [(2, 128), (3, 256), (4, 384)]
+        );
+        append_n(&mut s, 5, 6, b"y");
+        s.truncate_after(5).unwrap();
+        assert_eq!(s.range(1, 10).unwrap().len(), 5);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn an_append_of_bytes_other_than_the_footprint_is_refused() {
+        let d = tmpdir("footprint");
+        let mut s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+        let mut a = e(1, 1, b"x");
+        a.extend_from_slice(&[0; 64]);
+        assert!(matches!(
+            s.append(&[(0, &a)]),
+            Err(StoreError::Corrupt { seq: 1, .. })
+        ));
+        assert_eq!(s.last().seq, 0);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// What a model of the log says after each operation.
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Appends this many entries of these payload sizes, after a jump
+        /// in the ring or not.
+        Append(Vec<usize>, bool),
+        /// Cuts after this fraction of the log (per mille).
+        Truncate(u16),
+        /// Compacts through this fraction of the log (per mille).
+        Compact(u16),
+        Reopen,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (proptest::collection::vec(0usize..3000, 1..40), any::<bool>())
+                .prop_map(|(v, j)| Op::Append(v, j)),
+            1 => (0u16..1000).prop_map(Op::Truncate),
+            1 => (0u16..1000).prop_map(Op::Compact),
+            1 => Just(Op::Reopen),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        /// Runs, cuts inside them, compactions that keep a run across the
+        /// base and reopens: the store always reads as the model.
+        #[test]
+        fn the_store_reads_as_a_model_of_the_log(ops in proptest::collection::vec(op(), 1..25)) {
+            use std::collections::BTreeMap;
+            let d = tmpdir("model");
+            let _ = std::fs::remove_dir_all(&d);
+            let mut s = Some(LogStore::open(&d, Durability::MemoryAck).unwrap());
+            let mut model: BTreeMap<u64, (u64, Vec<u8>)> = BTreeMap::new();
+            let mut base = 0u64;
+            for op in ops {
+                let st = s.as_mut().unwrap();
+                let last = st.last();
+                match op {
+                    Op::Append(sizes, jump) => {
+                        let mut pos = last.end_pos + if jump { 4096 } else { 0 };
+                        let es: Vec<(u64, Vec<u8>)> = sizes.iter().enumerate().map(|(i, n)| {
+                            let b = e(last.seq + 1 + i as u64, 1, &vec![i as u8; *n]);
+                            let at = pos;
+                            pos += b.len() as u64;
+                            (at, b)
+                        }).collect();
+                        let refs: Vec<(u64, &[u8])> = es.iter().map(|(p, b)| (*p, b.as_slice())).collect();
+                        st.append(&refs).unwrap();
+                        for (i, (p, b)) in es.into_iter().enumerate() {
+                            model.insert(last.seq + 1 + i as u64, (p, b));
+                        }
+                    }
+                    Op::Truncate(f) => {
+                        let at = base + (last.seq - base) * u64::from(f) / 1000;
+                        st.truncate_after(at).unwrap();
+                        model.retain(|q, _| *q <= at);
+                    }
+                    Op::Compact(f) => {
+                        let at = base + (last.seq - base) * u64::from(f) / 1000;
+                        st.compact_through(at).unwrap();
+                        if at > base {
+                            base = at;
+                        }
+                        model.retain(|q, _| *q > base);
+                    }
+                    Op::Reopen => {
+                        s = None;
+                        s = Some(LogStore::open(&d, Durability::MemoryAck).unwrap());
+                    }
+                }
+                let st = s.as_ref().unwrap();
+                let want: Vec<(u64, u64, Vec<u8>)> =
+                    model.iter().map(|(q, (p, b))| (*q, *p, b.clone())).collect();
+                let got: Vec<(u64, u64, Vec<u8>)> = st.range(0, usize::MAX).unwrap()
+                    .into_iter().map(|(q, e)| (q, e.pos, e.bytes)).collect();
+                proptest::prop_assert_eq!(&got, &want);
+                proptest::prop_assert_eq!(st.oldest(), base + 1);
+                if let Some((q, (p, b))) = model.iter().next_back() {
+                    proptest::prop_assert_eq!(st.last().seq, *q);
+                    proptest::prop_assert_eq!(st.last().end_pos, p + b.len() as u64);
+                } else {
+                    proptest::prop_assert_eq!(st.last().seq, base);
+                }
+                for q in [base, base + 1, (base + st.last().seq) / 2, st.last().seq, st.last().seq + 1] {
+                    let got = st.get(q).unwrap().map(|e| (e.pos, e.bytes));
+                    proptest::prop_assert_eq!(got, model.get(&q).cloned(), "get({})", q);
+                }
+                // A chunk from anywhere starts where the model does.
+                let from = base.saturating_sub(3) + 1 + (st.last().seq - base) / 3;
+                let c = st.chunk(from, 5, usize::MAX).unwrap();
+                let want: Vec<u64> = model.range(from..).take(5).map(|(q, _)| *q).collect();
+                proptest::prop_assert_eq!(c.iter().map(|(q, _)| *q).collect::<Vec<_>>(), want);
+            }
+            drop(s);
+            std::fs::remove_dir_all(&d).unwrap();
+        }
     }
 }
