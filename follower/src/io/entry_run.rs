@@ -22,11 +22,19 @@ pub const RUN_BYTES: usize = 64 << 10;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RunError {
     /// Shorter than the ring position.
-    #[error("value too short")]
-    Short,
+    #[error("the value of run {seq} is too short")]
+    Short {
+        /// The run's first seq.
+        seq: u64,
+    },
     /// An entry header does not parse.
-    #[error("entry header: {0}")]
-    Header(String),
+    #[error("entry {seq}'s header: {what}")]
+    Header {
+        /// The entry's seq.
+        seq: u64,
+        /// What is wrong.
+        what: String,
+    },
     /// The value ends inside an entry.
     #[error("the value ends inside entry {seq}")]
     Truncated {
@@ -43,6 +51,18 @@ pub enum RunError {
     },
 }
 
+impl RunError {
+    /// The seq where the run stopped reading.
+    pub fn seq(&self) -> u64 {
+        match self {
+            RunError::Short { seq }
+            | RunError::Header { seq, .. }
+            | RunError::Truncated { seq } => *seq,
+            RunError::Seq { want, .. } => *want,
+        }
+    }
+}
+
 /// One entry of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunEntry<'a> {
@@ -55,53 +75,66 @@ pub struct RunEntry<'a> {
 }
 
 /// The entries of the run stored under `first`, in order.
-pub fn entries(first: u64, value: &[u8]) -> Result<RunEntries<'_>, RunError> {
-    if value.len() < 8 {
-        return Err(RunError::Short);
+pub fn entries(first: u64, value: &[u8]) -> RunEntries<'_> {
+    match value.split_first_chunk::<8>() {
+        Some((pos, rest)) => RunEntries {
+            rest,
+            seq: first,
+            pos: u64::from_le_bytes(*pos),
+            failed: None,
+        },
+        None => RunEntries {
+            rest: &[],
+            seq: first,
+            pos: 0,
+            failed: Some(RunError::Short { seq: first }),
+        },
     }
-    let pos = u64::from_le_bytes(value[..8].try_into().expect("8 bytes"));
-    Ok(RunEntries {
-        rest: &value[8..],
-        seq: first,
-        pos,
-        failed: false,
-    })
 }
 
-/// Iterator over a run's entries; yields an error once and stops.
+/// Iterator over a run's entries; yields an error once and stops (a value
+/// too short for its position yields only that).
 #[derive(Debug)]
 pub struct RunEntries<'a> {
     rest: &'a [u8],
     seq: u64,
     pos: u64,
-    failed: bool,
+    /// Set once reading failed: yielded, then nothing more.
+    failed: Option<RunError>,
 }
 
 impl<'a> Iterator for RunEntries<'a> {
     type Item = Result<RunEntry<'a>, RunError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed || self.rest.is_empty() {
+        if let Some(e) = self.failed.take() {
+            self.rest = &[];
+            return Some(Err(e));
+        }
+        if self.rest.is_empty() {
             return None;
         }
         let h = match EntryHeader::parse(self.rest) {
             Ok(h) => h,
             Err(e) => {
-                self.failed = true;
-                return Some(Err(RunError::Header(e.to_string())));
+                self.failed = Some(RunError::Header {
+                    seq: self.seq,
+                    what: e.to_string(),
+                });
+                return self.next();
             }
         };
         if h.seq != self.seq {
-            self.failed = true;
-            return Some(Err(RunError::Seq {
+            self.failed = Some(RunError::Seq {
                 got: h.seq,
                 want: self.seq,
-            }));
+            });
+            return self.next();
         }
         let take = h.footprint();
         if self.rest.len() < take {
-            self.failed = true;
-            return Some(Err(RunError::Truncated { seq: self.seq }));
+            self.failed = Some(RunError::Truncated { seq: self.seq });
+            return self.next();
         }
         let (bytes, rest) = self.rest.split_at(take);
         let e = RunEntry {
@@ -181,7 +214,7 @@ mod tests {
         let a = e(7, 10);
         let mut v = 4096u64.to_le_bytes().to_vec();
         v.extend_from_slice(&a);
-        let got: Vec<_> = entries(7, &v).unwrap().map(Result::unwrap).collect();
+        let got: Vec<_> = entries(7, &v).map(Result::unwrap).collect();
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].seq, got[0].pos, got[0].bytes), (7, 4096, &a[..]));
     }
@@ -197,10 +230,7 @@ mod tests {
         assert_eq!(runs.len(), 2);
         assert_eq!(runs[0].0, 1);
         assert_eq!(runs[1].0, 3);
-        let first: Vec<_> = entries(1, &runs[0].1)
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        let first: Vec<_> = entries(1, &runs[0].1).map(Result::unwrap).collect();
         assert_eq!(first[1].pos, a.len() as u64);
         assert_eq!(first[1].bytes, &b[..]);
     }
@@ -209,16 +239,17 @@ mod tests {
     fn a_value_cut_inside_an_entry_is_an_error() {
         let runs = build(&[(1, 0, e(1, 5)), (2, 128, e(2, 5))]);
         let v = &runs[0].1[..runs[0].1.len() - 1];
-        let got: Vec<_> = entries(1, v).unwrap().map(|r| r.map(|e| e.seq)).collect();
+        let got: Vec<_> = entries(1, v).map(|r| r.map(|e| e.seq)).collect();
         assert_eq!(got, vec![Ok(1), Err(RunError::Truncated { seq: 2 })]);
     }
 
     #[test]
     fn a_wrong_seq_inside_a_run_is_an_error() {
         let runs = build(&[(1, 0, e(1, 5)), (2, 128, e(2, 5))]);
-        let got: Vec<_> = entries(5, &runs[0].1).unwrap().collect();
+        let got: Vec<_> = entries(5, &runs[0].1).collect();
         assert_eq!(got, vec![Err(RunError::Seq { got: 1, want: 5 })]);
-        assert_eq!(entries(1, &[1, 2]).unwrap_err(), RunError::Short);
+        let got: Vec<_> = entries(1, &[1, 2]).collect();
+        assert_eq!(got, vec![Err(RunError::Short { seq: 1 })]);
     }
 
     proptest! {
@@ -241,9 +272,9 @@ mod tests {
             let runs = build(&es);
             let mut read = Vec::new();
             for (first, v) in &runs {
-                let n = entries(*first, v).unwrap().count();
+                let n = entries(*first, v).count();
                 prop_assert!(n == 1 || v.len() <= RUN_BYTES + 8);
-                for r in entries(*first, v).unwrap() {
+                for r in entries(*first, v) {
                     let r = r.unwrap();
                     read.push((r.seq, r.pos, r.bytes.to_vec()));
                 }

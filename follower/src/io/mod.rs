@@ -5,5 +5,6 @@
 
 pub mod entry_run;
 pub mod feed;
+pub mod recent_runs;
 pub mod store;
 pub mod zookeeper;

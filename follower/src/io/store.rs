@@ -22,6 +22,7 @@ use lockstep_common::entry::{self, EntryHeader};
 use rocksdb::{ColumnFamilyDescriptor, DBRawIterator, Options, WriteBatch, WriteOptions, DB};
 
 use super::entry_run::{self, RunBuilder, RunEntry};
+use super::recent_runs::RecentRuns;
 
 const META: &str = "meta";
 const K_VIEW: &[u8] = b"view";
@@ -96,6 +97,8 @@ pub struct LogStore {
     sync: bool,
     last: LogEnd,
     base: LogEnd,
+    /// The newest runs as written, for reads right behind the ingest.
+    recent: RecentRuns,
 }
 
 fn key(seq: u64) -> [u8; 8] {
@@ -146,6 +149,7 @@ impl LogStore {
             sync: durability == Durability::Fsync,
             last: LogEnd::default(),
             base: LogEnd::default(),
+            recent: RecentRuns::default(),
         };
         store.base = store.read_base()?;
         store.last = store.scan_last()?;
@@ -186,7 +190,7 @@ impl LogStore {
             return Ok(self.base);
         };
         let mut last = None;
-        for e in Self::run_entries(first, v)? {
+        for e in Self::run_entries(first, v) {
             last = Some(e?);
         }
         let e = last.ok_or(StoreError::Corrupt {
@@ -216,17 +220,15 @@ impl LogStore {
     }
 
     /// The entries of the run stored under `first`, errors as the store's.
-    fn run_entries(
-        first: u64,
-        v: &[u8],
-    ) -> Result<impl Iterator<Item = Result<RunEntry<'_>, StoreError>>, StoreError> {
-        let corrupt = move |e: entry_run::RunError| StoreError::Corrupt {
-            seq: first,
+    fn run_entries(first: u64, v: &[u8]) -> impl Iterator<Item = Result<RunEntry<'_>, StoreError>> {
+        entry_run::entries(first, v).map(|r| r.map_err(Self::run_error))
+    }
+
+    fn run_error(e: entry_run::RunError) -> StoreError {
+        StoreError::Corrupt {
+            seq: e.seq(),
             what: e.to_string(),
-        };
-        Ok(entry_run::entries(first, v)
-            .map_err(corrupt)?
-            .map(move |r| r.map_err(corrupt)))
+        }
     }
 
     /// Checks and copies one entry of a run.
@@ -314,6 +316,9 @@ impl LogStore {
         self.base = base;
         if self.last.seq == seq {
             self.last = base;
+            self.recent.clear();
+        } else {
+            self.recent.forget_through(seq);
         }
         self.db.compact_range(None::<&[u8]>, Some(&key(cut)));
         Ok(deleted)
@@ -335,6 +340,7 @@ impl LogStore {
         self.db.write_opt(batch, &wo)?;
         self.base = base;
         self.last = base;
+        self.recent.clear();
         self.db.compact_range(None::<&[u8]>, None::<&[u8]>);
         Ok(())
     }
@@ -349,6 +355,7 @@ impl LogStore {
         let mut batch = WriteBatch::default();
         let mut last = self.last;
         let mut runs = RunBuilder::default();
+        let mut written = Vec::new();
         for (pos, bytes) in entries {
             let h = EntryHeader::parse(bytes).map_err(|e| StoreError::Corrupt {
                 seq: last.seq + 1,
@@ -367,22 +374,24 @@ impl LogStore {
                     what: format!("{} bytes for a footprint of {}", bytes.len(), h.footprint()),
                 });
             }
-            if let Some((first, value)) = runs.push(h.seq, *pos, bytes) {
-                batch.put(key(first), value);
-            }
+            written.extend(runs.push(h.seq, *pos, bytes));
             last = LogEnd {
                 seq: h.seq,
                 view: h.view,
                 end_pos: pos + bytes.len() as u64,
             };
         }
-        if let Some((first, value)) = runs.take() {
-            batch.put(key(first), value);
+        written.extend(runs.take());
+        for (first, value) in &written {
+            batch.put(key(*first), value);
         }
         let mut wo = WriteOptions::default();
         wo.set_sync(self.sync);
         self.db.write_opt(batch, &wo)?;
         self.last = last;
+        for (first, value) in written {
+            self.recent.push(first, value);
+        }
         Ok(())
     }
 
@@ -392,11 +401,18 @@ impl LogStore {
         if seq <= self.base.seq || seq > self.last.seq {
             return Ok(None);
         }
+        if let Some(mut recent) = self.recent.entries_from(seq) {
+            return match recent.next() {
+                Some(Ok(e)) if e.seq == seq => Ok(Some(Self::decode(&e)?)),
+                Some(Ok(_)) | None => Ok(None),
+                Some(Err(e)) => Err(Self::run_error(e)),
+            };
+        }
         let it = self.seek_run(seq);
         let Some((first, v)) = Self::run_at(&it)? else {
             return Ok(None);
         };
-        for e in Self::run_entries(first, v)? {
+        for e in Self::run_entries(first, v) {
             let e = e?;
             if e.seq == seq {
                 return Ok(Some(Self::decode(&e)?));
@@ -422,9 +438,21 @@ impl LogStore {
         let from = from.max(self.base.seq + 1);
         let mut out = Vec::new();
         let mut bytes = 0;
+        if let Some(recent) = self.recent.entries_from(from) {
+            for e in recent {
+                if out.len() >= max || bytes >= max_bytes {
+                    break;
+                }
+                let e = e.map_err(Self::run_error)?;
+                let stored = Self::decode(&e)?;
+                bytes += stored.bytes.len();
+                out.push((e.seq, stored));
+            }
+            return Ok(out);
+        }
         let mut it = self.seek_run(from);
         'runs: while let Some((first, v)) = Self::run_at(&it)? {
-            for e in Self::run_entries(first, v)? {
+            for e in Self::run_entries(first, v) {
                 if out.len() >= max || bytes >= max_bytes {
                     break 'runs;
                 }
@@ -465,6 +493,7 @@ impl LogStore {
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
         self.db.write_opt(batch, &wo)?;
+        self.recent.clear();
         self.last = self.scan_last()?;
         Ok(())
     }
@@ -481,7 +510,7 @@ impl LogStore {
             return Ok(None);
         }
         let mut runs = RunBuilder::default();
-        for e in Self::run_entries(first, v)? {
+        for e in Self::run_entries(first, v) {
             let e = e?;
             if e.seq > seq {
                 break;
@@ -786,6 +815,49 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
+    /// Every read of the store agrees with the model (`base`: the
+    /// compaction point).
+    fn reads_as_the_model(
+        st: &LogStore,
+        model: &std::collections::BTreeMap<u64, (u64, Vec<u8>)>,
+        base: u64,
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        let want: Vec<(u64, u64, Vec<u8>)> = model
+            .iter()
+            .map(|(q, (p, b))| (*q, *p, b.clone()))
+            .collect();
+        let got: Vec<(u64, u64, Vec<u8>)> = st
+            .range(0, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(q, e)| (q, e.pos, e.bytes))
+            .collect();
+        proptest::prop_assert_eq!(&got, &want);
+        proptest::prop_assert_eq!(st.oldest(), base + 1);
+        if let Some((q, (p, b))) = model.iter().next_back() {
+            proptest::prop_assert_eq!(st.last().seq, *q);
+            proptest::prop_assert_eq!(st.last().end_pos, p + b.len() as u64);
+        } else {
+            proptest::prop_assert_eq!(st.last().seq, base);
+        }
+        for q in [
+            base,
+            base + 1,
+            (base + st.last().seq) / 2,
+            st.last().seq,
+            st.last().seq + 1,
+        ] {
+            let got = st.get(q).unwrap().map(|e| (e.pos, e.bytes));
+            proptest::prop_assert_eq!(got, model.get(&q).cloned(), "get({})", q);
+        }
+        // A chunk from anywhere starts where the model does.
+        let from = base.saturating_sub(3) + 1 + (st.last().seq - base) / 3;
+        let c = st.chunk(from, 5, usize::MAX).unwrap();
+        let want: Vec<u64> = model.range(from..).take(5).map(|(q, _)| *q).collect();
+        proptest::prop_assert_eq!(c.iter().map(|(q, _)| *q).collect::<Vec<_>>(), want);
+        Ok(())
+    }
+
     /// What a model of the log says after each operation.
     #[derive(Debug, Clone)]
     enum Op {
@@ -854,32 +926,17 @@ mod tests {
                         model.retain(|q, _| *q > base);
                     }
                     Op::Reopen => {
-                        s = None;
+                        drop(s.take());
                         s = Some(LogStore::open(&d, Durability::MemoryAck).unwrap());
                     }
                 }
-                let st = s.as_ref().unwrap();
-                let want: Vec<(u64, u64, Vec<u8>)> =
-                    model.iter().map(|(q, (p, b))| (*q, *p, b.clone())).collect();
-                let got: Vec<(u64, u64, Vec<u8>)> = st.range(0, usize::MAX).unwrap()
-                    .into_iter().map(|(q, e)| (q, e.pos, e.bytes)).collect();
-                proptest::prop_assert_eq!(&got, &want);
-                proptest::prop_assert_eq!(st.oldest(), base + 1);
-                if let Some((q, (p, b))) = model.iter().next_back() {
-                    proptest::prop_assert_eq!(st.last().seq, *q);
-                    proptest::prop_assert_eq!(st.last().end_pos, p + b.len() as u64);
-                } else {
-                    proptest::prop_assert_eq!(st.last().seq, base);
-                }
-                for q in [base, base + 1, (base + st.last().seq) / 2, st.last().seq, st.last().seq + 1] {
-                    let got = st.get(q).unwrap().map(|e| (e.pos, e.bytes));
-                    proptest::prop_assert_eq!(got, model.get(&q).cloned(), "get({})", q);
-                }
-                // A chunk from anywhere starts where the model does.
-                let from = base.saturating_sub(3) + 1 + (st.last().seq - base) / 3;
-                let c = st.chunk(from, 5, usize::MAX).unwrap();
-                let want: Vec<u64> = model.range(from..).take(5).map(|(q, _)| *q).collect();
-                proptest::prop_assert_eq!(c.iter().map(|(q, _)| *q).collect::<Vec<_>>(), want);
+                // Once as read (mostly from the recent runs), once from
+                // RocksDB alone.
+                let st = s.as_mut().unwrap();
+                reads_as_the_model(st, &model, base)?;
+                let recent = std::mem::take(&mut st.recent);
+                reads_as_the_model(st, &model, base)?;
+                st.recent = recent;
             }
             drop(s);
             std::fs::remove_dir_all(&d).unwrap();
