@@ -21,6 +21,19 @@ use std::time::Duration;
 
 /// How often a backup reports at least (also when nothing moved).
 pub const REPORT_PERIOD: Duration = Duration::from_millis(50);
+/// A backup reports a new applied point at most this often: each report
+/// is a write to the leader (over tcp a send, and a wake of the leader's
+/// peer thread), and a report per apply step cost the leader's follower
+/// more than the backup's apply itself. The bound it feeds is tens of
+/// thousands of entries: a millisecond late changes nothing.
+pub const REPORT_GAP: Duration = Duration::from_millis(1);
+
+/// Whether a backup reports now: it applied up to `applied`, and last
+/// reported `reported`, `since` ago.
+pub fn report_due(applied: u64, reported: u64, since: Duration) -> bool {
+    since >= REPORT_PERIOD || (applied != reported && since >= REPORT_GAP)
+}
+
 /// A backup whose report word did not move for this long is not counted:
 /// its follower is gone or stuck.
 pub const REPORT_STALE_MS: u64 = 1000;
@@ -170,6 +183,16 @@ pub fn bit(id: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backup_reports_progress_at_most_every_gap_and_always_every_period() {
+        let ms = Duration::from_millis;
+        assert!(!report_due(10, 5, Duration::ZERO));
+        assert!(!report_due(10, 5, REPORT_GAP - Duration::from_micros(1)));
+        assert!(report_due(10, 5, REPORT_GAP));
+        assert!(!report_due(10, 10, ms(49)));
+        assert!(report_due(10, 10, REPORT_PERIOD));
+    }
 
     #[test]
     fn within_the_lag_or_without_a_bound_the_leader_goes_on() {

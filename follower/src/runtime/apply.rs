@@ -76,8 +76,9 @@ impl Node {
             }
             let applied = f.applied();
             // At least every period, also when nothing moved: the leader
-            // counts only backups whose reports keep coming.
-            if applied != reported.0 || reported.1.elapsed() >= REPORT_PERIOD {
+            // counts only backups whose reports keep coming. Progress at
+            // most every REPORT_GAP (see there).
+            if apply_lag::report_due(applied, reported.0, reported.1.elapsed()) {
                 reports += 1;
                 self.report_applied(applied, reports, self.region.server_attached());
                 reported = (applied, Instant::now());
