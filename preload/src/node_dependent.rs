@@ -105,6 +105,19 @@ fn dependent(name: &Word, sub: &Word, param: &Word) -> bool {
     }
 }
 
+/// Whether [`dependent`] looks at the subcommand of `name`.
+fn reads_sub(name: &Word) -> bool {
+    matches!(
+        name.text(),
+        "client" | "config" | "debug" | "slowlog" | "acl"
+    )
+}
+
+/// Whether [`dependent`] looks at the argument after `name sub`.
+fn reads_param(name: &Word, sub: &Word) -> bool {
+    name.is("config") && sub.is("set")
+}
+
 /// Where the parser is in a connection's byte stream.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum At {
@@ -197,18 +210,28 @@ impl Replies {
                     _ => {}
                 },
                 At::Bulk(left) => {
+                    // Only the words `dependent` looks at are kept: a
+                    // pipelined `SET`'s key and value are skipped whole.
                     let word = match self.arg {
                         0 => Some(&mut self.name),
-                        1 => Some(&mut self.sub),
-                        2 => Some(&mut self.param),
+                        1 if reads_sub(&self.name) => Some(&mut self.sub),
+                        2 if reads_param(&self.name, &self.sub) => Some(&mut self.param),
                         _ => None,
                     };
                     match word {
-                        // The name or the subcommand: kept byte by byte
-                        // while it may still be a class's.
+                        // The name or the subcommand: kept while it may
+                        // still be a class's, as much of it as this read
+                        // holds at once.
                         Some(w) if left > 2 && w.len <= WORD => {
-                            w.push(b);
-                            self.at = At::Bulk(left - 1);
+                            let n = ((left - 2) as usize)
+                                .min(bytes.len() - i)
+                                .min(WORD + 1 - w.len);
+                            for &c in &bytes[i..i + n] {
+                                w.push(c);
+                            }
+                            self.at = At::Bulk(left - n as u64);
+                            i += n;
+                            continue;
                         }
                         _ => {
                             let n = left.min((bytes.len() - i) as u64);
@@ -435,6 +458,54 @@ mod tests {
         );
         assert_eq!(verdicts(&[b"config get port\r\n".to_vec()]), [true]);
         assert_eq!(verdicts(&[b"config set maxmemory 1\r\n".to_vec()]), [false]);
+    }
+
+    proptest::proptest! {
+        /// However a connection's bytes are cut into reads, each command
+        /// is classed as when read whole, and what the parser keeps
+        /// matches a plain reading of the words.
+        #[test]
+        fn reads_cut_anywhere_class_every_command_alike(
+            cmds in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    vec!["SET", "key:__rand_int__", "xxx"],
+                    vec!["client", "list"],
+                    vec!["CLIENT", "SETNAME", "a-long-connection-name-here"],
+                    vec!["config", "set", "port", "7001"],
+                    vec!["config", "set", "maxmemory", "1mb"],
+                    vec!["CONFIG", "GET", "*"],
+                    vec!["info"],
+                    vec!["GET", "a-key-longer-than-sixteen-bytes"],
+                    vec!["debug", "object", "k"],
+                    vec!["slowlog", "len"],
+                ]),
+                1..12,
+            ),
+            cuts in proptest::collection::vec(0usize..400, 0..8),
+        ) {
+            let whole: Vec<u8> = cmds.iter().flat_map(|c| resp(c)).collect();
+            let mut at: Vec<usize> = cuts.into_iter().map(|c| c % (whole.len() + 1)).collect();
+            at.sort_unstable();
+            let mut r = Replies::default();
+            let mut from = 0;
+            for c in at.into_iter().chain([whole.len()]) {
+                r.input(&whole[from..c]);
+                from = c;
+            }
+            let want = cmds.iter().any(|c| {
+                let w = |i: usize| c.get(i).map_or(String::new(), |s| s.to_lowercase());
+                match w(0).as_str() {
+                    "info" => true,
+                    "client" => w(1) == "list",
+                    "config" => w(1) == "get" || (w(1) == "set" && w(2) == "port"),
+                    "debug" => w(1) == "object",
+                    _ => false,
+                }
+            });
+            proptest::prop_assert_eq!(r.take(), want);
+            let last = r.last_command();
+            proptest::prop_assert_eq!(last.text(), cmds.last().unwrap()[0].to_lowercase());
+        }
     }
 
     #[test]
