@@ -398,27 +398,11 @@ impl LogStore {
     /// The entry with seq `seq`, if stored (never one below the base: a
     /// run the compaction kept may still hold some).
     pub fn get(&self, seq: u64) -> Result<Option<StoredEntry>, StoreError> {
-        if seq <= self.base.seq || seq > self.last.seq {
+        if seq <= self.base.seq {
             return Ok(None);
         }
-        if let Some(mut recent) = self.recent.entries_from(seq) {
-            return match recent.next() {
-                Some(Ok(e)) if e.seq == seq => Ok(Some(Self::decode(&e)?)),
-                Some(Ok(_)) | None => Ok(None),
-                Some(Err(e)) => Err(Self::run_error(e)),
-            };
-        }
-        let it = self.seek_run(seq);
-        let Some((first, v)) = Self::run_at(&it)? else {
-            return Ok(None);
-        };
-        for e in Self::run_entries(first, v) {
-            let e = e?;
-            if e.seq == seq {
-                return Ok(Some(Self::decode(&e)?));
-            }
-        }
-        Ok(None)
+        let mut first = self.chunk(seq, 1, usize::MAX)?.into_iter();
+        Ok(first.next().filter(|(q, _)| *q == seq).map(|(_, e)| e))
     }
 
     /// Up to `max` entries starting at `from`, in order.
@@ -438,33 +422,32 @@ impl LogStore {
         let from = from.max(self.base.seq + 1);
         let mut out = Vec::new();
         let mut bytes = 0;
-        if let Some(recent) = self.recent.entries_from(from) {
-            for e in recent {
+        // Takes the entries from `from` on until a bound is reached
+        // (returns false then).
+        let mut take = |entries: &mut dyn Iterator<Item = Result<RunEntry<'_>, StoreError>>| {
+            for e in entries {
                 if out.len() >= max || bytes >= max_bytes {
-                    break;
-                }
-                let e = e.map_err(Self::run_error)?;
-                let stored = Self::decode(&e)?;
-                bytes += stored.bytes.len();
-                out.push((e.seq, stored));
-            }
-            return Ok(out);
-        }
-        let mut it = self.seek_run(from);
-        'runs: while let Some((first, v)) = Self::run_at(&it)? {
-            for e in Self::run_entries(first, v) {
-                if out.len() >= max || bytes >= max_bytes {
-                    break 'runs;
+                    return Ok(false);
                 }
                 let e = e?;
-                if e.seq < from {
-                    continue;
+                if e.seq >= from {
+                    let stored = Self::decode(&e)?;
+                    bytes += stored.bytes.len();
+                    out.push((e.seq, stored));
                 }
-                let stored = Self::decode(&e)?;
-                bytes += stored.bytes.len();
-                out.push((e.seq, stored));
             }
-            it.next();
+            Ok::<bool, StoreError>(true)
+        };
+        if let Some(recent) = self.recent.entries_from(from) {
+            take(&mut recent.map(|r| r.map_err(Self::run_error)))?;
+        } else {
+            let mut it = self.seek_run(from);
+            while let Some((first, v)) = Self::run_at(&it)? {
+                if !take(&mut Self::run_entries(first, v))? {
+                    break;
+                }
+                it.next();
+            }
         }
         Ok(out)
     }
