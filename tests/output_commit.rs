@@ -437,3 +437,57 @@ fn a_client_that_reads_late_gets_every_reply_in_order() {
     // are a prefix of theirs, which is no divergence.
     c.assert_no_divergence();
 }
+
+/// A reply the leader holds past its turn (output commit does not wait
+/// out a turn's commit while the loop has more to do: the next turn's
+/// work overlaps it) leaves once it is committed, not when the next turn
+/// ends: a client whose command ran just before another client's long
+/// script gets its reply while the script still runs, as with Redis
+/// alone. The backups' followers are frozen across the turn's end, so
+/// the commit comes only while the script runs.
+#[test]
+fn a_reply_is_not_held_behind_the_next_turns_long_script() {
+    let mut c = TestCluster::new("oc-deferred", Options::default());
+    c.start_all();
+    let mut a = Resp::connect(c.app(1)).unwrap();
+    let mut b = Resp::connect(c.app(1)).unwrap();
+    // Redis alone serves no other client during the script.
+    assert_eq!(
+        a.cmd(&[b"CONFIG", b"SET", b"busy-reply-threshold", b"600000"])
+            .unwrap(),
+        Reply::Status("OK".into())
+    );
+    assert_eq!(b.cmd(&[b"PING"]).unwrap(), Reply::Status("PONG".into()));
+    // A's turn lasts a second; B's script arrives meanwhile, so the loop
+    // has work when A's turn ends, and the script is the next turn.
+    a.send(&[b"DEBUG", b"SLEEP", b"1"]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let frozen = Frozen::followers(&c, &[2, 3]);
+    // Seconds of work, a fixed count (the same on every replica).
+    b.send(&[
+        b"EVAL",
+        b"local i = 0 while i < 100000000 do i = i + 1 end return i",
+        b"0",
+    ])
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    drop(frozen);
+    assert_eq!(a.read().unwrap(), Reply::Status("OK".into()));
+    // Held behind the script, A's reply would have left a moment before
+    // B's; here the script runs on for seconds.
+    std::thread::sleep(Duration::from_millis(200));
+    let s = b.stream();
+    s.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    match s.peek(&mut byte) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!(
+            "A's reply came only with the script's ({other:?}): it was held behind the next turn"
+        ),
+    }
+    s.set_nonblocking(false).unwrap();
+    assert_eq!(b.read().unwrap(), Reply::Int(100_000_000));
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}

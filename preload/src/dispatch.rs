@@ -109,9 +109,23 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32, loop_id: u64) {
         && crate::turn_lock::held()
         && crate::turn_lock::others_wait()
         && held_output::any();
+    let mut deferred = false;
     if let (Some(engine), false) = (engine, overlap) {
-        held_output::release_all(&mut || engine.wait_output(), &mut fail_held);
+        if wait == crate::turns::Wait::Epoll && crate::clock::is_loop_thread() {
+            // What is committed leaves now; the rest waits no longer than
+            // the loop's next turn: it leaves as that turn reads inputs or
+            // ends (see `release_deferred`), or, should the loop have
+            // nothing to do, before it blocks (`closing_probe`). Under
+            // load the next turn's work so overlaps this turn's commit
+            // round instead of the loop waiting it out.
+            deferred = release_deferred(engine);
+        } else {
+            held_output::release_all(&mut || engine.wait_output(), &mut fail_held);
+        }
     }
+    held_output::seal();
+    let _ = DEFERRED.try_with(|d| d.set(deferred));
+    let _ = DEFERRED_HELD.try_with(|d| d.set(deferred));
     // The turn's TICK is the turn's last entry: logged before the wait
     // counts (it is the turn's, and may continue its clock records).
     if let Some(engine) = engine {
@@ -159,24 +173,83 @@ thread_local! {
     /// The leader's loop thread is about to wait with its turn's end not
     /// logged, holding the turn lock (see `closing_probe`).
     static CLOSING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The leader's loop thread is about to wait holding output whose
+    /// commit it did not wait for (see `before_wait`).
+    static DEFERRED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// This loop thread holds output of an ended turn that was not
+    /// committed when the turn ended (see `release_deferred_on_input`).
+    static DEFERRED_HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The turn's clock when `release_deferred_at` last looked.
+    static LOOKED_AT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Sends the output this loop thread holds that is committed by now,
+/// without waiting; true when some stays held waiting for its commit. Asks
+/// the engine at most twice: a mark at or below one found committed is,
+/// and one at or past one found pending is pending (marks of one view).
+fn release_deferred(engine: &Engine) -> bool {
+    let mut committed_upto = (0, 0);
+    let mut pending_from = (u64::MAX, 0);
+    held_output::release_committed(
+        &mut |(seq, view)| {
+            if view == committed_upto.1 && seq <= committed_upto.0 {
+                return Some(Ok(()));
+            }
+            if view == pending_from.1 && seq >= pending_from.0 {
+                return None;
+            }
+            let decided = engine.try_output_upto((seq, view));
+            match decided {
+                Some(Ok(())) => committed_upto = (seq, view),
+                None => pending_from = (seq, view),
+                Some(Err(_)) => {}
+            }
+            decided
+        },
+        &mut fail_held,
+    )
+}
+
+/// A leader's loop thread reads input while holding an earlier turn's
+/// output (see `before_wait`): what is committed by now leaves.
+fn release_deferred_on_input(engine: &Engine) {
+    if DEFERRED_HELD.try_with(|d| d.get()).unwrap_or(false) {
+        let stays = release_deferred(engine);
+        let _ = DEFERRED_HELD.try_with(|d| d.set(stays));
+    }
 }
 
 /// The leader's loop thread is about to wait `timeout` ms with its last
-/// turn's end not logged (see `before_wait`): `probe()` waits without
-/// blocking first. Events (or an error): that is the wait's result (the
-/// next turn starts at once, still under the turn lock, and its entries
-/// end the last one). None: the turn's end is logged, the lock let go,
-/// and the caller waits for real — or, for a zero timeout, Some(0).
-/// None at once when nothing was pending.
+/// turn's end not logged, or holding output whose commit it did not wait
+/// for (see `before_wait`): `probe()` waits without blocking first.
+/// Events (or an error): that is the wait's result (the next turn starts
+/// at once, under the turn lock if it was held, and its entries end the
+/// last one; the held output stays for it). None: the held output left
+/// once committed, the turn's end is logged, the lock let go, and the
+/// caller waits for real — or, for a zero timeout with the turn's end to
+/// log, Some(0). None at once when nothing was pending.
 pub fn closing_probe(timeout: i32, probe: impl FnOnce() -> i32) -> Option<i32> {
-    if !CLOSING.try_with(|c| c.replace(false)).unwrap_or(false) {
+    let closing = CLOSING.try_with(|c| c.replace(false)).unwrap_or(false);
+    let deferred = DEFERRED.try_with(|c| c.replace(false)).unwrap_or(false);
+    if !closing && (!deferred || timeout == 0) {
+        // A wait that does not block leaves deferred output to the next
+        // turn's end.
         return None;
     }
     let n = probe();
     if n != 0 {
         return Some(n);
     }
-    if let Some(engine) = setup::engine() {
+    let engine = setup::engine();
+    if let (true, Some(engine)) = (deferred, engine) {
+        // The loop would block: its deferred output leaves first.
+        held_output::release_all(&mut || engine.wait_output(), &mut fail_held);
+        let _ = DEFERRED_HELD.try_with(|d| d.set(false));
+    }
+    if !closing {
+        return None;
+    }
+    if let Some(engine) = engine {
         engine.close_turn();
         engine.post();
     }
@@ -231,7 +304,22 @@ fn log_turn_time(engine: &Engine) {
 pub fn turn_clock_read() -> Option<u64> {
     let _reentry = crate::reentry::Reentry::enter()?;
     let engine = setup::engine()?;
-    crate::turn_time::read(engine)
+    let us = crate::turn_time::read(engine)?;
+    release_deferred_at(engine, us);
+    Some(us)
+}
+
+/// A leader's loop thread read the clock (`us`) inside a turn while
+/// holding an earlier turn's output: what is committed by now leaves, a
+/// look each time the turn's clock moves (a grain): a turn that reads no
+/// input for long (a busy script) holds no earlier reply for longer.
+fn release_deferred_at(engine: &Engine, us: u64) {
+    if DEFERRED_HELD.try_with(|d| d.get()).unwrap_or(false)
+        && LOOKED_AT.try_with(|l| l.replace(us) != us).unwrap_or(false)
+    {
+        let stays = release_deferred(engine);
+        let _ = DEFERRED_HELD.try_with(|d| d.set(stays));
+    }
 }
 
 /// Whether accept/listen need the slow path.
@@ -323,6 +411,7 @@ pub fn before_input(fd: i32, want: usize, flags: i32) -> Before {
                 log::error!("recv with MSG_TRUNC on client fd {fd} cannot be replicated");
                 return Before::Return(fail_connection(fd));
             }
+            release_deferred_on_input(engine);
             Before::Go(Ticket {
                 fd,
                 slot,
@@ -443,24 +532,23 @@ fn hold_for_commit(engine: &Engine, fd: i32, slot: &Slot) -> Option<Ret> {
 /// committed already, or too large to hold).
 fn try_hold(engine: &Engine, fd: i32, slot: &Slot, segments: &[&[u8]]) -> Option<Ret> {
     let conn = slot.conn();
-    if held_output::holds(fd, conn) {
-        if !held_output::hold(fd, conn, segments) {
-            // Over the bound: what it holds goes first.
-            return match held_output::release(engine, fd, conn, &mut fail_held) {
-                held_output::Released::Sent => None,
-                held_output::Released::Stuck => Some(Ret::err(libc::EAGAIN)),
-                held_output::Released::Failed => Some(Ret::err(libc::ECONNRESET)),
-            };
-        }
-    } else {
-        if engine.output_free() {
+    let holds = held_output::holds(fd, conn);
+    if !holds && engine.output_free() {
+        return None;
+    }
+    // The turn's time goes into the log before any of its output (what
+    // the connection holds may be an earlier turn's).
+    log_turn_time(engine);
+    if !held_output::hold(fd, conn, segments, engine.appended_mark()) {
+        if !holds {
             return None;
         }
-        // The turn's time goes into the log before any of its output.
-        log_turn_time(engine);
-        if !held_output::hold(fd, conn, segments) {
-            return None;
-        }
+        // Over the bound: what it holds goes first.
+        return match held_output::release(engine, fd, conn, &mut fail_held) {
+            held_output::Released::Sent => None,
+            held_output::Released::Stuck => Some(Ret::err(libc::EAGAIN)),
+            held_output::Released::Failed => Some(Ret::err(libc::ECONNRESET)),
+        };
     }
     slot.add_output(segments);
     let total: usize = segments.iter().map(|s| s.len()).sum();

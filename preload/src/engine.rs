@@ -363,6 +363,25 @@ impl Engine {
         self.wait_released(mark)
     }
 
+    /// [`Engine::wait_output_upto`] without the wait: Some(Ok) when output
+    /// depending on no input past `mark` may leave now, Some(Err) when it
+    /// never may (this node stopped leading that view), None when a
+    /// majority has not stored it yet.
+    pub fn try_output_upto(&self, (seq, view): (u64, u64)) -> Option<Result<(), Fail>> {
+        if self.mode == CommitMode::Input
+            || seq == 0
+            || (view == self.appended_view.load(Ordering::Acquire)
+                && self.released.load(Ordering::Acquire) >= seq)
+        {
+            return Some(Ok(()));
+        }
+        if self.acked(seq) {
+            self.release(seq);
+            return Some(Ok(()));
+        }
+        self.check(view).err().map(Err)
+    }
+
     /// Waits until a majority stored everything up to `mark` (seq, view),
     /// then releases output up to it.
     fn wait_released(&self, (seq, view): (u64, u64)) -> Result<(), Fail> {
