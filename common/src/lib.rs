@@ -8,6 +8,7 @@ pub mod config;
 pub mod control;
 pub mod entry;
 pub mod handshake;
+pub mod idle_spin;
 pub mod leader_writer;
 pub mod quorum;
 pub mod region;

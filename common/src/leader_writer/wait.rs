@@ -31,11 +31,19 @@ pub fn wait_until<E>(
         return Ok(());
     }
     let backoff = Backoff::new();
+    let spin = crate::idle_spin::window();
+    let mut spinning_since: Option<Instant> = None;
     let mut parked_since: Option<Instant> = None;
     loop {
         watch(Waited::Spinning)?;
         if !backoff.is_completed() {
             backoff.snooze();
+        } else if parked_since.is_none()
+            && spinning_since.get_or_insert_with(Instant::now).elapsed() < spin
+        {
+            // Cores to spare: the acks are seen without a wake-up (see
+            // `idle_spin`).
+            std::hint::spin_loop();
         } else {
             let bell = region.bell();
             let seen = bell.value();

@@ -32,6 +32,9 @@ impl Node {
         let mut batch: Vec<FetchedEntry> = Vec::with_capacity(BATCH);
         let mut metas: Vec<EntryMeta> = Vec::with_capacity(BATCH);
         let backoff = Backoff::new();
+        let spin = lockstep_common::idle_spin::window();
+        // When the last read found nothing, after the backoff.
+        let mut idle_since: Option<Instant> = None;
         let mut seen_record = (0, 0);
         while !self.stopping() {
             let now_epoch = self.epoch.load(Ordering::Acquire);
@@ -105,6 +108,7 @@ impl Node {
                         self.metrics.ack.observe(f.elapsed());
                     }
                     backoff.reset();
+                    idle_since = None;
                 } else {
                     // Dropped (a view change is rewriting the log, or the
                     // entries belong to a fenced view): reading them again
@@ -125,12 +129,16 @@ impl Node {
                 seen_record = record;
                 self.step(Event::Tick(self.words()), Carried::Nothing);
             }
-            if backoff.is_completed() {
+            if !backoff.is_completed() {
+                backoff.snooze();
+            } else if idle_since.get_or_insert_with(Instant::now).elapsed() < spin {
+                // Cores to spare: the next entry is read without a wake-up
+                // (see `idle_spin`).
+                std::hint::spin_loop();
+            } else {
                 // Writers ring after writing: a write since `seen` makes
                 // this return at once.
                 bell.wait(seen, Duration::from_millis(5));
-            } else {
-                backoff.snooze();
             }
         }
     }
