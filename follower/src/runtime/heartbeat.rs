@@ -129,6 +129,11 @@ impl Node {
         if *reported || pid == 0 || self.region.server_attached() {
             return;
         }
+        if self.region.preload_pid() != pid {
+            // Stopped on purpose (a snapshot's install clears the word
+            // before its kill), or replaced meanwhile.
+            return;
+        }
         *reported = true;
         log::error!("node {}: its server (pid {pid}) exited", self.me);
         self.step(Event::ServerExited, Carried::Nothing);

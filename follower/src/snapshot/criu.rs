@@ -428,11 +428,18 @@ impl ServerImage for Criu {
             return Ok(());
         }
         *self.last_server.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.origin_of(pid));
+        // The pid word goes first: the heartbeat takes an attached pid
+        // whose lock is gone for a crash, and told the replica so between
+        // this kill and the end of the wait below (a fresh node installing
+        // a snapshot then served nothing; seen in CI).
+        self.region.set_preload_pid(0);
         // The server is the first process of its own PID namespace
         // (`lockstep launch-server`): killing it ends the namespace.
         let target = nix::unistd::Pid::from_raw(pid as i32);
-        nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL)
-            .with_context(|| format!("cannot stop the server (pid {pid})"))?;
+        if let Err(e) = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL) {
+            self.region.set_preload_pid(pid);
+            return Err(e).with_context(|| format!("cannot stop the server (pid {pid})"));
+        }
         let since = Instant::now();
         // Not this process's child: gone once /proc no longer shows it
         // running (a zombie waits for its parent, and holds nothing).
@@ -444,11 +451,11 @@ impl ServerImage for Criu {
                 .starts_with('Z')
         }) {
             if since.elapsed() > std::time::Duration::from_secs(10) {
+                self.region.set_preload_pid(pid);
                 bail!("the server (pid {pid}) did not stop within 10 s");
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        self.region.set_preload_pid(0);
         Ok(())
     }
 }
