@@ -210,12 +210,23 @@ fn release_deferred(engine: &Engine) -> bool {
     )
 }
 
+/// Whether this loop thread holds an ended turn's output not committed
+/// when last looked at.
+fn deferred_held() -> bool {
+    DEFERRED_HELD.try_with(|d| d.get()).unwrap_or(false)
+}
+
+/// Looks again at the deferred output: what is committed by now leaves.
+fn look_at_deferred(engine: &Engine) {
+    let stays = release_deferred(engine);
+    let _ = DEFERRED_HELD.try_with(|d| d.set(stays));
+}
+
 /// A leader's loop thread reads input while holding an earlier turn's
 /// output (see `before_wait`): what is committed by now leaves.
 fn release_deferred_on_input(engine: &Engine) {
-    if DEFERRED_HELD.try_with(|d| d.get()).unwrap_or(false) {
-        let stays = release_deferred(engine);
-        let _ = DEFERRED_HELD.try_with(|d| d.set(stays));
+    if deferred_held() {
+        look_at_deferred(engine);
     }
 }
 
@@ -314,11 +325,8 @@ pub fn turn_clock_read() -> Option<u64> {
 /// look each time the turn's clock moves (a grain): a turn that reads no
 /// input for long (a busy script) holds no earlier reply for longer.
 fn release_deferred_at(engine: &Engine, us: u64) {
-    if DEFERRED_HELD.try_with(|d| d.get()).unwrap_or(false)
-        && LOOKED_AT.try_with(|l| l.replace(us) != us).unwrap_or(false)
-    {
-        let stays = release_deferred(engine);
-        let _ = DEFERRED_HELD.try_with(|d| d.set(stays));
+    if deferred_held() && LOOKED_AT.try_with(|l| l.replace(us) != us).unwrap_or(false) {
+        look_at_deferred(engine);
     }
 }
 

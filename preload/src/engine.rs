@@ -352,15 +352,20 @@ impl Engine {
     /// `mark` (an [`Engine::appended_mark`] taken before): inputs other
     /// loops appended since are not waited for.
     pub fn wait_output_upto(&self, mark: (u64, u64)) -> Result<(), Fail> {
-        let (seq, view) = mark;
-        if self.mode == CommitMode::Input
-            || seq == 0
-            || (view == self.appended_view.load(Ordering::Acquire)
-                && self.released.load(Ordering::Acquire) >= seq)
-        {
+        if self.released_upto(mark) {
             return Ok(());
         }
         self.wait_released(mark)
+    }
+
+    /// Whether output depending on no input past `mark` may leave
+    /// without asking the acks: input mode, nothing appended, or released
+    /// already in the same view.
+    fn released_upto(&self, (seq, view): (u64, u64)) -> bool {
+        self.mode == CommitMode::Input
+            || seq == 0
+            || (view == self.appended_view.load(Ordering::Acquire)
+                && self.released.load(Ordering::Acquire) >= seq)
     }
 
     /// [`Engine::wait_output_upto`] without the wait: Some(Ok) when output
@@ -368,11 +373,7 @@ impl Engine {
     /// never may (this node stopped leading that view), None when a
     /// majority has not stored it yet.
     pub fn try_output_upto(&self, (seq, view): (u64, u64)) -> Option<Result<(), Fail>> {
-        if self.mode == CommitMode::Input
-            || seq == 0
-            || (view == self.appended_view.load(Ordering::Acquire)
-                && self.released.load(Ordering::Acquire) >= seq)
-        {
+        if self.released_upto((seq, view)) {
             return Some(Ok(()));
         }
         if self.acked(seq) {

@@ -78,18 +78,18 @@ struct Holds {
 }
 
 impl Holds {
-    /// The connection's newest entry.
-    fn newest(&mut self, fd: i32, conn: u64) -> Option<usize> {
-        self.held.iter().rposition(|h| h.fd == fd && h.conn == conn)
-    }
-
-    /// Bytes the connection holds in all.
-    fn total(&self, fd: i32, conn: u64) -> usize {
-        self.held
-            .iter()
-            .filter(|h| h.fd == fd && h.conn == conn)
-            .map(|h| h.bytes.len())
-            .sum()
+    /// The connection's newest entry and the bytes it holds in all (one
+    /// pass: this runs on every held write).
+    fn of(&self, fd: i32, conn: u64) -> (Option<usize>, usize) {
+        let mut newest = None;
+        let mut total = 0;
+        for (i, h) in self.held.iter().enumerate() {
+            if h.fd == fd && h.conn == conn {
+                newest = Some(i);
+                total += h.bytes.len();
+            }
+        }
+        (newest, total)
     }
 
     fn recycle(&mut self, mut bytes: Vec<u8>) {
@@ -113,7 +113,7 @@ fn with<R>(f: impl FnOnce(&mut Holds) -> R) -> Option<R> {
 
 /// Whether connection `conn` (on `fd`) holds output on this thread.
 pub fn holds(fd: i32, conn: u64) -> bool {
-    with(|h| h.newest(fd, conn).is_some()).unwrap_or(false)
+    with(|h| h.held.iter().any(|x| x.fd == fd && x.conn == conn)).unwrap_or(false)
 }
 
 /// Whether this thread holds output for any connection.
@@ -128,10 +128,11 @@ pub fn any() -> bool {
 pub fn hold(fd: i32, conn: u64, segments: &[&[u8]], mark: (u64, u64)) -> bool {
     let total: usize = segments.iter().map(|s| s.len()).sum();
     with(|h| {
-        if h.total(fd, conn) + total > HOLD_MAX {
+        let (newest, held) = h.of(fd, conn);
+        if held + total > HOLD_MAX {
             return false;
         }
-        let i = match h.newest(fd, conn) {
+        let i = match newest {
             Some(i) if !h.held[i].sealed => i,
             _ => {
                 let bytes = h.spare.pop().unwrap_or_default();
