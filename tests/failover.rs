@@ -23,13 +23,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cluster::{
-    bin_dir, binaries, cli_status, free_port, zookeeper_serving, Options, Reply, Resp, TestCluster,
-    ZookeeperServer,
+    bin_dir, binaries, cli_status, free_port, serial, zookeeper_serving, Options, Reply, Resp,
+    TestCluster, ZookeeperServer,
 };
 use lockstep_common::control::NodeStatus;
 use lockstep_launcher::binaries::Binaries;
@@ -52,13 +52,8 @@ fn counter_key(i: usize) -> String {
     format!("fo:ctr:{i}")
 }
 
-/// The tests of this file run one at a time: each runs a JVM and several
-/// servers and followers, and the machine may have two cores.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+// The tests of this file run one at a time (`serial`): each runs a JVM
+// and several servers and followers, and the machine may have two cores.
 
 // ---------------------------------------------------------------------
 // Logs and status

@@ -19,24 +19,19 @@ mod cluster;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
-use cluster::{memcached_mixed_workload, Memcache, Options, Server, TestCluster};
+use cluster::{memcached_mixed_workload, serial, Memcache, Options, Server, TestCluster};
 
 const LIMIT: Duration = Duration::from_secs(120);
-
-/// One cluster of this file at a time. Each runs a four-worker memcached
-/// and three followers: two side by side on a 2-core machine starve
-/// threads for long enough that `every_worker_gets_its_turns_under_load`
-/// measures the scheduler rather than the turn lock (it failed twice in
-/// full runs that way, at 3,058 and 5,976 answers, and never alone).
-static ALONE: Mutex<()> = Mutex::new(());
-
-fn alone() -> MutexGuard<'static, ()> {
-    ALONE.lock().unwrap_or_else(|e| e.into_inner())
-}
 const KEYS: usize = 16;
+
+// One cluster of this file at a time (`serial`). Each runs a four-worker
+// memcached and three followers: two side by side on a 2-core machine
+// starve threads for long enough that `every_worker_gets_its_turns_under_load`
+// measures the scheduler rather than the turn lock (it failed twice in
+// full runs that way, at 3,058 and 5,976 answers, and never alone).
 
 /// A 3-node memcached cluster whose servers run `threads` worker threads,
 /// started (static election).
@@ -109,7 +104,7 @@ fn read_back_and_compare(c: &TestCluster, ids: &[u64], deltas: &[i64]) {
 /// backup ends with the leader's items and answered every request as it.
 #[test]
 fn memcached_with_four_workers_replicates_an_order_sensitive_load() {
-    let _alone = alone();
+    let _serial = serial();
     let c = cluster("mcthreads", "4");
     for id in 1..=3 {
         let pid = c.status(id).expect("status").server_pid;
@@ -131,7 +126,7 @@ fn memcached_with_four_workers_replicates_an_order_sensitive_load() {
 /// agree on a load that comes after it.
 #[test]
 fn a_backup_of_a_multi_worker_server_refuses_its_own_clients() {
-    let _alone = alone();
+    let _serial = serial();
     let c = cluster("mcthreadsguest", "4");
     let leader_app = c.app(1).to_string();
     for id in 2..=3 {
@@ -156,7 +151,7 @@ fn a_backup_of_a_multi_worker_server_refuses_its_own_clients() {
 /// live entries; it ends with the leader's items.
 #[test]
 fn memcached_with_four_workers_backup_restart_replays_the_log() {
-    let _alone = alone();
+    let _serial = serial();
     let mut c = cluster("mcthreadsrestart", "4");
     // Each load sets the counters to their start value first: only the
     // last one's changes count.
@@ -226,7 +221,7 @@ fn counting_client(
 /// (its connections on the same workers), agrees too.
 #[test]
 fn memcached_with_four_workers_fails_over_under_load_losing_nothing() {
-    let _alone = alone();
+    let _serial = serial();
     let mut c = configured("mcthreadsfailover", "4");
     let _zk = c.start_zookeeper(2000);
     c.start_nodes();
@@ -295,7 +290,7 @@ fn memcached_with_four_workers_fails_over_under_load_losing_nothing() {
 /// seconds in a release one).
 #[test]
 fn every_worker_gets_its_turns_under_load() {
-    let _alone = alone();
+    let _serial = serial();
     const CLIENTS: usize = 16;
     const EACH: u64 = 2000;
     const GAP: u64 = 2500;

@@ -8,22 +8,17 @@
 
 mod cluster;
 
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use cluster::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// One cluster at a time: two busy scripts' clusters side by side on a
-/// 2-core machine have made a backup take a client's input at another of
-/// the script's nested polls than the leader did (a known open problem,
-/// see the README's guarantees); alone, each test checks what it names.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+// One cluster at a time (`serial`): two busy scripts' clusters side by
+// side on a 2-core machine have made a backup take a client's input at
+// another of the script's nested polls than the leader did (a known open
+// problem, see the README's guarantees); alone, each test checks what it
+// names.
 
 fn ok(reply: Reply) {
     assert_eq!(reply, Reply::Status("OK".into()));

@@ -8,6 +8,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 #[path = "../commit_mode/mod.rs"]
@@ -1040,4 +1041,14 @@ fn templated_command(argv: &[String], port: u16, data: &Path) -> Command {
     let mut c = Command::new(fill(&argv[0]));
     c.args(argv[1..].iter().map(fill));
     c
+}
+
+/// One cluster of the calling test binary at a time: hold the guard for
+/// the whole test. For tests whose clusters are heavy enough (a JVM, four
+/// server workers, a busy script) that two side by side on a 2-core
+/// machine measure the scheduler rather than what the test names. A test
+/// that failed while holding it does not poison it.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
