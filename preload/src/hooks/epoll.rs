@@ -32,6 +32,9 @@ pub(super) unsafe fn epoll_turn(
     if !dispatch::passive_hooked() || ev.is_null() || max <= 0 {
         let n = probed(timeout, |t| real(max, t));
         let _errno = KeptErrno::now();
+        // SAFETY: `ev` is the caller's buffer of `max` events, of which
+        // the kernel filled the first `n`.
+        let n = unsafe { without_alarm(epfd, ev, n) };
         turn_returned(loop_id, false);
         return n;
     }
@@ -61,18 +64,9 @@ pub(super) unsafe fn epoll_turn(
         k => real(max - k as c_int, 0),
     };
     let _errno = KeptErrno::now();
-    let n = if n > 0 {
-        // SAFETY: the kernel filled the first `n` events of the caller's
-        // buffer.
-        let got = unsafe { std::slice::from_raw_parts_mut(ev, n as usize) };
-        let kept = crate::loops::without_alarm(got);
-        if kept < got.len() {
-            crate::loops::silence(epfd);
-        }
-        kept as c_int
-    } else {
-        n
-    };
+    // SAFETY: the kernel filled the first `n` events of the caller's
+    // buffer.
+    let n = unsafe { without_alarm(epfd, ev, n) };
     turn_returned(loop_id, k > 0);
     let bell = caught(|| {
         crate::apply::after_wait(|fd| {
@@ -98,6 +92,29 @@ pub(super) unsafe fn epoll_turn(
     let kernel_first = caught(crate::apply::kernel_first).unwrap_or(false);
     caught(|| crate::apply::merge_events(events, real_n, &keys[..k], bell_key, kernel_first))
         .map_or(n, |m| m as c_int)
+}
+
+/// The `n` events a real wait put into `ev`, less the preload's alarm
+/// (spent here): returns how many are left. Every path that hands the
+/// kernel's events to the server goes through this, attached or not: a
+/// wait that began before the preload attached (a server started before
+/// its follower) can return an alarm rung just after, and the server
+/// would take its key for one of its own (Redis indexed its fd table with
+/// it and crashed).
+///
+/// # Safety
+/// When `n > 0`, `ev` must point to at least `n` initialised events.
+unsafe fn without_alarm(epfd: c_int, ev: *mut libc::epoll_event, n: c_int) -> c_int {
+    if n <= 0 || ev.is_null() {
+        return n;
+    }
+    // SAFETY: the caller's contract: `n` initialised events at `ev`.
+    let got = unsafe { std::slice::from_raw_parts_mut(ev, n as usize) };
+    let kept = crate::loops::without_alarm(got);
+    if kept < got.len() {
+        crate::loops::silence(epfd);
+    }
+    kept as c_int
 }
 
 /// Waits `timeout` with `wait(timeout)`, a leader's loop looking without
