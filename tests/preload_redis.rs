@@ -651,7 +651,7 @@ fn a_server_started_before_its_region_waits_for_it_and_attaches_when_it_comes() 
 }
 
 #[test]
-fn a_bad_config_stops_the_server_at_its_first_accept() {
+fn a_bad_config_stops_the_server_before_it_serves() {
     let f = Fixture::new(
         "badconfig",
         Options {
@@ -667,11 +667,8 @@ fn a_bad_config_stops_the_server_at_its_first_accept() {
     f.preload_env(&mut cmd);
     cmd.env("LOCKSTEP_CONFIG", &bad);
     let mut server = Server::spawn(cmd, port, &f.dir, "redis-bad");
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    wait_for("redis to listen", LIMIT, || {
-        server.assert_running();
-        std::net::TcpStream::connect(addr).is_ok()
-    });
+    // It stops at its first listen, with no client ever connecting (a
+    // supervisor sees it fail at start, not at the first request).
     let st = server
         .wait_exit(LIMIT)
         .expect("server still running with a bad config");
@@ -704,6 +701,76 @@ fn a_bad_config_stops_the_server_at_its_first_accept() {
     let mut server = Server::spawn(cmd, f.port(), &f.dir, "redis-plain");
     redis_ready(f.app(), &mut server);
     assert!(!server.stderr().contains("lockstep"), "{}", server.stderr());
+}
+
+#[test]
+fn a_server_listening_where_its_node_does_not_stops_before_it_serves() {
+    let f = Fixture::new(
+        "wrongnode",
+        Options {
+            regions: false,
+            ..Options::default()
+        },
+    );
+    let lockstep_lines = |server: &Server| -> Vec<String> {
+        server
+            .stderr()
+            .lines()
+            .filter(|l| l.starts_with("lockstep:"))
+            .map(str::to_string)
+            .collect()
+    };
+    // Node 2's port with LOCKSTEP_NODE=1 (preload_env names node 1): the
+    // mistake of a node started by hand with the wrong id.
+    let node2 = f.config.node(2).expect("node 2").app.port();
+    let mut cmd = redis_command(node2, &f.dir);
+    f.preload_env(&mut cmd);
+    let mut server = Server::spawn(cmd, node2, &f.dir, "redis-node2-port");
+    let st = server
+        .wait_exit(LIMIT)
+        .expect("a server on node 2's port as node 1 still runs");
+    assert_eq!(st.code(), Some(1));
+    let lines = lockstep_lines(&server);
+    assert_eq!(lines.len(), 1, "{}", server.stderr());
+    assert!(
+        lines[0].contains("node 2's app address") && lines[0].contains("LOCKSTEP_NODE=2"),
+        "{}",
+        lines[0]
+    );
+
+    // A port that is no node's: it stops once it waits for clients.
+    let port = free_port();
+    let mut cmd = redis_command(port, &f.dir);
+    f.preload_env(&mut cmd);
+    let mut server = Server::spawn(cmd, port, &f.dir, "redis-no-app");
+    let st = server
+        .wait_exit(LIMIT)
+        .expect("a server on no node's app address still runs");
+    assert_eq!(st.code(), Some(1));
+    let lines = lockstep_lines(&server);
+    assert_eq!(lines.len(), 1, "{}", server.stderr());
+    assert!(
+        lines[0].contains(&format!("not on node 1's app address {}", f.app())),
+        "{}",
+        lines[0]
+    );
+
+    // A node id the config does not have.
+    let mut cmd = redis_command(f.port(), &f.dir);
+    f.preload_env(&mut cmd);
+    cmd.env("LOCKSTEP_NODE", "9");
+    let mut server = Server::spawn(cmd, f.port(), &f.dir, "redis-node9");
+    let st = server
+        .wait_exit(LIMIT)
+        .expect("a server as node 9 of a 3-node config still runs");
+    assert_eq!(st.code(), Some(1));
+    let lines = lockstep_lines(&server);
+    assert_eq!(lines.len(), 1, "{}", server.stderr());
+    assert!(
+        lines[0].contains("node 9 is not in the config"),
+        "{}",
+        lines[0]
+    );
 }
 
 /// Every libc function through which redis-server or memcached can read

@@ -701,9 +701,11 @@ fn is_app_listener(fd: i32, app: std::net::SocketAddr) -> bool {
     app_listener
 }
 
-/// After a successful `listen(fd)`: attach early when it is the app
-/// listener, so that the follower sees the server.
+/// After a successful `listen(fd)`: a listener in the wrong place, or an
+/// unusable config, stops the server now (see `listeners`); the app
+/// listener attaches early, so that the follower sees the server.
 pub fn after_listen(fd: i32) {
+    crate::listeners::after_listen(sys::local_addr(fd));
     let Some(Ok(s)) = setup::settings() else {
         return;
     };

@@ -47,6 +47,8 @@
 //!   [`thread_clock`]: one thread's clock, pure.
 //! - [`entropy`]: the cluster's random stream, the same on every replica.
 //! - [`setup`]: configuration, attaching to the region, fork handling.
+//! - [`listeners`]: the server's listeners against the app address
+//!   (a server listening in the wrong place stops before it serves).
 //! - [`fdtable`]: per-fd state.
 //! - [`turns`]: the server threads' event-loop turns.
 //! - [`stack_depth`]: where a thread reads against where it waited (a read
@@ -66,6 +68,7 @@ pub mod forks;
 pub mod held_output;
 #[allow(unsafe_code)]
 pub mod hooks;
+pub mod listeners;
 pub mod logger;
 pub mod loops;
 pub mod node_dependent;

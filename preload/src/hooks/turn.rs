@@ -18,6 +18,9 @@ use crate::turns::{Wait, MAX_WIDTH};
 /// thread's own, not a loop (see `loops::any`).
 pub(super) fn event_loop_turn(wait: Wait, max: c_int, serves: bool, loop_id: u64) {
     crate::stack_depth::waited(crate::stack_depth::here());
+    if !crate::setup::inert() {
+        let _ = caught(crate::listeners::before_wait);
+    }
     if dispatch::passive_hooked() {
         let e = errno();
         if serves && (wait == Wait::Epoll || !crate::loops::any()) {
