@@ -194,6 +194,15 @@ impl TestCluster {
         });
     }
 
+    /// Whether node `id`'s server (its launcher) was started and still
+    /// runs.
+    pub fn server_running(&mut self, id: u64) -> bool {
+        let i = self.idx(id);
+        self.servers[i]
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// Node `id`'s server process id (0: none started).
     pub fn server_pid(&self, id: u64) -> u32 {
         self.servers[self.idx(id)].as_ref().map_or(0, |c| c.id())
