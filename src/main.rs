@@ -9,6 +9,7 @@ mod failover_bench;
 mod launch;
 mod memcached_bench;
 mod restart_bench;
+mod run;
 mod status;
 mod supervisor;
 mod up;
@@ -83,6 +84,33 @@ enum Cmd {
     Check {
         /// Cluster config.
         config: PathBuf,
+    },
+    /// Runs node N's server under the preload, as a node started by hand
+    /// (or by a systemd unit) should be: checks the node and its app
+    /// address, waits for the node's follower, starts the server in a
+    /// session and PID namespace of its own (snapshots need that), and
+    /// exits as the server did.
+    Run {
+        /// Cluster config.
+        #[arg(long)]
+        config: PathBuf,
+        /// This node's id in the config.
+        #[arg(long)]
+        node: u64,
+        /// The server's log, its stdout and stderr appended
+        /// [default: <data_dir>/logs/server-<node>.log].
+        #[arg(long)]
+        log: Option<PathBuf>,
+        /// Start the server at once, not waiting for the follower (its
+        /// preload attaches when the follower comes; clients are refused
+        /// until then).
+        #[arg(long)]
+        no_wait: bool,
+        /// The server command, e.g. `-- redis-server --port 7001 --save ''`
+        /// [default: the config's `server`, {port}, {host}, {data}, {node}
+        /// expanded, in a fresh {data} directory].
+        #[arg(last = true)]
+        argv: Vec<std::ffi::OsString>,
     },
     /// Runs a node's server in a PID namespace of its own (what `up` and
     /// the tests start servers through, so their process images can be
@@ -303,13 +331,20 @@ fn main() {
                 Err(e) => return Err(e.into()),
             }
             let nodes = status::query_all(&c, Duration::from_secs(2));
+            let unreplicated = status::unreplicated_servers(&c, &nodes);
             if json {
-                println!("{}", status::to_json(&c, &path, &nodes));
+                let mut j = status::to_json(&c, &path, &nodes);
+                status::mark_unreplicated(&mut j, &unreplicated);
+                println!("{j}");
             } else {
                 print!("{}", status::to_table(&c, &path, &nodes));
+                for (_, why) in &unreplicated {
+                    println!("NOT OK: {why}");
+                }
             }
-            // Exit 1 unless a leader with a live majority takes writes.
-            if status::health(&c, &nodes).is_err() {
+            // Exit 1 unless a leader with a live majority takes writes, and
+            // no node serves clients unreplicated.
+            if status::health(&c, &nodes).is_err() || !unreplicated.is_empty() {
                 std::process::exit(1);
             }
             Ok(())
@@ -444,6 +479,20 @@ fn main() {
                 launch::launch(&log, &env, &argv).map(|code| std::process::exit(code))
             }
         }
+        Cmd::Run {
+            config,
+            node,
+            log,
+            no_wait,
+            argv,
+        } => run::run(run::RunArgs {
+            config,
+            node,
+            log,
+            no_wait,
+            argv,
+        })
+        .map(|code| std::process::exit(code)),
         Cmd::WatchServer { pid } => launch::watch(pid).map(|code| std::process::exit(code)),
         Cmd::Check { config } => (|| {
             let c = load(Some(config.clone()), None)?;

@@ -72,6 +72,69 @@ pub fn query_all(config: &Config, timeout: Duration) -> Vec<NodeView> {
         .collect()
 }
 
+/// Nodes where something serves clients on the node's app address while no
+/// server is attached to the node's region: a server started without the
+/// preload (or with a relative `LD_PRELOAD` that `ld.so` ignored), whose
+/// clients nothing replicates. Each with one line saying so. A preloaded
+/// server waiting for its follower is not one: it refuses each client at
+/// once (a refusal line, then the end of the connection), where a plain
+/// server keeps a silent connection open.
+pub fn unreplicated_servers(config: &Config, nodes: &[NodeView]) -> Vec<(u64, String)> {
+    nodes
+        .iter()
+        // Not a node whose server is attached and applying (a backup's
+        // server may let guests in by choice: `backup_clients = "allow"`).
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .map_or(true, |s| s.server_pid == 0 || s.stale_reason.is_some())
+        })
+        .filter_map(|n| {
+            let app = config.node(n.id).ok()?.app;
+            serves_silently(app).then(|| {
+                (
+                    n.id,
+                    format!(
+                        "node {}: something serves clients on its app address {app} but no server is attached to its region: its clients are NOT replicated (a server started without the preload, or with a relative LD_PRELOAD path ld.so ignored); stop it and start it with `lockstep run --config … --node {}`",
+                        n.id, n.id
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Whether a connection to `app` is accepted and then kept open, silent,
+/// for a moment (a plain server waiting for a request).
+fn serves_silently(app: std::net::SocketAddr) -> bool {
+    use std::io::Read;
+    let Ok(mut s) = TcpStream::connect_timeout(&app, Duration::from_millis(500)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(300)));
+    let mut buf = [0u8; 64];
+    matches!(s.read(&mut buf), Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut))
+}
+
+/// The JSON of [`to_json`] with the nodes of [`unreplicated_servers`]
+/// marked (`unreplicated_server`) and the cluster not healthy.
+pub fn mark_unreplicated(json: &mut serde_json::Value, found: &[(u64, String)]) {
+    if found.is_empty() {
+        return;
+    }
+    if let Some(list) = json["nodes"].as_array_mut() {
+        for n in list {
+            let id = n["node"].as_u64().unwrap_or(0);
+            if let Some((_, why)) = found.iter().find(|(i, _)| *i == id) {
+                n["unreplicated_server"] = json!(why);
+            }
+        }
+    }
+    json["healthy"] = json!(false);
+    let lines: Vec<&str> = found.iter().map(|(_, w)| w.as_str()).collect();
+    json["problem"] = json!(lines.join("; "));
+}
+
 /// The view and leader the reachable nodes agree on (highest view wins).
 pub fn cluster_view(nodes: &[NodeView]) -> (u64, u64) {
     nodes
@@ -293,7 +356,7 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
                 n.id
             )),
             Ok(s) if s.server_pid == 0 => out.push_str(&format!(
-                "node {}: no server is attached; start its server under the preload (LD_PRELOAD=liblockstep.so LOCKSTEP_CONFIG={} LOCKSTEP_NODE={})\n",
+                "node {}: no server is attached; start its server: `lockstep run --config {} --node {}`\n",
                 n.id,
                 config_path.display(),
                 n.id

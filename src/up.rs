@@ -469,7 +469,8 @@ impl Cluster {
         let log = self.server_log(id);
         let mut server = Command::new(&args[0]);
         // In a PID namespace of its own: its image can be restored.
-        let c = preloaded_server(bins, config_path, id, server.args(&args[1..]), &log);
+        server.args(&args[1..]);
+        let c = preloaded_server(bins, config_path, id, &server, &log, true);
         let child =
             spawn(c, &log, append).with_context(|| format!("cannot start server `{}`", args[0]))?;
         self.push_server(id, log, child, None);

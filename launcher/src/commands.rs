@@ -49,37 +49,39 @@ pub fn under_preload<'a>(
         .env("LOCKSTEP_NODE", id.to_string())
 }
 
-/// `server` as node `id`'s server: under the preload, launched by
-/// `lockstep launch-server` in a PID namespace of its own, its output
-/// appended to `log` (see [`in_own_pid_namespace`]). How `lockstep up` and
-/// the tests start every server.
+/// `server` as node `id`'s server, started by `lockstep run` (the
+/// preload and the config by absolute path, the app address checked, a
+/// session and PID namespace of its own; see `lockstep run --help`), its
+/// output appended to `log`. With `wait`, `run` starts it only once the
+/// node's follower runs. How `lockstep up` and the tests start every
+/// server. `server`'s environment reaches the server (through `run`, which
+/// sets `LD_PRELOAD` on the server alone).
 pub fn preloaded_server(
     bins: &Binaries,
     config: &Path,
     id: u64,
-    server: &mut Command,
+    server: &Command,
     log: &Path,
+    wait: bool,
 ) -> Command {
-    under_preload(server, &bins.preload, config, id);
-    in_own_pid_namespace(&bins.lockstep, server, log)
-}
-
-/// `cmd` (a server command, its environment included) run through
-/// `lockstep launch-server` (`lockstep`: that executable) in a PID
-/// namespace of its own, its output appended to `log`: what makes its
-/// process image restorable. The environment goes to the server only (the
-/// launcher itself runs without the preload).
-pub fn in_own_pid_namespace(lockstep: &Path, cmd: &Command, log: &Path) -> Command {
-    let mut c = Command::new(lockstep);
-    c.arg("launch-server").arg("--log").arg(log);
-    for (k, v) in cmd.get_envs() {
-        if let Some(v) = v {
-            let mut kv = k.to_os_string();
-            kv.push("=");
-            kv.push(v);
-            c.arg("--env").arg(kv);
-        }
+    let mut c = Command::new(&bins.lockstep);
+    c.arg("run")
+        .arg("--config")
+        .arg(config)
+        .args(["--node", &id.to_string()])
+        .arg("--log")
+        .arg(log);
+    if !wait {
+        c.arg("--no-wait");
     }
-    c.arg("--").arg(cmd.get_program()).args(cmd.get_args());
+    for (k, v) in server.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.arg("--")
+        .arg(server.get_program())
+        .args(server.get_args());
     c
 }

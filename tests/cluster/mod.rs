@@ -228,7 +228,7 @@ impl TestCluster {
         // In a PID namespace of its own, as `lockstep up` starts it: its
         // image can be restored.
         let log = self.dir.join(format!("server-{id}.log"));
-        let cmd = preloaded_server(&self.bins, &self.config_path, id, &mut cmd, &log);
+        let cmd = preloaded_server(&self.bins, &self.config_path, id, &cmd, &log, false);
         let child = spawn(cmd, self.log("server", id));
         let i = self.idx(id);
         self.servers[i] = Some(child);
