@@ -1,7 +1,7 @@
 //! Start-up: binds the control address, opens ZooKeeper, the store and
 //! the region, starts the replica from the stored views ([`Node::start`]), then runs every
 //! thread ([`Node::run`]) and saves the apply and commit points on the way
-//! out.
+//! out, then removes the region file.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -293,6 +293,20 @@ impl Node {
         store.set_applied(applied)?;
         store.set_commit(committed)?;
         store.flush()?;
+        drop(store);
+        // Everything read from the ring is in the store now, so the region
+        // holds nothing a restart needs: its file (ring_size and more, in
+        // /dev/shm) goes. A crash leaves it, for the next start to reuse.
+        let path = self.region.path().display();
+        match self.region.remove_unattached() {
+            Ok(true) => log::info!("node {}: removed region file {path}", self.me),
+            Ok(false) => log::info!(
+                "node {}: left region file {path}: a server (pid {}) is attached to it; stop the server, then remove it or start this follower again",
+                self.me,
+                self.region.preload_pid()
+            ),
+            Err(e) => log::warn!("node {}: {e}", self.me),
+        }
         log::info!("node {}: stopped cleanly", self.me);
         Ok(())
     }
