@@ -137,8 +137,9 @@ fn follower_log(c: &TestCluster, id: u64) -> String {
 
 /// A follower stopped with SIGTERM after its server removes its region
 /// file, and comes back (a new file, which the other nodes' writers map)
-/// with nothing committed lost; one stopped beside its running server, or
-/// SIGKILLed, leaves the file, which its next start reuses.
+/// with nothing committed lost; one stopped beside its running server,
+/// one started with --keep-region, and a SIGKILLed one leave the file,
+/// which the next start reuses.
 #[test]
 fn a_cleanly_stopped_follower_removes_its_region_file_a_killed_one_leaves_it() {
     let mut c = TestCluster::new("stop", Options::default());
@@ -173,6 +174,12 @@ fn a_cleanly_stopped_follower_removes_its_region_file_a_killed_one_leaves_it() {
     assert!(c.region_file(2).exists(), "{log}");
     assert!(log.contains("left region file"), "{log}");
     stop_server(&mut c, 2);
+    // So does one told to keep it (what `lockstep up` does).
+    c.start_follower_with(2, &["--keep-region"]);
+    assert!(!c.server_attached(2));
+    let status = c.stop_follower(2);
+    assert!(status.success(), "follower 2: {status}\n{}", c.logs());
+    assert!(c.region_file(2).exists(), "{}", follower_log(&c, 2));
     c.restart_node(2);
     // SIGKILL leaves it too.
     stop_server(&mut c, 3);

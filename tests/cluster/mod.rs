@@ -159,7 +159,13 @@ impl TestCluster {
 
     /// Starts node `id`'s follower and waits until it answers.
     pub fn start_follower(&mut self, id: u64) {
+        self.start_follower_with(id, &[]);
+    }
+
+    /// [`TestCluster::start_follower`] with more arguments.
+    pub fn start_follower_with(&mut self, id: u64, args: &[&str]) {
         let mut cmd = follower_command(&self.bins.follower, &self.config_path, id);
+        cmd.args(args);
         cmd.env("LOCKSTEP_LOG", "info");
         let child = spawn(cmd, self.log("follower", id));
         let i = self.idx(id);

@@ -28,6 +28,19 @@ use super::snapshots;
 use super::zookeeper::RETRY;
 use super::Node;
 
+/// What a clean stop does with the node's region file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionOnStop {
+    /// Removes it, unless a server is attached
+    /// ([`Region::remove_unattached`]).
+    Remove,
+    /// Leaves it for the next start to reuse: for a supervisor that
+    /// removes region files itself once the cluster stops (`lockstep up`),
+    /// and where a peer's server that dropped its user id writes into it
+    /// (shm): that server could not open a new file.
+    Keep,
+}
+
 impl Node {
     /// Opens the store and the region and takes this node's role; its
     /// server's images are CRIU's.
@@ -210,8 +223,10 @@ impl Node {
         Ok(node)
     }
 
-    /// Runs every thread; returns when `stop` is set.
-    pub fn run(self: &Arc<Self>) -> anyhow::Result<()> {
+    /// Runs every thread; returns when `stop` is set, having stored the
+    /// apply and commit points and flushed the store, then done `on_stop`
+    /// with the region file.
+    pub fn run(self: &Arc<Self>, on_stop: RegionOnStop) -> anyhow::Result<()> {
         let me = self.config.node(self.me)?.clone();
         let listener = self
             .control_listener
@@ -294,6 +309,10 @@ impl Node {
         store.set_commit(committed)?;
         store.flush()?;
         drop(store);
+        if on_stop == RegionOnStop::Keep {
+            log::info!("node {}: stopped cleanly", self.me);
+            return Ok(());
+        }
         // Everything read from the ring is in the store now, so the region
         // holds nothing a restart needs: its file (ring_size and more, in
         // /dev/shm) goes. A crash leaves it, for the next start to reuse.
