@@ -257,7 +257,10 @@ pub fn port_findings(config: &Config, starting: Option<u64>) -> HostFindings {
                 PortUse::Listening => (
                     "in use: a program listens on it",
                     if own {
-                        format!("node {} runs already, or another program holds its port: stop it, or give the node another address", n.id)
+                        // The server binds the app address, the follower
+                        // the others.
+                        let who = if field == "app" { "server" } else { "follower" };
+                        format!("node {}'s {who} runs already, or another program holds its port: stop it first, or give the node another address", n.id)
                     } else {
                         format!("node {} runs, or another program holds its port", n.id)
                     },

@@ -406,7 +406,7 @@ fn a_port_in_use_is_reported() {
     assert!(
         err.starts_with("lockstep: ")
             && err.contains(&what)
-            && err.contains("node 2 runs already, or another program holds its port"),
+            && err.contains("node 2's server runs already, or another program holds its port"),
         "{err}"
     );
     for args in [&[][..], &["--node", "1"][..]] {
