@@ -1,7 +1,7 @@
 //! Start-up: binds the control address, opens ZooKeeper, the store and
 //! the region, starts the replica from the stored views ([`Node::start`]), then runs every
 //! thread ([`Node::run`]) and saves the apply and commit points on the way
-//! out, then removes the region file.
+//! out, then removes the region file (unless told to keep it).
 
 use std::collections::HashMap;
 use std::net::TcpListener;
