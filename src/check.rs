@@ -2,9 +2,13 @@
 //! starts anything — the server program exists, the command gives each node
 //! its own port, memcached runs one thread, `data_dir` is writable, a
 //! generated cluster key file is private — and a summary in words of what
-//! the config describes.
+//! the config describes — and what this host offers the nodes: which of
+//! their addresses are in use, whether the configured ZooKeeper answers.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use lockstep_common::config::{BackupClients, CommitMode, Durability, ElectionMode, TransportKind};
 use lockstep_common::Config;
@@ -163,6 +167,268 @@ pub fn key_file_problem(config: &Config) -> Option<String> {
     lockstep_common::config::generate_or_read_key(&path)
         .err()
         .map(|e| format!("key: {e}"))
+}
+
+/// What `check` found on this host. `errors` stop the node about to start
+/// (`--node N`); the rest are lines of the summary.
+#[derive(Debug, Default)]
+pub struct HostFindings {
+    /// What keeps the node about to start from starting, one line each.
+    pub errors: Vec<String>,
+    /// Summary lines (`ports`, `zookeeper`), warnings among them.
+    pub lines: Vec<String>,
+}
+
+/// How long a probe of an address waits (connect, and an answer).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What holds a TCP address on this host.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PortUse {
+    /// It can be bound.
+    Free,
+    /// Taken, and a socket listens on its port (a running program: this
+    /// node, or another program).
+    Listening,
+    /// Taken, though nothing listens on its port (a socket bound to it
+    /// without listening, such as an outgoing connection's).
+    Bound,
+    /// Not an address of this host.
+    NotHere,
+    /// It cannot be bound for another reason (a port below 1024, say).
+    Refused(String),
+}
+
+/// What holds `addr` on this host: tried by binding it (the way a server
+/// would, so a connection in TIME_WAIT does not count), and when it is
+/// taken, whether a socket listens on its port (from /proc/net/tcp*,
+/// without connecting: a connection to a running node's app port would be
+/// a client of its server, replicated).
+pub fn port_use(addr: SocketAddr) -> PortUse {
+    match TcpListener::bind(addr) {
+        Ok(_) => PortUse::Free,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            if listening_on(addr.port()) {
+                PortUse::Listening
+            } else {
+                PortUse::Bound
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => PortUse::NotHere,
+        Err(e) => PortUse::Refused(e.to_string()),
+    }
+}
+
+/// Whether a TCP socket of this network namespace listens on `port` (any
+/// local address): a line of /proc/net/tcp or tcp6 in state 0A. Unknown
+/// (no /proc) reads as not listening.
+fn listening_on(port: u16) -> bool {
+    let want = format!("{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|table| {
+            table.lines().skip(1).any(|l| {
+                let mut cols = l.split_whitespace();
+                let local = cols.nth(1).unwrap_or("");
+                let state = cols.nth(1).unwrap_or("");
+                state == "0A" && local.rsplit(':').next() == Some(want.as_str())
+            })
+        })
+    })
+}
+
+/// Every address of each node (`app`, `control`, `metrics`, `sentinel`)
+/// as this host holds it: a line for those in use; for `starting` (the
+/// node about to be started by hand), an address it cannot take is an
+/// error. Another node's address in use is no error: that node may run.
+pub fn port_findings(config: &Config, starting: Option<u64>) -> HostFindings {
+    let mut found = HostFindings::default();
+    let mut checked = 0;
+    for n in &config.nodes {
+        let mut addrs = vec![("app", n.app), ("control", n.control)];
+        addrs.extend(n.metrics.map(|a| ("metrics", a)));
+        addrs.extend(n.sentinel.map(|a| ("sentinel", a)));
+        let own = starting == Some(n.id);
+        for (field, addr) in addrs {
+            let (what, whose) = match port_use(addr) {
+                PortUse::Free => {
+                    checked += 1;
+                    continue;
+                }
+                PortUse::Listening => (
+                    "in use: a program listens on it",
+                    if own {
+                        // The server binds the app address, the follower
+                        // the others.
+                        let who = if field == "app" { "server" } else { "follower" };
+                        format!("node {}'s {who} runs already, or another program holds its port: stop it first, or give the node another address", n.id)
+                    } else {
+                        format!("node {} runs, or another program holds its port", n.id)
+                    },
+                ),
+                PortUse::Bound => (
+                    "in use: a socket that does not listen is bound to it",
+                    "another program holds it".to_string(),
+                ),
+                PortUse::NotHere if !own => continue,
+                PortUse::NotHere => (
+                    "is not an address of this host",
+                    format!("expected an address of the host node {} runs on", n.id),
+                ),
+                PortUse::Refused(e) => {
+                    let line = format!("node {}: {field} {addr} cannot be taken here: {e}", n.id);
+                    if own {
+                        found.errors.push(line);
+                    } else {
+                        found.lines.push(format!("  ports      warning: {line}"));
+                    }
+                    continue;
+                }
+            };
+            checked += 1;
+            let line = format!("node {}: {field} {addr} {what} ({whose})", n.id);
+            if own {
+                found.errors.push(line);
+            } else {
+                found.lines.push(format!("  ports      warning: {line}"));
+            }
+        }
+    }
+    if found.lines.is_empty() && found.errors.is_empty() {
+        found.lines.push(format!(
+            "  ports      every node address of this host is free ({checked} checked)"
+        ));
+    }
+    found
+}
+
+/// What a ZooKeeper member said to `srvr`, in words.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ZookeeperAnswer {
+    /// It serves: its `Mode:` (standalone, leader, follower) and version.
+    Serves(String),
+    /// It answers, but `srvr` is not among its four-letter commands
+    /// (`4lw.commands.whitelist`): whether it serves cannot be told here.
+    CommandsOff,
+    /// It accepted the connection but said nothing sensible.
+    Odd(String),
+    /// Nothing answered (refused, or silent within the timeout).
+    Silent(String),
+}
+
+/// Asks the ZooKeeper at `addr` `srvr` (a four-letter command, over TCP).
+pub fn ask_zookeeper(addr: SocketAddr, timeout: Duration) -> ZookeeperAnswer {
+    let mut s = match TcpStream::connect_timeout(&addr, timeout) {
+        Ok(s) => s,
+        Err(e) => return ZookeeperAnswer::Silent(e.to_string()),
+    };
+    let _ = s.set_read_timeout(Some(timeout));
+    let _ = s.set_write_timeout(Some(timeout));
+    if let Err(e) = s.write_all(b"srvr") {
+        return ZookeeperAnswer::Silent(e.to_string());
+    }
+    let mut out = Vec::new();
+    if let Err(e) = s.take(64 * 1024).read_to_end(&mut out) {
+        if out.is_empty() {
+            return ZookeeperAnswer::Silent(format!("no answer to srvr: {e}"));
+        }
+    }
+    let out = String::from_utf8_lossy(&out);
+    if out.contains("not in the whitelist") || out.contains("not executed") {
+        return ZookeeperAnswer::CommandsOff;
+    }
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+    };
+    match field("Mode:") {
+        Some(mode) => {
+            let version = field("Zookeeper version:")
+                .map(|v| v.split([',', '-']).next().unwrap_or("").trim().to_string())
+                .unwrap_or_default();
+            ZookeeperAnswer::Serves(if version.is_empty() {
+                mode
+            } else {
+                format!("{mode}, ZooKeeper {version}")
+            })
+        }
+        None if out.trim().is_empty() => ZookeeperAnswer::Odd(
+            "it closed the connection without a word (its four-letter commands may be off, or it is not ZooKeeper)".into(),
+        ),
+        None => ZookeeperAnswer::Odd(format!(
+            "its answer to srvr has no Mode: line ({:?})",
+            out.lines().next().unwrap_or("")
+        )),
+    }
+}
+
+/// With `election.mode = "zookeeper"`: whether each member of the connect
+/// string answers. For `starting` (a node about to be started by hand),
+/// none answering is an error: its follower cannot start without one.
+/// Otherwise a warning: `lockstep up` starts a private one on a loopback
+/// address.
+pub fn zookeeper_findings(config: &Config, starting: Option<u64>) -> HostFindings {
+    let mut found = HostFindings::default();
+    if config.election.mode != ElectionMode::Zookeeper {
+        return found;
+    }
+    let connect = &config.election.zookeeper;
+    let members = connect.split('/').next().unwrap_or("");
+    let mut serving = 0;
+    let mut silent = Vec::new();
+    for m in members.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let Some(addr) = m.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+            found.errors.push(format!(
+                "election.zookeeper: cannot resolve {m:?} (expected host:port)"
+            ));
+            continue;
+        };
+        let line = match ask_zookeeper(addr, PROBE_TIMEOUT) {
+            ZookeeperAnswer::Serves(mode) => {
+                serving += 1;
+                format!("{addr} serves ({mode})")
+            }
+            ZookeeperAnswer::CommandsOff => {
+                // It answered: a follower can most likely use it.
+                serving += 1;
+                format!("{addr} answers, but its four-letter command srvr is off (add it to 4lw.commands.whitelist to have it checked here)")
+            }
+            ZookeeperAnswer::Odd(why) => format!("warning: {addr} accepts connections, but {why}"),
+            ZookeeperAnswer::Silent(why) => {
+                silent.push(addr);
+                format!("warning: nothing answers at {addr} ({why})")
+            }
+        };
+        found.lines.push(format!("  zookeeper  {line}"));
+    }
+    if serving == 0 && !silent.is_empty() {
+        match starting {
+            Some(id) => found.errors.push(format!(
+                "election.zookeeper: no ZooKeeper answers at {members}: node {id}'s follower cannot start without one (start ZooKeeper first)"
+            )),
+            None => found.lines.push(format!(
+                "  zookeeper  {}; a node started by hand, or by `lockstep up --node`, needs it running",
+                if members.contains(',') {
+                    "`lockstep up` never replaces an ensemble".to_string()
+                } else if silent[0].ip().is_loopback() {
+                    format!("`lockstep up` starts a private one at {}", silent[0])
+                } else {
+                    format!("`lockstep up` cannot start one at {} (not a loopback address)", silent[0])
+                }
+            )),
+        }
+    }
+    found
+}
+
+/// Everything `check` finds on this host: [`port_findings`], then
+/// [`zookeeper_findings`].
+pub fn host_findings(config: &Config, starting: Option<u64>) -> HostFindings {
+    let mut found = port_findings(config, starting);
+    let zk = zookeeper_findings(config, starting);
+    found.errors.extend(zk.errors);
+    found.lines.extend(zk.lines);
+    found
 }
 
 /// A byte count in the largest binary unit that divides it.
@@ -361,6 +627,66 @@ mod tests {
         let p = data_dir_problem(&file.join("data")).expect("under a file");
         assert!(p.contains("is not a directory"), "{p}");
         let _ = std::fs::remove_file(&file);
+    }
+
+    #[test]
+    fn a_port_is_free_listened_on_or_bound() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        assert_eq!(port_use(addr), PortUse::Listening);
+        drop(listener);
+        assert_eq!(port_use(addr), PortUse::Free);
+        // Bound, never listening (socket2 is not a dependency: a connected
+        // socket's own end is such an address).
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let own_end = client.local_addr().unwrap();
+        assert_eq!(port_use(own_end), PortUse::Bound);
+        drop((client, listener));
+    }
+
+    /// A ZooKeeper stand-in on a loopback port answering `answer` (None:
+    /// closing without a word) to one connection.
+    fn fake_zookeeper(answer: Option<&'static str>) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut cmd = [0u8; 4];
+            s.read_exact(&mut cmd).unwrap();
+            assert_eq!(&cmd, b"srvr");
+            if let Some(a) = answer {
+                s.write_all(a.as_bytes()).unwrap();
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn zookeepers_answers_are_told_apart() {
+        let t = Duration::from_secs(30);
+        let serving = fake_zookeeper(Some(
+            "Zookeeper version: 3.8.0-5a02a05eddb59aee6ac762f7ea82e92a68eb9c0f, built on 2022-02-25 08:49 UTC\nLatency min/avg/max: 0/0.0/0\nMode: standalone\nNode count: 5\n",
+        ));
+        assert_eq!(
+            ask_zookeeper(serving, t),
+            ZookeeperAnswer::Serves("standalone, ZooKeeper 3.8.0".into())
+        );
+        let off = fake_zookeeper(Some(
+            "srvr is not executed because it is not in the whitelist.\n",
+        ));
+        assert_eq!(ask_zookeeper(off, t), ZookeeperAnswer::CommandsOff);
+        let mute = fake_zookeeper(None);
+        assert!(
+            matches!(ask_zookeeper(mute, t), ZookeeperAnswer::Odd(w) if w.contains("without a word"))
+        );
+        let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+        let nobody = closed.local_addr().unwrap();
+        drop(closed);
+        assert!(matches!(
+            ask_zookeeper(nobody, t),
+            ZookeeperAnswer::Silent(_)
+        ));
     }
 
     #[test]

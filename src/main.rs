@@ -79,11 +79,16 @@ enum Cmd {
         node: u64,
     },
     /// Checks a config file (and what `up` would need: the server program,
-    /// {port} in its command, memcached's -t 1, a writable data_dir) and
-    /// prints what it describes; exits 1 with one line per problem.
+    /// {port} in its command, memcached's -t 1, a writable data_dir; and on
+    /// this host: the nodes' addresses in use, whether ZooKeeper answers)
+    /// and prints what it describes; exits 1 with one line per problem.
     Check {
         /// Cluster config.
         config: PathBuf,
+        /// The node about to be started here by hand: its addresses in use,
+        /// or no ZooKeeper answering, are problems (otherwise warnings).
+        #[arg(long)]
+        node: Option<u64>,
     },
     /// Runs node N's server under the preload, as a node started by hand
     /// (or by a systemd unit) should be: checks the node and its app
@@ -494,9 +499,14 @@ fn main() {
         })
         .map(|code| std::process::exit(code)),
         Cmd::WatchServer { pid } => launch::watch(pid).map(|code| std::process::exit(code)),
-        Cmd::Check { config } => (|| {
+        Cmd::Check { config, node } => (|| {
             let c = load(Some(config.clone()), None)?;
-            let problems = check::problems(&c);
+            if let Some(id) = node {
+                c.node(id)?;
+            }
+            let mut problems = check::problems(&c);
+            let host = check::host_findings(&c, node);
+            problems.extend(host.errors);
             if !problems.is_empty() {
                 for p in &problems {
                     eprintln!("lockstep: {}: {p}", config.display());
@@ -504,6 +514,9 @@ fn main() {
                 std::process::exit(1);
             }
             print!("{}", check::summary(&c, &config));
+            for line in host.lines {
+                println!("{line}");
+            }
             Ok(())
         })(),
     };

@@ -366,7 +366,11 @@ impl Cluster {
             .data_dir
             .join("logs")
             .join(format!("follower-{}.log", n.id));
-        let c = follower_command(&bins.follower, config_path, n.id);
+        let mut c = follower_command(&bins.follower, config_path, n.id);
+        // `up` removes the region files itself once it stops the cluster;
+        // a healed node's follower keeps the file its peers' servers map
+        // (one that dropped its user id could not open a new one).
+        c.arg("--keep-region");
         let child = spawn(c, &log, append)
             .with_context(|| format!("cannot start {}", bins.follower.display()))?;
         self.procs.push(Proc {

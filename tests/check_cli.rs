@@ -340,3 +340,147 @@ fn status_before_the_first_up_says_no_node_runs() {
     );
     assert!(!data.exists(), "status created {}", data.display());
 }
+
+/// `lockstep check F ARGS…`: exit code, stdout, stderr.
+fn check_with(config: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin_dir().join("lockstep"))
+        .arg("check")
+        .arg(config)
+        .args(args)
+        .output()
+        .expect("run lockstep check");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `base()` with `top` added and every node address (app, control, node
+/// 2's metrics) on a free loopback port; the config's path and node N's
+/// app address.
+fn on_free_ports(d: &Dir, name: &str, top: &str) -> (PathBuf, Vec<String>) {
+    let mut text = base()
+        .replace("DATA", &d.0.join("data").display().to_string())
+        .replacen("[[nodes]]", &format!("{top}[[nodes]]"), 1);
+    let mut apps = Vec::new();
+    for old in [
+        "127.0.0.1:7001",
+        "127.0.0.1:7002",
+        "127.0.0.1:7003",
+        "127.0.0.1:7101",
+        "127.0.0.1:7102",
+        "127.0.0.1:7103",
+        "127.0.0.1:7202",
+    ] {
+        let new = format!("127.0.0.1:{}", cluster::free_port());
+        assert!(text.contains(&format!("\"{old}\"")), "{old}");
+        text = text.replace(&format!("\"{old}\""), &format!("\"{new}\""));
+        if old.starts_with("127.0.0.1:700") {
+            apps.push(new);
+        }
+    }
+    let path = d.0.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    (path, apps)
+}
+
+/// A node address in use on this host: an error for the node about to be
+/// started (`--node`), a warning in the summary otherwise.
+#[test]
+fn a_port_in_use_is_reported() {
+    let d = dir_named("ports");
+    let (config, apps) = on_free_ports(&d, "ports", "");
+    let (code, out, err) = check_with(&config, &["--node", "2"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("  ports      every node address of this host is free (7 checked)"),
+        "{out}"
+    );
+    let taken = std::net::TcpListener::bind(&apps[1]).expect("node 2's free app port");
+    let what = format!("node 2: app {} in use: a program listens on it", apps[1]);
+    let (code, out, err) = check_with(&config, &["--node", "2"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.is_empty(), "printed a summary: {out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("lockstep: ")
+            && err.contains(&what)
+            && err.contains("node 2's server runs already, or another program holds its port"),
+        "{err}"
+    );
+    for args in [&[][..], &["--node", "1"][..]] {
+        let (code, out, err) = check_with(&config, args);
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+        assert!(
+            out.contains(&format!(
+                "  ports      warning: {what} (node 2 runs, or another program holds its port)"
+            )),
+            "{args:?}: {out}"
+        );
+        assert!(!out.contains("every node address"), "{out}");
+    }
+    drop(taken);
+    let (code, out, err) = check_with(&config, &["--node", "4"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("node 4 is not in the config"), "{err}");
+}
+
+/// With `election.mode = "zookeeper"`, a ZooKeeper nobody runs (a loopback
+/// port nothing listens on) is a warning, and an error for a node about to
+/// be started by hand; a real one is said to serve.
+#[test]
+fn zookeeper_is_asked_whether_it_serves() {
+    let d = dir_named("zk");
+    let nobody = format!("127.0.0.1:{}", cluster::free_port());
+    let (config, _) = on_free_ports(
+        &d,
+        "nozk",
+        &format!("[election]\nmode = \"zookeeper\"\nzookeeper = \"{nobody}\"\n"),
+    );
+    let (code, out, err) = check_with(&config, &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!(
+            "  zookeeper  warning: nothing answers at {nobody} ("
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("`lockstep up` starts a private one at {nobody}")),
+        "{out}"
+    );
+    let (code, out, err) = check_with(&config, &["--node", "3"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "election.zookeeper: no ZooKeeper answers at {nobody}: node 3's follower cannot start without one"
+        )),
+        "{err}"
+    );
+
+    let zk = lockstep_launcher::zookeeper::ZookeeperServer::start_on_free_port(
+        &d.0.join("zookeeper"),
+        cluster::free_port,
+    )
+    .expect("start ZooKeeper");
+    let (config, _) = on_free_ports(
+        &d,
+        "zk",
+        &format!(
+            "[election]\nmode = \"zookeeper\"\nzookeeper = \"{}\"\n",
+            zk.addr()
+        ),
+    );
+    let (code, out, err) = check_with(&config, &["--node", "3"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!(
+            "  zookeeper  {} serves (standalone, ZooKeeper ",
+            zk.addr()
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("warning"), "{out}");
+}

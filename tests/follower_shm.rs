@@ -6,7 +6,8 @@ mod cluster;
 use std::time::Duration;
 
 use cluster::{
-    assert_converged_exactly, redis_mixed_workload, BackgroundLoad, Options, Resp, TestCluster,
+    assert_converged_exactly, redis_mixed_workload, set_keys, BackgroundLoad, Options, Reply, Resp,
+    TestCluster,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -120,4 +121,81 @@ fn follower_a_ring_lap_behind_catches_up_from_a_peer() {
         log.contains("lap behind") || log.contains("fetched"),
         "node 3 never caught up:\n{log}"
     );
+}
+
+/// Stops node `id`'s server and waits until its region shows none attached.
+fn stop_server(c: &mut TestCluster, id: u64) {
+    c.kill_server(id);
+    c.wait("the server gone", Duration::from_secs(60), |c| {
+        !c.server_attached(id)
+    });
+}
+
+fn follower_log(c: &TestCluster, id: u64) -> String {
+    std::fs::read_to_string(c.dir.join(format!("follower-{id}.log"))).unwrap()
+}
+
+/// A follower stopped with SIGTERM after its server removes its region
+/// file, and comes back (a new file, which the other nodes' writers map)
+/// with nothing committed lost; one stopped beside its running server,
+/// one started with --keep-region, and a SIGKILLed one leave the file,
+/// which the next start reuses.
+#[test]
+fn a_cleanly_stopped_follower_removes_its_region_file_a_killed_one_leaves_it() {
+    let mut c = TestCluster::new("stop", Options::default());
+    c.start_all();
+    set_keys(c.app(1), "before", 200);
+    // A backup (the leader's writer must reach its new file), then the
+    // leader (the backups' acks must).
+    for id in [3, 1] {
+        stop_server(&mut c, id);
+        let status = c.stop_follower(id);
+        assert!(status.success(), "follower {id}: {status}\n{}", c.logs());
+        let log = follower_log(&c, id);
+        assert!(
+            !c.region_file(id).exists(),
+            "node {id} left its region file\n{log}"
+        );
+        assert!(
+            log.contains("removed region file") && log.contains("stopped cleanly"),
+            "{log}"
+        );
+        if id == 3 {
+            set_keys(c.app(1), "without-3", 100);
+        }
+        c.restart_node(id);
+        c.wait_leader(1);
+        set_keys(c.app(1), &format!("after-{id}"), 100);
+    }
+    // Beside its running server: the file stays, as after a crash.
+    let status = c.stop_follower(2);
+    assert!(status.success(), "follower 2: {status}\n{}", c.logs());
+    let log = follower_log(&c, 2);
+    assert!(c.region_file(2).exists(), "{log}");
+    assert!(log.contains("left region file"), "{log}");
+    stop_server(&mut c, 2);
+    // So does one told to keep it (what `lockstep up` does).
+    c.start_follower_with(2, &["--keep-region"]);
+    assert!(!c.server_attached(2));
+    let status = c.stop_follower(2);
+    assert!(status.success(), "follower 2: {status}\n{}", c.logs());
+    assert!(c.region_file(2).exists(), "{}", follower_log(&c, 2));
+    c.restart_node(2);
+    // SIGKILL leaves it too.
+    stop_server(&mut c, 3);
+    c.kill_follower(3);
+    assert!(c.region_file(3).exists(), "a killed follower's region file");
+    c.restart_node(3);
+    set_keys(c.app(1), "end", 100);
+    c.wait_converged(CONVERGE);
+    c.assert_same_digest();
+    for id in 1..=3 {
+        let mut r = Resp::connect(c.app(id)).unwrap();
+        assert_eq!(
+            r.cmd(&[b"DBSIZE"]).unwrap(),
+            Reply::Int(600),
+            "keys on node {id}"
+        );
+    }
+    c.assert_no_divergence();
 }

@@ -3,6 +3,7 @@
 //! the local server, serves the control channel and metrics.
 
 use lockstep_follower::node;
+use lockstep_follower::runtime::RegionOnStop;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -26,6 +27,12 @@ struct Args {
     /// This node's id.
     #[arg(long)]
     node: u64,
+    /// Leave the region file in /dev/shm on a clean stop (SIGTERM,
+    /// SIGINT), which otherwise removes it: for a supervisor that removes
+    /// it itself, and with transport = "shm" where a peer's server dropped
+    /// its user id (it cannot open a new file).
+    #[arg(long)]
+    keep_region: bool,
 }
 
 fn main() {
@@ -51,5 +58,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
     let node = node::Node::start(config, args.node, stop)?;
-    node.run()
+    node.run(if args.keep_region {
+        RegionOnStop::Keep
+    } else {
+        RegionOnStop::Remove
+    })
 }

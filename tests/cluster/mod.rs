@@ -159,7 +159,13 @@ impl TestCluster {
 
     /// Starts node `id`'s follower and waits until it answers.
     pub fn start_follower(&mut self, id: u64) {
+        self.start_follower_with(id, &[]);
+    }
+
+    /// [`TestCluster::start_follower`] with more arguments.
+    pub fn start_follower_with(&mut self, id: u64, args: &[&str]) {
         let mut cmd = follower_command(&self.bins.follower, &self.config_path, id);
+        cmd.args(args);
         cmd.env("LOCKSTEP_LOG", "info");
         let child = spawn(cmd, self.log("follower", id));
         let i = self.idx(id);
@@ -279,6 +285,41 @@ impl TestCluster {
     pub fn kill_follower(&mut self, id: u64) {
         let i = self.idx(id);
         kill_and_reap(&mut self.followers[i]);
+    }
+
+    /// Stops node `id`'s follower as an operator does (SIGTERM) and waits
+    /// until it exited; its exit status.
+    pub fn stop_follower(&mut self, id: u64) -> std::process::ExitStatus {
+        let i = self.idx(id);
+        let child = self.followers[i].as_mut().expect("follower running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+        let mut status = None;
+        let exited = poll_until(Duration::from_secs(60), Duration::from_millis(20), || {
+            status = child.try_wait().ok().flatten();
+            status.map(|_| ()).ok_or_else(String::new)
+        });
+        if exited.is_err() {
+            panic!("follower {id} did not stop on SIGTERM\n{}", self.logs());
+        }
+        self.followers[i] = None;
+        status.expect("exited")
+    }
+
+    /// Node `id`'s region file.
+    pub fn region_file(&self, id: u64) -> PathBuf {
+        lockstep_common::region::region_path(&self.name, id)
+    }
+
+    /// Whether a server is attached to node `id`'s region file (false:
+    /// no file).
+    pub fn server_attached(&self, id: u64) -> bool {
+        let spec = self.config().region_spec(id);
+        lockstep_common::region::Region::open(&self.region_file(id), &spec)
+            .is_ok_and(|r| r.server_attached())
     }
 
     /// SIGKILLs node `id`'s server.

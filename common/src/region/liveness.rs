@@ -8,9 +8,12 @@
 //! One of the region's homes of `unsafe`: the two `fcntl` calls.
 
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 
+use super::layout::{MAGIC, W_MAGIC};
 use super::{io_err, Region, RegionError};
 
 /// The byte the region's owner (its follower) locks.
@@ -57,6 +60,43 @@ impl Region {
     /// a zombie holds nothing.
     pub fn server_attached(&self) -> bool {
         self.lock_held(LOCK_SERVER)
+    }
+
+    /// Removes the region file on a clean stop of its owner, unless a
+    /// server is attached (`Ok(false)`: the file stays, and the next
+    /// follower refuses to start until that server stops, as after a
+    /// crash). The server's byte is taken first and kept for as long as
+    /// this `Region` lives, so no server attaches to the file once it is
+    /// gone from its path. Mappings of the file (this process's, peers'
+    /// on shm) stay valid; the file is marked retired after the unlink so
+    /// that peers' writers map the path again ([`Region::retired`]).
+    /// Nothing of the node's log is lost: the caller stored it all.
+    pub fn remove_unattached(&self) -> Result<bool, RegionError> {
+        let Some(file) = &self.file else {
+            return Ok(false);
+        };
+        match self.take_lock(LOCK_SERVER, RegionError::ServerAttached) {
+            Ok(()) => {}
+            Err(RegionError::ServerAttached(_)) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        // Only the file this process owns: never a newer one at the path.
+        let ours = file.metadata().map_err(io_err(&self.path, "stat"))?;
+        match std::fs::metadata(&self.path) {
+            Ok(now) if (now.dev(), now.ino()) == (ours.dev(), ours.ino()) => {}
+            _ => return Ok(false),
+        }
+        std::fs::remove_file(&self.path).map_err(io_err(&self.path, "remove"))?;
+        // After the unlink: a file still at its path is never marked.
+        self.words()[W_MAGIC].store(0, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Whether the region's owner removed its file on a clean stop (see
+    /// [`Region::remove_unattached`]): a writer holding a mapping of it
+    /// maps the path again, where a restarted owner creates a new file.
+    pub fn retired(&self) -> bool {
+        self.words()[W_MAGIC].load(Ordering::Acquire) != MAGIC
     }
 
     fn take_lock(&self, byte: i64, taken: fn(PathBuf) -> RegionError) -> Result<(), RegionError> {
@@ -128,6 +168,34 @@ mod tests {
         let anon = Region::anonymous(&spec(1)).unwrap();
         assert!(anon.owner_alive() && anon.server_attached());
         anon.claim().unwrap();
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_clean_stop_removes_the_file_unless_a_server_is_attached() {
+        let p = tmp("remove");
+        let owner = Region::create(&p, &spec(1)).unwrap();
+        owner.claim().unwrap();
+        let server = Region::open(&p, &spec(1)).unwrap();
+        server.attach_server().unwrap();
+        assert!(!owner.remove_unattached().unwrap(), "a server is attached");
+        assert!(p.exists() && !owner.retired());
+        drop(server);
+        let peer = Region::open(&p, &spec(1)).unwrap();
+        assert!(owner.remove_unattached().unwrap());
+        assert!(!p.exists());
+        assert!(owner.retired() && peer.retired(), "every mapping sees it");
+        // Nothing attaches to the removed file any more.
+        let e = peer.attach_server().unwrap_err().to_string();
+        assert!(e.contains("another server is already attached"), "{e}");
+        // A newer file at the path is not the old owner's to remove.
+        let newer = Region::create(&p, &spec(1)).unwrap();
+        assert!(!owner.remove_unattached().unwrap());
+        assert!(p.exists() && !newer.retired());
+        assert!(!Region::anonymous(&spec(1))
+            .unwrap()
+            .remove_unattached()
+            .unwrap());
         let _ = std::fs::remove_file(&p);
     }
 }

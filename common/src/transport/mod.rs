@@ -305,6 +305,29 @@ mod tests {
         );
     }
 
+    #[test]
+    fn shm_maps_a_peer_again_after_its_clean_stop_removed_its_file() {
+        let c = test_config(&format!("shm-retire-{}", std::process::id()), "shm", 2);
+        let spec = c.region_spec(2);
+        let path = spec.default_path();
+        let _ = std::fs::remove_file(&path);
+        let local = Arc::new(Region::anonymous(&c.region_spec(1)).unwrap());
+        let t = open(&c, 1, local).unwrap();
+        let old = Region::create(&path, &spec).unwrap();
+        old.claim().unwrap();
+        let commit = crate::region::commit_offset();
+        t.write(2, 1, commit, &5u64.to_le_bytes()).unwrap();
+        assert_eq!(old.commit(), 5);
+        assert!(old.remove_unattached().unwrap());
+        // Down: the write is missed, as with any peer that is not up.
+        t.write(2, 1, commit, &6u64.to_le_bytes()).unwrap();
+        let new = Region::create(&path, &spec).unwrap();
+        t.write(2, 1, commit, &7u64.to_le_bytes()).unwrap();
+        assert_eq!(new.commit(), 7, "the write reached the new file");
+        assert_eq!(old.commit(), 5);
+        let _ = std::fs::remove_file(&path);
+    }
+
     struct FakePeer {
         len: u64,
         fenced: u64,

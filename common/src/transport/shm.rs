@@ -11,7 +11,8 @@ use crate::config::Config;
 use crate::region::{Region, RegionError};
 
 /// Writes straight into mapped peer regions. A peer whose region does not
-/// exist yet (its follower is not up) is mapped on first successful use.
+/// exist yet (its follower is not up) is mapped on first successful use,
+/// and mapped again when its follower, stopped cleanly, removed the file.
 pub struct ShmTransport {
     me: u64,
     local: Arc<Region>,
@@ -39,8 +40,14 @@ impl ShmTransport {
 
     fn peer(&self, node: u64) -> Result<Arc<Region>, TransportError> {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = peers.get(&node) {
-            return Ok(r.clone());
+        match peers.get(&node) {
+            // A peer stopped cleanly removed the file mapped here: its
+            // restart creates a new one at the path (one load per write).
+            Some(r) if r.retired() => {
+                peers.remove(&node);
+            }
+            Some(r) => return Ok(r.clone()),
+            None => {}
         }
         if self.config.node(node).is_err() {
             return Err(TransportError::UnknownNode(node));
@@ -51,7 +58,8 @@ impl ShmTransport {
         Ok(region)
     }
 
-    /// Forgets a peer's mapping (its region file was recreated).
+    /// Forgets a peer's mapping (its region file was recreated). A
+    /// removed file is noticed without it (see [`Region::retired`]).
     pub fn forget(&self, node: u64) {
         self.peers
             .lock()

@@ -46,3 +46,4 @@ mod status;
 mod zookeeper;
 
 pub use node::Node;
+pub use startup::RegionOnStop;

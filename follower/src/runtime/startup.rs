@@ -1,7 +1,7 @@
 //! Start-up: binds the control address, opens ZooKeeper, the store and
 //! the region, starts the replica from the stored views ([`Node::start`]), then runs every
 //! thread ([`Node::run`]) and saves the apply and commit points on the way
-//! out.
+//! out, then removes the region file (unless told to keep it).
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -27,6 +27,19 @@ use super::poll::NOT_STALLED;
 use super::snapshots;
 use super::zookeeper::RETRY;
 use super::Node;
+
+/// What a clean stop does with the node's region file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionOnStop {
+    /// Removes it, unless a server is attached
+    /// ([`Region::remove_unattached`]).
+    Remove,
+    /// Leaves it for the next start to reuse: for a supervisor that
+    /// removes region files itself once the cluster stops (`lockstep up`),
+    /// and where a peer's server that dropped its user id writes into it
+    /// (shm): that server could not open a new file.
+    Keep,
+}
 
 impl Node {
     /// Opens the store and the region and takes this node's role; its
@@ -210,8 +223,10 @@ impl Node {
         Ok(node)
     }
 
-    /// Runs every thread; returns when `stop` is set.
-    pub fn run(self: &Arc<Self>) -> anyhow::Result<()> {
+    /// Runs every thread; returns when `stop` is set, having stored the
+    /// apply and commit points and flushed the store, then done `on_stop`
+    /// with the region file.
+    pub fn run(self: &Arc<Self>, on_stop: RegionOnStop) -> anyhow::Result<()> {
         let me = self.config.node(self.me)?.clone();
         let listener = self
             .control_listener
@@ -293,6 +308,24 @@ impl Node {
         store.set_applied(applied)?;
         store.set_commit(committed)?;
         store.flush()?;
+        drop(store);
+        if on_stop == RegionOnStop::Keep {
+            log::info!("node {}: stopped cleanly", self.me);
+            return Ok(());
+        }
+        // Everything read from the ring is in the store now, so the region
+        // holds nothing a restart needs: its file (ring_size and more, in
+        // /dev/shm) goes. A crash leaves it, for the next start to reuse.
+        let path = self.region.path().display();
+        match self.region.remove_unattached() {
+            Ok(true) => log::info!("node {}: removed region file {path}", self.me),
+            Ok(false) => log::info!(
+                "node {}: left region file {path}: a server (pid {}) is attached to it; stop the server, then remove it or start this follower again",
+                self.me,
+                self.region.preload_pid()
+            ),
+            Err(e) => log::warn!("node {}: {e}", self.me),
+        }
         log::info!("node {}: stopped cleanly", self.me);
         Ok(())
     }
