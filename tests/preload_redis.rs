@@ -712,65 +712,39 @@ fn a_server_listening_where_its_node_does_not_stops_before_it_serves() {
             ..Options::default()
         },
     );
-    let lockstep_lines = |server: &Server| -> Vec<String> {
-        server
-            .stderr()
-            .lines()
-            .filter(|l| l.starts_with("lockstep:"))
-            .map(str::to_string)
-            .collect()
+    // Starts redis-server on `port` as the fixture's node 1 (with `env`
+    // on top) and returns the one line the preload says as it stops it.
+    let refusal = |port: u16, env: &[(&str, &str)], tag: &str| -> String {
+        let mut cmd = redis_command(port, &f.dir);
+        f.preload_env(&mut cmd);
+        cmd.envs(env.iter().copied());
+        let mut server = Server::spawn(cmd, port, &f.dir, tag);
+        let st = server
+            .wait_exit(LIMIT)
+            .unwrap_or_else(|| panic!("{tag}: the server still runs"));
+        assert_eq!(st.code(), Some(1), "{tag}");
+        let err = server.stderr();
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("lockstep:")).collect();
+        assert_eq!(lines.len(), 1, "{tag}: {err}");
+        lines[0].to_string()
     };
     // Node 2's port with LOCKSTEP_NODE=1 (preload_env names node 1): the
     // mistake of a node started by hand with the wrong id.
     let node2 = f.config.node(2).expect("node 2").app.port();
-    let mut cmd = redis_command(node2, &f.dir);
-    f.preload_env(&mut cmd);
-    let mut server = Server::spawn(cmd, node2, &f.dir, "redis-node2-port");
-    let st = server
-        .wait_exit(LIMIT)
-        .expect("a server on node 2's port as node 1 still runs");
-    assert_eq!(st.code(), Some(1));
-    let lines = lockstep_lines(&server);
-    assert_eq!(lines.len(), 1, "{}", server.stderr());
+    let line = refusal(node2, &[], "redis-node2-port");
     assert!(
-        lines[0].contains("node 2's app address") && lines[0].contains("LOCKSTEP_NODE=2"),
-        "{}",
-        lines[0]
+        line.contains("node 2's app address") && line.contains("LOCKSTEP_NODE=2"),
+        "{line}"
     );
-
     // A port that is no node's: it stops once it waits for clients.
-    let port = free_port();
-    let mut cmd = redis_command(port, &f.dir);
-    f.preload_env(&mut cmd);
-    let mut server = Server::spawn(cmd, port, &f.dir, "redis-no-app");
-    let st = server
-        .wait_exit(LIMIT)
-        .expect("a server on no node's app address still runs");
-    assert_eq!(st.code(), Some(1));
-    let lines = lockstep_lines(&server);
-    assert_eq!(lines.len(), 1, "{}", server.stderr());
+    let line = refusal(free_port(), &[], "redis-no-app");
     assert!(
-        lines[0].contains(&format!("not on node 1's app address {}", f.app())),
-        "{}",
-        lines[0]
+        line.contains(&format!("not on node 1's app address {}", f.app())),
+        "{line}"
     );
-
     // A node id the config does not have.
-    let mut cmd = redis_command(f.port(), &f.dir);
-    f.preload_env(&mut cmd);
-    cmd.env("LOCKSTEP_NODE", "9");
-    let mut server = Server::spawn(cmd, f.port(), &f.dir, "redis-node9");
-    let st = server
-        .wait_exit(LIMIT)
-        .expect("a server as node 9 of a 3-node config still runs");
-    assert_eq!(st.code(), Some(1));
-    let lines = lockstep_lines(&server);
-    assert_eq!(lines.len(), 1, "{}", server.stderr());
-    assert!(
-        lines[0].contains("node 9 is not in the config"),
-        "{}",
-        lines[0]
-    );
+    let line = refusal(f.port(), &[("LOCKSTEP_NODE", "9")], "redis-node9");
+    assert!(line.contains("node 9 is not in the config"), "{line}");
 }
 
 /// Every libc function through which redis-server or memcached can read

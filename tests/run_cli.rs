@@ -106,13 +106,7 @@ fn run_waits_for_the_follower_then_serves_replicated_and_stops_on_sigterm() {
     for id in 1..=3 {
         c.start_follower(id);
     }
-    c.wait_leader(1);
-    c.wait("every server attached", HANG, |c| {
-        (1..=3).all(|id| c.status(id).is_ok_and(|s| s.server_pid != 0))
-    });
-    redis_mixed_workload(c.app(1), 2, 100);
-    c.wait_converged(HANG);
-    c.assert_same_digest();
+    c.serve_and_agree(&[1, 2, 3], HANG);
     for r in &mut runs {
         assert!(r.running(), "{}", r.stderr());
         assert!(

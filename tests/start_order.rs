@@ -95,13 +95,7 @@ fn servers_and_followers_started_in_any_order_all_come_up() {
             }
         }
         let order = || format!("round {round} (seed {seed}), starts {starts:?}");
-        c.wait_leader(1);
-        c.wait("every backup's server to attach", HANG, |c| {
-            (2..=3).all(|id| c.status(id).is_ok_and(|s| s.server_pid != 0))
-        });
-        redis_mixed_workload(c.app(1), 2, 100);
-        c.wait_converged(HANG);
-        c.assert_same_digest();
+        c.serve_and_agree(&[1, 2, 3], HANG);
         c.assert_no_divergence();
         for id in 1..=3 {
             assert!(

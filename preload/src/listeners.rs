@@ -129,27 +129,11 @@ mod tests {
     use lockstep_common::Config;
 
     fn settings(me: u64) -> Settings {
-        let text = r#"
-cluster = "listeners"
-transport = "shm"
-data_dir = "/tmp/lockstep-listeners-test"
-[election]
-mode = "static"
-leader = 1
-[[nodes]]
-id = 1
-app = "127.0.0.1:7001"
-control = "127.0.0.1:7101"
-[[nodes]]
-id = 2
-app = "127.0.0.1:7002"
-control = "127.0.0.1:7102"
-[[nodes]]
-id = 3
-app = "127.0.0.1:7003"
-control = "127.0.0.1:7103"
-"#;
-        let config = Config::parse(text).expect("test config");
+        let text = lockstep_launcher::config_fixture::ThreeNodeConfig::new(
+            "cluster = \"listeners\"\ndata_dir = \"/tmp/lockstep-listeners-test\"\n",
+        )
+        .text();
+        let config = Config::parse(&text).expect("test config");
         let app = config.node(me).unwrap().app;
         Settings { config, me, app }
     }

@@ -200,6 +200,20 @@ impl TestCluster {
         });
     }
 
+    /// Waits until node 1 leads and the servers of `ids` are attached,
+    /// then runs a short mixed workload through the leader and waits
+    /// until the replicas agree (same digest).
+    pub fn serve_and_agree(&mut self, ids: &[u64], limit: Duration) {
+        self.wait_leader(1);
+        self.wait("the servers to attach", limit, |c| {
+            ids.iter()
+                .all(|&id| c.status(id).is_ok_and(|s| s.server_pid != 0))
+        });
+        redis_mixed_workload(self.app(1), 2, 100);
+        self.wait_converged(limit);
+        self.assert_same_digest();
+    }
+
     /// Whether node `id`'s server (its launcher) was started and still
     /// runs.
     pub fn server_running(&mut self, id: u64) -> bool {
