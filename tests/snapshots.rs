@@ -841,3 +841,53 @@ fn with_snapshot_off_nothing_is_taken_or_deleted() {
     }
     c.assert_same_digest();
 }
+
+/// A server started by hand (a plain child of whoever starts it: in its
+/// starter's session, not leading one, and in the host's PID namespace,
+/// as from a shell, a supervisor or systemd) is imaged like a launched
+/// one: CRIU dumps it as a shell job (before, every dump failed: `The root
+/// process … is not a session leader`), every node compacts its log, and
+/// a killed backup restores its own image (its pids are free again) and
+/// agrees with the leader.
+#[test]
+fn servers_started_by_hand_are_snapshotted_compacted_and_restored() {
+    let mut c = often_snapshotting("snaphand");
+    for id in 1..=3 {
+        c.start_follower(id);
+    }
+    for id in 1..=3 {
+        c.start_server_by_hand(id);
+    }
+    c.wait_leader(1);
+    for id in 1..=3 {
+        let pid = c.server_pid(id);
+        assert_eq!(c.status(id).unwrap().server_pid, pid as u64);
+        assert_ne!(
+            lockstep_launcher::process::session_of(pid),
+            Some(pid),
+            "node {id}'s server leads its session: not started by hand"
+        );
+    }
+    let load = BackgroundLoad::start(c.app(1), 2);
+    wait_every_log_compacted(&c);
+    load.wait_more(&c, 500, LIMIT);
+    let acked = load.stop();
+    for id in [2, 3] {
+        let s = c.status(id).unwrap();
+        assert!(s.snapshot > 0, "node {id}: {s:?}\n{}", c.logs());
+        let facts: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(snapshot_dir(&c, id, s.snapshot).join("process.json"))
+                .expect("process.json beside the image"),
+        )
+        .unwrap();
+        assert_eq!(facts["session_leader"], false, "{facts}");
+        assert_eq!(facts["own_pid_namespace"], false, "{facts}");
+    }
+    c.wait_converged(LIMIT);
+    let line = kill_and_restore(&mut c, 2);
+    eprintln!("{line}");
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+    assert_acked_counters(&c, &acked);
+}

@@ -18,7 +18,7 @@ pub use commit_mode::{commit_line, commit_mode};
 use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::cluster_spec::{ClusterSpec, ElectionSpec, NodeSpec};
 use lockstep_launcher::commands::{
-    follower_command, memcached_command, preloaded_server, redis_command,
+    follower_command, memcached_command, preloaded_server, redis_command, under_preload,
 };
 #[allow(unused_imports)]
 pub use lockstep_launcher::leader::{find_leader, leading};
@@ -199,8 +199,31 @@ impl TestCluster {
         self.servers[self.idx(id)].as_ref().map_or(0, |c| c.id())
     }
 
+    /// Starts node `id`'s server under the preload as a person starting
+    /// it from a shell would: a plain child of this process, in its
+    /// session (not a session leader) and PID namespace, its output on
+    /// its log file; waits as `start_server` does.
+    pub fn start_server_by_hand(&mut self, id: u64) {
+        self.spawn_server_as(id, false);
+        let app = self.app(id);
+        self.wait(
+            "server listening and attached",
+            Duration::from_secs(60),
+            |c| {
+                TcpStream::connect(app).is_ok()
+                    && c.status(id).map(|s| s.server_pid != 0).unwrap_or(false)
+            },
+        );
+    }
+
     /// Spawns node `id`'s server under the preload (a fresh data dir).
     fn spawn_server(&mut self, id: u64) {
+        self.spawn_server_as(id, true);
+    }
+
+    /// Spawns node `id`'s server under the preload (a fresh data dir),
+    /// through `lockstep launch-server` when `launched`.
+    fn spawn_server_as(&mut self, id: u64, launched: bool) {
         let n = self.nodes[self.idx(id)].clone();
         let data = self.dir.join(format!("server-{id}"));
         let _ = std::fs::remove_dir_all(&data);
@@ -215,6 +238,13 @@ impl TestCluster {
         };
         if let Some(argv) = &self.command {
             cmd = templated_command(argv, n.app.port(), &data);
+        }
+        if !launched {
+            under_preload(&mut cmd, &self.bins.preload, &self.config_path, id);
+            let child = spawn(cmd, self.log("server", id));
+            let i = self.idx(id);
+            self.servers[i] = Some(child);
+            return;
         }
         // In a PID namespace of its own, as `lockstep up` starts it: its
         // image can be restored.
