@@ -81,6 +81,8 @@ pub struct TestCluster {
     bins: Binaries,
     /// Set by `use_server_command`: replaces `server`.
     command: Option<Vec<String>>,
+    /// Extra environment of one node's follower (`follower_env`).
+    follower_env: Vec<(u64, String, String)>,
 }
 
 /// Options for a test cluster.
@@ -141,6 +143,7 @@ impl TestCluster {
             restored: (0..n).map(|_| None).collect(),
             bins: binaries(),
             command: None,
+            follower_env: Vec::new(),
         }
     }
 
@@ -161,6 +164,9 @@ impl TestCluster {
     pub fn start_follower(&mut self, id: u64) {
         let mut cmd = follower_command(&self.bins.follower, &self.config_path, id);
         cmd.env("LOCKSTEP_LOG", "info");
+        for (_, k, v) in self.follower_env.iter().filter(|e| e.0 == id) {
+            cmd.env(k, v);
+        }
         let child = spawn(cmd, self.log("follower", id));
         let i = self.idx(id);
         self.followers[i] = Some(child);
@@ -197,6 +203,12 @@ impl TestCluster {
     /// Node `id`'s server process id (0: none started).
     pub fn server_pid(&self, id: u64) -> u32 {
         self.servers[self.idx(id)].as_ref().map_or(0, |c| c.id())
+    }
+
+    /// Sets `key=value` in the environment of node `id`'s follower from
+    /// its next start on.
+    pub fn follower_env(&mut self, id: u64, key: &str, value: &str) {
+        self.follower_env.push((id, key.into(), value.into()));
     }
 
     /// Starts node `id`'s server under the preload as a person starting
@@ -484,6 +496,27 @@ pub fn collect_output(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<Stri
         collect(Box::new(e), "stderr: ");
     }
     out
+}
+
+/// `GET path` on `addr` (HTTP/1.1, the connection closed after): the
+/// status code and the body.
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::Write;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    Ok((code, body.to_string()))
 }
 
 /// `lockstep status --json --config F`, parsed.

@@ -108,6 +108,46 @@ pub fn taker(members: &[Member], every: Every) -> Option<u64> {
         .map(|m| m.node)
 }
 
+/// How long a failed snapshot attempt keeps a node behind the others in
+/// the turn order (ms): long enough for the next backup to take its
+/// turn, short enough that a node whose trouble passed soon tries again.
+pub const FAILURE_RECENT_MS: u64 = 60_000;
+
+/// Whether a node whose attempts failed `failures` times, the latest
+/// `last_ms` ago, counts as [`Member::failing`].
+pub fn failing_lately(failures: u64, last_ms: u64) -> bool {
+    failures > 0 && last_ms < FAILURE_RECENT_MS
+}
+
+/// Why a node whose log holds `entries` entries in `bytes` bytes is
+/// degraded: more than `after` times `every` (either measure that is on);
+/// None when it is not, or `after` is 0 (never).
+pub fn degraded(entries: u64, bytes: u64, every: Every, after: u64) -> Option<String> {
+    if after == 0 {
+        return None;
+    }
+    let over_entries = every.entries != 0 && entries > every.entries.saturating_mul(after);
+    let over_bytes = every.bytes != 0 && bytes > every.bytes.saturating_mul(after);
+    if !over_entries && !over_bytes {
+        return None;
+    }
+    let bound = match (every.entries, every.bytes) {
+        (0, b) => format!("{:.1} MiB", b.saturating_mul(after) as f64 / MIB),
+        (e, 0) => format!("{} entries", e.saturating_mul(after)),
+        (e, b) => format!(
+            "{} entries or {:.1} MiB",
+            e.saturating_mul(after),
+            b.saturating_mul(after) as f64 / MIB
+        ),
+    };
+    Some(format!(
+        "its log holds {entries} entries ({:.1} MiB), past snapshot_degraded_after = {after} times snapshot_every ({bound}): snapshots are not keeping it short, a restart replays all of it",
+        bytes as f64 / MIB
+    ))
+}
+
+const MIB: f64 = (1 << 20) as f64;
+
 /// The highest seq a majority of members holds a snapshot at or above
 /// (0: no majority holds one).
 pub fn majority_snapshot(members: &[Member]) -> u64 {
@@ -322,6 +362,29 @@ mod tests {
         assert_eq!(install_source(1, 5000, false, &c), Some(2));
         c[1].snapshot = 0;
         assert_eq!(install_source(1, 5000, false, &c), None, "nobody has one");
+    }
+
+    #[test]
+    fn a_log_past_the_bound_is_degraded_and_one_within_is_not() {
+        let every = Every {
+            entries: 1000,
+            bytes: 1 << 20,
+        };
+        assert_eq!(degraded(3000, 1 << 20, every, 3), None);
+        let why = degraded(3001, 0, every, 3).unwrap();
+        assert!(
+            why.contains("3001 entries") && why.contains("3000 entries or 3.0 MiB"),
+            "{why}"
+        );
+        assert!(degraded(10, (3 << 20) + 1, every, 3).is_some(), "bytes");
+        assert_eq!(degraded(u64::MAX, u64::MAX, every, 0), None, "0: never");
+        let entries_only = Every {
+            entries: 1000,
+            bytes: 0,
+        };
+        assert_eq!(degraded(10, u64::MAX, entries_only, 3), None);
+        assert!(failing_lately(1, 0) && !failing_lately(0, 0));
+        assert!(!failing_lately(3, FAILURE_RECENT_MS));
     }
 
     proptest::proptest! {
