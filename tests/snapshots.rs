@@ -899,7 +899,7 @@ fn servers_started_by_hand_are_snapshotted_compacted_and_restored() {
 
 /// A backup whose snapshots fail says so once in its log, with the reason
 /// and the fix; status (text and JSON), metrics and `/health` carry it;
-/// and once the log is past
+/// the next backup takes its turns meanwhile; and once the log is past
 /// `snapshot_degraded_after` the node is degraded: `/health` 503,
 /// `lockstep status` not ok.
 #[test]
@@ -934,10 +934,13 @@ fn a_failing_snapshot_is_said_once_and_shows_in_status_metrics_and_health() {
     c.follower_env(2, "LOCKSTEP_CRIU", fake.to_str().unwrap());
     c.start_all();
     let load = BackgroundLoad::start(c.app(1), 2);
-    // Node 2 is first in turn (no snapshot, lowest id) and fails.
-    c.wait("node 2 failing", LIMIT * 2, |c| {
-        c.status(2)
-            .is_ok_and(|s| s.snapshot_failing.is_some_and(|f| f.failures >= 1))
+    // Node 2 is first in turn (no snapshot, lowest id) and fails: node 3
+    // takes its turns all the same (it waited behind node 2 for good).
+    c.wait("node 2 failing and node 3 snapshotting", LIMIT * 2, |c| {
+        let failing = c
+            .status(2)
+            .is_ok_and(|s| s.snapshot_failing.is_some_and(|f| f.failures >= 1));
+        failing && c.status(3).is_ok_and(|s| s.snapshot > 0)
     });
     // No majority holds a snapshot (the leader takes none): no log is
     // compacted, and node 2's grows past 3 x EVERY.

@@ -608,7 +608,13 @@ fn member_of(st: &NodeStatus) -> Member {
         node: st.node,
         live: true,
         leader: st.role == "leader",
-        backup: st.role == "backup",
+        // A backup still catching up applies too.
+        backup: st.role == "backup" || st.role == "catching-up",
+        stale: st.role == "stale",
+        failing: st
+            .snapshot_failing
+            .as_ref()
+            .is_some_and(|f| rules::failing_lately(f.failures, f.last_ms)),
         taking: st.snapshotting,
         applied: st.applied,
         last: st.persisted,
