@@ -128,10 +128,19 @@ pub fn taker(members: &[Member], every: Every) -> Option<u64> {
 /// turn, short enough that a node whose trouble passed soon tries again.
 pub const FAILURE_RECENT_MS: u64 = 60_000;
 
+/// How much longer a node counts itself failing than its peers count it
+/// (ms; a few rounds of the rules): when it moves up in the order again,
+/// every peer has seen it there for a round or more, so none of them
+/// still takes itself for first and starts too (the peers read its status
+/// up to a round late).
+pub const OWN_FAILURE_GRACE_MS: u64 = 3_000;
+
 /// Whether a node whose attempts failed `failures` times, the latest
-/// `last_ms` ago, counts as [`Member::failing`].
-pub fn failing_lately(failures: u64, last_ms: u64) -> bool {
-    failures > 0 && last_ms < FAILURE_RECENT_MS
+/// `last_ms` ago, counts as [`Member::failing`]: in its own rules (`own`)
+/// a little longer than in its peers' (see [`OWN_FAILURE_GRACE_MS`]).
+pub fn failing_lately(failures: u64, last_ms: u64, own: bool) -> bool {
+    let recent = FAILURE_RECENT_MS + if own { OWN_FAILURE_GRACE_MS } else { 0 };
+    failures > 0 && last_ms < recent
 }
 
 /// Why a node whose log holds `entries` entries in `bytes` bytes is
@@ -398,8 +407,15 @@ mod tests {
             bytes: 0,
         };
         assert_eq!(degraded(10, u64::MAX, entries_only, 3), None);
-        assert!(failing_lately(1, 0) && !failing_lately(0, 0));
-        assert!(!failing_lately(3, FAILURE_RECENT_MS));
+        assert!(failing_lately(1, 0, false) && !failing_lately(0, 0, true));
+        assert!(!failing_lately(3, FAILURE_RECENT_MS, false));
+        // A node moves up again only after its peers saw it move.
+        assert!(failing_lately(3, FAILURE_RECENT_MS, true));
+        assert!(!failing_lately(
+            3,
+            FAILURE_RECENT_MS + OWN_FAILURE_GRACE_MS,
+            true
+        ));
     }
 
     #[test]

@@ -491,7 +491,13 @@ impl Node {
             .ids()
             .map(|id| {
                 if id == self.me {
-                    return member_of(&own);
+                    return Member {
+                        failing: own
+                            .snapshot_failing
+                            .as_ref()
+                            .is_some_and(|f| rules::failing_lately(f.failures, f.last_ms, true)),
+                        ..member_of(&own)
+                    };
                 }
                 match self.peer_status(id, STATUS_TIMEOUT) {
                     Ok(st) => member_of(&st),
@@ -614,7 +620,7 @@ fn member_of(st: &NodeStatus) -> Member {
         failing: st
             .snapshot_failing
             .as_ref()
-            .is_some_and(|f| rules::failing_lately(f.failures, f.last_ms)),
+            .is_some_and(|f| rules::failing_lately(f.failures, f.last_ms, false)),
         taking: st.snapshotting,
         applied: st.applied,
         last: st.persisted,
