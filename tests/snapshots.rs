@@ -895,6 +895,21 @@ fn servers_started_by_hand_are_snapshotted_compacted_and_restored() {
     c.assert_same_digest();
     c.assert_no_divergence();
     assert_acked_counters(&c, &acked);
+
+    // A fresh node 3 must install a peer's image, but a by-hand server's
+    // image restores with its pids, which node 2's server holds on this
+    // host: refused before CRIU runs, naming the pid and the fix.
+    c.kill_follower(3);
+    c.kill_server(3);
+    cluster::remove(&c.config().node_data_dir(3));
+    c.start_follower(3);
+    c.wait("node 3 refuses the image, naming the pid", LIMIT, |c| {
+        follower_log(c, 3)
+            .lines()
+            .any(|l| l.contains("taken on this host now") && l.contains("launch-server"))
+    });
+    let s = c.status(3).unwrap();
+    assert_eq!(s.server_pid, 0, "no server restored: {s:?}");
 }
 
 /// A backup whose snapshots fail says so once in its log, with the reason

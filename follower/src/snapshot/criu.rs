@@ -135,18 +135,22 @@ impl ProcessFacts {
         if self.own_pid_namespace {
             return None;
         }
-        let taken: Vec<String> = self
-            .tids
-            .iter()
-            .chain(std::iter::once(&self.pid))
-            .filter(|&&t| t != 0 && running(t))
-            .map(u64::to_string)
+        let mut pids = self.tids.clone();
+        pids.push(self.pid);
+        pids.sort_unstable();
+        pids.dedup();
+        let taken: Vec<String> = pids
+            .into_iter()
+            .filter(|&t| t != 0 && running(t))
+            .map(|t| t.to_string())
             .collect();
-        if taken.is_empty() {
-            return None;
-        }
+        let (what, verb) = match taken.len() {
+            0 => return None,
+            1 => ("pid", "is"),
+            _ => ("pids", "are"),
+        };
         Some(format!(
-            "the image's server (pid {}) ran in the follower's PID namespace and CRIU restores it with the same pids, but pid {} is taken on this host now; start servers through `lockstep launch-server` (a PID namespace of their own, as `lockstep up` does) so their images restore whatever runs",
+            "the image's server (pid {}) ran in the follower's PID namespace and CRIU restores it with the same pids, but {what} {} {verb} taken on this host now; start servers through `lockstep launch-server` (a PID namespace of their own, as `lockstep up` does) so their images restore whatever runs",
             self.pid,
             taken.join(", ")
         ))
@@ -670,6 +674,8 @@ mod tests {
                 && !why.contains('\n'),
             "{why}"
         );
+        let why = facts.pids_taken(|_| true).unwrap();
+        assert!(why.contains("pids 100, 101, 102 are taken"), "{why}");
         // In a PID namespace of its own (launch-server), or an image from
         // before process.json: the pids are free in the fresh namespace.
         let own = ProcessFacts {
