@@ -910,6 +910,11 @@ fn servers_started_by_hand_are_snapshotted_compacted_and_restored() {
     });
     let s = c.status(3).unwrap();
     assert_eq!(s.server_pid, 0, "no server restored: {s:?}");
+    let f = s.snapshot_failing.expect("the refusal shows in the status");
+    assert!(
+        f.reason.contains("taken on this host now") && f.fix.contains("launch-server"),
+        "{f:?}"
+    );
 }
 
 /// A backup whose snapshots fail says so once in its log, with the reason

@@ -314,11 +314,31 @@ impl TestCluster {
         kill_and_reap(&mut self.followers[i]);
     }
 
-    /// SIGKILLs node `id`'s server.
+    /// SIGKILLs node `id`'s server: the one started here, and the one its
+    /// follower runs now when that is another (a peer's snapshot it
+    /// installed replaced ours: with snapshots keeping their turns, a
+    /// leader killed after its log was compacted comes back that way).
     pub fn kill_server(&mut self, id: u64) {
+        let current = self.status(id).map(|s| s.server_pid as u32).unwrap_or(0);
         let i = self.idx(id);
         kill_launched_and_reap(&mut self.servers[i]);
         kill_restored(&mut self.restored[i]);
+        if current != 0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(current as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            // Not our child: gone once /proc shows it no longer running
+            // (its lock on the region goes with it).
+            let gone = || {
+                lockstep_launcher::process::stat_fields(current)
+                    .is_none_or(|f| f.starts_with(['Z', 'X']))
+            };
+            let since = Instant::now();
+            while !gone() && since.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
     }
 
     /// Brings node `id` back after it was killed: its follower, and a fresh

@@ -477,8 +477,13 @@ impl Node {
             if let Some(peer) =
                 rules::install_source(self.me, last, !self.snapshots.needs_image(), &members)
             {
-                if let Err(e) = self.install_from(peer) {
-                    log::warn!("node {}: installing node {peer}'s snapshot: {e:#}", self.me);
+                // Said once, and shown in the status while it lasts, as a
+                // failed snapshot is: it is tried again every round.
+                match self.install_from(peer) {
+                    Ok(()) => self.snapshot_worked(),
+                    Err(e) => {
+                        self.snapshot_failed(&format!("installing node {peer}'s snapshot: {e:#}"))
+                    }
                 }
             }
         }
