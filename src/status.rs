@@ -145,15 +145,74 @@ pub fn cluster_view(nodes: &[NodeView]) -> (u64, u64) {
         .unwrap_or((0, 0))
 }
 
-/// Whether the cluster can take writes: a leader that answers, leads the
-/// newest view any node is in, and sees a majority of the nodes (itself
-/// included) answering as members of that view. `Err` says what is
+/// Whether the cluster is ok: it can take writes (a leader that answers,
+/// leads the newest view any node is in, and sees a majority of the nodes,
+/// itself included, answering as members of that view) and no node is
+/// degraded (its log past `snapshot_degraded_after`). `Err` says what is
 /// missing, and that ZooKeeper is unreachable when nodes say so.
 pub fn health(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
+    writable(config, nodes)?;
+    match degraded_nodes(nodes).as_slice() {
+        [] => Ok(()),
+        ids => Err(format!(
+            "{} degraded: snapshots do not keep {} log short (see each node's line)",
+            node_list(ids),
+            if ids.len() == 1 { "its" } else { "their" }
+        )),
+    }
+}
+
+/// Whether the cluster can take writes (see [`health`]; degraded nodes
+/// aside).
+pub fn writable(config: &Config, nodes: &[NodeView]) -> Result<(), String> {
     commit_path(config, nodes).map_err(|why| match zookeeper_problem(config, nodes) {
         Some(zk) => format!("{why}; {zk}"),
         None => why,
     })
+}
+
+/// The answering nodes that say they are degraded.
+pub fn degraded_nodes(nodes: &[NodeView]) -> Vec<u64> {
+    nodes
+        .iter()
+        .filter_map(|n| n.status.as_ref().ok())
+        .filter(|s| s.degraded.is_some())
+        .map(|s| s.node)
+        .collect()
+}
+
+/// `node 2` or `nodes 2, 3`.
+fn node_list(ids: &[u64]) -> String {
+    let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+    format!(
+        "node{} {}",
+        if ids.len() == 1 { "" } else { "s" },
+        list.join(", ")
+    )
+}
+
+/// A node's snapshots failing, in one line: `snapshots failing since
+/// HH:MM:SS UTC (N s, K attempts): REASON; log N entries, M MiB; fix: …`.
+pub fn snapshot_failing_line(s: &NodeStatus) -> Option<String> {
+    let f = s.snapshot_failing.as_ref()?;
+    let attempts = if f.failures == 0 {
+        "none can be taken".to_string()
+    } else {
+        format!(
+            "{} failed attempt{}",
+            f.failures,
+            if f.failures == 1 { "" } else { "s" }
+        )
+    };
+    Some(format!(
+        "snapshots failing since {} UTC ({} s, {attempts}): {}; log {} entries, {:.1} MiB; fix: {}",
+        utc_clock(Duration::from_millis(f.for_ms)),
+        f.for_ms / 1000,
+        f.reason,
+        s.log_entries,
+        s.log_bytes as f64 / (1 << 20) as f64,
+        f.fix
+    ))
 }
 
 /// `HH:MM:SS` (UTC) of a moment `ago` before now.
@@ -266,7 +325,11 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
     let app = |id: u64| config.node(id).ok().map(|n| n.app.to_string());
     let health = health(config, nodes);
     // Named only while it can commit: a client sent there would wait.
-    let leader = if health.is_ok() { leader } else { 0 };
+    let leader = if writable(config, nodes).is_ok() {
+        leader
+    } else {
+        0
+    };
     let list: Vec<serde_json::Value> = nodes
         .iter()
         .map(|n| match &n.status {
@@ -280,6 +343,11 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
                 "failover_backlog": s.failover_backlog,
                 "zookeeper_down_ms": s.zookeeper_down_ms,
                 "commit_wait_ms": s.commit_wait_ms,
+                "snapshot": s.snapshot, "oldest": s.oldest, "snapshotting": s.snapshotting,
+                "log_entries": s.log_entries, "log_bytes": s.log_bytes,
+                "snapshot_failing": snapshot_failing_line(s),
+                "snapshot_failures": s.snapshot_failing.as_ref().map(|f| f.failures),
+                "degraded": s.degraded,
             }),
             Err(e) => json!({
                 "node": n.id, "up": false, "app": app(n.id), "role": unanswered_role(e), "error": e,
@@ -295,6 +363,7 @@ pub fn to_json(config: &Config, config_path: &Path, nodes: &[NodeView]) -> serde
         "healthy": health.is_ok(),
         "problem": health.err(),
         "zookeeper_problem": zookeeper_problem(config, nodes),
+        "degraded": degraded_nodes(nodes),
         "nodes": list,
     })
 }
@@ -370,8 +439,23 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
             }) => out.push_str(&format!("node {} leads: {why}\n", n.id)),
             Ok(_) => {}
         }
+        if let Ok(s) = &n.status {
+            if let Some(line) = snapshot_failing_line(s) {
+                out.push_str(&format!("node {}: {line}\n", n.id));
+            }
+            if let Some(why) = &s.degraded {
+                out.push_str(&format!("node {} is degraded: {why}\n", n.id));
+            }
+        }
     }
     match health(config, nodes) {
+        Err(why) if writable(config, nodes).is_ok() => out.push_str(&format!(
+            "DEGRADED: node {leader} leads view {view} with a live majority (clients write to {}), but {why}\n",
+            config
+                .node(leader)
+                .map(|n| n.app.to_string())
+                .unwrap_or_default()
+        )),
         Ok(()) => {
             out.push_str(&format!(
                 "ok: node {leader} leads view {view} with a live majority; clients write to {}\n",
@@ -481,6 +565,57 @@ mod tests {
             .as_str()
             .is_some_and(|w| w.starts_with("only 1 of 3")));
         assert!(j["nodes"][2]["failover_backlog"].is_null());
+    }
+
+    #[test]
+    fn failing_snapshots_are_said_and_a_degraded_node_makes_the_cluster_not_ok() {
+        let c = Config::parse(&config_text()).unwrap();
+        let mut failing = up(2, "backup", 2, 1);
+        if let Ok(s) = &mut failing.status {
+            s.snapshot_failing = Some(lockstep_common::control::SnapshotFailing {
+                for_ms: 90_000,
+                failures: 7,
+                last_ms: 100,
+                reason: "criu dump failed (exit status: 1): Error: forced".into(),
+                fix: "see the CRIU log".into(),
+            });
+            (s.log_entries, s.log_bytes) = (9000, 3 << 20);
+        }
+        let nodes = [up(1, "leader", 2, 1), failing, up(3, "backup", 2, 1)];
+        // Within the bound: said, still ok.
+        assert_eq!(health(&c, &nodes), Ok(()));
+        let t = to_table(&c, Path::new("c.toml"), &nodes);
+        assert!(
+            t.contains("node 2: snapshots failing since ")
+                && t.contains("(90 s, 7 failed attempts): criu dump failed")
+                && t.contains("log 9000 entries, 3.0 MiB; fix: see the CRIU log"),
+            "{t}"
+        );
+        assert!(t.contains("ok: node 1 leads view 2"), "{t}");
+        let mut nodes = nodes;
+        if let Ok(s) = &mut nodes[1].status {
+            s.degraded = Some("its log holds 9000 entries".into());
+        }
+        let why = health(&c, &nodes).unwrap_err();
+        assert!(why.contains("node 2 degraded"), "{why}");
+        let t = to_table(&c, Path::new("c.toml"), &nodes);
+        assert!(
+            t.contains("node 2 is degraded: its log holds 9000 entries"),
+            "{t}"
+        );
+        assert!(
+            t.contains("DEGRADED: node 1 leads view 2 with a live majority"),
+            "{t}"
+        );
+        let j = to_json(&c, Path::new("c.toml"), &nodes);
+        assert_eq!(j["healthy"], false, "{j}");
+        assert_eq!(j["leader"], 1, "still writable: {j}");
+        assert_eq!(j["degraded"], serde_json::json!([2]), "{j}");
+        assert_eq!(j["nodes"][1]["snapshot_failures"], 7, "{j}");
+        assert!(j["nodes"][1]["snapshot_failing"]
+            .as_str()
+            .is_some_and(|l| l.contains("Error: forced")));
+        assert!(j["nodes"][0]["degraded"].is_null(), "{j}");
     }
 
     #[test]

@@ -15,7 +15,8 @@ use std::time::Duration;
 use lockstep_launcher::disk::tree_bytes;
 
 use cluster::{
-    assert_acked_counters, BackgroundLoad, Memcache, Options, Reply, Resp, Server, TestCluster,
+    assert_acked_counters, bin_dir, cli_status, free_port, http_get, BackgroundLoad, Memcache,
+    Options, Reply, Resp, Server, TestCluster,
 };
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -840,4 +841,190 @@ fn with_snapshot_off_nothing_is_taken_or_deleted() {
         assert_eq!(taken, 0, "node {id} wrote into {}", dir.display());
     }
     c.assert_same_digest();
+}
+
+/// A server started by hand (a plain child of whoever starts it: in its
+/// starter's session, not leading one, and in the host's PID namespace,
+/// as from a shell, a supervisor or systemd) is imaged like a launched
+/// one: CRIU dumps it as a shell job (before, every dump failed: `The root
+/// process … is not a session leader`), every node compacts its log, and
+/// a killed backup restores its own image (its pids are free again) and
+/// agrees with the leader.
+#[test]
+fn servers_started_by_hand_are_snapshotted_compacted_and_restored() {
+    let mut c = often_snapshotting("snaphand");
+    for id in 1..=3 {
+        c.start_follower(id);
+    }
+    for id in 1..=3 {
+        c.start_server_by_hand(id);
+    }
+    c.wait_leader(1);
+    for id in 1..=3 {
+        let pid = c.server_pid(id);
+        assert_eq!(c.status(id).unwrap().server_pid, pid as u64);
+        assert_ne!(
+            lockstep_launcher::process::session_of(pid),
+            Some(pid),
+            "node {id}'s server leads its session: not started by hand"
+        );
+    }
+    let load = BackgroundLoad::start(c.app(1), 2);
+    wait_every_log_compacted(&c);
+    load.wait_more(&c, 500, LIMIT);
+    let acked = load.stop();
+    for id in [2, 3] {
+        let s = c.status(id).unwrap();
+        assert!(
+            s.snapshot > 0 && s.snapshot_failing.is_none(),
+            "node {id}: {s:?}\n{}",
+            c.logs()
+        );
+        let facts: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(snapshot_dir(&c, id, s.snapshot).join("process.json"))
+                .expect("process.json beside the image"),
+        )
+        .unwrap();
+        assert_eq!(facts["session_leader"], false, "{facts}");
+        assert_eq!(facts["own_pid_namespace"], false, "{facts}");
+    }
+    c.wait_converged(LIMIT);
+    let line = kill_and_restore(&mut c, 2);
+    eprintln!("{line}");
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+    assert_acked_counters(&c, &acked);
+
+    // A fresh node 3 must install a peer's image, but a by-hand server's
+    // image restores with its pids, which node 2's server holds on this
+    // host: refused before CRIU runs, naming the pid and the fix.
+    c.kill_follower(3);
+    c.kill_server(3);
+    cluster::remove(&c.config().node_data_dir(3));
+    c.start_follower(3);
+    c.wait("node 3 refuses the image, naming the pid", LIMIT, |c| {
+        follower_log(c, 3)
+            .lines()
+            .any(|l| l.contains("taken on this host now") && l.contains("launch-server"))
+    });
+    let s = c.status(3).unwrap();
+    assert_eq!(s.server_pid, 0, "no server restored: {s:?}");
+    let f = s.snapshot_failing.expect("the refusal shows in the status");
+    assert!(
+        f.reason.contains("taken on this host now") && f.fix.contains("launch-server"),
+        "{f:?}"
+    );
+}
+
+/// A backup whose snapshots fail says so once in its log, with the reason
+/// and the fix; status (text and JSON), metrics and `/health` carry it;
+/// the next backup takes its turns meanwhile; and once the log is past
+/// `snapshot_degraded_after` the node is degraded: `/health` 503,
+/// `lockstep status` not ok.
+#[test]
+fn a_failing_snapshot_is_said_once_and_shows_in_status_metrics_and_health() {
+    let mut c = TestCluster::new(
+        "snapfail",
+        Options {
+            extra: format!(
+                "snapshot_every = {{ entries = {EVERY}, bytes = 0 }}\nsnapshot_degraded_after = 3\n"
+            ),
+            ..Options::default()
+        },
+    );
+    let mut metrics = Vec::new();
+    c.change_config(|mut s| {
+        for n in s.nodes_mut() {
+            let a = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+            n.metrics = Some(a);
+            metrics.push(a);
+        }
+        s
+    });
+    // Node 2's CRIU passes `criu check` and fails every dump.
+    let fake = c.dir.join("failing-criu");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\n[ \"$1\" = check ] && exit 0\necho 'Error (criu/cr-dump.c:1): forced failure for the test' >&2\nexit 1\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    c.follower_env(2, "LOCKSTEP_CRIU", fake.to_str().unwrap());
+    c.start_all();
+    let load = BackgroundLoad::start(c.app(1), 2);
+    // Node 2 is first in turn (no snapshot, lowest id) and fails: node 3
+    // takes its turns all the same (it waited behind node 2 for good).
+    c.wait("node 2 failing and node 3 snapshotting", LIMIT * 2, |c| {
+        let failing = c
+            .status(2)
+            .is_ok_and(|s| s.snapshot_failing.is_some_and(|f| f.failures >= 1));
+        failing && c.status(3).is_ok_and(|s| s.snapshot > 0)
+    });
+    // No majority holds a snapshot (the leader takes none): no log is
+    // compacted, and node 2's grows past 3 x EVERY.
+    c.wait("node 2 degraded", LIMIT * 3, |c| {
+        c.status(2).is_ok_and(|s| s.degraded.is_some())
+    });
+    load.stop();
+    let s = c.status(2).unwrap();
+    let f = s.snapshot_failing.clone().unwrap();
+    assert!(
+        f.reason.contains("forced failure for the test") && f.fix.contains("CRIU log"),
+        "{f:?}"
+    );
+    assert!(s.log_entries > 3 * EVERY && s.log_bytes > 0, "{s:?}");
+    let log = follower_log(&c, 2);
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("snapshot failed") && !l.contains("DEBUG"))
+        .collect();
+    assert_eq!(said.len(), 1, "said once: {said:#?}");
+    assert!(said[0].contains("fix: "), "{}", said[0]);
+
+    let (code, m) = http_get(metrics[1], "/metrics").expect("scrape node 2");
+    assert_eq!(code, 200);
+    for want in ["lockstep_snapshot_failing 1\n", "lockstep_degraded 1\n"] {
+        assert!(m.contains(want), "{want}: {m}");
+    }
+    let (code, m3) = http_get(metrics[2], "/metrics").expect("scrape node 3");
+    assert_eq!(code, 200);
+    assert!(m3.contains("lockstep_snapshot_failing 0\n"), "{m3}");
+    let (code, body) = http_get(metrics[1], "/health").expect("node 2 health");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("past snapshot_degraded_after") && body.contains("forced failure"),
+        "{body}"
+    );
+
+    let json = cli_status(&c.config_path);
+    assert_eq!(json["healthy"], false, "{json}");
+    assert_eq!(json["leader"], 1, "still takes writes: {json}");
+    assert!(
+        json["degraded"]
+            .as_array()
+            .is_some_and(|d| d.contains(&serde_json::json!(2))),
+        "{json}"
+    );
+    let node2 = &json["nodes"][1];
+    assert!(
+        node2["snapshot_failing"]
+            .as_str()
+            .is_some_and(|l| l.contains("forced failure") && l.contains("log ")),
+        "{node2}"
+    );
+    let out = std::process::Command::new(bin_dir().join("lockstep"))
+        .args(["status", "--config"])
+        .arg(&c.config_path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("node 2: snapshots failing since ")
+            && text.contains("node 2 is degraded: ")
+            && text.contains("DEGRADED: node 1 leads"),
+        "{text}"
+    );
 }

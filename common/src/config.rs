@@ -149,6 +149,15 @@ pub const DEFAULT_SNAPSHOT_EVERY: SnapshotEvery = SnapshotEvery {
 pub const MIN_SNAPSHOT_ENTRIES: u64 = 1000;
 /// The smallest byte measure between snapshots.
 pub const MIN_SNAPSHOT_BYTES: u64 = 1 << 20;
+/// `snapshot_degraded_after`'s default: a node whose log holds more than
+/// this many times `snapshot_every` is degraded. With snapshots working a
+/// node's log stays within about two (the majority's snapshot lags the
+/// newest by one), so eight means several missed in a row; with the
+/// defaults, 2M entries, about 7 s of replay at restart.
+pub const DEFAULT_SNAPSHOT_DEGRADED_AFTER: u64 = 8;
+/// The smallest nonzero `snapshot_degraded_after`: below it a node whose
+/// snapshots keep their cadence would read as degraded.
+pub const MIN_SNAPSHOT_DEGRADED_AFTER: u64 = 3;
 
 #[derive(Clone, Copy, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -279,6 +288,8 @@ struct RawConfig {
     snapshot: SnapshotMode,
     #[serde(default)]
     snapshot_every: RawSnapshotEvery,
+    #[serde(default = "default_snapshot_degraded_after")]
+    snapshot_degraded_after: u64,
     #[serde(default)]
     key: Option<String>,
     #[serde(default)]
@@ -314,6 +325,9 @@ fn default_max_apply_lag() -> u64 {
 }
 fn default_snapshot() -> SnapshotMode {
     SnapshotMode::Process
+}
+fn default_snapshot_degraded_after() -> u64 {
+    DEFAULT_SNAPSHOT_DEGRADED_AFTER
 }
 
 /// `path` made absolute: against `base` (the config file's directory)
@@ -520,6 +534,9 @@ pub struct Config {
     pub snapshot: SnapshotMode,
     /// How much log between two snapshots.
     pub snapshot_every: SnapshotEvery,
+    /// A node whose log holds more than this many times `snapshot_every`
+    /// (either measure) is reported degraded (0: never).
+    pub snapshot_degraded_after: u64,
     /// The configured cluster key (`key` or `key_file`), required by the
     /// tcp and rdma transports. None: the key lives in
     /// [`KEY_FILE`] under `data_dir` (one host). Handshakes take the key
@@ -898,6 +915,12 @@ impl Config {
         let every = raw.snapshot_every;
         let snapshot_every =
             check_snapshot_every(every.entries, every.bytes.map(|b| b.0)).map_err(ConfigError)?;
+        let degraded_after = raw.snapshot_degraded_after;
+        if degraded_after != 0 && degraded_after < MIN_SNAPSHOT_DEGRADED_AFTER {
+            return err(format!(
+                "snapshot_degraded_after: {degraded_after} is below {MIN_SNAPSHOT_DEGRADED_AFTER} (a node whose snapshots keep their cadence holds up to about two snapshot_every of log; 0 never reports it degraded)"
+            ));
+        }
         Ok(Config {
             cluster: raw.cluster,
             transport: raw.transport,
@@ -911,6 +934,7 @@ impl Config {
             max_apply_lag: raw.max_apply_lag,
             snapshot: raw.snapshot,
             snapshot_every,
+            snapshot_degraded_after: degraded_after,
             key,
             server: raw.server,
             election: raw.election,
@@ -1257,6 +1281,19 @@ leader = 1
         );
         let c = with("snapshot_every = { entries = 0, bytes = \"2MiB\" }").unwrap();
         assert_eq!(c.snapshot_every.entries, 0);
+        assert_eq!(c.snapshot_degraded_after, DEFAULT_SNAPSHOT_DEGRADED_AFTER);
+        assert_eq!(
+            with("snapshot_degraded_after = 0")
+                .unwrap()
+                .snapshot_degraded_after,
+            0
+        );
+        assert_eq!(
+            with("snapshot_degraded_after = 3")
+                .unwrap()
+                .snapshot_degraded_after,
+            3
+        );
         for (lines, want) in [
             ("snapshot = \"criu\"", "snapshot"),
             (
@@ -1272,6 +1309,11 @@ leader = 1
                 "entries and bytes are both 0",
             ),
             ("snapshot_every = { entry = 5000 }", "unknown field `entry`"),
+            (
+                "snapshot_degraded_after = 2",
+                "snapshot_degraded_after: 2 is below 3",
+            ),
+            ("snapshot_degraded_after = -1", "snapshot_degraded_after"),
             ("snapshot_every = { bytes = \"9XB\" }", "unknown size unit"),
         ] {
             let e = with(lines).unwrap_err().0;

@@ -128,6 +128,38 @@ pub struct NodeStatus {
     /// Bytes of log its server applied since its newest snapshot.
     #[serde(default)]
     pub bytes_since_snapshot: u64,
+    /// Why this node takes no snapshots although the config asks for them
+    /// (its attempts fail, or it cannot take any: no CRIU), since when;
+    /// None while they work or with `snapshot = "off"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_failing: Option<SnapshotFailing>,
+    /// Entries its log holds (from `oldest` to `persisted`).
+    #[serde(default)]
+    pub log_entries: u64,
+    /// Bytes its log takes in the store (RocksDB's tables and memtables).
+    #[serde(default)]
+    pub log_bytes: u64,
+    /// Why the node is degraded, in words: its log holds more than
+    /// `snapshot_degraded_after` times `snapshot_every` (None: it is not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
+}
+
+/// A node's snapshots failing (see [`NodeStatus::snapshot_failing`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotFailing {
+    /// Milliseconds since the first failure of this run (or since the
+    /// follower started, when it cannot take any).
+    pub for_ms: u64,
+    /// Failed attempts since (0: none made, it cannot take any).
+    pub failures: u64,
+    /// Milliseconds since the latest failed attempt.
+    #[serde(default)]
+    pub last_ms: u64,
+    /// The latest reason, one line.
+    pub reason: String,
+    /// What fixes it, one line.
+    pub fix: String,
 }
 
 /// What a node reports when it fences the views below a candidate's.
@@ -148,6 +180,9 @@ pub struct Promise {
 }
 
 /// A follower's answer.
+// One is built per control request and sent at once: the status's size
+// (the largest variant) costs nothing worth a box on every status read.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {
     /// Answer to `Status`.

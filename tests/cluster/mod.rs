@@ -18,7 +18,7 @@ pub use commit_mode::{commit_line, commit_mode};
 use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::cluster_spec::{ClusterSpec, ElectionSpec, NodeSpec};
 use lockstep_launcher::commands::{
-    follower_command, memcached_command, preloaded_server, redis_command,
+    follower_command, memcached_command, preloaded_server, redis_command, under_preload,
 };
 #[allow(unused_imports)]
 pub use lockstep_launcher::leader::{find_leader, leading};
@@ -81,6 +81,8 @@ pub struct TestCluster {
     bins: Binaries,
     /// Set by `use_server_command`: replaces `server`.
     command: Option<Vec<String>>,
+    /// Extra environment of one node's follower (`follower_env`).
+    follower_env: Vec<(u64, String, String)>,
 }
 
 /// Options for a test cluster.
@@ -141,6 +143,7 @@ impl TestCluster {
             restored: (0..n).map(|_| None).collect(),
             bins: binaries(),
             command: None,
+            follower_env: Vec::new(),
         }
     }
 
@@ -167,6 +170,9 @@ impl TestCluster {
         let mut cmd = follower_command(&self.bins.follower, &self.config_path, id);
         cmd.args(args);
         cmd.env("LOCKSTEP_LOG", "info");
+        for (_, k, v) in self.follower_env.iter().filter(|e| e.0 == id) {
+            cmd.env(k, v);
+        }
         let child = spawn(cmd, self.log("follower", id));
         let i = self.idx(id);
         self.followers[i] = Some(child);
@@ -228,8 +234,37 @@ impl TestCluster {
         self.servers[self.idx(id)].as_ref().map_or(0, |c| c.id())
     }
 
+    /// Sets `key=value` in the environment of node `id`'s follower from
+    /// its next start on.
+    pub fn follower_env(&mut self, id: u64, key: &str, value: &str) {
+        self.follower_env.push((id, key.into(), value.into()));
+    }
+
+    /// Starts node `id`'s server under the preload as a person starting
+    /// it from a shell would: a plain child of this process, in its
+    /// session (not a session leader) and PID namespace, its output on
+    /// its log file; waits as `start_server` does.
+    pub fn start_server_by_hand(&mut self, id: u64) {
+        self.spawn_server_as(id, false);
+        let app = self.app(id);
+        self.wait(
+            "server listening and attached",
+            Duration::from_secs(60),
+            |c| {
+                TcpStream::connect(app).is_ok()
+                    && c.status(id).map(|s| s.server_pid != 0).unwrap_or(false)
+            },
+        );
+    }
+
     /// Spawns node `id`'s server under the preload (a fresh data dir).
     fn spawn_server(&mut self, id: u64) {
+        self.spawn_server_as(id, true);
+    }
+
+    /// Spawns node `id`'s server under the preload (a fresh data dir),
+    /// through `lockstep launch-server` when `launched`.
+    fn spawn_server_as(&mut self, id: u64, launched: bool) {
         let n = self.nodes[self.idx(id)].clone();
         let data = self.dir.join(format!("server-{id}"));
         let _ = std::fs::remove_dir_all(&data);
@@ -244,6 +279,13 @@ impl TestCluster {
         };
         if let Some(argv) = &self.command {
             cmd = templated_command(argv, n.app.port(), &data);
+        }
+        if !launched {
+            under_preload(&mut cmd, &self.bins.preload, &self.config_path, id);
+            let child = spawn(cmd, self.log("server", id));
+            let i = self.idx(id);
+            self.servers[i] = Some(child);
+            return;
         }
         // In a PID namespace of its own, as `lockstep up` starts it: its
         // image can be restored.
@@ -336,11 +378,31 @@ impl TestCluster {
             .is_ok_and(|r| r.server_attached())
     }
 
-    /// SIGKILLs node `id`'s server.
+    /// SIGKILLs node `id`'s server: the one started here, and the one its
+    /// follower runs now when that is another (a peer's snapshot it
+    /// installed replaced ours: with snapshots keeping their turns, a
+    /// leader killed after its log was compacted comes back that way).
     pub fn kill_server(&mut self, id: u64) {
+        let current = self.status(id).map(|s| s.server_pid as u32).unwrap_or(0);
         let i = self.idx(id);
         kill_launched_and_reap(&mut self.servers[i]);
         kill_restored(&mut self.restored[i]);
+        if current != 0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(current as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            // Not our child: gone once /proc shows it no longer running
+            // (its lock on the region goes with it).
+            let gone = || {
+                lockstep_launcher::process::stat_fields(current)
+                    .is_none_or(|f| f.starts_with(['Z', 'X']))
+            };
+            let since = Instant::now();
+            while !gone() && since.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
     }
 
     /// Brings node `id` back after it was killed: its follower, and a fresh
@@ -518,6 +580,27 @@ pub fn collect_output(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<Stri
         collect(Box::new(e), "stderr: ");
     }
     out
+}
+
+/// `GET path` on `addr` (HTTP/1.1, the connection closed after): the
+/// status code and the body.
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::Write;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    Ok((code, body.to_string()))
 }
 
 /// `lockstep status --json --config F`, parsed.

@@ -260,6 +260,18 @@ impl LogStore {
         self.last
     }
 
+    /// Bytes the log takes in RocksDB: its tables and memtables (an
+    /// estimate RocksDB keeps; 0 when it cannot say).
+    pub fn disk_bytes(&self) -> u64 {
+        [
+            "rocksdb.total-sst-files-size",
+            "rocksdb.cur-size-all-mem-tables",
+        ]
+        .iter()
+        .filter_map(|p| self.db.property_int_value(*p).ok().flatten())
+        .sum()
+    }
+
     /// The first seq the log holds (or would hold next, when empty):
     /// entries below it were compacted or never stored.
     pub fn oldest(&self) -> u64 {

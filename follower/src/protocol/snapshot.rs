@@ -8,7 +8,8 @@
 //!   `snapshot_every` past its newest snapshot. Never the leader (clients
 //!   wait on it), never a stale or joining node, and never so many at once
 //!   that fewer than a majority keep applying (a backup stops applying
-//!   while its server is imaged). Each node decides for itself on what the
+//!   while its server is imaged; a backup still catching up applies too).
+//!   Each node decides for itself on what the
 //!   others reported a moment ago, so the turn must not hang on anything
 //!   that changes meanwhile: the backups take turns in the order of their
 //!   newest snapshot (oldest first, then the lowest id), which changes only
@@ -16,7 +17,15 @@
 //!   it is due, the others wait, one at a time whatever the cluster size,
 //!   and only while a majority besides it applies. (Picking among the due
 //!   backups instead let two start at once, one not yet seeing the other
-//!   due: the snapshot sim found it.)
+//!   due: the snapshot sim found it.) The first in that order must be one
+//!   that can take it, or nobody ever does: a stale node (it serves
+//!   nothing until it is restarted) is left out of the order, and a node
+//!   whose latest attempt failed lately goes after every other (it tries
+//!   again when it is first again: everyone else's snapshot is newer, or
+//!   its failure is no longer recent). Before, a node that kept failing, or
+//!   a backup catching up after a failover (counted as not applying),
+//!   held every other's turn: one snapshot in ~14M entries over twenty
+//!   leader kills under load.
 //! - [`compaction_point`]: once a majority holds a snapshot at ≥ S, every
 //!   node deletes its entries ≤ S, the leader too — but never entries its
 //!   own server has not applied, nor what a live peer still needs to catch
@@ -57,8 +66,14 @@ pub struct Member {
     pub live: bool,
     /// It leads.
     pub leader: bool,
-    /// It follows the leader as a healthy backup (not stale, not joining).
+    /// It follows the leader and applies: a backup, caught up or not (not
+    /// stale, not joining).
     pub backup: bool,
+    /// Its server must be rebuilt (it serves nothing until restarted): it
+    /// takes no turn, and holds nobody's.
+    pub stale: bool,
+    /// Its latest snapshot attempt failed lately: it goes after the others.
+    pub failing: bool,
     /// It is imaging its server now.
     pub taking: bool,
     /// Its server applied up to here.
@@ -97,16 +112,65 @@ pub fn taker(members: &[Member], every: Every) -> Option<u64> {
     if members.iter().any(|m| m.taking) {
         return None;
     }
-    // The order counts every live node but the leader, joining ones too:
-    // a node that turns backup this moment must not find itself first
-    // while another, which did not count it yet, starts.
+    // The order counts every live node but the leader and stale ones,
+    // joining ones too: a node that turns backup this moment must not find
+    // itself first while another, which did not count it yet, starts.
     members
         .iter()
-        .filter(|m| m.live && !m.leader)
-        .min_by_key(|m| (m.snapshot, m.node))
+        .filter(|m| m.live && !m.leader && !m.stale)
+        .min_by_key(|m| (m.failing, m.snapshot, m.node))
         .filter(|m| m.backup && due(m, every))
         .map(|m| m.node)
 }
+
+/// How long a failed snapshot attempt keeps a node behind the others in
+/// the turn order (ms): long enough for the next backup to take its
+/// turn, short enough that a node whose trouble passed soon tries again.
+pub const FAILURE_RECENT_MS: u64 = 60_000;
+
+/// How much longer a node counts itself failing than its peers count it
+/// (ms; a few rounds of the rules): when it moves up in the order again,
+/// every peer has seen it there for a round or more, so none of them
+/// still takes itself for first and starts too (the peers read its status
+/// up to a round late).
+pub const OWN_FAILURE_GRACE_MS: u64 = 3_000;
+
+/// Whether a node whose attempts failed `failures` times, the latest
+/// `last_ms` ago, counts as [`Member::failing`]: in its own rules (`own`)
+/// a little longer than in its peers' (see [`OWN_FAILURE_GRACE_MS`]).
+pub fn failing_lately(failures: u64, last_ms: u64, own: bool) -> bool {
+    let recent = FAILURE_RECENT_MS + if own { OWN_FAILURE_GRACE_MS } else { 0 };
+    failures > 0 && last_ms < recent
+}
+
+/// Why a node whose log holds `entries` entries in `bytes` bytes is
+/// degraded: more than `after` times `every` (either measure that is on);
+/// None when it is not, or `after` is 0 (never).
+pub fn degraded(entries: u64, bytes: u64, every: Every, after: u64) -> Option<String> {
+    if after == 0 {
+        return None;
+    }
+    let over_entries = every.entries != 0 && entries > every.entries.saturating_mul(after);
+    let over_bytes = every.bytes != 0 && bytes > every.bytes.saturating_mul(after);
+    if !over_entries && !over_bytes {
+        return None;
+    }
+    let bound = match (every.entries, every.bytes) {
+        (0, b) => format!("{:.1} MiB", b.saturating_mul(after) as f64 / MIB),
+        (e, 0) => format!("{} entries", e.saturating_mul(after)),
+        (e, b) => format!(
+            "{} entries or {:.1} MiB",
+            e.saturating_mul(after),
+            b.saturating_mul(after) as f64 / MIB
+        ),
+    };
+    Some(format!(
+        "its log holds {entries} entries ({:.1} MiB), past snapshot_degraded_after = {after} times snapshot_every ({bound}): snapshots are not keeping it short, a restart replays all of it",
+        bytes as f64 / MIB
+    ))
+}
+
+const MIB: f64 = (1 << 20) as f64;
 
 /// The highest seq a majority of members holds a snapshot at or above
 /// (0: no majority holds one).
@@ -324,6 +388,207 @@ mod tests {
         assert_eq!(install_source(1, 5000, false, &c), None, "nobody has one");
     }
 
+    #[test]
+    fn a_log_past_the_bound_is_degraded_and_one_within_is_not() {
+        let every = Every {
+            entries: 1000,
+            bytes: 1 << 20,
+        };
+        assert_eq!(degraded(3000, 1 << 20, every, 3), None);
+        let why = degraded(3001, 0, every, 3).unwrap();
+        assert!(
+            why.contains("3001 entries") && why.contains("3000 entries or 3.0 MiB"),
+            "{why}"
+        );
+        assert!(degraded(10, (3 << 20) + 1, every, 3).is_some(), "bytes");
+        assert_eq!(degraded(u64::MAX, u64::MAX, every, 0), None, "0: never");
+        let entries_only = Every {
+            entries: 1000,
+            bytes: 0,
+        };
+        assert_eq!(degraded(10, u64::MAX, entries_only, 3), None);
+        assert!(failing_lately(1, 0, false) && !failing_lately(0, 0, true));
+        assert!(!failing_lately(3, FAILURE_RECENT_MS, false));
+        // A node moves up again only after its peers saw it move.
+        assert!(failing_lately(3, FAILURE_RECENT_MS, true));
+        assert!(!failing_lately(
+            3,
+            FAILURE_RECENT_MS + OWN_FAILURE_GRACE_MS,
+            true
+        ));
+    }
+
+    #[test]
+    fn a_node_that_cannot_take_its_turn_holds_no_other_backups() {
+        // Node 2 (oldest snapshot) failed its latest attempt: node 3 goes.
+        let mut c = cluster(3);
+        c[2].snapshot = 3000;
+        c[2].applied = 5000;
+        c[1].failing = true;
+        c[2].applied = 4000;
+        assert_eq!(taker(&c, EVERY), Some(3));
+        // Node 3 not due yet: nobody (node 2 waits for its turn again).
+        c[2].snapshot = 3500;
+        assert_eq!(taker(&c, EVERY), None);
+        // Every backup failing: the oldest snapshot tries again.
+        c[2].failing = true;
+        c[2].snapshot = 3000;
+        assert_eq!(taker(&c, EVERY), Some(2));
+        // A stale node (oldest snapshot of all) takes no turn and holds
+        // none, in five nodes (three apply besides the taker).
+        let mut c = cluster(5);
+        c[1].stale = true;
+        c[1].backup = false;
+        for m in &mut c[2..] {
+            m.snapshot = 1000;
+        }
+        assert_eq!(taker(&c, EVERY), Some(3));
+    }
+
+    #[test]
+    fn a_backup_catching_up_applies_and_takes_its_turn() {
+        // After a failover under load the restarted node catches up: it
+        // applies (the others may image), and it goes first when its
+        // snapshot is the oldest, as a node that led and is back is.
+        let mut c = cluster(3);
+        c[0].leader = false;
+        c[0].backup = true; // led, killed, back (catching up or not)
+        c[1].leader = true;
+        c[1].backup = false;
+        c[0].snapshot = 0;
+        c[2].snapshot = 3000;
+        assert_eq!(taker(&c, EVERY), Some(1));
+        c[0].snapshot = 4500;
+        c[2].snapshot = 4800;
+        assert_eq!(taker(&c, EVERY), None, "node 1 is first and not due");
+        c[0].snapshot = 3500;
+        c[2].snapshot = 0;
+        assert_eq!(taker(&c, EVERY), Some(3));
+    }
+
+    /// The order of turns over many failovers: every backup's log since
+    /// its newest image stays within about two `snapshot_every` when
+    /// images complete in a round or two — also when the leader keeps
+    /// changing, the node that led comes back catching up, and one node's
+    /// attempts fail for a while.
+    #[test]
+    fn snapshots_keep_their_cadence_through_many_failovers() {
+        let every = Every {
+            entries: 1000,
+            bytes: 0,
+        };
+        let mut c = cluster(3);
+        let mut taking: Option<(usize, u64, u32)> = None;
+        let mut worst = 0u64;
+        // Since when each node is a backup (a node that led has an old
+        // image: it gets a few turns' time to take its own).
+        let mut backup_since = [0u64; 3];
+        for round in 0..4000u64 {
+            // Every 300 rounds the leader dies and comes back as a backup
+            // catching up; the next node leads.
+            if round % 300 == 0 && round > 0 {
+                let old = c.iter().position(|m| m.leader).unwrap();
+                let new = (old + 1) % 3;
+                c[old].leader = false;
+                c[old].backup = true;
+                backup_since[old] = round;
+                c[new].leader = true;
+                c[new].backup = false;
+                if taking.is_some_and(|t| t.0 == new) {
+                    taking = None;
+                    c[new].taking = false;
+                }
+            }
+            for m in &mut c {
+                m.last += 40;
+                m.committed = m.last;
+                if !m.taking {
+                    m.applied = m.last;
+                }
+            }
+            // Node 3 fails its attempts for a stretch.
+            let broken = (1000..1600).contains(&round);
+            if let Some((i, seq, left)) = taking {
+                if left == 0 {
+                    c[i].taking = false;
+                    if broken && c[i].node == 3 {
+                        c[i].failing = true;
+                    } else {
+                        c[i].snapshot = seq;
+                        c[i].failing = false;
+                    }
+                    taking = None;
+                } else {
+                    taking = Some((i, seq, left - 1));
+                }
+            }
+            if round % 50 == 0 {
+                // A failure is recent for a while only.
+                for m in &mut c {
+                    m.failing = m.failing && broken;
+                }
+            }
+            if taking.is_none() {
+                if let Some(t) = taker(&c, every) {
+                    let i = c.iter().position(|m| m.node == t).unwrap();
+                    c[i].taking = true;
+                    taking = Some((i, c[i].applied, 2));
+                }
+            }
+            for (i, m) in c.iter().enumerate() {
+                let settled = round > backup_since[i] + 100;
+                if m.backup && settled && !(broken && m.node == 3) {
+                    worst = worst.max(m.applied - m.snapshot);
+                }
+            }
+        }
+        assert!(
+            worst <= 2 * every.entries + 200,
+            "a backup's log since its image reached {worst} entries"
+        );
+    }
+
+    proptest::proptest! {
+        /// Nothing that cannot take a snapshot holds the others' turn: with
+        /// nobody imaging, enough applying and every other live node a
+        /// backup or stale, the backup first among those not failing
+        /// takes one whenever it is due.
+        #[test]
+        fn no_failing_or_stale_node_holds_the_turn(
+            seed in proptest::collection::vec((0u8..4, 0u64..3000, 0u64..3000), 5),
+        ) {
+            let mut c = cluster(5);
+            for (m, (flags, snap, applied)) in c.iter_mut().zip(seed) {
+                if m.leader {
+                    continue;
+                }
+                m.failing = flags & 1 == 1;
+                m.stale = flags & 2 == 2 && m.node == 5;
+                m.backup = !m.stale;
+                m.applied = applied.max(snap);
+                m.snapshot = snap;
+            }
+            let applying = c.iter().filter(|m| m.leader || m.backup).count();
+            let first = c
+                .iter()
+                .filter(|m| m.backup)
+                .min_by_key(|m| (m.failing, m.snapshot, m.node))
+                .copied()
+                .unwrap();
+            let got = taker(&c, EVERY);
+            if applying > viewchange::majority(5) {
+                proptest::prop_assert_eq!(got, due(&first, EVERY).then_some(first.node));
+            } else {
+                proptest::prop_assert_eq!(got, None);
+            }
+            if let Some(t) = got {
+                let m = c.iter().find(|m| m.node == t).unwrap();
+                proptest::prop_assert!(!m.stale && m.backup);
+                proptest::prop_assert!(!m.failing || c.iter().filter(|x| x.backup).all(|x| x.failing));
+            }
+        }
+    }
+
     proptest::proptest! {
         /// Whoever the rule picks, a majority of members still applies
         /// (live leader or backups not imaging) while it images.
@@ -335,6 +600,7 @@ mod tests {
             for (m, (flags, applied, snap)) in c.iter_mut().zip(seed) {
                 m.live = flags & 1 == 0;
                 m.taking = flags & 2 == 2 && !m.leader;
+                m.failing = applied % 3 == 0;
                 m.applied = applied;
                 m.snapshot = snap.min(applied);
             }

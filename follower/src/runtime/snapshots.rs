@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use lockstep_common::config::SnapshotMode;
-use lockstep_common::control::{self, NodeStatus, Request, Response};
+use lockstep_common::control::{self, NodeStatus, Request, Response, SnapshotFailing};
 use lockstep_common::region::{Region, Role};
 
 use crate::io::feed::Feeder;
@@ -49,8 +49,51 @@ pub const TRIGGER_PATIENCE: Duration = Duration::from_secs(120);
 /// when the newest turns out unusable).
 const KEEP: usize = 2;
 
+/// This node's snapshots failing: since when, how often, why.
+#[derive(Clone, Debug)]
+pub(crate) struct Failing {
+    /// The first failure of this run (or the follower's start, for a node
+    /// that cannot take any).
+    pub(crate) since: Instant,
+    /// The latest failure.
+    pub(crate) last: Instant,
+    /// Failed attempts (0: it cannot take any).
+    pub(crate) failures: u64,
+    /// The latest reason, one line.
+    pub(crate) reason: String,
+}
+
+impl Failing {
+    /// As the status reports it.
+    pub(crate) fn report(&self) -> SnapshotFailing {
+        SnapshotFailing {
+            for_ms: self.since.elapsed().as_millis() as u64,
+            failures: self.failures,
+            last_ms: self.last.elapsed().as_millis() as u64,
+            reason: self.reason.clone(),
+            fix: fix_for(&self.reason).into(),
+        }
+    }
+}
+
+/// What fixes a snapshot failure, from its reason.
+pub fn fix_for(reason: &str) -> &'static str {
+    if reason.contains("no criu")
+        || reason.contains("needs root")
+        || reason.contains(" check` fails")
+    {
+        "install CRIU 4.2 or newer (scripts/setup builds it) and run the follower as root, or set snapshot = \"off\" to keep the whole log on purpose"
+    } else if reason.contains("PID namespace") || reason.contains("session leader") {
+        "start the server through `lockstep launch-server` (as `lockstep up` does)"
+    } else if reason.contains("no snapshot within") {
+        "the server found no idle moment to be imaged in: see the follower's log; the log is kept meanwhile"
+    } else {
+        "see the CRIU log named in the reason; until it works the log is kept (it grows), or set snapshot = \"off\" to keep the whole log on purpose"
+    }
+}
+
 /// This node's snapshot state, for its status and the rules.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct SnapshotState {
     /// Seq of the newest complete snapshot (0: none).
     pub(crate) newest: u64,
@@ -58,6 +101,8 @@ pub(crate) struct SnapshotState {
     pub(crate) taking: bool,
     /// Bytes the apply thread had fed when the newest snapshot was taken.
     pub(crate) bytes_at: u64,
+    /// Snapshots fail (or cannot be taken at all) since then.
+    pub(crate) failing: Option<Failing>,
 }
 
 /// Makes the image taker of a node's server from its region, its
@@ -89,12 +134,24 @@ pub struct Snapshots {
 impl Snapshots {
     /// Snapshot state with `image` (Err: why none can be taken); `restored`:
     /// the server was restored from the snapshot at `newest`.
+    /// `failing`: the config asks for snapshots (`snapshot = "process"`),
+    /// so a missing image taker is a failure to report.
     pub fn new(
         image: Result<Arc<dyn ServerImage>, String>,
         restored: bool,
         needs_image: bool,
         newest: u64,
+        wanted: bool,
     ) -> Snapshots {
+        let failing = match &image {
+            Err(why) if wanted => Some(Failing {
+                since: Instant::now(),
+                last: Instant::now(),
+                failures: 0,
+                reason: why.clone(),
+            }),
+            _ => None,
+        };
         Snapshots {
             image,
             requests: Mutex::new(Vec::new()),
@@ -103,6 +160,7 @@ impl Snapshots {
             needs_image: AtomicBool::new(needs_image),
             state: Mutex::new(SnapshotState {
                 newest,
+                failing,
                 ..SnapshotState::default()
             }),
         }
@@ -270,11 +328,64 @@ impl Node {
         }
         let result = self.snapshot_now(fed);
         match &result {
-            Ok(seq) => log::info!("node {}: snapshot at seq {seq} complete", self.me),
-            Err(e) => log::warn!("node {}: snapshot failed: {e}", self.me),
+            Ok(seq) => {
+                log::info!("node {}: snapshot at seq {seq} complete", self.me);
+                self.snapshot_worked();
+            }
+            Err(e) => self.snapshot_failed(e),
         }
         for tx in self.snapshots.pending() {
             let _ = tx.send(result.clone());
+        }
+    }
+
+    /// Records a failed attempt. The first of a run (or one with another
+    /// reason) is said at WARN with its fix; the same again only at DEBUG
+    /// (status, metrics and `/health` carry it while it lasts).
+    pub(super) fn snapshot_failed(&self, reason: &str) {
+        let mut st = self.snapshot_state();
+        let now = Instant::now();
+        match &mut st.failing {
+            Some(f) if f.reason == reason => {
+                f.failures += 1;
+                f.last = now;
+                log::debug!(
+                    "node {}: snapshot failed again ({} times): {reason}",
+                    self.me,
+                    f.failures
+                );
+                return;
+            }
+            Some(f) => {
+                f.failures += 1;
+                f.last = now;
+                f.reason = reason.to_string();
+            }
+            None => {
+                st.failing = Some(Failing {
+                    since: now,
+                    last: now,
+                    failures: 1,
+                    reason: reason.to_string(),
+                })
+            }
+        }
+        log::warn!(
+            "node {}: snapshot failed: {reason}; fix: {}. Until a snapshot works the log below is kept and grows (said once; `lockstep status` shows it while it lasts)",
+            self.me,
+            fix_for(reason)
+        );
+    }
+
+    /// Records a snapshot that worked: a failing run ends.
+    fn snapshot_worked(&self) {
+        if let Some(f) = self.snapshot_state().failing.take() {
+            log::info!(
+                "node {}: snapshots work again, after {} failed attempts in {:.0} s",
+                self.me,
+                f.failures,
+                f.since.elapsed().as_secs_f64()
+            );
         }
     }
 
@@ -353,8 +464,12 @@ impl Node {
             }
             let members = self.members();
             if rules::taker(&members, every) == Some(self.me) {
-                if let Err(e) = self.request_snapshot() {
-                    log::warn!("node {}: snapshot failed: {e}", self.me);
+                match self.request_snapshot() {
+                    Ok(_) => {}
+                    // The apply thread recorded (and said) an imaging
+                    // failure; a wait that found no idle moment is one too.
+                    Err(e) if e.starts_with("no snapshot within") => self.snapshot_failed(&e),
+                    Err(e) => log::info!("node {}: no snapshot: {e}", self.me),
                 }
             }
             self.compact(&members);
@@ -362,8 +477,13 @@ impl Node {
             if let Some(peer) =
                 rules::install_source(self.me, last, !self.snapshots.needs_image(), &members)
             {
-                if let Err(e) = self.install_from(peer) {
-                    log::warn!("node {}: installing node {peer}'s snapshot: {e:#}", self.me);
+                // Said once, and shown in the status while it lasts, as a
+                // failed snapshot is: it is tried again every round.
+                match self.install_from(peer) {
+                    Ok(()) => self.snapshot_worked(),
+                    Err(e) => {
+                        self.snapshot_failed(&format!("installing node {peer}'s snapshot: {e:#}"))
+                    }
                 }
             }
         }
@@ -376,7 +496,13 @@ impl Node {
             .ids()
             .map(|id| {
                 if id == self.me {
-                    return member_of(&own);
+                    return Member {
+                        failing: own
+                            .snapshot_failing
+                            .as_ref()
+                            .is_some_and(|f| rules::failing_lately(f.failures, f.last_ms, true)),
+                        ..member_of(&own)
+                    };
                 }
                 match self.peer_status(id, STATUS_TIMEOUT) {
                     Ok(st) => member_of(&st),
@@ -493,7 +619,13 @@ fn member_of(st: &NodeStatus) -> Member {
         node: st.node,
         live: true,
         leader: st.role == "leader",
-        backup: st.role == "backup",
+        // A backup still catching up applies too.
+        backup: st.role == "backup" || st.role == "catching-up",
+        stale: st.role == "stale",
+        failing: st
+            .snapshot_failing
+            .as_ref()
+            .is_some_and(|f| rules::failing_lately(f.failures, f.last_ms, false)),
         taking: st.snapshotting,
         applied: st.applied,
         last: st.persisted,

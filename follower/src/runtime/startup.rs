@@ -107,7 +107,10 @@ impl Node {
         let image = match config.snapshot {
             SnapshotMode::Off => Err("snapshot = \"off\" in the config".to_string()),
             SnapshotMode::Process => make_image(region.clone(), catalog.root(), config.node(me)?.app).inspect_err(|why| {
-                log::warn!("node {me}: snapshots are off: {why}; the log is kept and a restart replays it whole")
+                log::warn!(
+                    "node {me}: snapshots are off: {why}; the log is kept and a restart replays it whole; fix: {} (`lockstep status` shows it while it lasts)",
+                    snapshots::fix_for(why)
+                )
             }),
         };
         let transport = transport::open(&config, me, region.clone())?;
@@ -180,6 +183,7 @@ impl Node {
                 store.oldest()
             );
         }
+        let snapshots_wanted = config.snapshot == SnapshotMode::Process;
         let region_server = RegionServer::new(region.clone());
         let (outbox, outbox_rx) = mpsc::channel();
         let node = Arc::new(Node {
@@ -206,6 +210,7 @@ impl Node {
                 restored_at.is_some(),
                 needs_image,
                 newest_snapshot,
+                snapshots_wanted,
             ),
             metrics: Metrics::default(),
             stop,

@@ -4,9 +4,11 @@
 use std::sync::atomic::Ordering;
 
 use lockstep_common::apply_lag;
+use lockstep_common::config::SnapshotMode;
 use lockstep_common::control::NodeStatus;
 use lockstep_common::region::Role;
 
+use crate::protocol::snapshot;
 use crate::serve::metrics;
 
 use super::Node;
@@ -26,8 +28,26 @@ impl Node {
                 r.commit_wait(),
             )
         };
-        let persisted = self.store().last().seq;
-        let snap = *self.snapshot_state();
+        let (persisted, oldest, log_bytes) = {
+            let store = self.store();
+            (store.last().seq, store.oldest(), store.disk_bytes())
+        };
+        let snap = self.snapshot_state().clone();
+        let log_entries = (persisted + 1).saturating_sub(oldest.max(1));
+        let degraded = (self.config.snapshot == SnapshotMode::Process)
+            .then(|| {
+                let every = snapshot::Every {
+                    entries: self.config.snapshot_every.entries,
+                    bytes: self.config.snapshot_every.bytes,
+                };
+                snapshot::degraded(
+                    log_entries,
+                    log_bytes,
+                    every,
+                    self.config.snapshot_degraded_after,
+                )
+            })
+            .flatten();
         // The leader's server consumed what it was handed itself; shown
         // no further than the commit point, so that the counters read in
         // order (applied <= committed).
@@ -79,12 +99,16 @@ impl Node {
                 .map(|d| d.as_millis() as u64),
             commit_wait_ms,
             snapshot: snap.newest,
-            oldest: self.store().oldest(),
+            oldest,
             snapshotting: snap.taking,
             bytes_since_snapshot: self
                 .applied_bytes
                 .load(Ordering::Relaxed)
                 .saturating_sub(snap.bytes_at),
+            snapshot_failing: snap.failing.as_ref().map(|f| f.report()),
+            log_entries,
+            log_bytes,
+            degraded,
         }
     }
 
@@ -116,6 +140,12 @@ impl Node {
             apply_lag_seconds: self.lag_seconds(lag),
             apply_rate: s.apply_rate,
             failover_backlog_grows: s.failover_backlog.is_some(),
+            snapshot_failing: s.snapshot_failing.is_some(),
+            snapshot_failures: s.snapshot_failing.as_ref().map_or(0, |f| f.failures),
+            newest_snapshot: s.snapshot,
+            log_entries: s.log_entries,
+            log_bytes: s.log_bytes,
+            degraded: s.degraded.is_some(),
         }
         .render(&mut text);
         text

@@ -25,12 +25,16 @@ pub fn leads(s: &NodeStatus, server_up: bool, stall_ms: u64) -> bool {
 }
 
 /// Whether the node of `s` is a healthy member: its follower answers (it
-/// does, if this runs), its server is attached, it is not stale, and it
+/// does, if this runs), its server is attached, it is not stale, it
 /// leads or follows a leader (not still joining a view, and caught up: a
 /// `catching-up` backup is not healthy until its apply lag is within
-/// `max_apply_lag`).
+/// `max_apply_lag`), and it is not degraded (its log past
+/// `snapshot_degraded_after`: snapshots do not keep it short).
 pub fn healthy(s: &NodeStatus, server_up: bool) -> bool {
-    server_up && s.stale_reason.is_none() && (s.role == "leader" || s.role == "backup")
+    server_up
+        && s.stale_reason.is_none()
+        && s.degraded.is_none()
+        && (s.role == "leader" || s.role == "backup")
 }
 
 /// `GET /leader`: 200 with `{"view","leader","app"}` on the leader; 503
@@ -71,6 +75,15 @@ pub fn health_reply(s: &NodeStatus, server_up: bool) -> Reply {
             "lag": s.committed.saturating_sub(s.applied),
             "apply_rate": s.apply_rate,
             "eta_seconds": s.lag_ms as f64 / 1000.0,
+            "degraded": s.degraded,
+            "snapshot_failing": s.snapshot_failing.as_ref().map(|f| json!({
+                "for_seconds": f.for_ms as f64 / 1000.0,
+                "failures": f.failures,
+                "reason": f.reason,
+                "fix": f.fix,
+            })),
+            "log_entries": s.log_entries,
+            "log_bytes": s.log_bytes,
         }),
     )
 }
@@ -164,6 +177,30 @@ mod tests {
             catching_up.body.contains("\"role\":\"catching-up\""),
             "{}",
             catching_up.body
+        );
+        // Degraded (its log past snapshot_degraded_after): 503 saying why,
+        // with the snapshots' failure.
+        let mut degraded = status(2, "backup", 1);
+        degraded.degraded = Some("its log holds 9000 entries".into());
+        degraded.snapshot_failing = Some(lockstep_common::control::SnapshotFailing {
+            for_ms: 5000,
+            failures: 4,
+            last_ms: 10,
+            reason: "criu dump failed".into(),
+            fix: "see the CRIU log".into(),
+        });
+        let r = health_reply(&degraded, true);
+        assert_eq!(r.status, 503);
+        assert!(
+            r.body.contains("its log holds 9000 entries") && r.body.contains("criu dump failed"),
+            "{}",
+            r.body
+        );
+        degraded.degraded = None;
+        assert_eq!(
+            health_reply(&degraded, true).status,
+            200,
+            "failing but within the bound: said, not degraded"
         );
         let stale = health_reply(&status(2, "stale", 1), true);
         assert_eq!(stale.status, 503);

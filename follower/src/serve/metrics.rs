@@ -159,6 +159,18 @@ pub struct NodeGauges<'a> {
     pub apply_rate: u64,
     /// A leader going on although fewer than a majority can apply.
     pub failover_backlog_grows: bool,
+    /// Snapshots are asked for but fail (or cannot be taken at all).
+    pub snapshot_failing: bool,
+    /// Failed snapshot attempts in the current failing run.
+    pub snapshot_failures: u64,
+    /// Seq of the newest complete snapshot (0: none).
+    pub newest_snapshot: u64,
+    /// Entries the log holds.
+    pub log_entries: u64,
+    /// Bytes the log takes in the store.
+    pub log_bytes: u64,
+    /// The log is past `snapshot_degraded_after`.
+    pub degraded: bool,
 }
 
 impl NodeGauges<'_> {
@@ -216,6 +228,44 @@ lockstep_apply_rate_entries_per_second {}",
 lockstep_failover_backlog_grows {}",
             u8::from(self.failover_backlog_grows)
         );
+        let gauges: [(&str, &str, u64); 6] = [
+            (
+                "lockstep_snapshot_failing",
+                "1 while the config asks for snapshots and this node's fail or cannot be taken (see `lockstep status`), 0 otherwise",
+                u64::from(self.snapshot_failing),
+            ),
+            (
+                "lockstep_snapshot_failures",
+                "Failed snapshot attempts since snapshots began failing (0 while they work)",
+                self.snapshot_failures,
+            ),
+            (
+                "lockstep_snapshot_seq",
+                "Seq of the node's newest complete snapshot (0: none)",
+                self.newest_snapshot,
+            ),
+            (
+                "lockstep_log_entries",
+                "Entries the node's log holds (compaction below a majority's snapshots keeps it short)",
+                self.log_entries,
+            ),
+            (
+                "lockstep_log_bytes",
+                "Bytes the node's log takes in its store (RocksDB tables and memtables)",
+                self.log_bytes,
+            ),
+            (
+                "lockstep_degraded",
+                "1 when the node's log holds more than snapshot_degraded_after times snapshot_every, 0 otherwise",
+                u64::from(self.degraded),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
+        }
     }
 }
 
@@ -366,9 +416,25 @@ mod tests {
             apply_lag_seconds: 0.25,
             apply_rate: 1200,
             failover_backlog_grows: false,
+            snapshot_failing: true,
+            snapshot_failures: 3,
+            newest_snapshot: 0,
+            log_entries: 12_000,
+            log_bytes: 5 << 20,
+            degraded: true,
         };
         let mut text = String::new();
         g.render(&mut text);
+        for want in [
+            "lockstep_snapshot_failing 1\n",
+            "lockstep_snapshot_failures 3\n",
+            "lockstep_snapshot_seq 0\n",
+            "lockstep_log_entries 12000\n",
+            "lockstep_log_bytes 5242880\n",
+            "lockstep_degraded 1\n",
+        ] {
+            assert!(text.contains(want), "{want}: {text}");
+        }
         assert!(
             text.contains("lockstep_role{role=\"backup\"} 1\n"),
             "{text}"

@@ -5,8 +5,17 @@
 //! connection's `SELECT`, `MULTI` queue, RESP3, subscriptions and blocked
 //! `BLPOP` all come back as they were.
 //!
-//! The server runs in a PID namespace of its own (`lockstep
-//! launch-server`), so its pids are free again at restore. The region is a
+//! A server started through `lockstep launch-server` runs in a PID
+//! namespace of its own as a session leader, so its pids are free again at
+//! restore. One started any other way (from a shell, a supervisor,
+//! systemd) is in its starter's session: CRIU refuses to dump a process
+//! tree whose root does not lead its session unless told it is a "shell
+//! job" (`--shell-job`: the restored server then joins the session of the
+//! criu that restores it, here one in a process group of its own). Such a
+//! server shares the follower's PID namespace, so its image restores only
+//! while its pids (every thread's) are free on this host: [`ProcessFacts`]
+//! records them beside the image and a restore that cannot work says so
+//! before CRIU runs. The region is a
 //! `MAP_SHARED` file in /dev/shm: CRIU does not copy it, it maps the file
 //! at its path again (the follower recreated it by then). The preload's
 //! apply stream position is written beside the image ([`STREAM_FILE`]):
@@ -54,6 +63,116 @@ const COMMON: [&str; 4] = [
     "skip",
 ];
 
+/// The file in an image directory that holds its [`ProcessFacts`].
+pub const PROCESS_FILE: &str = "process.json";
+
+/// What a restore of an image must know about the process it was taken
+/// of (`process.json`, written beside the image; an image without it was
+/// taken of a server `lockstep launch-server` started).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProcessFacts {
+    /// The server's pid as the follower saw it.
+    pub pid: u64,
+    /// Its threads' ids as the follower saw them (the pid among them).
+    pub tids: Vec<u64>,
+    /// It led its session: dumped and restored without `--shell-job`.
+    pub session_leader: bool,
+    /// It ran in a PID namespace of its own (its pids are free in a fresh
+    /// one at restore); else in the follower's, where they must be free.
+    pub own_pid_namespace: bool,
+}
+
+impl Default for ProcessFacts {
+    fn default() -> Self {
+        ProcessFacts {
+            pid: 0,
+            tids: Vec::new(),
+            session_leader: true,
+            own_pid_namespace: true,
+        }
+    }
+}
+
+impl ProcessFacts {
+    /// What /proc says of process `pid` now.
+    pub fn of(pid: u64) -> anyhow::Result<ProcessFacts> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .with_context(|| format!("the server (pid {pid}) is gone"))?;
+        let sid = session_in_stat(&stat)
+            .with_context(|| format!("cannot read the session of the server (pid {pid})"))?;
+        let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+        let own_pid_namespace = ns(&pid.to_string()) != ns("self");
+        let mut tids: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        tids.sort_unstable();
+        Ok(ProcessFacts {
+            pid,
+            tids,
+            session_leader: sid == pid,
+            own_pid_namespace,
+        })
+    }
+
+    /// Reads `dir`'s `process.json` (the default when the image has none).
+    pub fn read(dir: &Path) -> anyhow::Result<ProcessFacts> {
+        match std::fs::read(dir.join(PROCESS_FILE)) {
+            Ok(b) => serde_json::from_slice(&b).context("the image's process.json is unreadable"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ProcessFacts::default()),
+            Err(e) => Err(e).context("cannot read the image's process.json"),
+        }
+    }
+
+    /// Why the image cannot be restored on this host now (None: it can as
+    /// far as pids go): a server that shared the follower's PID namespace
+    /// gets its pids back only while nothing else holds them.
+    /// `running(tid)` says whether a pid is taken now.
+    pub fn pids_taken(&self, running: impl Fn(u64) -> bool) -> Option<String> {
+        if self.own_pid_namespace {
+            return None;
+        }
+        let mut pids = self.tids.clone();
+        pids.push(self.pid);
+        pids.sort_unstable();
+        pids.dedup();
+        let taken: Vec<String> = pids
+            .into_iter()
+            .filter(|&t| t != 0 && running(t))
+            .map(|t| t.to_string())
+            .collect();
+        let (what, verb) = match taken.len() {
+            0 => return None,
+            1 => ("pid", "is"),
+            _ => ("pids", "are"),
+        };
+        Some(format!(
+            "the image's server (pid {}) ran in the follower's PID namespace and CRIU restores it with the same pids, but {what} {} {verb} taken on this host now; start servers through `lockstep launch-server` (a PID namespace of their own, as `lockstep up` does) so their images restore whatever runs",
+            self.pid,
+            taken.join(", ")
+        ))
+    }
+}
+
+/// The session id in the text of a `/proc/PID/stat` (field 6; the command
+/// name in parentheses may hold spaces and parentheses itself).
+fn session_in_stat(stat: &str) -> Option<u64> {
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
+}
+
+/// Whether pid `pid` is taken on this host (a zombie holds its pid too).
+fn pid_taken(pid: u64) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Takes and restores CRIU images of one node's server.
 pub struct Criu {
     criu: PathBuf,
@@ -91,9 +210,23 @@ pub fn locate() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Runs criu with `args`; Err with the log's last error line.
-fn run_criu(criu: &Path, args: &[&std::ffi::OsStr], log: &Path) -> anyhow::Result<()> {
-    let out = Command::new(criu)
+/// Runs criu with `args`; Err with the log's last error line. `own_group`:
+/// in a process group of its own (a `--shell-job` restore: the restored
+/// server joins criu's session and group, which must not be the
+/// follower's, or a Ctrl-C or hang-up meant for the follower would reach
+/// it).
+fn run_criu(
+    criu: &Path,
+    args: &[&std::ffi::OsStr],
+    log: &Path,
+    own_group: bool,
+) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(criu);
+    if own_group {
+        cmd.process_group(0);
+    }
+    let out = cmd
         .args(args)
         .arg("-o")
         .arg(log)
@@ -106,7 +239,14 @@ fn run_criu(criu: &Path, args: &[&std::ffi::OsStr], log: &Path) -> anyhow::Resul
     let why = text
         .lines()
         .rev()
-        .find(|l| l.starts_with("Error") && !l.contains("RLIMIT_NOFILE"))
+        // The last error that says why: CRIU ends with `Dumping FAILED.`
+        // or `Restoring FAILED.`, which does not.
+        .find(|l| {
+            l.starts_with("Error")
+                && !l.contains("RLIMIT_NOFILE")
+                && !l.contains("Dumping FAILED")
+                && !l.contains("Restoring FAILED")
+        })
         .map(str::to_string)
         .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string());
     bail!(
@@ -328,13 +468,20 @@ impl ServerImage for Criu {
                 build_id::of_file(&b).with_context(|| format!("cannot read {}", b.display()))?;
             ids.push((b.to_string_lossy().into_owned(), id));
         }
+        let facts = ProcessFacts::of(pid)?;
         let log = self.work.join("criu-dump.log");
         let t = Instant::now();
         let pid_s = pid.to_string();
         let mut args: Vec<&std::ffi::OsStr> = vec!["dump".as_ref(), "-t".as_ref(), pid_s.as_ref()];
         args.extend(["-D".as_ref(), dir.as_os_str(), "--leave-running".as_ref()]);
         args.extend(COMMON.iter().map(std::ffi::OsStr::new));
-        run_criu(&self.criu, &args, &log)?;
+        // A server that does not lead its session (started from a shell,
+        // by a supervisor, by systemd): CRIU dumps it only as a shell job.
+        if !facts.session_leader {
+            args.push("--shell-job".as_ref());
+        }
+        run_criu(&self.criu, &args, &log, false)?;
+        std::fs::write(dir.join(PROCESS_FILE), serde_json::to_vec(&facts)?)?;
         // A loop thread that had just finished its turn may park on the
         // doorbell (and count itself) while the dump runs: counted after
         // it, such a thread is never missing from the count (a restored
@@ -372,6 +519,10 @@ impl ServerImage for Criu {
                 at.seq
             );
         }
+        let facts = ProcessFacts::read(dir)?;
+        if let Some(why) = facts.pids_taken(pid_taken) {
+            bail!("{why}");
+        }
         // Before the server runs again: its preload compares the stream's
         // epoch with its own at once, and a different one would end every
         // replay connection.
@@ -391,7 +542,12 @@ impl ServerImage for Criu {
         args.extend([images.as_os_str(), "--restore-detached".as_ref()]);
         args.extend(COMMON.iter().map(std::ffi::OsStr::new));
         args.extend(["--pidfile".as_ref(), pidfile.as_os_str()]);
-        let restored = run_criu(&self.criu, &args, &log);
+        // Dumped as a shell job: restored as one (CRIU wants the option
+        // on both sides), in criu's own group and session.
+        if !facts.session_leader {
+            args.push("--shell-job".as_ref());
+        }
+        let restored = run_criu(&self.criu, &args, &log, !facts.session_leader);
         if images != dir {
             let _ = std::fs::remove_dir_all(&images);
         }
@@ -484,6 +640,56 @@ mod tests {
         std::env::remove_var(CRIU_ENV);
         let e = e.expect("no criu there");
         assert!(e.contains("/nonexistent/criu") && !e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn a_process_is_a_shell_job_unless_it_leads_its_session() {
+        // The command name may hold spaces and parentheses.
+        let stat = "4242 (redis (a) b) S 4000 4242 3999 34816 4242 4194560 0";
+        assert_eq!(session_in_stat(stat), Some(3999));
+        assert_eq!(session_in_stat("4242 (x"), None);
+        // This test process: whoever started it, the facts are read.
+        let me = ProcessFacts::of(std::process::id() as u64).unwrap();
+        assert!(!me.own_pid_namespace, "the same namespace as itself");
+        assert!(me.tids.contains(&me.pid), "{me:?}");
+        assert_eq!(
+            me.session_leader,
+            nix::unistd::getsid(None).unwrap().as_raw() as u64 == me.pid
+        );
+    }
+
+    #[test]
+    fn an_image_of_a_server_in_the_hosts_pid_namespace_needs_its_pids_free() {
+        let facts = ProcessFacts {
+            pid: 100,
+            tids: vec![100, 101, 102],
+            session_leader: false,
+            own_pid_namespace: false,
+        };
+        assert_eq!(facts.pids_taken(|_| false), None);
+        let why = facts.pids_taken(|t| t == 101).unwrap();
+        assert!(
+            why.contains("pid 101 is taken")
+                && why.contains("launch-server")
+                && !why.contains('\n'),
+            "{why}"
+        );
+        let why = facts.pids_taken(|_| true).unwrap();
+        assert!(why.contains("pids 100, 101, 102 are taken"), "{why}");
+        // In a PID namespace of its own (launch-server), or an image from
+        // before process.json: the pids are free in the fresh namespace.
+        let own = ProcessFacts {
+            own_pid_namespace: true,
+            ..facts
+        };
+        assert_eq!(own.pids_taken(|_| true), None);
+        assert_eq!(ProcessFacts::default().pids_taken(|_| true), None);
+        let d = std::env::temp_dir().join(format!("lockstep-criu-facts-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        assert_eq!(ProcessFacts::read(&d).unwrap(), ProcessFacts::default());
+        std::fs::write(d.join(PROCESS_FILE), serde_json::to_vec(&own).unwrap()).unwrap();
+        assert_eq!(ProcessFacts::read(&d).unwrap(), own);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

@@ -29,7 +29,16 @@ struct Node {
     /// server cannot be rebuilt from its own log, it waits for a peer's
     /// image and applies nothing meanwhile.
     needy: bool,
+    /// The step its latest image failed at (it goes last in the turn order
+    /// for a while: `failing`, counted a little longer by itself).
+    failed_at: Option<u64>,
 }
+
+/// Steps a failed image keeps a node `failing` in its peers' eyes; the
+/// node itself counts [`OWN_GRACE`] more (the runtime's 60 s and 3 s, in
+/// rounds of the rules).
+const RECENT: u64 = 20;
+const OWN_GRACE: u64 = 3;
 
 fn run(seed: u64) {
     let mut rng = Rng::new(seed ^ 0x5a5a);
@@ -46,11 +55,16 @@ fn run(seed: u64) {
             },
             taking: None,
             needy: false,
+            failed_at: None,
         })
         .collect();
     let mut top = 0u64;
     for step in 0..2000 {
+        // What the peers read: a step old (`failing` as of the last step).
         let reported: Vec<Member> = nodes.iter().map(|x| x.m).collect();
+        for x in nodes.iter_mut() {
+            x.m.failing = x.failed_at.is_some_and(|t| step - t < RECENT);
+        }
         // The leader (the lowest live node) appends and commits.
         let leader = nodes.iter().position(|x| x.m.live).unwrap();
         top += rng.below(8);
@@ -77,7 +91,14 @@ fn run(seed: u64) {
             if let Some((seq, left)) = x.taking {
                 x.taking = (left > 0).then(|| (seq, left - 1));
                 if left == 0 {
-                    x.m.snapshot = seq;
+                    // Some images fail (CRIU refuses, the server never
+                    // idles): no snapshot, and the node goes last a while.
+                    if rng.one_in(3) {
+                        x.failed_at = Some(step);
+                    } else {
+                        x.m.snapshot = seq;
+                        x.failed_at = None;
+                    }
                     x.m.taking = false;
                 }
             }
@@ -88,6 +109,9 @@ fn run(seed: u64) {
             }
             let mut view = reported.clone();
             view[i] = nodes[i].m;
+            view[i].failing = nodes[i]
+                .failed_at
+                .is_some_and(|t| step - t < RECENT + OWN_GRACE);
             let me = nodes[i].m.node;
             if rules::taker(&view, EVERY) == Some(me) && nodes[i].taking.is_none() {
                 // (A backup imaging may be elected meanwhile: it leads
