@@ -1,10 +1,10 @@
-//! How a leader waits for its acks: spin with a bounded backoff, then park
-//! on its region's doorbell (the local follower rings it when it writes an
+//! How a leader waits for its acks: spin a moment (longer only where cores
+//! are spare, see `idle_spin`), then park on its region's doorbell (the local follower rings it when it writes an
 //! ack; remote acks arriving through `Region::write` ring it too).
 
 use std::time::{Duration, Instant};
 
-use crossbeam_utils::Backoff;
+use crate::idle_spin::{Idle, Next};
 
 use crate::region::Region;
 
@@ -30,21 +30,13 @@ pub fn wait_until<E>(
     if done() {
         return Ok(());
     }
-    let backoff = Backoff::new();
-    let spin = crate::idle_spin::window();
-    let mut spinning_since: Option<Instant> = None;
+    // A few short spins, more only where cores are spare (see
+    // `idle_spin`), then parks: no yields.
+    let mut idle = Idle::new();
     let mut parked_since: Option<Instant> = None;
     loop {
         watch(Waited::Spinning)?;
-        if !backoff.is_completed() {
-            backoff.snooze();
-        } else if parked_since.is_none()
-            && spinning_since.get_or_insert_with(Instant::now).elapsed() < spin
-        {
-            // Cores to spare: the acks are seen without a wake-up (see
-            // `idle_spin`).
-            std::hint::spin_loop();
-        } else {
+        if parked_since.is_some() || idle.idle() == Next::Park {
             let bell = region.bell();
             let seen = bell.value();
             if done() {

@@ -73,17 +73,21 @@ impl<'a> ApplyStream<'a> {
     pub fn head(&self) -> u64 {
         self.w(W_APPLY_HEAD).load(Ordering::Acquire)
     }
-    /// Preload: publishes how far it read.
+    /// Preload: publishes how far it read (and rings
+    /// [`Self::progress_bell`]).
     pub fn set_head(&self, pos: u64) {
         self.w(W_APPLY_HEAD).store(pos, Ordering::Release);
+        self.progress_bell().ring();
     }
     /// Last seq the server consumed.
     pub fn applied(&self) -> u64 {
         self.w(W_APPLIED).load(Ordering::Acquire)
     }
-    /// Preload: records that the server consumed up to `seq`.
+    /// Preload: records that the server consumed up to `seq` (and rings
+    /// [`Self::progress_bell`]).
     pub fn set_applied(&self, seq: u64) {
         self.w(W_APPLIED).store(seq, Ordering::Release);
+        self.progress_bell().ring();
     }
     /// Entries whose output on this node differed from the leader's.
     pub fn diverged(&self) -> u64 {
@@ -97,6 +101,13 @@ impl<'a> ApplyStream<'a> {
     /// server records, see `resume`).
     pub fn bell_waiters(&self) -> u64 {
         self.w(W_APPLY_BELL_WAITERS).load(Ordering::SeqCst)
+    }
+    /// The doorbell the follower's apply thread parks on while the server
+    /// works through what it was fed (a full apply ring, entries fed and
+    /// not yet consumed): the preload rings it as the server reads on. A
+    /// ring with nobody parked costs an atomic add and a load.
+    pub fn progress_bell(&self) -> Doorbell<'a> {
+        Doorbell::new(self.w(W_PROGRESS_BELL), self.w(W_PROGRESS_BELL_WAITERS))
     }
     /// The doorbell the preload's applier parks on (rung on every new tail
     /// and restart).

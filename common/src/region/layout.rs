@@ -67,9 +67,14 @@ pub(super) const W_APPLIED_BY: usize = W_ACK + (MAX_NODES + 1) * LINE;
 // region file of layout 4 reads the same.
 pub(super) const W_POST_BELL: usize = W_APPLIED_BY + (MAX_NODES + 1) * LINE;
 pub(super) const W_POST_BELL_WAITERS: usize = W_POST_BELL + LINE;
+// The doorbell a backup's preload rings when its server read on in the
+// apply stream (see `ApplyStream::progress_bell`), likewise in words
+// earlier layouts left zero.
+pub(super) const W_PROGRESS_BELL: usize = W_POST_BELL_WAITERS + LINE;
+pub(super) const W_PROGRESS_BELL_WAITERS: usize = W_PROGRESS_BELL + LINE;
 pub(super) const CONTROL_WORDS: usize = (CONTROL_SIZE / 8) as usize;
 
-const _: () = assert!(W_POST_BELL_WAITERS + LINE <= CONTROL_WORDS);
+const _: () = assert!(W_PROGRESS_BELL_WAITERS + LINE <= CONTROL_WORDS);
 
 /// Bytes of a node's apply ring for a replication ring of `ring_size`: a
 /// quarter of it, between 1 and 16 MiB (a power of two, like the ring).

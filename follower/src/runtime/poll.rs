@@ -6,8 +6,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crossbeam_utils::Backoff;
 use lockstep_common::control::FetchedEntry;
+use lockstep_common::idle_spin::{Idle, Next};
 use lockstep_common::region::Role;
 use lockstep_common::ring::ReadOutcome;
 
@@ -31,10 +31,10 @@ impl Node {
         let mut buf = Vec::new();
         let mut batch: Vec<FetchedEntry> = Vec::with_capacity(BATCH);
         let mut metas: Vec<EntryMeta> = Vec::with_capacity(BATCH);
-        let backoff = Backoff::new();
-        let spin = lockstep_common::idle_spin::window();
-        // When the last read found nothing, after the backoff.
-        let mut idle_since: Option<Instant> = None;
+        let mut idle = Idle::new();
+        // Entry buffers handed back by the last batch, reused by the next
+        // (no allocation per entry read).
+        let mut spare: Vec<Vec<u8>> = Vec::with_capacity(BATCH);
         let mut seen_record = (0, 0);
         while !self.stopping() {
             let now_epoch = self.epoch.load(Ordering::Acquire);
@@ -64,10 +64,13 @@ impl Node {
                             view: header.view,
                             last_committed: header.last_committed,
                         });
+                        let mut bytes = spare.pop().unwrap_or_default();
+                        bytes.clear();
+                        bytes.extend_from_slice(&buf[..len]);
                         batch.push(FetchedEntry {
                             seq: header.seq,
                             pos,
-                            bytes: buf[..len].to_vec(),
+                            bytes,
                         });
                     }
                     ReadOutcome::Empty => break,
@@ -101,14 +104,13 @@ impl Node {
                     }
                     current && self.epoch.load(Ordering::Acquire) == epoch
                 };
-                batch.clear();
+                spare.extend(batch.drain(..).map(|e| e.bytes));
                 metas.clear();
                 if stored {
                     if let Some(f) = first_seen {
                         self.metrics.ack.observe(f.elapsed());
                     }
-                    backoff.reset();
-                    idle_since = None;
+                    idle.reset();
                 } else {
                     // Dropped (a view change is rewriting the log, or the
                     // entries belong to a fenced view): reading them again
@@ -129,15 +131,10 @@ impl Node {
                 seen_record = record;
                 self.step(Event::Tick(self.words()), Carried::Nothing);
             }
-            if !backoff.is_completed() {
-                backoff.snooze();
-            } else if idle_since.get_or_insert_with(Instant::now).elapsed() < spin {
-                // Cores to spare: the next entry is read without a wake-up
-                // (see `idle_spin`).
-                std::hint::spin_loop();
-            } else {
-                // Writers ring after writing: a write since `seen` makes
-                // this return at once.
+            // A moment's spinning (longer only where cores are spare, see
+            // `idle_spin`), never a yield, then a park: writers ring after
+            // writing, so a write since `seen` makes the wait return at once.
+            if idle.idle() == Next::Park {
                 bell.wait(seen, Duration::from_millis(5));
             }
         }
