@@ -906,13 +906,13 @@ fn servers_started_by_hand_are_snapshotted_compacted_and_restored() {
     c.wait("node 3 refuses the image, naming the pid", LIMIT, |c| {
         follower_log(c, 3)
             .lines()
-            .any(|l| l.contains("taken on this host now") && l.contains("launch-server"))
+            .any(|l| l.contains("taken on this host now") && l.contains("lockstep run"))
     });
     let s = c.status(3).unwrap();
     assert_eq!(s.server_pid, 0, "no server restored: {s:?}");
     let f = s.snapshot_failing.expect("the refusal shows in the status");
     assert!(
-        f.reason.contains("taken on this host now") && f.fix.contains("launch-server"),
+        f.reason.contains("taken on this host now") && f.fix.contains("lockstep run"),
         "{f:?}"
     );
 }

@@ -84,7 +84,7 @@ pub fn fix_for(reason: &str) -> &'static str {
     {
         "install CRIU 4.2 or newer (scripts/setup builds it) and run the follower as root, or set snapshot = \"off\" to keep the whole log on purpose"
     } else if reason.contains("PID namespace") || reason.contains("session leader") {
-        "start the server through `lockstep launch-server` (as `lockstep up` does)"
+        "start the server with `lockstep run --config … --node N` (as `lockstep up` does)"
     } else if reason.contains("no snapshot within") {
         "the server found no idle moment to be imaged in: see the follower's log; the log is kept meanwhile"
     } else {

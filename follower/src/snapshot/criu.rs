@@ -150,7 +150,7 @@ impl ProcessFacts {
             _ => ("pids", "are"),
         };
         Some(format!(
-            "the image's server (pid {}) ran in the follower's PID namespace and CRIU restores it with the same pids, but {what} {} {verb} taken on this host now; start servers through `lockstep launch-server` (a PID namespace of their own, as `lockstep up` does) so their images restore whatever runs",
+            "the image's server (pid {}) ran in the follower's PID namespace and CRIU restores it with the same pids, but {what} {} {verb} taken on this host now; start servers with `lockstep run` (a PID namespace of their own, as `lockstep up` does) so their images restore whatever runs",
             self.pid,
             taken.join(", ")
         ))
@@ -669,9 +669,7 @@ mod tests {
         assert_eq!(facts.pids_taken(|_| false), None);
         let why = facts.pids_taken(|t| t == 101).unwrap();
         assert!(
-            why.contains("pid 101 is taken")
-                && why.contains("launch-server")
-                && !why.contains('\n'),
+            why.contains("pid 101 is taken") && why.contains("lockstep run") && !why.contains('\n'),
             "{why}"
         );
         let why = facts.pids_taken(|_| true).unwrap();
