@@ -5,8 +5,7 @@
 
 mod cluster;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -28,25 +27,6 @@ fn with_metrics(c: &mut TestCluster) -> Vec<SocketAddr> {
         s
     });
     addrs
-}
-
-/// `GET path` on `addr`: the status code and the body.
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
-    Ok((code, body.to_string()))
 }
 
 /// Polls `GET path` on `addr` until `cond` holds for (code, body).

@@ -219,15 +219,7 @@ impl TestCluster {
     /// listens and is attached to its region.
     pub fn start_server(&mut self, id: u64) {
         self.spawn_server(id);
-        let app = self.app(id);
-        self.wait(
-            "server listening and attached",
-            Duration::from_secs(60),
-            |c| {
-                TcpStream::connect(app).is_ok()
-                    && c.status(id).map(|s| s.server_pid != 0).unwrap_or(false)
-            },
-        );
+        self.wait_server_attached(id);
     }
 
     /// Starts node `id`'s server under the preload and waits only until
@@ -280,6 +272,12 @@ impl TestCluster {
     /// its log file; waits as `start_server` does.
     pub fn start_server_by_hand(&mut self, id: u64) {
         self.spawn_server_as(id, false);
+        self.wait_server_attached(id);
+    }
+
+    /// Waits until node `id`'s server listens and is attached to its
+    /// region.
+    fn wait_server_attached(&self, id: u64) {
         let app = self.app(id);
         self.wait(
             "server listening and attached",
