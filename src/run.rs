@@ -236,11 +236,13 @@ fn log_tail(log: &Path, from: u64, n: usize) -> Vec<String> {
     lines[lines.len().saturating_sub(n)..].to_vec()
 }
 
+/// The command as a shell would read it (see `up::shell_words`).
 fn shell_words(argv: &[OsString]) -> String {
-    argv.iter()
+    let words: Vec<String> = argv
+        .iter()
         .map(|a| a.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
+        .collect();
+    crate::up::shell_words(&words)
 }
 
 #[cfg(test)]

@@ -871,7 +871,7 @@ impl Drop for Cluster {
 }
 
 /// A command line as a shell would need it (empty arguments quoted).
-fn shell_words(args: &[String]) -> String {
+pub(crate) fn shell_words(args: &[String]) -> String {
     args.iter()
         .map(|a| {
             if a.is_empty() || a.contains(char::is_whitespace) {
