@@ -109,6 +109,10 @@ impl<'a> ApplyStream<'a> {
     pub fn progress_bell(&self) -> Doorbell<'a> {
         Doorbell::new(self.w(W_PROGRESS_BELL), self.w(W_PROGRESS_BELL_WAITERS))
     }
+    /// How many threads wait on [`Self::progress_bell`] now.
+    pub fn progress_bell_waiters(&self) -> u64 {
+        self.w(W_PROGRESS_BELL_WAITERS).load(Ordering::SeqCst)
+    }
     /// The doorbell the preload's applier parks on (rung on every new tail
     /// and restart).
     pub fn bell(&self) -> Doorbell<'a> {
@@ -120,6 +124,34 @@ impl<'a> ApplyStream<'a> {
 mod tests {
     use super::super::test_regions::spec;
     use super::super::{apply_ring_size, Region};
+
+    #[test]
+    fn the_servers_progress_rings_the_progress_bell_and_wakes_a_parked_follower() {
+        let r = std::sync::Arc::new(Region::anonymous(&spec(1)).unwrap());
+        let bell = r.apply().progress_bell();
+        let seen = bell.value();
+        r.apply().set_head(64);
+        assert_ne!(bell.value(), seen, "reading on rings it");
+        let seen = bell.value();
+        r.apply().set_applied(5);
+        assert_ne!(bell.value(), seen, "consuming rings it");
+        // A follower parked on it (for far longer than the test) is woken
+        // by the preload's next progress.
+        let seen = bell.value();
+        let r2 = r.clone();
+        let parked = std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            r2.apply()
+                .progress_bell()
+                .wait(seen, std::time::Duration::from_secs(60));
+            start.elapsed()
+        });
+        while r.apply().progress_bell_waiters() == 0 {
+            std::thread::yield_now();
+        }
+        r.apply().set_applied(6);
+        assert!(parked.join().unwrap() < std::time::Duration::from_secs(60));
+    }
 
     #[test]
     fn the_apply_ring_follows_the_ring_and_is_not_remotely_writable() {
