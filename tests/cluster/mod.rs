@@ -271,6 +271,7 @@ impl TestCluster {
     /// session (not a session leader) and PID namespace, its output on
     /// its log file; waits as `start_server` does.
     pub fn start_server_by_hand(&mut self, id: u64) {
+        in_a_visible_session();
         self.spawn_server_as(id, false);
         self.wait_server_attached(id);
     }
@@ -1230,4 +1231,22 @@ fn templated_command(argv: &[String], port: u16, data: &Path) -> Command {
 pub fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Makes this test process lead a session of its own when the session it
+/// was started in is led from outside its PID namespace (CI runs the
+/// tests through a container runtime's exec: `getsid` reads 0). A person
+/// starting a server from a shell has the shell as a visible session
+/// leader; this stands in for that shell, once per test binary. (A server
+/// in an invisible session cannot be imaged at all: the follower refuses
+/// it before CRIU runs, naming `lockstep run`.)
+fn in_a_visible_session() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if nix::unistd::getsid(None).map(|s| s.as_raw()) == Ok(0) {
+            nix::unistd::setsid().expect(
+                "this test process's session is led from outside its PID namespace and it cannot lead one of its own (it leads its process group): run the tests from a shell",
+            );
+        }
+    });
 }

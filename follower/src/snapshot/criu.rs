@@ -100,6 +100,17 @@ impl ProcessFacts {
             .with_context(|| format!("the server (pid {pid}) is gone"))?;
         let sid = session_in_stat(&stat)
             .with_context(|| format!("cannot read the session of the server (pid {pid})"))?;
+        // CRIU reads the session from inside the server's own PID
+        // namespace: a leader outside it (a server started by a container
+        // runtime's exec, or under `unshare --pid` without `setsid`) reads
+        // as 0 there and no dump can succeed; said before CRIU runs.
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("the server (pid {pid}) is gone"))?;
+        if innermost_session(&status) == Some(0) {
+            anyhow::bail!(
+                "the server (pid {pid}) is in a session whose leader is outside its PID namespace (started from a container runtime's exec, or in a PID namespace without a session of its own): CRIU cannot image it"
+            );
+        }
         let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
         let own_pid_namespace = ns(&pid.to_string()) != ns("self");
         let mut tids: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -164,6 +175,18 @@ fn session_in_stat(stat: &str) -> Option<u64> {
         .1
         .split_whitespace()
         .nth(3)?
+        .parse()
+        .ok()
+}
+
+/// The session id as the process sees it from its own (innermost) PID
+/// namespace: the last number of the `NSsid:` line of a `/proc/PID/status`.
+fn innermost_session(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSsid:"))?
+        .split_whitespace()
+        .last()?
         .parse()
         .ok()
 }
@@ -648,6 +671,10 @@ mod tests {
         let stat = "4242 (redis (a) b) S 4000 4242 3999 34816 4242 4194560 0";
         assert_eq!(session_in_stat(stat), Some(3999));
         assert_eq!(session_in_stat("4242 (x"), None);
+        let status = "Name:\tredis-server\nNSpid:\t900\t1\nNSsid:\t870\t0\nVmPeak:\t1 kB\n";
+        assert_eq!(innermost_session(status), Some(0));
+        assert_eq!(innermost_session("NSsid:\t870\n"), Some(870));
+        assert_eq!(innermost_session("Name:\tx\n"), None);
         // This test process: whoever started it, the facts are read.
         let me = ProcessFacts::of(std::process::id() as u64).unwrap();
         assert!(!me.own_pid_namespace, "the same namespace as itself");
