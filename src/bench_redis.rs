@@ -46,6 +46,9 @@ const RUN_LIMIT: Duration = Duration::from_secs(900);
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// The redis-benchmark tests of the unpipelined run.
 const RB_TESTS: [&str; 4] = ["SET", "GET", "INCR", "LPUSH"];
+/// Requests of the one-client run (at most `--requests`): its latency
+/// settles within a few thousand.
+const LOW_LOAD_REQUESTS: u64 = 20_000;
 
 /// A system under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -721,6 +724,25 @@ fn load(
                 &format!("{test} -P{}", opts.pipeline),
                 "redis-benchmark",
                 opts.requests,
+                rps,
+                p50,
+                p99,
+            );
+            report(&r);
+            rows.push(r);
+        }
+        // Low load: one client, one request at a time. Its p50 minus
+        // plain's is what lockstep adds to each request's latency.
+        let requests = opts.requests.min(LOW_LOAD_REQUESTS);
+        eprintln!("  redis-benchmark SET, one client: {requests} requests");
+        let args: Vec<String> = ["-c", "1", "-n", &requests.to_string(), "-t", "set"]
+            .map(String::from)
+            .to_vec();
+        for (test, rps, p50, p99) in redis_benchmark(st.addr, &args, &log_dir, stop)? {
+            let r = row(
+                &format!("{test} -c1"),
+                "redis-benchmark",
+                requests,
                 rps,
                 p50,
                 p99,
