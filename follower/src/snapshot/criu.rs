@@ -96,17 +96,15 @@ impl Default for ProcessFacts {
 impl ProcessFacts {
     /// What /proc says of process `pid` now.
     pub fn of(pid: u64) -> anyhow::Result<ProcessFacts> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .with_context(|| format!("the server (pid {pid}) is gone"))?;
-        let sid = session_in_stat(&stat)
+        let sessions = sessions_in_status(&status)
             .with_context(|| format!("cannot read the session of the server (pid {pid})"))?;
         // CRIU reads the session from inside the server's own PID
         // namespace: a leader outside it (a server started by a container
         // runtime's exec, or under `unshare --pid` without `setsid`) reads
         // as 0 there and no dump can succeed; said before CRIU runs.
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .with_context(|| format!("the server (pid {pid}) is gone"))?;
-        if innermost_session(&status) == Some(0) {
+        if sessions.innermost == 0 {
             anyhow::bail!(
                 "the server (pid {pid}) is in a session whose leader is outside its PID namespace (started from a container runtime's exec, or in a PID namespace without a session of its own): CRIU cannot image it"
             );
@@ -124,7 +122,7 @@ impl ProcessFacts {
         Ok(ProcessFacts {
             pid,
             tids,
-            session_leader: sid == pid,
+            session_leader: sessions.here == pid,
             own_pid_namespace,
         })
     }
@@ -168,27 +166,27 @@ impl ProcessFacts {
     }
 }
 
-/// The session id in the text of a `/proc/PID/stat` (field 6; the command
-/// name in parentheses may hold spaces and parentheses itself).
-fn session_in_stat(stat: &str) -> Option<u64> {
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(3)?
-        .parse()
-        .ok()
+/// A process's session id as this follower sees it and as the process
+/// itself sees it (from its own, innermost PID namespace).
+#[derive(Debug, PartialEq, Eq)]
+struct Sessions {
+    here: u64,
+    innermost: u64,
 }
 
-/// The session id as the process sees it from its own (innermost) PID
-/// namespace: the last number of the `NSsid:` line of a `/proc/PID/status`.
-fn innermost_session(status: &str) -> Option<u64> {
-    status
+/// The `NSsid:` line of a `/proc/PID/status`: the session id in each PID
+/// namespace the process is in, this procfs's first, its own last.
+fn sessions_in_status(status: &str) -> Option<Sessions> {
+    let ids: Vec<u64> = status
         .lines()
         .find_map(|l| l.strip_prefix("NSsid:"))?
         .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
+        .map(|w| w.parse().ok())
+        .collect::<Option<_>>()?;
+    Some(Sessions {
+        here: *ids.first()?,
+        innermost: *ids.last()?,
+    })
 }
 
 /// Whether pid `pid` is taken on this host (a zombie holds its pid too).
@@ -668,13 +666,15 @@ mod tests {
     #[test]
     fn a_process_is_a_shell_job_unless_it_leads_its_session() {
         // The command name may hold spaces and parentheses.
-        let stat = "4242 (redis (a) b) S 4000 4242 3999 34816 4242 4194560 0";
-        assert_eq!(session_in_stat(stat), Some(3999));
-        assert_eq!(session_in_stat("4242 (x"), None);
-        let status = "Name:\tredis-server\nNSpid:\t900\t1\nNSsid:\t870\t0\nVmPeak:\t1 kB\n";
-        assert_eq!(innermost_session(status), Some(0));
-        assert_eq!(innermost_session("NSsid:\t870\n"), Some(870));
-        assert_eq!(innermost_session("Name:\tx\n"), None);
+        // A server in a PID namespace of its own whose session leader is
+        // outside it: 870 here, 0 (invisible) inside.
+        let status = "Name:\tredis (a) b\nNSpid:\t900\t1\nNSsid:\t870\t0\nVmPeak:\t1 kB\n";
+        let s = |here, innermost| Some(Sessions { here, innermost });
+        assert_eq!(sessions_in_status(status), s(870, 0));
+        assert_eq!(sessions_in_status("NSsid:\t3999\n"), s(3999, 3999));
+        assert_eq!(sessions_in_status("Name:\tx\n"), None);
+        assert_eq!(sessions_in_status("NSsid:\n"), None);
+        assert_eq!(sessions_in_status("NSsid:\t12\tx\n"), None);
         // This test process: whoever started it, the facts are read.
         let me = ProcessFacts::of(std::process::id() as u64).unwrap();
         assert!(!me.own_pid_namespace, "the same namespace as itself");
