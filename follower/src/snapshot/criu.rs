@@ -675,14 +675,46 @@ mod tests {
         assert_eq!(sessions_in_status("Name:\tx\n"), None);
         assert_eq!(sessions_in_status("NSsid:\n"), None);
         assert_eq!(sessions_in_status("NSsid:\t12\tx\n"), None);
-        // This test process: whoever started it, the facts are read.
-        let me = ProcessFacts::of(std::process::id() as u64).unwrap();
-        assert!(!me.own_pid_namespace, "the same namespace as itself");
-        assert!(me.tids.contains(&me.pid), "{me:?}");
-        assert_eq!(
-            me.session_leader,
-            nix::unistd::getsid(None).unwrap().as_raw() as u64 == me.pid
-        );
+        // This test process: its facts, or (started by a container
+        // runtime's exec, as CI's is, so its session leader is invisible)
+        // the one-line refusal CRIU's dump would otherwise fail on.
+        let me = std::process::id() as u64;
+        let sid = nix::unistd::getsid(None).unwrap().as_raw() as u64;
+        match ProcessFacts::of(me) {
+            Ok(facts) => {
+                assert_ne!(sid, 0, "an invisible session must be refused");
+                assert!(!facts.own_pid_namespace, "the same namespace as itself");
+                assert!(facts.tids.contains(&me), "{facts:?}");
+                assert_eq!(facts.session_leader, sid == me);
+            }
+            Err(e) => {
+                assert_eq!(sid, 0, "{e:#}");
+                let e = format!("{e:#}");
+                assert!(e.contains("outside its PID namespace") && !e.contains('\n'), "{e}");
+            }
+        }
+        // A child that leads a session of its own (setsid(1) execs in
+        // place): visible wherever this test runs, and a session leader.
+        let mut child = std::process::Command::new("setsid")
+            .args(["sleep", "30"])
+            .spawn()
+            .expect("setsid(1) (util-linux) is needed");
+        let pid = child.id() as u64;
+        // setsid(1) has called setsid() once /proc shows sleep in its place.
+        let facts = (0..500)
+            .find_map(|_| {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+                if comm.trim() != "sleep" {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    return None;
+                }
+                ProcessFacts::of(pid).ok()
+            })
+            .expect("the child's facts");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(facts.session_leader && !facts.own_pid_namespace, "{facts:?}");
+        assert_eq!(facts.tids, vec![pid]);
     }
 
     #[test]
