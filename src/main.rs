@@ -23,11 +23,27 @@ use clap::{Parser, Subcommand};
 use lockstep_common::config::KeyError;
 use lockstep_common::Config;
 
+/// Replicated, fault-tolerant unmodified servers.
+///
+/// lockstep runs an unmodified event-loop server (Redis, memcached, ...) on
+/// several nodes. A library preloaded into the leader's server writes every
+/// input the server reads into a log; each node's follower stores the log,
+/// acknowledges it and feeds it to its own server, so every backup holds
+/// the leader's state. One TOML file describes the cluster; `lockstep check`
+/// reads it, `lockstep up` runs it, `lockstep status` watches it.
+///
+/// Logging: LOCKSTEP_LOG (default warn), e.g. LOCKSTEP_LOG=info.
+/// The reference is docs/reference/cli.md in the source tree.
 #[derive(Parser)]
 #[command(
     name = "lockstep",
     version,
-    about = "Replicated, fault-tolerant unmodified servers"
+    after_long_help = "Examples:
+  lockstep check examples/redis-3.toml          # is the config sound, and can it run here?
+  lockstep up examples/redis-3.toml             # the whole cluster on this host, until Ctrl-C
+  lockstep status examples/redis-3.toml         # who leads, and is every node well?
+  lockstep kill examples/redis-3.toml --node 1  # SIGKILL a node, to watch it come back
+  lockstep help run                             # the help of one subcommand"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -36,32 +52,75 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Shows view, leader, and per-node persisted/committed/applied/lag/divergences;
-    /// exits 0 only when a leader with a live majority exists, 1 otherwise.
+    /// Shows who leads and how each node is doing; exits 0 only when the
+    /// cluster takes writes.
+    ///
+    /// Asks every node's follower over its control address and prints one
+    /// line per node (role, view, persisted, committed, applied, lag,
+    /// divergences, app address), a line for each node that needs a hand,
+    /// and whether the cluster takes writes. Exit status 0 only when a
+    /// leader with a live majority exists (it answers, leads the newest view,
+    /// and a majority of the nodes, itself included, are live members of
+    /// that view), no node is degraded, and no node serves clients without
+    /// its server attached; 1 otherwise, with a NOT OK line saying what is
+    /// missing. It reads the cluster key but never creates it: run it as the
+    /// user the followers run as.
+    #[command(after_long_help = "Examples:
+  lockstep status cluster.toml
+  lockstep status --config cluster.toml --json | jq .leader_app
+  until lockstep status cluster.toml >/dev/null; do sleep 1; done   # wait until it takes writes")]
     Status {
-        /// Cluster config (positional or --config).
+        /// Cluster config (the same as --config).
+        #[arg(value_name = "CONFIG")]
         config_pos: Option<PathBuf>,
         /// Cluster config.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// One JSON object (keys `view`, `leader`, `leader_app`, `healthy`, `nodes` are stable).
+        /// Print one JSON object instead of the table (`view`, `leader`,
+        /// `leader_app`, `healthy`, `nodes` and the other names are stable;
+        /// see docs/reference/status-json.md).
         #[arg(long)]
         json: bool,
     },
-    /// Starts a whole local cluster (followers, servers under the preload) until Ctrl-C;
-    /// with --node N only node N (one node per host).
+    /// Runs a whole cluster on this host until Ctrl-C; with --node N, only
+    /// node N (one node per host).
+    ///
+    /// Starts each node's follower, then its server under the preload
+    /// (through `lockstep run`), each in a session of its own, and a private
+    /// ZooKeeper when election.mode = "zookeeper" and none answers. While it
+    /// runs it heals the nodes: a server or follower that exits, or a node
+    /// that turns stale, is restarted with a fresh server rebuilt from the
+    /// log, with backoff, one line per step. Ctrl-C (SIGINT) or SIGTERM stops
+    /// the servers, then the followers, and leaves no process and no region
+    /// file behind; data_dir is kept. Logs go to <data_dir>/logs.
+    ///
+    /// With --node N it runs node N only and starts no ZooKeeper (the
+    /// configured one must answer); run it on each host with the same config.
+    #[command(after_long_help = "Examples:
+  lockstep up examples/redis-3.toml
+  lockstep up examples/redis-3-zk.toml                       # starts a private ZooKeeper if none answers
+  lockstep up cluster.toml --node 2                          # on node 2's host (see examples/systemd/)
+  lockstep up cluster.toml --server-cmd redis-server --port {port} --save ''")]
     Up {
         /// Cluster config.
         config: PathBuf,
-        /// Server command (overrides `server` in the config); {port}, {host}, {data}, {node} are expanded.
+        /// Server command, overriding the config's `server`; {port}, {host},
+        /// {data}, {node} are expanded for each node. Takes every argument
+        /// after it, so give it last.
         #[arg(long, num_args = 1.., allow_hyphen_values = true)]
         server_cmd: Vec<String>,
-        /// Runs only this node (its follower and its server, restarted when
+        /// Run only this node (its follower and its server, restarted when
         /// they fail): one node per host. Starts no ZooKeeper.
         #[arg(long)]
         node: Option<u64>,
     },
     /// SIGKILLs a node's server and follower (fault demos and tests).
+    ///
+    /// Kills the server attached to the node's region and the node's
+    /// follower at once, as a crash would; a running `lockstep up` then
+    /// restarts the node, which rebuilds its server from the log.
+    #[command(after_long_help = "Examples:
+  lockstep kill examples/redis-3-zk.toml --node 1   # then `lockstep status` shows the new leader")]
     Kill {
         /// Cluster config.
         config: PathBuf,
@@ -69,8 +128,14 @@ enum Cmd {
         #[arg(long)]
         node: u64,
     },
-    /// Has a backup's follower snapshot its server now (a process image at
-    /// a turn boundary, in the node's data dir); prints the snapshot's seq.
+    /// Has a backup snapshot its server now; prints the snapshot's seq.
+    ///
+    /// The node's follower takes a CRIU process image of its server at a
+    /// turn boundary, in <data_dir>/node-N/snapshots/<seq>/, as it does by
+    /// itself every snapshot_every. Only a backup takes one; the leader never
+    /// waits for it. Needs CRIU and root on that node. Waits up to 150 s.
+    #[command(after_long_help = "Examples:
+  lockstep snapshot cluster.toml --node 2")]
     Snapshot {
         /// Cluster config.
         config: PathBuf,
@@ -78,10 +143,19 @@ enum Cmd {
         #[arg(long)]
         node: u64,
     },
-    /// Checks a config file (and what `up` would need: the server program,
-    /// {port} in its command, memcached's -t 1, a writable data_dir; and on
-    /// this host: the nodes' addresses in use, whether ZooKeeper answers)
-    /// and prints what it describes; exits 1 with one line per problem.
+    /// Checks a config file and what running it needs; exits 1 with one line
+    /// per problem.
+    ///
+    /// Beyond what every command checks when it loads the config, it checks
+    /// what `lockstep up` would need: the server program on PATH, {port} in
+    /// its command, no memcached with several worker threads (-t) while
+    /// backup_clients = "allow", a writable data_dir, a generated key file
+    /// that only its owner reads. Then it prints what the config describes
+    /// and what this host offers: which nodes' addresses are in use, whether
+    /// ZooKeeper answers (problems with --node N, warnings otherwise).
+    #[command(after_long_help = "Examples:
+  lockstep check examples/redis-3.toml
+  lockstep check cluster.toml --node 2   # before starting node 2 by hand on this host")]
     Check {
         /// Cluster config.
         config: PathBuf,
@@ -91,10 +165,20 @@ enum Cmd {
         node: Option<u64>,
     },
     /// Runs node N's server under the preload, as a node started by hand
-    /// (or by a systemd unit) should be: checks the node and its app
-    /// address, waits for the node's follower, starts the server in a
-    /// session and PID namespace of its own (snapshots need that), and
-    /// exits as the server did.
+    /// should be; exits as the server did.
+    ///
+    /// Refuses a node the config lacks, and one whose app address is in use
+    /// or is not an address of this host. Waits for the node's follower (so
+    /// start order does not matter), then starts the server with the preload
+    /// and the config by absolute path, in a session and PID namespace of
+    /// its own (what snapshots need; root is needed for the namespace).
+    /// Stays in the foreground, passes SIGTERM/SIGINT/SIGHUP on, says once
+    /// when the server attached, and prints the last lines of the server's
+    /// log when it fails. `lockstep up` and the systemd unit start servers
+    /// this way.
+    #[command(after_long_help = "Examples:
+  lockstep run --config cluster.toml --node 1                  # the config's `server`, in a fresh {data}
+  lockstep run --config cluster.toml --node 1 -- redis-server --port 7001 --save '' --appendonly no")]
     Run {
         /// Cluster config.
         #[arg(long)]
@@ -144,6 +228,14 @@ enum Cmd {
         pid: u32,
     },
     /// Benchmarks (figures, not tests).
+    ///
+    /// Each starts the clusters it measures and stops them afterwards.
+    /// Build with --release for figures worth comparing; docs/benchmarks.md
+    /// says how each is run and read.
+    #[command(after_long_help = "Examples:
+  lockstep bench redis --quick
+  lockstep bench follower --transport tcp --durability fsync
+  lockstep bench failover examples/redis-3-zk.toml --rounds 10")]
     Bench {
         #[command(subcommand)]
         what: BenchCmd,
@@ -154,6 +246,9 @@ enum Cmd {
 enum BenchCmd {
     /// SIGKILL the leader, time until the new leader acknowledges a write;
     /// restarts the killed node between rounds (needs election.mode = "zookeeper").
+    #[command(after_long_help = "Examples:
+  lockstep bench failover examples/redis-3-zk.toml
+  lockstep bench failover examples/redis-3-zk.toml --rounds 5")]
     Failover {
         /// Cluster config (started by the bench, like `lockstep up`).
         config: PathBuf,
@@ -164,6 +259,9 @@ enum BenchCmd {
     /// Follower figures: persist+ack latency per entry size, streaming
     /// ingest and live apply, restart replay of the whole log (starts its
     /// own 3-node cluster; the bench plays the leader's preload).
+    #[command(after_long_help = "Examples:
+  lockstep bench follower
+  lockstep bench follower --transport tcp --durability fsync --sizes 64,4KiB --json")]
     Follower {
         /// Transport between the nodes: shm | tcp.
         #[arg(long, default_value = "shm")]
@@ -204,6 +302,9 @@ enum BenchCmd {
     /// `appendfsync always`, with `WAIT 1 0` after each write, and 3-node
     /// lockstep clusters (shm output/input commit, tcp): redis-benchmark
     /// and the built-in load client; a table, JSON and a PNG chart.
+    #[command(after_long_help = "Examples:
+  lockstep bench redis --quick
+  lockstep bench redis --only plain,lockstep-output --duration 10 --out /tmp/bench")]
     Redis {
         /// Results directory [default: target/bench-redis/<timestamp>].
         #[arg(long)]
@@ -235,6 +336,9 @@ enum BenchCmd {
     /// memcached with 1 and with 4 worker threads (`-t`), plain and through
     /// 3-node lockstep clusters (shm, tcp), under the same set, get and
     /// pipelined set loads.
+    #[command(after_long_help = "Examples:
+  lockstep bench memcached
+  lockstep bench memcached --workers 1 --systems plain,lockstep-shm --duration 2")]
     Memcached {
         /// Worker thread counts to compare (comma list).
         #[arg(long, default_value = "1,4", value_delimiter = ',')]
@@ -268,6 +372,9 @@ enum BenchCmd {
     /// Rejoin time of a killed backup, and the first acknowledged write
     /// after both backups were killed, against the log's length, with
     /// snapshots on and off (starts its own 3-node Redis clusters).
+    #[command(after_long_help = "Examples:
+  lockstep bench restart --entries 1M,4M
+  lockstep bench restart --entries 1M,4M,16M --dataset-mb 100 --json")]
     Restart {
         /// Log lengths in entries (comma list; k and M suffixes).
         #[arg(long, default_value = "1M,4M", value_parser = restart_bench::parse_entries)]

@@ -10,13 +10,14 @@
 //!
 //! Now the follower only copies committed entries, in log order, into the
 //! region's apply ring (a memcpy; no syscall per entry) and rings the apply
-//! doorbell. Inside the server, the passive preload opens the replay
-//! connections itself, writes each entry's bytes into the right one once
-//! the server consumed the previous entry (it sees that in its own read
-//! hook, in-process), and drops the server's replies in its write hook,
-//! comparing them with the leader's entry by entry. The server's event loop
-//! stays real: readiness comes from real sockets, so epoll (level or edge
-//! triggered), poll and select servers all work unchanged.
+//! doorbell. Inside the server, the passive preload replays the leader's
+//! turns itself (`preload/src/replay`): its wait hook reports a replay
+//! connection readable when the next entry is that connection's, its read
+//! hook copies the entry's bytes out of the log (no byte crosses a real
+//! socket), and its write hook drops the server's replies, comparing them
+//! with the leader's digest entry by entry. The server's own event loop
+//! runs each turn, so epoll (level or edge triggered), poll and select
+//! servers all work unchanged.
 //!
 //! The same path serves live apply, a restarted node rebuilding its server
 //! from RocksDB, and entries fetched from a peer.

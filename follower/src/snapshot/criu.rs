@@ -690,7 +690,10 @@ mod tests {
             Err(e) => {
                 assert_eq!(sid, 0, "{e:#}");
                 let e = format!("{e:#}");
-                assert!(e.contains("outside its PID namespace") && !e.contains('\n'), "{e}");
+                assert!(
+                    e.contains("outside its PID namespace") && !e.contains('\n'),
+                    "{e}"
+                );
             }
         }
         // A child that leads a session of its own (setsid(1) execs in
@@ -713,7 +716,10 @@ mod tests {
             .expect("the child's facts");
         let _ = child.kill();
         let _ = child.wait();
-        assert!(facts.session_leader && !facts.own_pid_namespace, "{facts:?}");
+        assert!(
+            facts.session_leader && !facts.own_pid_namespace,
+            "{facts:?}"
+        );
         assert_eq!(facts.tids, vec![pid]);
     }
 
