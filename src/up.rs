@@ -576,7 +576,7 @@ impl Cluster {
 
     /// Node `id`'s server exited and another is attached to its region:
     /// its follower replaced the server by a snapshot it installed (a
-    /// peer's image, see the README's "Snapshots"). `up` watches that one
+    /// peer's image, see docs/guide/snapshots.md). `up` watches that one
     /// from now on; returns whether it did. Sees only exits already reaped
     /// (the caller's `reap_lines`, or `wait_for`'s reaping).
     pub fn adopt_replaced_server(&mut self, id: u64, say: &dyn Fn(&str)) -> bool {

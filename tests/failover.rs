@@ -1115,7 +1115,7 @@ struct CpuHog(Vec<Child>);
 impl CpuHog {
     /// Two busy loops per core, in a session of their own: another program
     /// on the host, as a service is. (Loops started in the followers' own
-    /// session would take that session's CPU share, which the README says
+    /// session would take that session's CPU share, which docs/guide/your-server.md says
     /// a follower must not share with busy work: `lockstep up` gives every
     /// follower a session of its own.)
     fn start() -> CpuHog {

@@ -289,7 +289,7 @@ fn redis_up_workload_kill_backup_ctrl_c() {
             "node {id} reports divergent replies: {s:?}"
         );
         // Each follower leads a session of its own (its own CPU share:
-        // README, "CPU: the follower needs its own share").
+        // docs/guide/your-server.md).
         let pid = s.follower_pid as u32;
         assert_eq!(
             session_of(pid),

@@ -9,7 +9,7 @@
 //!
 //! The divergences the backups count (`divergence on connection …` in
 //! their servers' logs) are reported per unit; the report (a table per
-//! unit, as the README shows it) is printed and written to
+//! unit, as docs/development.md shows it) is printed and written to
 //! `target/tmp/redis-suite-report.md`.
 
 mod cluster;

@@ -17,7 +17,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 // One cluster at a time (`serial`): two busy scripts' clusters side by
 // side on a 2-core machine have made a backup take a client's input at
 // another of the script's nested polls than the leader did (a known open
-// problem, see the README's guarantees); alone, each test checks what it
+// problem, see docs/concepts/guarantees.md); alone, each test checks what it
 // names.
 
 fn ok(reply: Reply) {

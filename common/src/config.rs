@@ -60,8 +60,8 @@ pub enum Durability {
     Fsync,
 }
 
-/// When the leader's server may act on an input (see the README's "Commit
-/// disciplines").
+/// When the leader's server may act on an input (see
+/// docs/concepts/commit-disciplines.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CommitMode {

@@ -13,8 +13,8 @@
 //!   does only once its listeners are open.
 //!
 //! Other listeners beside the app listener (a unix socket for admin tools,
-//! a metrics port) stay allowed: their clients are not replicated, as the
-//! README says.
+//! a metrics port) stay allowed: their clients are not replicated, as
+//! docs/guide/your-server.md says.
 
 use std::cell::Cell;
 use std::net::SocketAddr;

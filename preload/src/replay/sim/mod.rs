@@ -28,7 +28,7 @@
 //! 10,000 then differs: the leader's outer loop read a connection from an
 //! entry its outer wait had left, a backup's array lacks it (its waits
 //! reported the log's connections, not the kernel's) and reads it at its
-//! next wait, after the timer — a known limit (README).
+//! next wait, after the timer — a known limit (docs/concepts/replay.md).
 
 mod backup;
 mod leader;
@@ -69,7 +69,7 @@ fn run(seed: u64) -> Result<(), String> {
     };
     // A scanning server is handed one connection per turn (see
     // `turns::batch_width`): a timer it checks every iteration would run
-    // between inputs its leader read in one turn, as the README says. Its
+    // between inputs its leader read in one turn, as docs/concepts/replay.md says. Its
     // runs have no timer.
     // Some epoll servers hand connections from a listener loop to a worker
     // loop (memcached); they read until EAGAIN, as memcached does.
