@@ -172,3 +172,88 @@ fn a_client_that_hangs_up_before_reading_its_replies_counts_no_divergence() {
     c.assert_same_digest();
     c.assert_no_divergence();
 }
+
+/// memcached's `stats` (text, with and without a group, and the binary
+/// protocol's `STAT`) names the node: its pid, uptime, rusage, each
+/// connection's address, its own port. Those replies are known by the
+/// request that asked and not counted; the data requests around them are
+/// compared as ever.
+#[test]
+fn memcached_stats_in_text_and_binary_count_no_divergence() {
+    let mut c = TestCluster::new(
+        "div-mc-stats",
+        Options {
+            server: Server::Memcached,
+            extra: "protocol = \"memcached\"\n".into(),
+            ..Options::default()
+        },
+    );
+    c.use_memcached("root", "1");
+    c.start_all();
+    {
+        let mut text = std::net::TcpStream::connect(c.app(1)).unwrap();
+        text.set_read_timeout(Some(LIMIT)).unwrap();
+        let mut reader = std::io::BufReader::new(text.try_clone().unwrap());
+        for (cmd, last) in [
+            ("set k 0 0 5\r\nvalue\r\n", "STORED"),
+            ("stats\r\n", "END"),
+            ("stats settings\r\n", "END"),
+            ("stats conns\r\n", "END"),
+            ("get k\r\n", "END"),
+        ] {
+            std::io::Write::write_all(&mut text, cmd.as_bytes()).unwrap();
+            let mut lines = 0;
+            loop {
+                let mut line = String::new();
+                std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
+                assert!(!line.is_empty(), "{cmd:?}: the connection closed");
+                lines += 1;
+                if line.trim_end() == last {
+                    break;
+                }
+            }
+            if cmd.starts_with("stats") {
+                assert!(lines > 2, "{cmd:?} answered {lines} lines");
+            }
+        }
+    }
+    {
+        let mut bin = std::net::TcpStream::connect(c.app(1)).unwrap();
+        bin.set_read_timeout(Some(LIMIT)).unwrap();
+        // STAT: one response per statistic, then one with an empty key.
+        std::io::Write::write_all(&mut bin, &memcached_binary_request(0x10, b"")).unwrap();
+        let mut stats = 0;
+        while read_memcached_binary_response(&mut bin) > 0 {
+            stats += 1;
+        }
+        assert!(stats > 10, "the binary STAT answered {stats} statistics");
+        // GET k: its value, compared as any data.
+        std::io::Write::write_all(&mut bin, &memcached_binary_request(0x00, b"k")).unwrap();
+        read_memcached_binary_response(&mut bin);
+    }
+    c.wait_converged(LIMIT);
+    c.assert_no_divergence();
+}
+
+/// A memcached binary request with opcode `op` and `key`, no extras or value.
+fn memcached_binary_request(op: u8, key: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x80, op];
+    out.extend((key.len() as u16).to_be_bytes());
+    out.extend([0u8; 4]); // extras length, data type, vbucket
+    out.extend((key.len() as u32).to_be_bytes());
+    out.extend([0u8; 12]); // opaque, cas
+    out.extend(key);
+    out
+}
+
+/// Reads one binary response; returns its key's length.
+fn read_memcached_binary_response(s: &mut std::net::TcpStream) -> usize {
+    let mut header = [0u8; 24];
+    std::io::Read::read_exact(s, &mut header).unwrap();
+    assert_eq!(header[0], 0x81, "a binary response's magic");
+    let key_len = u16::from_be_bytes([header[2], header[3]]) as usize;
+    let body = u32::from_be_bytes([header[8], header[9], header[10], header[11]]) as usize;
+    let mut rest = vec![0u8; body];
+    std::io::Read::read_exact(s, &mut rest).unwrap();
+    key_len
+}

@@ -36,12 +36,18 @@
 //!   `bind`, `unixsocket`, `dir`, `pidfile`, `logfile`: a backup on the
 //!   leader's host cannot take the port the leader just took).
 //!
+//! - memcached's `stats` (every form: `stats`, `stats settings`, `stats
+//!   conns`, `stats slabs`, …; in the binary protocol the `STAT` request,
+//!   opcode 0x10): its pid, uptime, rusage, connection counts and each
+//!   connection's address, and in `stats settings` the node's own port.
+//!
 //! The classes go by command, not by reply, so a command queued in
 //! `MULTI` makes its `EXEC`'s reply node-dependent, and a pipelined input
 //! holding one such command excuses the whole output of that input (the
-//! digest covers it all). The parser follows RESP and inline commands
-//! across the entries of a split read without allocating; it runs on every
-//! input a backup applies.
+//! digest covers it all). The parser follows RESP, inline (Redis's and
+//! memcached's text protocol) and memcached's binary requests across the
+//! entries of a split read without allocating; it runs on every input a
+//! backup applies.
 
 /// The longest command or subcommand name kept (longer ones are no class).
 const WORD: usize = 16;
@@ -81,7 +87,7 @@ impl std::fmt::Display for Word {
 /// the data (see the module doc for each class).
 fn dependent(name: &Word, sub: &Word, param: &Word) -> bool {
     match name.text() {
-        "info" | "hello" | "memory" | "monitor" | "sync" | "psync" => true,
+        "info" | "hello" | "memory" | "monitor" | "sync" | "psync" | "stats" => true,
         "client" => matches!(sub.text(), "list" | "info" | "id"),
         "config" => {
             sub.is("get")
@@ -134,7 +140,16 @@ enum At {
     Bulk(u64),
     /// In an inline command line; true while inside a word.
     Inline(bool),
+    /// In a memcached binary request's 24-byte header: bytes read so far.
+    BinHeader(u8),
+    /// In a binary request's body (extras, key, value): bytes left.
+    BinBody(u64),
 }
+
+/// The first byte of a memcached binary request.
+const BIN_REQUEST_MAGIC: u8 = 0x80;
+/// memcached's binary `STAT` opcode (its reply is `stats`').
+const BIN_OP_STAT: u8 = 0x10;
 
 /// One replay connection's classifier: fed the connection's inputs in
 /// order, it says whether the output since the previous input came from a
@@ -149,6 +164,12 @@ pub struct Replies {
     sub: Word,
     /// The argument after the subcommand (`CONFIG SET`'s parameter).
     param: Word,
+    /// Whether the connection speaks memcached's binary protocol (decided
+    /// by its first byte).
+    binary: Option<bool>,
+    /// A binary request's opcode and body length, as its header is read.
+    bin_op: u8,
+    bin_body: u64,
     /// The last complete command's name, for the divergence line.
     last: Word,
     /// Whether the current input held a node-dependent command.
@@ -182,6 +203,17 @@ impl Replies {
             let b = bytes[i];
             match self.at {
                 At::Start => match b {
+                    // memcached takes a connection whose first byte is
+                    // the binary magic as binary for good (a text
+                    // protocol's value may start with that byte too).
+                    _ if *self.binary.get_or_insert(b == BIN_REQUEST_MAGIC) => {
+                        if b == BIN_REQUEST_MAGIC {
+                            self.begin();
+                            self.bin_op = 0;
+                            self.bin_body = 0;
+                            self.at = At::BinHeader(1);
+                        }
+                    }
                     b'*' => self.at = At::Count(0),
                     b'\r' | b'\n' | b' ' => {}
                     _ => {
@@ -244,6 +276,32 @@ impl Replies {
                         }
                     }
                 }
+                At::BinHeader(at) => {
+                    // Byte 1 is the opcode, bytes 8..12 the body's length
+                    // (big endian); the rest is not needed.
+                    match at {
+                        1 => self.bin_op = b,
+                        8..=11 => self.bin_body = (self.bin_body << 8) | u64::from(b),
+                        _ => {}
+                    }
+                    if at < 23 {
+                        self.at = At::BinHeader(at + 1);
+                    } else if self.bin_body == 0 {
+                        self.complete_binary();
+                    } else {
+                        self.at = At::BinBody(self.bin_body);
+                    }
+                }
+                At::BinBody(left) => {
+                    let n = left.min((bytes.len() - i) as u64);
+                    i += n as usize;
+                    if n == left {
+                        self.complete_binary();
+                    } else {
+                        self.at = At::BinBody(left - n);
+                    }
+                    continue;
+                }
                 At::Inline(in_word) => match b {
                     b'\n' => {
                         self.complete();
@@ -289,6 +347,20 @@ impl Replies {
         } else {
             self.at = At::BulkHeader;
         }
+    }
+
+    /// A whole binary request was read: named for the classes (`stats`
+    /// for `STAT`; any other opcode is none of them).
+    fn complete_binary(&mut self) {
+        for &c in if self.bin_op == BIN_OP_STAT {
+            &b"stats"[..]
+        } else {
+            &b"binary"[..]
+        } {
+            self.name.push(c);
+        }
+        self.complete();
+        self.at = At::Start;
     }
 
     /// A whole command was read: its reply is in this input's output (or
@@ -458,6 +530,94 @@ mod tests {
         );
         assert_eq!(verdicts(&[b"config get port\r\n".to_vec()]), [true]);
         assert_eq!(verdicts(&[b"config set maxmemory 1\r\n".to_vec()]), [false]);
+    }
+
+    /// A memcached binary request: opcode `op`, extras, key and value.
+    fn binary(op: u8, extras: &[u8], key: &[u8], value: &[u8]) -> Vec<u8> {
+        let body = extras.len() + key.len() + value.len();
+        let mut out = vec![BIN_REQUEST_MAGIC, op];
+        out.extend((key.len() as u16).to_be_bytes());
+        out.push(extras.len() as u8);
+        out.extend([0, 0, 0]); // data type, vbucket
+        out.extend((body as u32).to_be_bytes());
+        out.extend([0u8; 12]); // opaque, cas
+        out.extend(extras);
+        out.extend(key);
+        out.extend(value);
+        out
+    }
+
+    #[test]
+    fn memcached_stats_are_known_in_text_and_binary() {
+        for text in [
+            "stats\r\n",
+            "stats settings\r\n",
+            "STATS conns\r\n",
+            "stats slabs\n",
+        ] {
+            assert_eq!(verdicts(&[text.as_bytes().to_vec()]), [true], "{text:?}");
+        }
+        assert_eq!(
+            verdicts(&[
+                b"get stats\r\n".to_vec(),
+                b"set stats 0 0 1\r\nx\r\n".to_vec()
+            ]),
+            [false, false]
+        );
+        // A text connection whose value starts with the binary magic stays
+        // a text connection.
+        let mut value = b"set k 0 0 3\r\n".to_vec();
+        value.extend([BIN_REQUEST_MAGIC, b'a', b'b']);
+        value.extend(b"\r\n");
+        assert_eq!(
+            verdicts(&[b"version\r\n".to_vec(), value, b"stats\r\n".to_vec()]),
+            [false, false, true]
+        );
+        // Binary: STAT (with or without a group) is known; a GET of a key
+        // named "stats", a SET whose value holds newlines and "stats", not.
+        const GET: u8 = 0x00;
+        const SET: u8 = 0x01;
+        let v = verdicts(&[
+            binary(GET, &[], b"stats", &[]),
+            binary(SET, &[0; 8], b"k", b"stats\r\nstats\r\n"),
+            binary(BIN_OP_STAT, &[], &[], &[]),
+            binary(BIN_OP_STAT, &[], b"settings", &[]),
+            binary(GET, &[], b"k", &[]),
+        ]);
+        assert_eq!(v, [false, false, true, true, false]);
+        let mut r = Replies::default();
+        r.input(&binary(BIN_OP_STAT, &[], &[], &[]));
+        assert_eq!(r.last_command().to_string(), "stats");
+    }
+
+    proptest::proptest! {
+        /// memcached binary requests cut anywhere are classed as read whole.
+        #[test]
+        fn binary_requests_cut_anywhere_are_classed_alike(
+            reqs in proptest::collection::vec((0u8..3, 0usize..40), 1..10),
+            cuts in proptest::collection::vec(0usize..600, 0..8),
+        ) {
+            let whole: Vec<u8> = reqs
+                .iter()
+                .flat_map(|&(kind, len)| match kind {
+                    0 => binary(0x00, &[], &vec![b'k'; len.max(1)], &[]),
+                    1 => binary(0x01, &[0; 8], b"key", &vec![b'\n'; len]),
+                    _ => binary(BIN_OP_STAT, &[], &b"settings"[..len.min(8)], &[]),
+                })
+                .collect();
+            let mut at: Vec<usize> = cuts.into_iter().map(|c| c % (whole.len() + 1)).collect();
+            at.sort_unstable();
+            let mut r = Replies::default();
+            let mut from = 0;
+            for c in at.into_iter().chain([whole.len()]) {
+                r.input(&whole[from..c]);
+                from = c;
+            }
+            proptest::prop_assert_eq!(r.take(), reqs.iter().any(|&(kind, _)| kind == 2));
+            let last = if reqs.last().unwrap().0 == 2 { "stats" } else { "binary" };
+            let got = r.last_command();
+            proptest::prop_assert_eq!(got.text(), last);
+        }
     }
 
     proptest::proptest! {
