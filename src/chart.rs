@@ -68,7 +68,7 @@ pub struct Chart {
 }
 
 /// Registers a sans-serif font with plotters (once per process).
-fn load_font() -> anyhow::Result<()> {
+pub(crate) fn load_font() -> anyhow::Result<()> {
     static LOADED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     LOADED
         .get_or_init(|| {
@@ -91,16 +91,16 @@ fn load_font() -> anyhow::Result<()> {
         .map_err(|e| anyhow!(e))
 }
 
-fn text_style(size: f64, color: RGBColor, h: HPos, v: VPos) -> TextStyle<'static> {
+pub(crate) fn text_style(size: f64, color: RGBColor, h: HPos, v: VPos) -> TextStyle<'static> {
     ("sans-serif", size)
         .into_font()
         .color(&color)
         .pos(Pos::new(h, v))
 }
 
-const GRID: RGBColor = RGBColor(220, 220, 220);
-const INK: RGBColor = RGBColor(30, 30, 30);
-const MUTED: RGBColor = RGBColor(90, 90, 90);
+pub(crate) const GRID: RGBColor = RGBColor(220, 220, 220);
+pub(crate) const INK: RGBColor = RGBColor(30, 30, 30);
+pub(crate) const MUTED: RGBColor = RGBColor(90, 90, 90);
 
 /// Where the bars of a group go: (x0, x1) per bar.
 fn bar_slots(group_x0: i32, group_w: i32, n: usize) -> Vec<(i32, i32)> {
@@ -118,7 +118,7 @@ fn bar_slots(group_x0: i32, group_w: i32, n: usize) -> Vec<(i32, i32)> {
 
 type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 
-fn draw_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+pub(crate) fn draw_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing the chart: {e}")
 }
 

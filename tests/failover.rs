@@ -13,7 +13,6 @@
 //! long a test waits before it reports a hang (with the logs).
 
 mod cluster;
-mod netns;
 
 use lockstep_launcher::cluster_spec::ElectionSpec;
 
@@ -35,9 +34,9 @@ use lockstep_common::control::NodeStatus;
 use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::commands::{follower_command, under_preload};
 use lockstep_launcher::leader::find_leader;
+use lockstep_launcher::netns::{self, enter_netns_at, in_netns, spawn_in, Net};
 use lockstep_launcher::poll::poll_until;
 use lockstep_launcher::process::{open_log, spawn_logged, Grouping};
-use netns::{enter_netns_at, in_netns, spawn_in, Net};
 
 /// Bound on every wait: reaching it means a hang, not slowness.
 const HANG: Duration = Duration::from_secs(180);
@@ -1285,7 +1284,7 @@ fn backup_kill_does_not_interrupt_leader_clients_static_election() {
 // ---------------------------------------------------------------------
 // Network namespaces
 
-/// Prefix of every namespace this file creates (`<prefix><pid>-<what>`).
+/// Prefix of every namespace this file creates (`<prefix><pid>-…`).
 const NET_PREFIX: &str = "lockstep-fo-";
 
 /// A standalone ZooKeeper inside namespace `ns`, listening on `addr`.
@@ -1319,7 +1318,8 @@ impl NetnsZk {
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
                 .stderr(log),
-        );
+        )
+        .expect("spawn ZooKeeper in its namespace");
         let mut zk = NetnsZk { child: Some(child) };
         let start = Instant::now();
         while !zookeeper_serving(addr) {
@@ -1363,7 +1363,7 @@ impl NetnsCluster {
     fn new(test: &str, dir: PathBuf, net: &Net, zookeeper: SocketAddr) -> NetnsCluster {
         let name = format!("t{}-{test}", std::process::id());
         let config_path = dir.join("cluster.toml");
-        netns::netns_spec(&name, &dir, net)
+        netns::netns_spec(&name, &dir, net, &cluster::commit_line())
             .election(ElectionSpec::ZooKeeper {
                 connect: zookeeper.to_string(),
                 session_timeout_ms: SESSION_MS,
@@ -1388,7 +1388,7 @@ impl NetnsCluster {
 
     /// Spawns `cmd` inside node `id`'s namespace.
     fn spawn_in(&self, id: u64, cmd: &mut Command) -> Child {
-        spawn_in(&self.ns_paths[id as usize - 1], cmd)
+        spawn_in(&self.ns_paths[id as usize - 1], cmd).expect("spawn in the node's namespace")
     }
 
     fn start_follower(&mut self, id: u64, f: &Finder) {
@@ -1499,11 +1499,11 @@ impl NetnsRun {
     /// like any outside client.
     fn start(test: &str, subnet: u8) -> NetnsRun {
         let net = Net::required(NET_PREFIX, subnet, 3, &[("zk", 200)]);
-        enter_netns_at(&Net::path(&net.client_ns));
+        enter_netns_at(&Net::path(&net.client_ns)).expect("enter the client namespace");
         let dir = std::env::temp_dir().join(format!("lockstep-t{}-{test}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let (zk_ns, zk_ip) = net.host("zk");
+        let (zk_ns, zk_ip) = net.host("zk").expect("the zk host");
         let zk_addr = SocketAddr::from((zk_ip, 2181));
         let zk = NetnsZk::start(&dir.join("zk"), &Net::path(zk_ns), zk_addr);
         let mut c = NetnsCluster::new(test, dir, &net, zk_addr);
@@ -1606,12 +1606,14 @@ fn isolated_leader_cannot_ack_and_rejoins() {
             out.end = "stopped while waiting".into();
             out
         })
+        .expect("enter the old leader's namespace")
     };
     ready_rx
         .recv_timeout(HANG)
         .expect("the client in the leader's namespace");
 
-    net.link(old, false);
+    net.link(old, false)
+        .expect("take the old leader's link down");
     go_tx.send(()).unwrap();
     let majority = without(&all, old);
     let new = f.wait_leader(&majority, &[old], "the majority to elect a new leader");
@@ -1630,6 +1632,7 @@ fn isolated_leader_cannot_ack_and_rejoins() {
     let seen = {
         let f = f.clone();
         in_netns(net.node_path(old), move || f.status(old))
+            .expect("enter the old leader's namespace")
             .join()
             .unwrap()
     };
@@ -1643,7 +1646,7 @@ fn isolated_leader_cannot_ack_and_rejoins() {
             Err(e) => e,
         }
     );
-    net.link(old, true);
+    net.link(old, true).expect("bring the old leader's link up");
     if cluster::commit_mode() == "output" {
         // Output commit: the isolated leader's server executed the
         // isolated client's SETs at once (their replies were held), and
@@ -1728,9 +1731,10 @@ fn a_blip_shorter_than_the_session_timeout_changes_no_view() {
     let load = Load::start(&f, &all, 0..4, OnError::Reconnect, Duration::from_secs(10));
     load.wait_progress(&f, 20, "load on the leader");
     for round in 0..3 {
-        net.link(leader, false);
+        net.link(leader, false)
+            .expect("take the leader's link down");
         std::thread::sleep(Duration::from_millis(SESSION_MS / 2));
-        net.link(leader, true);
+        net.link(leader, true).expect("bring the leader's link up");
         load.wait_progress(&f, 20, "load after the blip");
         let now = f.leader(&all);
         assert_eq!(

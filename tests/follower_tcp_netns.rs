@@ -5,10 +5,9 @@
 //! fifth. Every address is private and exists only inside these namespaces:
 //! nothing is added to, or changed in, the namespace the test runs in.
 //!
-//! Without `ip` or CAP_NET_ADMIN the test says why and skips.
+//! Without `ip` or CAP_NET_ADMIN the test fails, naming what is missing.
 
 mod cluster;
-mod netns;
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -19,18 +18,21 @@ use std::time::{Duration, Instant};
 use cluster::{bin_dir, redis_digest, redis_mixed_workload, Reply, Resp};
 use lockstep_common::control::NodeStatus;
 use lockstep_common::Config;
-use netns::Net;
+use lockstep_launcher::netns::{self, Net};
 
 /// Bound on every wait: reaching it means a hang, not slowness.
 const HANG: Duration = Duration::from_secs(180);
 const NODES: usize = 3;
-/// Prefix of every namespace this file creates (`<prefix><pid>-<what>`).
+/// Prefix of every namespace this file creates (`<prefix><pid>-…`).
 const NS_PREFIX: &str = "lockstep-tcpns-";
 
 /// Runs `f` on a thread inside namespace `ns` and returns its result; a
 /// panic in `f` is re-raised here.
 fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    match netns::in_netns(Net::path(ns), f).join() {
+    match netns::in_netns(Net::path(ns), f)
+        .expect("enter the namespace")
+        .join()
+    {
         Ok(v) => v,
         Err(p) => std::panic::resume_unwind(p),
     }
@@ -54,7 +56,7 @@ impl Procs {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let config_path = dir.join("cluster.toml");
-        netns::netns_spec(&name, &dir, net)
+        netns::netns_spec(&name, &dir, net, &cluster::commit_line())
             .write(&config_path)
             .unwrap();
         Procs {

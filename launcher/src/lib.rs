@@ -2,7 +2,8 @@
 //! cluster and look at it: its programs ([`binaries`]), its config ([`cluster_spec`]), launching
 //! processes with their logs ([`process`]), the processes' command lines
 //! ([`commands`]), a private
-//! ZooKeeper ([`zookeeper`]), loopback ports ([`ports`]), the Redis and
+//! ZooKeeper ([`zookeeper`]), loopback ports ([`ports`]), hosts in network
+//! namespaces with partitions between them ([`netns`]), the Redis and
 //! memcached clients ([`resp`], [`memcache`]), the Redis and memcached load of the
 //! benchmarks ([`load`]), finding the leader ([`leader`]), waiting for a condition ([`poll`]), a seeded generator ([`rng`]) and
 //! the three-node config text of the unit tests ([`config_fixture`]), and
@@ -28,6 +29,7 @@ pub mod disk;
 pub mod leader;
 pub mod load;
 pub mod memcache;
+pub mod netns;
 pub mod poll;
 pub mod ports;
 pub mod process;

@@ -183,7 +183,9 @@ impl TestCluster {
             let child = spawn(cmd, self.log("follower", id));
             self.followers[i] = Some(child);
             let mut exited = false;
-            let answered = poll_until(Duration::from_secs(30), Duration::from_millis(50), || {
+            // A hang bound, not a speed check: a follower restoring its
+            // server's image on a loaded 2-core host took over 30 s once.
+            let answered = poll_until(Duration::from_secs(120), Duration::from_millis(50), || {
                 if self.status(id).is_ok() {
                     return Ok(());
                 }

@@ -1,0 +1,389 @@
+//! The cluster `lockstep verify` runs: three Redis nodes over the tcp
+//! transport, each in a network namespace of its own, electing through a
+//! private ZooKeeper in another, with the fault controls the nemesis
+//! needs (kill, pause, restart, partition, ZooKeeper down).
+//!
+//! This process joins the clients' namespace at start: it reaches every
+//! node and ZooKeeper through the bridge, as any outside client does, and
+//! a partition can cut a node off from the others without cutting it off
+//! from the clients (an isolated leader still takes requests: what a
+//! deposed leader answers is what the checkers look at).
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use lockstep_common::control::NodeStatus;
+use lockstep_common::Config;
+use lockstep_launcher::binaries::Binaries;
+use lockstep_launcher::cluster_spec::ElectionSpec;
+use lockstep_launcher::commands::{follower_command, under_preload};
+use lockstep_launcher::netns::{self, Net};
+use lockstep_launcher::process::open_log;
+
+/// Prefix of every namespace `verify` creates.
+const NET_PREFIX: &str = "lockstep-vf-";
+/// ZooKeeper's client port, in its namespace.
+const ZK_PORT: u16 = 2181;
+/// The ZooKeeper session timeout of the nodes: a dead leader is replaced
+/// about this long after it died.
+pub const SESSION_MS: u64 = 2_000;
+/// How long a process may take to start before `verify` gives up.
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+/// A node's processes.
+#[derive(Default)]
+struct Node {
+    follower: Option<Child>,
+    server: Option<Child>,
+    /// Paused with SIGSTOP (continued on drop).
+    paused: bool,
+}
+
+/// The cluster. Fields drop in order: processes first, the network last.
+pub struct VerifyCluster {
+    nodes: Vec<Node>,
+    zk: Option<Child>,
+    pub config: Arc<Config>,
+    config_path: PathBuf,
+    name: String,
+    dir: PathBuf,
+    bins: Binaries,
+    zk_addr: SocketAddr,
+    pub net: Net,
+}
+
+impl VerifyCluster {
+    /// Creates the network on `10.213.<subnet>.0/24`, makes the calling
+    /// thread a client in it, and starts ZooKeeper, the followers and the
+    /// servers, with logs and data under `dir`.
+    pub fn start(dir: &Path, subnet: u8) -> anyhow::Result<VerifyCluster> {
+        let bins = Binaries::beside_current_exe()?;
+        let net = Net::create(NET_PREFIX, subnet, 3, &[("zk", 200)]).context(
+            "verify needs network namespaces (the `ip` tool and CAP_NET_ADMIN, e.g. root)",
+        )?;
+        netns::enter_netns_at(&Net::path(&net.client_ns))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let zk_ip = net.host_ip("zk").context("no ZooKeeper host")?;
+        let zk_addr = SocketAddr::from((zk_ip, ZK_PORT));
+        let name = format!("vf{}", std::process::id());
+        let config_path = dir.join("cluster.toml");
+        // A key of this run's own: the cluster key authenticates the
+        // nodes' connections to each other.
+        let key = format!("verify-{:016x}{:016x}", rand_word(), rand_word());
+        netns::netns_spec(&name, dir, &net, &format!("key = \"{key}\"\n"))
+            .set("backup_clients", "deny")
+            .election(ElectionSpec::ZooKeeper {
+                connect: zk_addr.to_string(),
+                session_timeout_ms: SESSION_MS,
+            })
+            .write(&config_path)?;
+        let config = Arc::new(Config::load(&config_path)?);
+        let mut c = VerifyCluster {
+            nodes: (0..3).map(|_| Node::default()).collect(),
+            zk: None,
+            config,
+            config_path,
+            name,
+            dir: dir.to_path_buf(),
+            bins,
+            zk_addr,
+            net,
+        };
+        c.start_zookeeper()?;
+        for id in c.ids() {
+            c.start_follower(id)?;
+        }
+        for id in c.ids() {
+            c.start_server(id)?;
+        }
+        c.wait_healthy(START_LIMIT)?;
+        Ok(c)
+    }
+
+    /// The node ids.
+    pub fn ids(&self) -> Vec<u64> {
+        self.config.ids().collect()
+    }
+
+    fn log(&self, what: &str) -> anyhow::Result<File> {
+        let p = self.dir.join("logs").join(format!("{what}.log"));
+        std::fs::create_dir_all(p.parent().expect("a parent"))?;
+        open_log(&p, true).with_context(|| format!("cannot open {}", p.display()))
+    }
+
+    /// Starts ZooKeeper in its namespace (again, after a kill: same data).
+    pub fn start_zookeeper(&mut self) -> anyhow::Result<()> {
+        let dir = self.dir.join("zookeeper");
+        std::fs::create_dir_all(dir.join("data"))?;
+        let cfg = dir.join("zoo.cfg");
+        std::fs::write(
+            &cfg,
+            format!(
+                "tickTime=100\nminSessionTimeout=200\nmaxSessionTimeout=60000\ninitLimit=50\nsyncLimit=20\n\
+                 dataDir={}\nclientPort={}\nclientPortAddress={}\nadmin.enableServer=false\n\
+                 4lw.commands.whitelist=srvr,ruok,stat\n",
+                dir.join("data").display(),
+                self.zk_addr.port(),
+                self.zk_addr.ip()
+            ),
+        )?;
+        let log = self.log("zookeeper")?;
+        let zk_ns = self.net.host_path("zk").context("no ZooKeeper host")?;
+        let child = netns::spawn_in(
+            &zk_ns,
+            Command::new(lockstep_launcher::zookeeper::ZK_SERVER_SCRIPT)
+                .arg("start-foreground")
+                .arg(&cfg)
+                .current_dir(&dir)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log),
+        )?;
+        self.zk = Some(child);
+        let start = Instant::now();
+        while !lockstep_launcher::zookeeper::is_serving(self.zk_addr) {
+            if let Some(st) = self.zk.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                bail!("ZooKeeper exited ({st}); see {}", dir.display());
+            }
+            if start.elapsed() > START_LIMIT {
+                bail!("ZooKeeper on {} does not serve", self.zk_addr);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
+    /// Kills ZooKeeper (SIGKILL).
+    pub fn kill_zookeeper(&mut self) {
+        if let Some(mut c) = self.zk.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn start_follower(&mut self, id: u64) -> anyhow::Result<()> {
+        let log = self.log(&format!("follower-{id}"))?;
+        let child = netns::spawn_in(
+            &self.net.node_path(id),
+            follower_command(&self.bins.follower, &self.config_path, id)
+                .env("LOCKSTEP_LOG", "info")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log),
+        )?;
+        self.nodes[id as usize - 1].follower = Some(child);
+        self.wait(
+            &format!("node {id}'s follower to answer"),
+            START_LIMIT,
+            |c| c.status(id).is_ok(),
+        )
+    }
+
+    fn start_server(&mut self, id: u64) -> anyhow::Result<()> {
+        let app = self.config.node(id).context("no such node")?.app;
+        let data = self.dir.join(format!("server-{id}"));
+        let _ = std::fs::remove_dir_all(&data);
+        std::fs::create_dir_all(&data)?;
+        let log = self.log(&format!("server-{id}"))?;
+        let mut server = Command::new("redis-server");
+        server
+            .args([
+                "--port",
+                &app.port().to_string(),
+                "--bind",
+                &app.ip().to_string(),
+            ])
+            .args(lockstep_common::config::REDIS_REPLICA_ARGS)
+            // Clients come from another namespace, not from loopback.
+            .args(["--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&data);
+        under_preload(&mut server, &self.bins.preload, &self.config_path, id);
+        let child = netns::spawn_in(
+            &self.net.node_path(id),
+            server
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log),
+        )?;
+        self.nodes[id as usize - 1].server = Some(child);
+        self.wait(&format!("node {id}'s server to attach"), START_LIMIT, |c| {
+            c.status(id).map(|s| s.server_pid != 0).unwrap_or(false)
+        })
+    }
+
+    /// Node `id`'s status over its control channel.
+    pub fn status(&self, id: u64) -> Result<NodeStatus, String> {
+        lockstep_common::control::query_status(&self.config, id, Duration::from_secs(1))
+    }
+
+    /// The node that leads, if the nodes agree on one.
+    pub fn leader(&self) -> Option<u64> {
+        lockstep_launcher::leader::find_leader(&self.config, &self.ids(), Duration::from_secs(1))
+            .map(|(_, l)| l)
+    }
+
+    /// SIGKILLs node `id`'s server and follower.
+    pub fn kill(&mut self, id: u64) {
+        let n = &mut self.nodes[id as usize - 1];
+        for slot in [&mut n.server, &mut n.follower] {
+            if let Some(mut c) = slot.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        n.paused = false;
+    }
+
+    /// Starts a killed node again: its follower with its data dir, then a
+    /// fresh server that rebuilds its state from the log.
+    pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
+        self.kill(id);
+        self.start_follower(id)?;
+        self.start_server(id)
+    }
+
+    /// Pauses (SIGSTOP) or continues (SIGCONT) node `id`'s processes.
+    pub fn pause(&mut self, id: u64, paused: bool) {
+        let n = &mut self.nodes[id as usize - 1];
+        let sig = if paused {
+            nix::sys::signal::Signal::SIGSTOP
+        } else {
+            nix::sys::signal::Signal::SIGCONT
+        };
+        for c in [&n.server, &n.follower].into_iter().flatten() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+        n.paused = paused;
+    }
+
+    /// Waits until `ok` holds, checking every 200 ms; an error names `what`.
+    fn wait(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut ok: impl FnMut(&VerifyCluster) -> bool,
+    ) -> anyhow::Result<()> {
+        let start = Instant::now();
+        while !ok(self) {
+            if start.elapsed() > limit {
+                bail!(
+                    "waited {limit:?} for {what}; the nodes:\n{}(logs in {})",
+                    self.describe(),
+                    self.dir.join("logs").display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
+    /// Restarts every node that says it is stale (its server ran inputs
+    /// the log dropped, as a deposed leader's may have: it must be rebuilt
+    /// from the log), as `lockstep up`'s supervisor does; returns them.
+    pub fn rebuild_stale(&mut self) -> anyhow::Result<Vec<u64>> {
+        let stale: Vec<u64> = self
+            .ids()
+            .into_iter()
+            .filter(|&id| {
+                self.status(id)
+                    .map(|s| s.role == "stale" || s.stale_reason.is_some())
+                    .unwrap_or(false)
+            })
+            .collect();
+        for &id in &stale {
+            log::info!("verify: node {id} is stale: rebuilding it");
+            self.restart(id)?;
+        }
+        Ok(stale)
+    }
+
+    /// Waits until a leader leads and every node applied what it
+    /// committed (the cluster recovered), rebuilding stale nodes meanwhile.
+    pub fn wait_healthy(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let start = Instant::now();
+        loop {
+            self.rebuild_stale()?;
+            if self.healthy() {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                bail!(
+                    "waited {limit:?} for the cluster to recover (a leader, every node caught up); the nodes:\n{}(logs in {})",
+                    self.describe(),
+                    self.dir.join("logs").display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// A leader leads and every node applied what it committed.
+    fn healthy(&self) -> bool {
+        {
+            let c = self;
+            let Some(leader) = c.leader() else {
+                return false;
+            };
+            let Ok(l) = c.status(leader) else {
+                return false;
+            };
+            c.ids().iter().all(|&id| {
+                c.status(id)
+                    .map(|s| s.server_pid != 0 && s.applied >= l.committed && s.view == l.view)
+                    .unwrap_or(false)
+            })
+        }
+    }
+
+    /// Divergences counted by each node that answers.
+    pub fn divergences(&self) -> Vec<(u64, u64)> {
+        self.ids()
+            .into_iter()
+            .filter_map(|id| self.status(id).ok().map(|s| (id, s.divergences)))
+            .collect()
+    }
+
+    /// One line per node.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for id in self.ids() {
+            match self.status(id) {
+                Ok(s) => out.push_str(&format!(
+                    "  node {id}: {} of view {} (leader {}), committed {}, applied {}, divergences {}\n",
+                    s.role, s.view, s.leader, s.committed, s.applied, s.divergences
+                )),
+                Err(e) => out.push_str(&format!("  node {id}: does not answer ({e})\n")),
+            }
+        }
+        out
+    }
+}
+
+/// 64 random bits from the kernel.
+fn rand_word() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+    u64::from_le_bytes(b) ^ std::process::id() as u64
+}
+
+impl Drop for VerifyCluster {
+    fn drop(&mut self) {
+        for id in self.ids() {
+            if self.nodes[id as usize - 1].paused {
+                self.pause(id, false);
+            }
+            self.kill(id);
+        }
+        self.kill_zookeeper();
+        for id in self.ids() {
+            let _ = std::fs::remove_file(lockstep_common::region::region_path(&self.name, id));
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The faults `lockstep verify` injects, one at a time: each is applied,
+//! held for a while, healed, and followed by a quiet spell in which the
+//! cluster recovers before the next.
+
+use std::time::{Duration, Instant};
+
+use super::client::{Recorder, Rng};
+use super::cluster::VerifyCluster;
+use super::report::FaultWindow;
+
+/// A kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL of the leader's server and follower; restarted on heal.
+    KillLeader,
+    /// The same for a backup.
+    KillBackup,
+    /// SIGKILL of two nodes (a majority): nothing can commit until heal.
+    KillMajority,
+    /// SIGSTOP of the leader's server and follower; SIGCONT on heal.
+    PauseLeader,
+    /// The same for a backup.
+    PauseBackup,
+    /// The leader cut off from the other nodes and ZooKeeper (its
+    /// clients still reach it).
+    PartitionLeader,
+    /// A random minority node cut off from the majority and ZooKeeper.
+    PartitionHalves,
+    /// The leader cut off from ZooKeeper only (it still reaches its peers).
+    PartitionLeaderZookeeper,
+    /// ZooKeeper killed; started again (same data) on heal.
+    ZookeeperDown,
+}
+
+/// Every fault, by name.
+pub const FAULTS: [(&str, Fault); 9] = [
+    ("kill-leader", Fault::KillLeader),
+    ("kill-backup", Fault::KillBackup),
+    ("kill-majority", Fault::KillMajority),
+    ("pause-leader", Fault::PauseLeader),
+    ("pause-backup", Fault::PauseBackup),
+    ("partition-leader", Fault::PartitionLeader),
+    ("partition-halves", Fault::PartitionHalves),
+    (
+        "partition-leader-zookeeper",
+        Fault::PartitionLeaderZookeeper,
+    ),
+    ("zookeeper-down", Fault::ZookeeperDown),
+];
+
+impl Fault {
+    pub fn name(self) -> &'static str {
+        FAULTS
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map(|(n, _)| *n)
+            .expect("every fault has a name")
+    }
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Fault, String> {
+        FAULTS
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|(_, f)| *f)
+            .ok_or_else(|| {
+                let names: Vec<&str> = FAULTS.iter().map(|(n, _)| *n).collect();
+                format!("unknown fault {s:?} (one of {})", names.join(", "))
+            })
+    }
+}
+
+/// What a fault did, to be healed.
+enum Applied {
+    Killed(Vec<u64>),
+    Paused(Vec<u64>),
+    Partitioned,
+    ZookeeperKilled,
+}
+
+/// When faults come.
+pub struct Schedule {
+    /// Quiet time before the first fault.
+    pub warmup: Duration,
+    /// How long each fault is held.
+    pub hold: Duration,
+    /// Quiet time after each heal.
+    pub quiet: Duration,
+}
+
+/// The node the faults aimed at the leader take: the leader if one is
+/// known now, else node 1.
+fn leader_or_first(c: &VerifyCluster) -> u64 {
+    c.leader().unwrap_or(1)
+}
+
+/// A node other than `not`, chosen by `rng`.
+fn other(c: &VerifyCluster, not: u64, rng: &mut Rng) -> u64 {
+    let others: Vec<u64> = c.ids().into_iter().filter(|&i| i != not).collect();
+    others[rng.below(others.len() as u64) as usize]
+}
+
+/// Applies `fault`; returns what it did in words and how to heal it.
+fn apply(c: &mut VerifyCluster, fault: Fault, rng: &mut Rng) -> anyhow::Result<(String, Applied)> {
+    let leader = leader_or_first(c);
+    Ok(match fault {
+        Fault::KillLeader | Fault::KillBackup => {
+            let id = if fault == Fault::KillLeader {
+                leader
+            } else {
+                other(c, leader, rng)
+            };
+            c.kill(id);
+            (format!("node {id} killed"), Applied::Killed(vec![id]))
+        }
+        Fault::KillMajority => {
+            let b = other(c, leader, rng);
+            c.kill(leader);
+            c.kill(b);
+            (
+                format!("nodes {leader} and {b} killed"),
+                Applied::Killed(vec![leader, b]),
+            )
+        }
+        Fault::PauseLeader | Fault::PauseBackup => {
+            let id = if fault == Fault::PauseLeader {
+                leader
+            } else {
+                other(c, leader, rng)
+            };
+            c.pause(id, true);
+            (format!("node {id} paused"), Applied::Paused(vec![id]))
+        }
+        Fault::PartitionLeader | Fault::PartitionHalves => {
+            let lone = if fault == Fault::PartitionLeader {
+                leader
+            } else {
+                c.ids()[rng.below(3) as usize]
+            };
+            let lone_name = lone.to_string();
+            let mut rest: Vec<String> = c
+                .ids()
+                .into_iter()
+                .filter(|&i| i != lone)
+                .map(|i| i.to_string())
+                .collect();
+            rest.push("zk".into());
+            let rest: Vec<&str> = rest.iter().map(|s| s.as_str()).collect();
+            c.net.partition(&[&[lone_name.as_str()], &rest])?;
+            (
+                format!("node {lone} cut off from {}", rest.join(", ")),
+                Applied::Partitioned,
+            )
+        }
+        Fault::PartitionLeaderZookeeper => {
+            let lone = leader.to_string();
+            c.net.partition(&[&[lone.as_str()], &["zk"]])?;
+            (
+                format!("node {leader} cut off from ZooKeeper"),
+                Applied::Partitioned,
+            )
+        }
+        Fault::ZookeeperDown => {
+            c.kill_zookeeper();
+            ("ZooKeeper killed".to_string(), Applied::ZookeeperKilled)
+        }
+    })
+}
+
+fn heal(c: &mut VerifyCluster, applied: Applied) -> anyhow::Result<()> {
+    match applied {
+        Applied::Killed(ids) => {
+            for id in ids {
+                c.restart(id)?;
+            }
+        }
+        Applied::Paused(ids) => {
+            for id in ids {
+                c.pause(id, false);
+            }
+        }
+        Applied::Partitioned => c.net.heal()?,
+        Applied::ZookeeperKilled => c.start_zookeeper()?,
+    }
+    Ok(())
+}
+
+/// Injects `faults` in turn (shuffled by `rng`, each at least once when
+/// time allows) until `until`; returns each fault's window. Stops early
+/// when a heal fails (the error says why).
+pub fn run(
+    c: &mut VerifyCluster,
+    faults: &[Fault],
+    schedule: &Schedule,
+    until: Instant,
+    recorder: &Recorder,
+    rng: &mut Rng,
+) -> anyhow::Result<Vec<FaultWindow>> {
+    let mut windows = Vec::new();
+    let mut order: Vec<Fault> = Vec::new();
+    std::thread::sleep(schedule.warmup);
+    while !faults.is_empty() && Instant::now() + schedule.hold < until {
+        if order.is_empty() {
+            order = faults.to_vec();
+            // Fisher–Yates.
+            for i in (1..order.len()).rev() {
+                let j = rng.below(i as u64 + 1) as usize;
+                order.swap(i, j);
+            }
+        }
+        let fault = order.pop().expect("refilled above");
+        let start_ns = recorder.now_ns();
+        let (detail, applied) = apply(c, fault, rng)?;
+        log::info!("verify: {}: {detail}", fault.name());
+        std::thread::sleep(schedule.hold);
+        heal(c, applied)?;
+        let rebuilt = c.rebuild_stale()?;
+        let detail = if rebuilt.is_empty() {
+            detail
+        } else {
+            format!("{detail}; stale after the heal, rebuilt: {rebuilt:?}")
+        };
+        windows.push(FaultWindow {
+            fault: fault.name().to_string(),
+            detail,
+            start_ns,
+            end_ns: recorder.now_ns(),
+        });
+        std::thread::sleep(schedule.quiet);
+        // A deposed leader learns it is stale once it hears the new view.
+        for id in c.rebuild_stale()? {
+            if let Some(w) = windows.last_mut() {
+                w.detail
+                    .push_str(&format!("; node {id} stale after it, rebuilt"));
+            }
+        }
+    }
+    Ok(windows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_parse_by_name_and_say_which_exist() {
+        for (name, f) in FAULTS {
+            assert_eq!(name.parse::<Fault>(), Ok(f));
+            assert_eq!(f.name(), name);
+        }
+        let e = "flood".parse::<Fault>().unwrap_err();
+        assert!(
+            e.contains("kill-leader") && e.contains("zookeeper-down"),
+            "{e}"
+        );
+    }
+}
