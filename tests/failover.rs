@@ -32,7 +32,7 @@ use cluster::{
 };
 use lockstep_common::control::NodeStatus;
 use lockstep_launcher::binaries::Binaries;
-use lockstep_launcher::commands::{follower_command, under_preload};
+use lockstep_launcher::commands::{follower_command, redis_on_host, under_preload};
 use lockstep_launcher::leader::find_leader;
 use lockstep_launcher::netns::{self, enter_netns_at, in_netns, spawn_in, Net};
 use lockstep_launcher::poll::poll_until;
@@ -1298,14 +1298,7 @@ impl NetnsZk {
         let cfg = dir.join("zoo.cfg");
         std::fs::write(
             &cfg,
-            format!(
-                "tickTime=100\nminSessionTimeout=200\nmaxSessionTimeout=60000\ninitLimit=50\nsyncLimit=20\n\
-                 dataDir={}\nclientPort={}\nclientPortAddress={}\nadmin.enableServer=false\n\
-                 4lw.commands.whitelist=srvr,ruok,stat\n",
-                dir.join("data").display(),
-                addr.port(),
-                addr.ip()
-            ),
+            lockstep_launcher::zookeeper::standalone_config(&dir.join("data"), addr, ""),
         )
         .unwrap();
         let log = File::create(dir.join("zookeeper.log")).unwrap();
@@ -1425,19 +1418,7 @@ impl NetnsCluster {
         let data = self.dir.join(format!("server-{id}"));
         std::fs::create_dir_all(&data).unwrap();
         let log = self.log("server", id);
-        let mut server = Command::new("redis-server");
-        server
-            .args([
-                "--port",
-                &app.port().to_string(),
-                "--bind",
-                &app.ip().to_string(),
-            ])
-            .args(lockstep_common::config::REDIS_REPLICA_ARGS)
-            // Clients come from other namespaces, not from loopback.
-            .args(["--protected-mode", "no"])
-            .arg("--dir")
-            .arg(&data);
+        let mut server = redis_on_host(app, &data);
         under_preload(&mut server, &self.bins.preload, &self.config_path, id);
         let child = self.spawn_in(
             id,

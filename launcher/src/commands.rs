@@ -18,6 +18,24 @@ pub fn redis_command(port: u16, dir: &Path, settings: &[&str]) -> Command {
     c
 }
 
+/// A replica's `redis-server` on `app` (a host's own address in its
+/// network namespace), with its data in `dir`, reachable from other hosts
+/// (protected mode off: its clients come from elsewhere, not loopback).
+pub fn redis_on_host(app: std::net::SocketAddr, dir: &Path) -> Command {
+    let mut c = Command::new("redis-server");
+    c.args([
+        "--port",
+        &app.port().to_string(),
+        "--bind",
+        &app.ip().to_string(),
+    ])
+    .args(lockstep_common::config::REDIS_REPLICA_ARGS)
+    .args(["--protected-mode", "no"])
+    .arg("--dir")
+    .arg(dir);
+    c
+}
+
 /// `memcached -t 1` on 127.0.0.1:`port` (TCP only).
 pub fn memcached_command(port: u16) -> Command {
     let mut c = Command::new("memcached");

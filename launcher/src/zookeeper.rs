@@ -53,6 +53,21 @@ fn port_free(port: u16) -> bool {
     crate::process::port_free(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
 }
 
+/// The `zoo.cfg` of a ZooKeeper with its data in `data`, serving clients
+/// on `addr`, with `extra` lines (an ensemble member's `server.N` lines).
+/// Short ticks allow short sessions (`minSessionTimeout`), so elections
+/// notice a dead node quickly.
+pub fn standalone_config(data: &Path, addr: SocketAddr, extra: &str) -> String {
+    format!(
+        "tickTime=100\nminSessionTimeout=200\nmaxSessionTimeout=60000\ninitLimit=50\nsyncLimit=20\n\
+         dataDir={}\nclientPort={}\nclientPortAddress={}\nadmin.enableServer=false\n\
+         4lw.commands.whitelist=srvr,ruok,stat\n{extra}",
+        data.display(),
+        addr.port(),
+        addr.ip()
+    )
+}
+
 impl ZookeeperServer {
     /// Starts a standalone ZooKeeper on 127.0.0.1:`port` with its data,
     /// config and log in `dir`, and waits until it serves.
@@ -108,14 +123,7 @@ impl ZookeeperServer {
         std::fs::create_dir_all(&data)
             .with_context(|| format!("cannot create {}", data.display()))?;
         let cfg = dir.join("zoo.cfg");
-        // Short ticks allow short sessions (minSessionTimeout), so elections
-        // notice a dead node quickly.
-        let text = format!(
-            "tickTime=100\nminSessionTimeout=200\nmaxSessionTimeout=60000\ninitLimit=50\nsyncLimit=20\n\
-             dataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-             4lw.commands.whitelist=srvr,ruok,stat\n{extra}",
-            data.display()
-        );
+        let text = standalone_config(&data, addr, extra);
         std::fs::write(&cfg, text).with_context(|| format!("cannot write {}", cfg.display()))?;
         let log_path = dir.join("zookeeper.log");
         let log = open_log(&log_path, false)

@@ -532,6 +532,20 @@ mod tests {
         assert_eq!(verdicts(&[b"config set maxmemory 1\r\n".to_vec()]), [false]);
     }
 
+    /// A classifier fed `whole` in reads cut at `cuts` (each taken modulo
+    /// the length, in order).
+    fn fed_in_cuts(whole: &[u8], cuts: Vec<usize>) -> Replies {
+        let mut at: Vec<usize> = cuts.into_iter().map(|c| c % (whole.len() + 1)).collect();
+        at.sort_unstable();
+        let mut r = Replies::default();
+        let mut from = 0;
+        for c in at.into_iter().chain([whole.len()]) {
+            r.input(&whole[from..c]);
+            from = c;
+        }
+        r
+    }
+
     /// A memcached binary request: opcode `op`, extras, key and value.
     fn binary(op: u8, extras: &[u8], key: &[u8], value: &[u8]) -> Vec<u8> {
         let body = extras.len() + key.len() + value.len();
@@ -605,14 +619,7 @@ mod tests {
                     _ => binary(BIN_OP_STAT, &[], &b"settings"[..len.min(8)], &[]),
                 })
                 .collect();
-            let mut at: Vec<usize> = cuts.into_iter().map(|c| c % (whole.len() + 1)).collect();
-            at.sort_unstable();
-            let mut r = Replies::default();
-            let mut from = 0;
-            for c in at.into_iter().chain([whole.len()]) {
-                r.input(&whole[from..c]);
-                from = c;
-            }
+            let mut r = fed_in_cuts(&whole, cuts);
             proptest::prop_assert_eq!(r.take(), reqs.iter().any(|&(kind, _)| kind == 2));
             let last = if reqs.last().unwrap().0 == 2 { "stats" } else { "binary" };
             let got = r.last_command();
@@ -644,14 +651,7 @@ mod tests {
             cuts in proptest::collection::vec(0usize..400, 0..8),
         ) {
             let whole: Vec<u8> = cmds.iter().flat_map(|c| resp(c)).collect();
-            let mut at: Vec<usize> = cuts.into_iter().map(|c| c % (whole.len() + 1)).collect();
-            at.sort_unstable();
-            let mut r = Replies::default();
-            let mut from = 0;
-            for c in at.into_iter().chain([whole.len()]) {
-                r.input(&whole[from..c]);
-                from = c;
-            }
+            let mut r = fed_in_cuts(&whole, cuts);
             let want = cmds.iter().any(|c| {
                 let w = |i: usize| c.get(i).map_or(String::new(), |s| s.to_lowercase());
                 match w(0).as_str() {

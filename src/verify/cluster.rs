@@ -21,7 +21,7 @@ use lockstep_common::control::NodeStatus;
 use lockstep_common::Config;
 use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::cluster_spec::ElectionSpec;
-use lockstep_launcher::commands::{follower_command, under_preload};
+use lockstep_launcher::commands::{follower_command, redis_on_host, under_preload};
 use lockstep_launcher::netns::{self, Net};
 use lockstep_launcher::process::open_log;
 
@@ -123,14 +123,7 @@ impl VerifyCluster {
         let cfg = dir.join("zoo.cfg");
         std::fs::write(
             &cfg,
-            format!(
-                "tickTime=100\nminSessionTimeout=200\nmaxSessionTimeout=60000\ninitLimit=50\nsyncLimit=20\n\
-                 dataDir={}\nclientPort={}\nclientPortAddress={}\nadmin.enableServer=false\n\
-                 4lw.commands.whitelist=srvr,ruok,stat\n",
-                dir.join("data").display(),
-                self.zk_addr.port(),
-                self.zk_addr.ip()
-            ),
+            lockstep_launcher::zookeeper::standalone_config(&dir.join("data"), self.zk_addr, ""),
         )?;
         let log = self.log("zookeeper")?;
         let zk_ns = self.net.host_path("zk").context("no ZooKeeper host")?;
@@ -190,19 +183,7 @@ impl VerifyCluster {
         let _ = std::fs::remove_dir_all(&data);
         std::fs::create_dir_all(&data)?;
         let log = self.log(&format!("server-{id}"))?;
-        let mut server = Command::new("redis-server");
-        server
-            .args([
-                "--port",
-                &app.port().to_string(),
-                "--bind",
-                &app.ip().to_string(),
-            ])
-            .args(lockstep_common::config::REDIS_REPLICA_ARGS)
-            // Clients come from another namespace, not from loopback.
-            .args(["--protected-mode", "no"])
-            .arg("--dir")
-            .arg(&data);
+        let mut server = redis_on_host(app, &data);
         under_preload(&mut server, &self.bins.preload, &self.config_path, id);
         let child = netns::spawn_in(
             &self.net.node_path(id),
