@@ -240,6 +240,9 @@ pub struct Shared {
     pub workloads: Vec<Workload>,
     /// How long a request may wait for its reply before it is `info`.
     pub request_timeout: Duration,
+    /// Each client's pause between the starts of two operations (None:
+    /// as fast as the replies come).
+    pub interval: Option<Duration>,
     pub stop: Arc<AtomicBool>,
 }
 
@@ -259,7 +262,15 @@ pub fn run(shared: &Shared, first_process: u64, stride: u64, seed: u64) {
     let mut rng = Rng::new(seed);
     let mut process = first_process;
     let mut conn: Option<(u64, Resp)> = None;
+    let mut next = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
+        if let Some(interval) = shared.interval {
+            // Paced from the schedule, not from the last reply: a slow
+            // spell is not made up for by a burst afterwards.
+            let now = Instant::now();
+            next = now.checked_sub(interval).map_or(next, |t| next.max(t)) + interval;
+            std::thread::sleep(next.saturating_duration_since(now));
+        }
         let node = shared.target.node();
         if conn.as_ref().map(|(n, _)| *n) != Some(node) {
             conn = connect(shared, node);

@@ -38,6 +38,10 @@ pub struct VerifyArgs {
     /// Concurrent clients
     #[arg(long, default_value_t = 6)]
     pub clients: u64,
+    /// Operations per second, all clients together (0: as fast as the
+    /// cluster answers); a bound keeps long runs' histories checkable
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u64,
     /// Seconds each fault is held before it is healed
     #[arg(long, default_value_t = 5)]
     pub hold: u64,
@@ -126,8 +130,9 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<bool> {
     let out = out.canonicalize()?;
     let fault_names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
     let header = format!(
-        "3 nodes (tcp transport, a network namespace each, ZooKeeper election), {} clients, workloads {}, faults {}, {} s, seed {seed}",
+        "3 nodes (tcp transport, a network namespace each, ZooKeeper election), {} clients at {} ops/s, workloads {}, faults {}, {} s, seed {seed}",
         args.clients,
+        if args.rate == 0 { "most".to_string() } else { args.rate.to_string() },
         args.workloads,
         if faults.is_empty() { "none".to_string() } else { fault_names.join(",") },
         args.time
@@ -144,6 +149,8 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<bool> {
         register_keys: Keys::new(client::ACTIVE_REGISTER_KEYS, client::OPS_PER_REGISTER),
         workloads: workloads.clone(),
         request_timeout: Duration::from_millis(args.request_timeout_ms),
+        interval: (args.rate > 0)
+            .then(|| Duration::from_secs_f64(args.clients as f64 / args.rate as f64)),
         stop: Arc::new(AtomicBool::new(false)),
     });
     // The clients run in this thread's network namespace (the clients').
