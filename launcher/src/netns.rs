@@ -302,6 +302,40 @@ impl Net {
         self.host_ns(name).map(Self::path)
     }
 
+    /// Every process inside host `name`'s namespace now (a node's
+    /// follower, its server, a server its follower restored, and their
+    /// children): what a whole host's crash or pause reaches.
+    pub fn pids_in(&self, name: &str) -> Result<Vec<u32>> {
+        use std::os::unix::fs::MetadataExt;
+        let path = self
+            .host_path(name)
+            .ok_or_else(|| anyhow!("no host {name:?} in this network"))?;
+        let ino = std::fs::metadata(&path)
+            .with_context(|| format!("{}", path.display()))?
+            .ino();
+        // /proc/PID/ns/net reads `net:[INODE]`, the namespace's inode.
+        let want = format!("net:[{ino}]");
+        Ok(std::fs::read_dir("/proc")
+            .context("/proc")?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read_link(format!("/proc/{pid}/ns/net"))
+                    .is_ok_and(|l| l.as_os_str() == want.as_str())
+            })
+            .collect())
+    }
+
+    /// Sends `signal` to every process inside host `name`'s namespace;
+    /// returns how many it reached.
+    pub fn signal_all(&self, name: &str, signal: nix::sys::signal::Signal) -> Result<usize> {
+        let pids = self.pids_in(name)?;
+        for &pid in &pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal);
+        }
+        Ok(pids.len())
+    }
+
     /// Where namespace `ns` is mounted.
     pub fn path(ns: &str) -> PathBuf {
         PathBuf::from("/var/run/netns").join(ns)

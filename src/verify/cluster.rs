@@ -21,7 +21,8 @@ use lockstep_common::control::NodeStatus;
 use lockstep_common::Config;
 use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::cluster_spec::ElectionSpec;
-use lockstep_launcher::commands::{follower_command, redis_on_host, under_preload};
+use lockstep_launcher::commands::{follower_command, preloaded_server, redis_on_host};
+use nix::sys::signal::Signal;
 use lockstep_launcher::netns::{self, Net};
 use lockstep_launcher::process::open_log;
 
@@ -34,6 +35,9 @@ const ZK_PORT: u16 = 2181;
 pub const SESSION_MS: u64 = 2_000;
 /// How long a process may take to start before `verify` gives up.
 const START_LIMIT: Duration = Duration::from_secs(60);
+/// How long a restarted node's server may take to attach: it may first
+/// install a peer's snapshot or replay a long log.
+const REBUILD_LIMIT: Duration = Duration::from_secs(300);
 
 /// A node's processes.
 #[derive(Default)]
@@ -177,23 +181,39 @@ impl VerifyCluster {
         )
     }
 
+    /// Starts node `id`'s server the way a node started by hand should
+    /// be (`lockstep run`: a session and PID namespace of its own, which
+    /// snapshots need) and waits until it is attached.
     fn start_server(&mut self, id: u64) -> anyhow::Result<()> {
         let app = self.config.node(id).context("no such node")?.app;
         let data = self.dir.join(format!("server-{id}"));
         let _ = std::fs::remove_dir_all(&data);
         std::fs::create_dir_all(&data)?;
-        let log = self.log(&format!("server-{id}"))?;
-        let mut server = redis_on_host(app, &data);
-        under_preload(&mut server, &self.bins.preload, &self.config_path, id);
+        let logs = self.dir.join("logs");
+        let run_log = self.log(&format!("run-{id}"))?;
+        let cmd = preloaded_server(
+            &self.bins,
+            &self.config_path,
+            id,
+            &redis_on_host(app, &data),
+            &logs.join(format!("server-{id}.log")),
+            true,
+        );
+        let mut cmd = cmd;
         let child = netns::spawn_in(
             &self.net.node_path(id),
-            server
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log),
+            cmd.stdin(Stdio::null())
+                .stdout(run_log.try_clone()?)
+                .stderr(run_log),
         )?;
         self.nodes[id as usize - 1].server = Some(child);
-        self.wait(&format!("node {id}'s server to attach"), START_LIMIT, |c| {
+        self.wait_attached(id)
+    }
+
+    /// Waits until node `id` runs an attached server (one it restored
+    /// from a snapshot, or the one started for it).
+    fn wait_attached(&self, id: u64) -> anyhow::Result<()> {
+        self.wait(&format!("node {id}'s server to attach"), REBUILD_LIMIT, |c| {
             c.status(id).map(|s| s.server_pid != 0).unwrap_or(false)
         })
     }
@@ -209,8 +229,11 @@ impl VerifyCluster {
             .map(|(_, l)| l)
     }
 
-    /// SIGKILLs node `id`'s server and follower.
+    /// SIGKILLs every process of node `id` (its follower, its server,
+    /// one its follower restored from a snapshot): the host crashed.
     pub fn kill(&mut self, id: u64) {
+        let host = id.to_string();
+        let _ = self.net.signal_all(&host, Signal::SIGKILL);
         let n = &mut self.nodes[id as usize - 1];
         for slot in [&mut n.server, &mut n.follower] {
             if let Some(mut c) = slot.take() {
@@ -219,28 +242,33 @@ impl VerifyCluster {
             }
         }
         n.paused = false;
+        // Gone once nothing is left in its namespace (a restored server is
+        // not our child; its lock on the region goes with it).
+        let since = Instant::now();
+        while self.net.pids_in(&host).is_ok_and(|p| !p.is_empty())
+            && since.elapsed() < Duration::from_secs(10)
+        {
+            let _ = self.net.signal_all(&host, Signal::SIGKILL);
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
-    /// Starts a killed node again: its follower with its data dir, then a
-    /// fresh server that rebuilds its state from the log.
+    /// Starts a killed node again: its follower with its data dir, and a
+    /// fresh server unless the follower restored one from its snapshot.
     pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
         self.kill(id);
         self.start_follower(id)?;
+        if self.status(id).map(|s| s.server_pid != 0).unwrap_or(false) {
+            return Ok(());
+        }
         self.start_server(id)
     }
 
-    /// Pauses (SIGSTOP) or continues (SIGCONT) node `id`'s processes.
+    /// Pauses (SIGSTOP) or continues (SIGCONT) every process of node `id`.
     pub fn pause(&mut self, id: u64, paused: bool) {
-        let n = &mut self.nodes[id as usize - 1];
-        let sig = if paused {
-            nix::sys::signal::Signal::SIGSTOP
-        } else {
-            nix::sys::signal::Signal::SIGCONT
-        };
-        for c in [&n.server, &n.follower].into_iter().flatten() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
-        }
-        n.paused = paused;
+        let sig = if paused { Signal::SIGSTOP } else { Signal::SIGCONT };
+        let _ = self.net.signal_all(&id.to_string(), sig);
+        self.nodes[id as usize - 1].paused = paused;
     }
 
     /// Waits until `ok` holds, checking every 200 ms; an error names `what`.
