@@ -22,9 +22,9 @@ use lockstep_common::Config;
 use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::cluster_spec::ElectionSpec;
 use lockstep_launcher::commands::{follower_command, preloaded_server, redis_on_host};
-use nix::sys::signal::Signal;
 use lockstep_launcher::netns::{self, Net};
 use lockstep_launcher::process::open_log;
+use nix::sys::signal::Signal;
 
 /// Prefix of every namespace `verify` creates.
 const NET_PREFIX: &str = "lockstep-vf-";
@@ -213,9 +213,11 @@ impl VerifyCluster {
     /// Waits until node `id` runs an attached server (one it restored
     /// from a snapshot, or the one started for it).
     fn wait_attached(&self, id: u64) -> anyhow::Result<()> {
-        self.wait(&format!("node {id}'s server to attach"), REBUILD_LIMIT, |c| {
-            c.status(id).map(|s| s.server_pid != 0).unwrap_or(false)
-        })
+        self.wait(
+            &format!("node {id}'s server to attach"),
+            REBUILD_LIMIT,
+            |c| c.status(id).map(|s| s.server_pid != 0).unwrap_or(false),
+        )
     }
 
     /// Node `id`'s status over its control channel.
@@ -266,7 +268,11 @@ impl VerifyCluster {
 
     /// Pauses (SIGSTOP) or continues (SIGCONT) every process of node `id`.
     pub fn pause(&mut self, id: u64, paused: bool) {
-        let sig = if paused { Signal::SIGSTOP } else { Signal::SIGCONT };
+        let sig = if paused {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
         let _ = self.net.signal_all(&id.to_string(), sig);
         self.nodes[id as usize - 1].paused = paused;
     }

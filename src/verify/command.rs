@@ -168,21 +168,34 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<bool> {
         hold: Duration::from_secs(args.hold),
         quiet: Duration::from_secs(args.quiet),
     };
-    let nemesis = nemesis::run(&mut cluster, &faults, &schedule, until, &recorder, &mut rng);
+    let (windows, stopped) =
+        nemesis::run(&mut cluster, &faults, &schedule, until, &recorder, &mut rng);
     let remaining = until.saturating_duration_since(Instant::now());
     std::thread::sleep(remaining);
     shared.stop.store(true, Ordering::Relaxed);
     for t in threads {
         let _ = t.join();
     }
-    let windows = nemesis.context("a fault could not be healed")?;
+    let mut extra = Vec::new();
+    if let Some(e) = stopped {
+        println!("verify: the faults stopped early: {e:#}");
+        extra.push(Verdict::single(
+            "nemesis",
+            Anomaly {
+                kind: "fault not healed".into(),
+                explanation: format!(
+                    "the faults stopped early, a fault could not be applied or healed: {e:#}"
+                ),
+                events: Vec::new(),
+            },
+        ));
+    }
     println!(
         "verify: load stopped after {} operations and {} faults; waiting for the cluster to recover",
         recorder.events().len() / 2,
         windows.len()
     );
     let recovered = cluster.wait_healthy(RECOVERY_LIMIT);
-    let mut extra = Vec::new();
     if let Err(e) = &recovered {
         extra.push(Verdict::single(
             "recovery",

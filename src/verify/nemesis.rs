@@ -188,8 +188,8 @@ fn heal(c: &mut VerifyCluster, applied: Applied) -> anyhow::Result<()> {
 }
 
 /// Injects `faults` in turn (shuffled by `rng`, each at least once when
-/// time allows) until `until`; returns each fault's window. Stops early
-/// when a heal fails (the error says why).
+/// time allows) until `until`; returns each fault's window, and why it
+/// stopped early if a fault could not be applied or healed.
 pub fn run(
     c: &mut VerifyCluster,
     faults: &[Fault],
@@ -197,8 +197,21 @@ pub fn run(
     until: Instant,
     recorder: &Recorder,
     rng: &mut Rng,
-) -> anyhow::Result<Vec<FaultWindow>> {
+) -> (Vec<FaultWindow>, Option<anyhow::Error>) {
     let mut windows = Vec::new();
+    let stopped = inject(c, faults, schedule, until, recorder, rng, &mut windows).err();
+    (windows, stopped)
+}
+
+fn inject(
+    c: &mut VerifyCluster,
+    faults: &[Fault],
+    schedule: &Schedule,
+    until: Instant,
+    recorder: &Recorder,
+    rng: &mut Rng,
+    windows: &mut Vec<FaultWindow>,
+) -> anyhow::Result<()> {
     let mut order: Vec<Fault> = Vec::new();
     std::thread::sleep(schedule.warmup);
     while !faults.is_empty() && Instant::now() + schedule.hold < until {
@@ -215,7 +228,15 @@ pub fn run(
         let (detail, applied) = apply(c, fault, rng)?;
         log::info!("verify: {}: {detail}", fault.name());
         std::thread::sleep(schedule.hold);
-        heal(c, applied)?;
+        if let Err(e) = heal(c, applied) {
+            windows.push(FaultWindow {
+                fault: fault.name().to_string(),
+                detail: format!("{detail}; the heal failed"),
+                start_ns,
+                end_ns: recorder.now_ns(),
+            });
+            return Err(e.context(format!("healing {} ({detail})", fault.name())));
+        }
         let rebuilt = c.rebuild_stale()?;
         let detail = if rebuilt.is_empty() {
             detail
@@ -237,7 +258,7 @@ pub fn run(
             }
         }
     }
-    Ok(windows)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -169,12 +169,23 @@ impl Relocation {
     /// address with the app's port is one, loopback included) becomes this
     /// node's, keeping a wildcard a wildcard and a specific address where
     /// this node names none.
+    ///
+    /// Any other end at the image host's own address (the client end of a
+    /// replay connection, the preload's tcp transport connections to the
+    /// peers) moves to this node's address with its port: on another host
+    /// the old address is not there to bind, and CRIU could not restore
+    /// the image at all. (A moved connection to a peer is dead — the peer
+    /// never knew it — and is replaced when it is next used.)
     fn endpoint(&self, ip: IpAddr, port: u16, family: u64) -> Option<(IpAddr, u16)> {
         let (from, to) = self.app?;
-        if port != from.port() {
-            return None;
-        }
         let (ip_c, from_c) = (canon(ip), canon(from.ip()));
+        if port != from.port() {
+            let moves = ip_c == from_c
+                && !from_c.is_unspecified()
+                && !to.ip().is_unspecified()
+                && canon(to.ip()) != from_c;
+            return moves.then(|| (in_family(to.ip(), family).unwrap_or(ip), port));
+        }
         if !(ip_c == from_c || ip_c.is_unspecified() || from_c.is_unspecified()) {
             return None;
         }
@@ -487,13 +498,33 @@ mod tests {
         let img = image(&[
             isk_entry(1, a("10.0.0.2:6379"), a("0.0.0.0:0")),
             isk_entry(2, a("127.0.0.1:40000"), a("10.0.0.2:6379")),
+            // A replay connection's two ends, and the preload's transport
+            // connection to a peer's control port: every end at the old
+            // host's address moves (CRIU binds it back at restore).
+            isk_entry(3, a("10.0.0.2:44608"), a("10.0.0.2:6379")),
+            isk_entry(4, a("10.0.0.2:6379"), a("10.0.0.2:44608")),
+            isk_entry(5, a("10.0.0.2:34174"), a("10.0.0.4:7100")),
         ]);
-        let after = entries(&r.rewrite_files_img(&img).unwrap().0);
+        let (out, changes) = r.rewrite_files_img(&img).unwrap();
+        let after = entries(&out);
         assert_eq!(after[0], isk_entry(1, a("10.0.0.3:6379"), a("0.0.0.0:0")));
         assert_eq!(
             after[1],
             isk_entry(2, a("127.0.0.1:40000"), a("10.0.0.3:6379"))
         );
+        assert_eq!(
+            after[2],
+            isk_entry(3, a("10.0.0.3:44608"), a("10.0.0.3:6379"))
+        );
+        assert_eq!(
+            after[3],
+            isk_entry(4, a("10.0.0.3:6379"), a("10.0.0.3:44608"))
+        );
+        assert_eq!(
+            after[4],
+            isk_entry(5, a("10.0.0.3:34174"), a("10.0.0.4:7100"))
+        );
+        assert_eq!(changes.addrs, 2 + 4 + 1);
         // A wildcard app: the listener stays a wildcard, loopback ends
         // keep their address.
         let r = Relocation {
