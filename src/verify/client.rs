@@ -107,6 +107,11 @@ impl Recorder {
         });
     }
 
+    /// How many events were recorded so far.
+    pub fn count(&self) -> usize {
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// The history so far.
     pub fn events(&self) -> Vec<Event> {
         self.events

@@ -340,20 +340,19 @@ impl VerifyCluster {
 
     /// A leader leads and every node applied what it committed.
     fn healthy(&self) -> bool {
-        {
-            let c = self;
-            let Some(leader) = c.leader() else {
-                return false;
-            };
-            let Ok(l) = c.status(leader) else {
-                return false;
-            };
-            c.ids().iter().all(|&id| {
-                c.status(id)
-                    .map(|s| s.server_pid != 0 && s.applied >= l.committed && s.view == l.view)
-                    .unwrap_or(false)
-            })
-        }
+        // One status query per node: the leader is found among them.
+        let ids = self.ids();
+        let all = lockstep_launcher::leader::statuses(&self.config, &ids, Duration::from_secs(1));
+        let Some((view, leader)) = lockstep_launcher::leader::leading(&all) else {
+            return false;
+        };
+        let Some(l) = all.iter().find(|s| s.node == leader) else {
+            return false;
+        };
+        all.len() == ids.len()
+            && all
+                .iter()
+                .all(|s| s.server_pid != 0 && s.applied >= l.committed && s.view == view)
     }
 
     /// Divergences counted by each node that answers.

@@ -192,7 +192,7 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<bool> {
     }
     println!(
         "verify: load stopped after {} operations and {} faults; waiting for the cluster to recover",
-        recorder.events().len() / 2,
+        recorder.count() / 2,
         windows.len()
     );
     let recovered = cluster.wait_healthy(RECOVERY_LIMIT);
