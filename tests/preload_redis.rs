@@ -613,6 +613,21 @@ fn a_server_started_before_its_region_waits_for_it_and_attaches_when_it_comes() 
         "{}",
         server.stderr()
     );
+    // A file at the region's path that is no region (too short, then
+    // without its magic: what a region being created looked like before
+    // creation became all-or-nothing, or a stranger's file): the server
+    // keeps waiting and refusing, and does not crash.
+    let path = f.config.region_spec(1).default_path();
+    for len in [16, 1 << 20] {
+        std::fs::write(&path, vec![0u8; len]).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let (got, _) = refusal(f.app(), b"");
+        assert!(
+            String::from_utf8_lossy(&got).starts_with("-READONLY"),
+            "{got:?}"
+        );
+        server.assert_running();
+    }
     // The follower comes (regions created, node 1 leads): the server
     // attaches by itself, with no client and no restart, and serves.
     f.create_regions(Role::Leader);

@@ -10,16 +10,17 @@
 //! - `handover`: the hand-over word and its fence;
 //! - `apply_stream`: the apply stream's words ([`ApplyStream`]);
 //! - `doorbell`: the futex-backed [`Doorbell`];
-//! - `ahead`: region files opened before a server drops its privileges.
+//! - `ahead`: region files opened before a server drops its privileges;
+//! - `publish`: a new region file appears whole or not at all.
 //!
-//! `mapping`, `liveness` and `doorbell` (with `hooks` in the preload and
-//! `verbs` in the rdma transport) are the only homes of `unsafe`: the
-//! mapping itself, the lock probes and the futex calls. Everything else
+//! `mapping`, `liveness`, `doorbell` and `publish` (with `hooks` in the
+//! preload and `verbs` in the rdma transport) are the only homes of
+//! `unsafe`: the mapping itself, the lock probes, the futex calls and the
+//! link of a finished file. Everything else
 //! sees the region as a slice of `AtomicU64` words.
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +35,7 @@ mod handover;
 mod layout;
 mod liveness;
 mod mapping;
+mod publish;
 
 pub use ahead::open_ahead;
 pub use apply_stream::ApplyStream;
@@ -127,25 +129,26 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> Reg
 }
 
 impl Region {
-    /// Creates a new region file at `path`; fails if it exists.
+    /// Creates a new region file at `path`; fails if it exists. The file
+    /// is sized and initialised before it has a name (see `publish`): one
+    /// found at `path` is always whole, and a creator killed midway leaves
+    /// nothing there.
     pub fn create(path: &Path, spec: &RegionSpec) -> Result<Region, RegionError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| {
-                if e.kind() == io::ErrorKind::AlreadyExists {
-                    RegionError::Exists(path.to_path_buf())
-                } else {
-                    io_err(path, "create")(e)
-                }
-            })?;
-        file.set_len(spec.file_len())
+        let draft = publish::draft_beside(path).map_err(io_err(path, "create"))?;
+        draft
+            .file
+            .set_len(spec.file_len())
             .map_err(io_err(path, "set length"))?;
+        let file = draft.file.try_clone().map_err(io_err(path, "create"))?;
         let region = Self::map(Some(file), path, spec.file_len(), spec.ring_size)?;
         region.init_identity(spec);
+        draft.publish(path).map_err(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                RegionError::Exists(path.to_path_buf())
+            } else {
+                io_err(path, "link")(e)
+            }
+        })?;
         Ok(region)
     }
 
@@ -230,6 +233,14 @@ impl Region {
         match Self::open(path, spec) {
             Ok(r) => Ok((r, false)),
             Err(RegionError::Missing(_)) => Ok((Self::create(path, spec)?, true)),
+            // Never one this build created (they appear whole): a foreign
+            // file, or one an older build left half made.
+            Err(RegionError::Unfinished { path, what }) => Err(RegionError::Unfinished {
+                what: format!(
+                    "{what}; if it is not a region being created by another follower of this node right now, remove it and start again"
+                ),
+                path,
+            }),
             Err(e) => Err(e),
         }
     }
@@ -396,6 +407,49 @@ mod tests {
         std::fs::remove_file(&p).unwrap();
         let e = Region::open(&p, &spec(1)).unwrap_err();
         assert!(matches!(e, RegionError::Missing(_)));
+    }
+
+    #[test]
+    fn a_region_file_appears_whole_or_not_at_all() {
+        // A preload polls the path while a follower creates the region:
+        // it finds nothing, then a whole region; never a file too short or
+        // without its magic (a creator killed there would leave that).
+        let p = tmp("whole");
+        for _ in 0..100 {
+            let _ = std::fs::remove_file(&p);
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let opener = {
+                let (p, stop) = (p.clone(), stop.clone());
+                std::thread::spawn(move || loop {
+                    // Read before the open: once set, the file is there.
+                    let created = stop.load(Ordering::Acquire);
+                    match Region::open(&p, &spec(1)) {
+                        Err(RegionError::Missing(_)) if !created => {}
+                        other => return other.map(|_| ()).map_err(|e| e.to_string()),
+                    }
+                })
+            };
+            let created = Region::create(&p, &spec(1)).unwrap();
+            stop.store(true, Ordering::Release);
+            assert_eq!(opener.join().unwrap(), Ok(()));
+            drop(created);
+        }
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn a_follower_finding_a_foreign_file_says_how_to_go_on() {
+        let p = tmp("leftover");
+        std::fs::write(&p, vec![0u8; CONTROL_SIZE as usize]).unwrap();
+        let e = Region::open_or_create(&p, &spec(1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bad magic") && e.contains("remove it"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+        // Nothing left of a creation that failed: the directory is gone.
+        let gone = std::env::temp_dir().join("lockstep-no-such-dir").join("r");
+        assert!(Region::create(&gone, &spec(1)).is_err());
+        assert!(!gone.exists());
     }
 
     #[test]
