@@ -20,7 +20,7 @@ fn a_short_verify_run_with_faults_is_valid_and_its_checkers_bite() {
         .args([
             "verify",
             "--time",
-            "25",
+            "32",
             "--hold",
             "3",
             "--quiet",
@@ -28,7 +28,10 @@ fn a_short_verify_run_with_faults_is_valid_and_its_checkers_bite() {
             "--clients",
             "4",
         ])
-        .args(["--faults", "kill-leader,partition-leader,pause-backup"])
+        .args([
+            "--faults",
+            "kill-leader,partition-bridge,disk-full-backup,interrupt-install",
+        ])
         .args(["--subnet", "232", "--seed", "42", "--out"])
         .arg(&out)
         .output()

@@ -38,6 +38,11 @@ const START_LIMIT: Duration = Duration::from_secs(60);
 /// How long a restarted node's server may take to attach: it may first
 /// install a peer's snapshot or replay a long log.
 const REBUILD_LIMIT: Duration = Duration::from_secs(300);
+/// Each node's disk when disks may fill: its data dir on a tmpfs this big
+/// (the log between snapshots and a few images fit many times over).
+pub const DISK_BYTES: u64 = 512 << 20;
+/// The file that fills a node's disk.
+const FILLER: &str = "verify-disk-filler";
 
 /// A node's processes.
 #[derive(Default)]
@@ -58,14 +63,23 @@ pub struct VerifyCluster {
     dir: PathBuf,
     bins: Binaries,
     zk_addr: SocketAddr,
+    /// Data dirs mounted on a tmpfs of their own (unmounted on drop).
+    disks: Vec<PathBuf>,
     pub net: Net,
 }
 
 impl VerifyCluster {
     /// Creates the network on `10.213.<subnet>.0/24`, makes the calling
     /// thread a client in it, and starts ZooKeeper, the followers and the
-    /// servers, with logs and data under `dir`.
-    pub fn start(dir: &Path, subnet: u8) -> anyhow::Result<VerifyCluster> {
+    /// servers, with logs and data under `dir`; with `small_disks`, each
+    /// node's data dir is a tmpfs of [`DISK_BYTES`] (so it can fill); a
+    /// snapshot every `snapshot_every` log entries.
+    pub fn start(
+        dir: &Path,
+        subnet: u8,
+        small_disks: bool,
+        snapshot_every: u64,
+    ) -> anyhow::Result<VerifyCluster> {
         let bins = Binaries::beside_current_exe()?;
         let net = Net::create(NET_PREFIX, subnet, 3, &[("zk", 200)]).context(
             "verify needs network namespaces (the `ip` tool and CAP_NET_ADMIN, e.g. root)",
@@ -81,6 +95,7 @@ impl VerifyCluster {
         let key = format!("verify-{:016x}{:016x}", rand_word(), rand_word());
         netns::netns_spec(&name, dir, &net, &format!("key = \"{key}\"\n"))
             .set("backup_clients", "deny")
+            .section(&format!("[snapshot_every]\nentries = {snapshot_every}"))
             .election(ElectionSpec::ZooKeeper {
                 connect: zk_addr.to_string(),
                 session_timeout_ms: SESSION_MS,
@@ -96,8 +111,14 @@ impl VerifyCluster {
             dir: dir.to_path_buf(),
             bins,
             zk_addr,
+            disks: Vec::new(),
             net,
         };
+        if small_disks {
+            for id in c.ids() {
+                c.mount_disk(id)?;
+            }
+        }
         c.start_zookeeper()?;
         for id in c.ids() {
             c.start_follower(id)?;
@@ -164,6 +185,15 @@ impl VerifyCluster {
     }
 
     fn start_follower(&mut self, id: u64) -> anyhow::Result<()> {
+        self.spawn_follower(id)?;
+        self.wait(
+            &format!("node {id}'s follower to answer"),
+            START_LIMIT,
+            |c| c.status(id).is_ok(),
+        )
+    }
+
+    fn spawn_follower(&mut self, id: u64) -> anyhow::Result<()> {
         let log = self.log(&format!("follower-{id}"))?;
         let child = netns::spawn_in(
             &self.net.node_path(id),
@@ -174,11 +204,115 @@ impl VerifyCluster {
                 .stderr(log),
         )?;
         self.nodes[id as usize - 1].follower = Some(child);
-        self.wait(
-            &format!("node {id}'s follower to answer"),
-            START_LIMIT,
-            |c| c.status(id).is_ok(),
-        )
+        Ok(())
+    }
+
+    /// Whether node `id`'s follower was started and has exited.
+    pub fn follower_exited(&mut self, id: u64) -> bool {
+        self.nodes[id as usize - 1]
+            .follower
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_some())
+    }
+
+    /// Mounts a tmpfs of [`DISK_BYTES`] on node `id`'s data dir.
+    fn mount_disk(&mut self, id: u64) -> anyhow::Result<()> {
+        let dir = self.config.node_data_dir(id);
+        std::fs::create_dir_all(&dir)?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={DISK_BYTES},mode=0700"))
+            .arg("lockstep-verify")
+            .arg(&dir)
+            .output()
+            .context("cannot run mount (a small disk per node needs it, and root)")?;
+        if !out.status.success() {
+            bail!(
+                "cannot mount a tmpfs on {} for the disk-full fault: {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        self.disks.push(dir);
+        Ok(())
+    }
+
+    /// Fills node `id`'s disk (the tmpfs of its data dir) to the last
+    /// byte; returns how many bytes that took.
+    pub fn fill_disk(&self, id: u64) -> anyhow::Result<u64> {
+        let dir = self.config.node_data_dir(id);
+        anyhow::ensure!(
+            self.disks.contains(&dir),
+            "node {id}'s data dir is not a disk of its own (start with the disk-full fault)"
+        );
+        let st = nix::sys::statvfs::statvfs(&dir)?;
+        let mut free = st.blocks_available() as u64 * st.fragment_size() as u64;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(FILLER))?;
+        // What statvfs says is free may be a little more than a file gets.
+        while free > 0 {
+            match nix::fcntl::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                nix::fcntl::FallocateFlags::empty(),
+                0,
+                free as i64,
+            ) {
+                Ok(()) => return Ok(free),
+                Err(nix::errno::Errno::ENOSPC) => free = free.saturating_sub(1 << 20),
+                Err(e) => bail!("cannot fill {}: {e}", dir.display()),
+            }
+        }
+        Ok(0)
+    }
+
+    /// Frees what [`VerifyCluster::fill_disk`] took.
+    pub fn free_disk(&self, id: u64) -> anyhow::Result<()> {
+        let p = self.config.node_data_dir(id).join(FILLER);
+        match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("cannot remove {}", p.display()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Kills node `id`, empties its data dir (the host lost its disk) and
+    /// starts its follower, which must rebuild from a peer (a snapshot
+    /// install, or the log); kills it again as soon as the first bytes of
+    /// a peer's image arrive, or after `at_most` if none do. Left down
+    /// (heal with [`VerifyCluster::restart`]); says what it interrupted.
+    pub fn interrupt_rebuild(&mut self, id: u64, at_most: Duration) -> anyhow::Result<String> {
+        self.kill(id);
+        let dir = self.config.node_data_dir(id);
+        for e in std::fs::read_dir(&dir)? {
+            let p = e?.path();
+            if p.is_dir() {
+                std::fs::remove_dir_all(&p)?;
+            } else {
+                std::fs::remove_file(&p)?;
+            }
+        }
+        let incoming = dir.join("snapshots").join("incoming");
+        self.spawn_follower(id)?;
+        let start = Instant::now();
+        let what = loop {
+            let stored = lockstep_launcher::disk::tree_bytes(&incoming);
+            if stored > 0 {
+                break format!("its install of a peer's image, {stored} bytes in");
+            }
+            if self.status(id).is_ok_and(|s| s.snapshot > 0) {
+                break "after it installed a peer's image".to_string();
+            }
+            if start.elapsed() > at_most {
+                break format!("{at_most:?} into its rebuild (no image arrived)");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        self.kill(id);
+        Ok(what)
     }
 
     /// Starts node `id`'s server the way a node started by hand should
@@ -398,6 +532,9 @@ impl Drop for VerifyCluster {
         self.kill_zookeeper();
         for id in self.ids() {
             let _ = std::fs::remove_file(lockstep_common::region::region_path(&self.name, id));
+        }
+        for d in &self.disks {
+            let _ = Command::new("umount").arg("-l").arg(d).status();
         }
     }
 }

@@ -24,10 +24,12 @@ pub struct VerifyArgs {
     /// Faults to inject, in a shuffled round, one at a time (comma list, or
     /// `none`): kill-leader, kill-backup, kill-majority, pause-leader,
     /// pause-backup, partition-leader, partition-halves,
-    /// partition-leader-zookeeper, zookeeper-down
+    /// partition-leader-zookeeper, partition-bridge, zookeeper-down,
+    /// disk-full-backup (each node's data dir becomes a small tmpfs),
+    /// interrupt-install
     #[arg(
         long,
-        default_value = "kill-leader,kill-backup,pause-leader,partition-leader,partition-halves,partition-leader-zookeeper,zookeeper-down,kill-majority"
+        default_value = "kill-leader,kill-backup,pause-leader,partition-leader,partition-halves,partition-leader-zookeeper,partition-bridge,zookeeper-down,kill-majority,disk-full-backup,interrupt-install"
     )]
     pub faults: String,
     /// Workloads the clients run (comma list): list-append (transactions,
@@ -57,6 +59,11 @@ pub struct VerifyArgs {
     /// Seed of the clients' and the nemesis' choices [default: from the clock]
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Log entries between two snapshots of a node's server (the config's
+    /// `snapshot_every.entries`): small, so that even a short run takes
+    /// snapshots, compacts logs and rebuilds nodes from peers' images
+    #[arg(long, default_value_t = 20_000)]
+    pub snapshot_every: u64,
     /// The third octet of the private network 10.213.N.0/24 the nodes live on
     #[arg(long, default_value_t = 231)]
     pub subnet: u8,
@@ -139,7 +146,13 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<bool> {
     );
     println!("verify: {header}; report in {}", out.display());
 
-    let mut cluster = VerifyCluster::start(&out.join("cluster"), args.subnet)?;
+    let small_disks = faults.contains(&Fault::DiskFullBackup);
+    let mut cluster = VerifyCluster::start(
+        &out.join("cluster"),
+        args.subnet,
+        small_disks,
+        args.snapshot_every,
+    )?;
     println!("verify: cluster up, load starts");
     let recorder = Recorder::new();
     let shared = Arc::new(Shared {

@@ -30,10 +30,20 @@ pub enum Fault {
     PartitionLeaderZookeeper,
     /// ZooKeeper killed; started again (same data) on heal.
     ZookeeperDown,
+    /// Two nodes cut off from each other, the third reaching both (a
+    /// bridge); ZooKeeper on one side.
+    PartitionBridge,
+    /// A backup's disk full (its data dir is a small tmpfs, filled to the
+    /// last byte); freed on heal, and the node restarted if its follower
+    /// stopped.
+    DiskFullBackup,
+    /// A backup loses its disk and, while it rebuilds from a peer (a
+    /// snapshot install), is killed again; restarted on heal.
+    InterruptInstall,
 }
 
 /// Every fault, by name.
-pub const FAULTS: [(&str, Fault); 9] = [
+pub const FAULTS: [(&str, Fault); 12] = [
     ("kill-leader", Fault::KillLeader),
     ("kill-backup", Fault::KillBackup),
     ("kill-majority", Fault::KillMajority),
@@ -46,6 +56,9 @@ pub const FAULTS: [(&str, Fault); 9] = [
         Fault::PartitionLeaderZookeeper,
     ),
     ("zookeeper-down", Fault::ZookeeperDown),
+    ("partition-bridge", Fault::PartitionBridge),
+    ("disk-full-backup", Fault::DiskFullBackup),
+    ("interrupt-install", Fault::InterruptInstall),
 ];
 
 impl Fault {
@@ -78,6 +91,7 @@ enum Applied {
     Paused(Vec<u64>),
     Partitioned,
     ZookeeperKilled,
+    DiskFilled(u64),
 }
 
 /// When faults come.
@@ -166,6 +180,38 @@ fn apply(c: &mut VerifyCluster, fault: Fault, rng: &mut Rng) -> anyhow::Result<(
             c.kill_zookeeper();
             ("ZooKeeper killed".to_string(), Applied::ZookeeperKilled)
         }
+        Fault::PartitionBridge => {
+            let mut ids = c.ids();
+            for i in (1..ids.len()).rev() {
+                let j = rng.below(i as u64 + 1) as usize;
+                ids.swap(i, j);
+            }
+            let (x, bridge, y) = (ids[0], ids[1], ids[2]);
+            let (xs, ys) = (x.to_string(), y.to_string());
+            c.net.partition(&[&[xs.as_str(), "zk"], &[ys.as_str()]])?;
+            (
+                format!(
+                    "nodes {x} and {y} cut off from each other, node {bridge} reaching both; ZooKeeper with node {x}"
+                ),
+                Applied::Partitioned,
+            )
+        }
+        Fault::DiskFullBackup => {
+            let id = other(c, leader, rng);
+            let bytes = c.fill_disk(id)?;
+            (
+                format!("node {id}'s disk filled ({} MiB more)", bytes >> 20),
+                Applied::DiskFilled(id),
+            )
+        }
+        Fault::InterruptInstall => {
+            let id = other(c, leader, rng);
+            let what = c.interrupt_rebuild(id, Duration::from_secs(5))?;
+            (
+                format!("node {id} lost its data dir and was killed during {what}"),
+                Applied::Killed(vec![id]),
+            )
+        }
     })
 }
 
@@ -183,6 +229,15 @@ fn heal(c: &mut VerifyCluster, applied: Applied) -> anyhow::Result<()> {
         }
         Applied::Partitioned => c.net.heal()?,
         Applied::ZookeeperKilled => c.start_zookeeper()?,
+        Applied::DiskFilled(id) => {
+            c.free_disk(id)?;
+            // A follower that cannot persist stops (fail-stop): its
+            // supervisor starts it again once there is room.
+            if c.follower_exited(id) || c.status(id).is_err() {
+                log::info!("verify: node {id} stopped on its full disk: restarting it");
+                c.restart(id)?;
+            }
+        }
     }
     Ok(())
 }
