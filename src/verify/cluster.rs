@@ -389,6 +389,30 @@ impl VerifyCluster {
         }
     }
 
+    /// SIGKILLs node `id`'s follower only: its server lives on, attached
+    /// to a region nobody keeps.
+    pub fn kill_follower_only(&mut self, id: u64) {
+        if let Some(mut c) = self.nodes[id as usize - 1].follower.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGKILLs node `id`'s server only (the one started for it or one its
+    /// follower restored); returns how many processes that was.
+    pub fn kill_server_only(&mut self, id: u64) -> anyhow::Result<usize> {
+        let mut killed = 0;
+        for pid in self.net.pids_in(&id.to_string())? {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() == "redis-server" {
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+                killed += 1;
+            }
+        }
+        Ok(killed)
+    }
+
     /// Starts a killed node again: its follower with its data dir, and a
     /// fresh server unless the follower restored one from its snapshot.
     pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {

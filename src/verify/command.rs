@@ -22,14 +22,15 @@ pub struct VerifyArgs {
     #[arg(long, default_value_t = 60)]
     pub time: u64,
     /// Faults to inject, in a shuffled round, one at a time (comma list, or
-    /// `none`): kill-leader, kill-backup, kill-majority, pause-leader,
+    /// `none`): kill-leader, kill-backup, kill-leader-server,
+    /// kill-leader-follower, kill-majority, pause-leader,
     /// pause-backup, partition-leader, partition-halves,
     /// partition-leader-zookeeper, partition-bridge, zookeeper-down,
     /// disk-full-backup (each node's data dir becomes a small tmpfs),
     /// interrupt-install
     #[arg(
         long,
-        default_value = "kill-leader,kill-backup,pause-leader,partition-leader,partition-halves,partition-leader-zookeeper,partition-bridge,zookeeper-down,kill-majority,disk-full-backup,interrupt-install"
+        default_value = "kill-leader,kill-backup,kill-leader-server,kill-leader-follower,pause-leader,partition-leader,partition-halves,partition-leader-zookeeper,partition-bridge,zookeeper-down,kill-majority,disk-full-backup,interrupt-install"
     )]
     pub faults: String,
     /// Workloads the clients run (comma list): list-append (transactions,

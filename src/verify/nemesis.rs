@@ -15,6 +15,12 @@ pub enum Fault {
     KillLeader,
     /// The same for a backup.
     KillBackup,
+    /// SIGKILL of the leader's server only: its follower sees it exit and
+    /// steps down; the node is restarted on heal.
+    KillLeaderServer,
+    /// SIGKILL of the leader's follower only: its server lives on with
+    /// nobody to commit its inputs; the node is restarted on heal.
+    KillLeaderFollower,
     /// SIGKILL of two nodes (a majority): nothing can commit until heal.
     KillMajority,
     /// SIGSTOP of the leader's server and follower; SIGCONT on heal.
@@ -43,9 +49,11 @@ pub enum Fault {
 }
 
 /// Every fault, by name.
-pub const FAULTS: [(&str, Fault); 12] = [
+pub const FAULTS: [(&str, Fault); 14] = [
     ("kill-leader", Fault::KillLeader),
     ("kill-backup", Fault::KillBackup),
+    ("kill-leader-server", Fault::KillLeaderServer),
+    ("kill-leader-follower", Fault::KillLeaderFollower),
     ("kill-majority", Fault::KillMajority),
     ("pause-leader", Fault::PauseLeader),
     ("pause-backup", Fault::PauseBackup),
@@ -128,6 +136,20 @@ fn apply(c: &mut VerifyCluster, fault: Fault, rng: &mut Rng) -> anyhow::Result<(
             };
             c.kill(id);
             (format!("node {id} killed"), Applied::Killed(vec![id]))
+        }
+        Fault::KillLeaderServer => {
+            let n = c.kill_server_only(leader)?;
+            (
+                format!("node {leader}'s server killed ({n} process)"),
+                Applied::Killed(vec![leader]),
+            )
+        }
+        Fault::KillLeaderFollower => {
+            c.kill_follower_only(leader);
+            (
+                format!("node {leader}'s follower killed"),
+                Applied::Killed(vec![leader]),
+            )
         }
         Fault::KillMajority => {
             let b = other(c, leader, rng);
