@@ -26,6 +26,8 @@ use lockstep_launcher::netns::{self, Net};
 use lockstep_launcher::process::open_log;
 use nix::sys::signal::Signal;
 
+use super::nemesis::Part;
+
 /// Prefix of every namespace `verify` creates.
 const NET_PREFIX: &str = "lockstep-vf-";
 /// ZooKeeper's client port, in its namespace.
@@ -398,19 +400,40 @@ impl VerifyCluster {
         }
     }
 
-    /// SIGKILLs node `id`'s server only (the one started for it or one its
-    /// follower restored); returns how many processes that was.
-    pub fn kill_server_only(&mut self, id: u64) -> anyhow::Result<usize> {
-        let mut killed = 0;
+    /// Sends `sig` to node `id`'s server only (the one started for it or
+    /// one its follower restored); returns how many processes that was.
+    pub fn signal_server(&self, id: u64, sig: Signal) -> anyhow::Result<usize> {
+        let mut sent = 0;
         for pid in self.net.pids_in(&id.to_string())? {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if comm.trim() == "redis-server" {
-                let _ =
-                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
-                killed += 1;
+            if comm.trim() == "redis-server"
+                && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).is_ok()
+            {
+                sent += 1;
             }
         }
-        Ok(killed)
+        Ok(sent)
+    }
+
+    /// Pauses (SIGSTOP) or continues (SIGCONT) `part` of node `id`.
+    pub fn pause_part(&mut self, id: u64, part: Part, paused: bool) -> anyhow::Result<()> {
+        let sig = if paused {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        match part {
+            Part::Both => self.pause(id, paused),
+            Part::Server => {
+                self.signal_server(id, sig)?;
+            }
+            Part::Follower => {
+                if let Some(c) = &self.nodes[id as usize - 1].follower {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Starts a killed node again: its follower with its data dir, and a

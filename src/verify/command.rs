@@ -21,16 +21,17 @@ pub struct VerifyArgs {
     /// Seconds of load (faults are injected during it)
     #[arg(long, default_value_t = 60)]
     pub time: u64,
-    /// Faults to inject, in a shuffled round, one at a time (comma list, or
-    /// `none`): kill-leader, kill-backup, kill-leader-server,
-    /// kill-leader-follower, kill-majority, pause-leader,
-    /// pause-backup, partition-leader, partition-halves,
-    /// partition-leader-zookeeper, partition-bridge, zookeeper-down,
-    /// disk-full-backup (each node's data dir becomes a small tmpfs),
+    /// Faults to inject, in a shuffled round, one at a time (comma list,
+    /// `all` or `none`): kill-leader, kill-backup, pause-leader,
+    /// pause-backup (a node's server and follower), each also as
+    /// -server or -follower (that process alone: kill-leader-server, …);
+    /// kill-majority; partition-leader, partition-halves,
+    /// partition-leader-zookeeper, partition-bridge; zookeeper-down;
+    /// disk-full-backup (each node's data dir becomes a small tmpfs);
     /// interrupt-install
     #[arg(
         long,
-        default_value = "kill-leader,kill-backup,kill-leader-server,kill-leader-follower,pause-leader,partition-leader,partition-halves,partition-leader-zookeeper,partition-bridge,zookeeper-down,kill-majority,disk-full-backup,interrupt-install"
+        default_value = "kill-leader,kill-backup,kill-leader-server,kill-leader-follower,pause-leader,pause-leader-follower,partition-leader,partition-halves,partition-leader-zookeeper,partition-bridge,zookeeper-down,kill-majority,disk-full-backup,interrupt-install"
     )]
     pub faults: String,
     /// Workloads the clients run (comma list): list-append (transactions,
@@ -108,6 +109,7 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<bool> {
     }
     let faults: Vec<Fault> = match args.faults.as_str() {
         "none" | "" => Vec::new(),
+        "all" => nemesis::FAULTS.iter().map(|(_, f)| *f).collect(),
         list => list
             .split(',')
             .map(|f| f.trim().parse().map_err(anyhow::Error::msg))

@@ -7,26 +7,40 @@ use std::time::{Duration, Instant};
 use super::client::{Recorder, Rng};
 use super::cluster::VerifyCluster;
 use super::report::FaultWindow;
+use nix::sys::signal::Signal;
+
+/// Which node a process fault hits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Whom {
+    /// The node that leads now (node 1 when none does).
+    Leader,
+    /// A random other node.
+    Backup,
+}
+
+/// Which of a node's processes a process fault hits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Its server and its follower (the host crashed or froze).
+    Both,
+    /// Its server only: its follower sees it go (and, killed, steps down).
+    Server,
+    /// Its follower only: its server lives on with nobody to commit or
+    /// apply its inputs.
+    Follower,
+}
 
 /// A kind of fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
-    /// SIGKILL of the leader's server and follower; restarted on heal.
-    KillLeader,
-    /// The same for a backup.
-    KillBackup,
-    /// SIGKILL of the leader's server only: its follower sees it exit and
-    /// steps down; the node is restarted on heal.
-    KillLeaderServer,
-    /// SIGKILL of the leader's follower only: its server lives on with
-    /// nobody to commit its inputs; the node is restarted on heal.
-    KillLeaderFollower,
+    /// SIGKILL of a node's processes; the node is restarted on heal (a
+    /// follower from its data dir, a server rebuilt from the log).
+    Kill(Whom, Part),
+    /// SIGSTOP of a node's processes (a long pause, a frozen VM); SIGCONT
+    /// on heal.
+    Pause(Whom, Part),
     /// SIGKILL of two nodes (a majority): nothing can commit until heal.
     KillMajority,
-    /// SIGSTOP of the leader's server and follower; SIGCONT on heal.
-    PauseLeader,
-    /// The same for a backup.
-    PauseBackup,
     /// The leader cut off from the other nodes and ZooKeeper (its
     /// clients still reach it).
     PartitionLeader,
@@ -49,14 +63,44 @@ pub enum Fault {
 }
 
 /// Every fault, by name.
-pub const FAULTS: [(&str, Fault); 14] = [
-    ("kill-leader", Fault::KillLeader),
-    ("kill-backup", Fault::KillBackup),
-    ("kill-leader-server", Fault::KillLeaderServer),
-    ("kill-leader-follower", Fault::KillLeaderFollower),
+pub const FAULTS: [(&str, Fault); 20] = [
+    ("kill-leader", Fault::Kill(Whom::Leader, Part::Both)),
+    (
+        "kill-leader-server",
+        Fault::Kill(Whom::Leader, Part::Server),
+    ),
+    (
+        "kill-leader-follower",
+        Fault::Kill(Whom::Leader, Part::Follower),
+    ),
+    ("kill-backup", Fault::Kill(Whom::Backup, Part::Both)),
+    (
+        "kill-backup-server",
+        Fault::Kill(Whom::Backup, Part::Server),
+    ),
+    (
+        "kill-backup-follower",
+        Fault::Kill(Whom::Backup, Part::Follower),
+    ),
+    ("pause-leader", Fault::Pause(Whom::Leader, Part::Both)),
+    (
+        "pause-leader-server",
+        Fault::Pause(Whom::Leader, Part::Server),
+    ),
+    (
+        "pause-leader-follower",
+        Fault::Pause(Whom::Leader, Part::Follower),
+    ),
+    ("pause-backup", Fault::Pause(Whom::Backup, Part::Both)),
+    (
+        "pause-backup-server",
+        Fault::Pause(Whom::Backup, Part::Server),
+    ),
+    (
+        "pause-backup-follower",
+        Fault::Pause(Whom::Backup, Part::Follower),
+    ),
     ("kill-majority", Fault::KillMajority),
-    ("pause-leader", Fault::PauseLeader),
-    ("pause-backup", Fault::PauseBackup),
     ("partition-leader", Fault::PartitionLeader),
     ("partition-halves", Fault::PartitionHalves),
     (
@@ -96,7 +140,7 @@ impl std::str::FromStr for Fault {
 /// What a fault did, to be healed.
 enum Applied {
     Killed(Vec<u64>),
-    Paused(Vec<u64>),
+    Paused(u64, Part),
     Partitioned,
     ZookeeperKilled,
     DiskFilled(u64),
@@ -118,6 +162,14 @@ fn leader_or_first(c: &VerifyCluster) -> u64 {
     c.leader().unwrap_or(1)
 }
 
+/// The node a process fault aimed at `whom` hits.
+fn pick(c: &VerifyCluster, whom: Whom, leader: u64, rng: &mut Rng) -> u64 {
+    match whom {
+        Whom::Leader => leader,
+        Whom::Backup => other(c, leader, rng),
+    }
+}
+
 /// A node other than `not`, chosen by `rng`.
 fn other(c: &VerifyCluster, not: u64, rng: &mut Rng) -> u64 {
     let others: Vec<u64> = c.ids().into_iter().filter(|&i| i != not).collect();
@@ -128,28 +180,33 @@ fn other(c: &VerifyCluster, not: u64, rng: &mut Rng) -> u64 {
 fn apply(c: &mut VerifyCluster, fault: Fault, rng: &mut Rng) -> anyhow::Result<(String, Applied)> {
     let leader = leader_or_first(c);
     Ok(match fault {
-        Fault::KillLeader | Fault::KillBackup => {
-            let id = if fault == Fault::KillLeader {
-                leader
-            } else {
-                other(c, leader, rng)
+        Fault::Kill(whom, part) => {
+            let id = pick(c, whom, leader, rng);
+            let what = match part {
+                Part::Both => {
+                    c.kill(id);
+                    format!("node {id} killed")
+                }
+                Part::Server => {
+                    let n = c.signal_server(id, Signal::SIGKILL)?;
+                    format!("node {id}'s server killed ({n} process)")
+                }
+                Part::Follower => {
+                    c.kill_follower_only(id);
+                    format!("node {id}'s follower killed")
+                }
             };
-            c.kill(id);
-            (format!("node {id} killed"), Applied::Killed(vec![id]))
+            (what, Applied::Killed(vec![id]))
         }
-        Fault::KillLeaderServer => {
-            let n = c.kill_server_only(leader)?;
-            (
-                format!("node {leader}'s server killed ({n} process)"),
-                Applied::Killed(vec![leader]),
-            )
-        }
-        Fault::KillLeaderFollower => {
-            c.kill_follower_only(leader);
-            (
-                format!("node {leader}'s follower killed"),
-                Applied::Killed(vec![leader]),
-            )
+        Fault::Pause(whom, part) => {
+            let id = pick(c, whom, leader, rng);
+            c.pause_part(id, part, true)?;
+            let what = match part {
+                Part::Both => format!("node {id} paused"),
+                Part::Server => format!("node {id}'s server paused"),
+                Part::Follower => format!("node {id}'s follower paused"),
+            };
+            (what, Applied::Paused(id, part))
         }
         Fault::KillMajority => {
             let b = other(c, leader, rng);
@@ -159,15 +216,6 @@ fn apply(c: &mut VerifyCluster, fault: Fault, rng: &mut Rng) -> anyhow::Result<(
                 format!("nodes {leader} and {b} killed"),
                 Applied::Killed(vec![leader, b]),
             )
-        }
-        Fault::PauseLeader | Fault::PauseBackup => {
-            let id = if fault == Fault::PauseLeader {
-                leader
-            } else {
-                other(c, leader, rng)
-            };
-            c.pause(id, true);
-            (format!("node {id} paused"), Applied::Paused(vec![id]))
         }
         Fault::PartitionLeader | Fault::PartitionHalves => {
             let lone = if fault == Fault::PartitionLeader {
@@ -244,11 +292,7 @@ fn heal(c: &mut VerifyCluster, applied: Applied) -> anyhow::Result<()> {
                 c.restart(id)?;
             }
         }
-        Applied::Paused(ids) => {
-            for id in ids {
-                c.pause(id, false);
-            }
-        }
+        Applied::Paused(id, part) => c.pause_part(id, part, false)?,
         Applied::Partitioned => c.net.heal()?,
         Applied::ZookeeperKilled => c.start_zookeeper()?,
         Applied::DiskFilled(id) => {
