@@ -10,7 +10,10 @@
 //!   against this host (free to bind, an address of this host) before the
 //!   server starts;
 //! - it waits for the node's follower (its region, owned by a running
-//!   follower whose heartbeat moves), so the server never runs ahead of it;
+//!   follower whose heartbeat moves), so the server never runs ahead of it,
+//!   and until the node knows when the cluster's log began, which it hands
+//!   to the server (`LOCKSTEP_ORIGIN_US`: its start-up is dated then, on
+//!   every replica);
 //! - the server in a session and PID namespace of its own (see `launch`):
 //!   what CRIU needs for the node's snapshots, whoever started `run`;
 //! - it stays in the foreground, passes SIGTERM/SIGINT/SIGHUP on, says once
@@ -86,14 +89,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     }
     let log = absolute(&log)?;
     app_address_usable(node, app)?;
-    if !no_wait {
+    let origin = if no_wait {
+        origin_now(&cfg, node)
+    } else {
         wait_for_follower(&cfg, node)?;
-    }
-    let env = vec![
+        let origin = wait_for_origin(&cfg, node);
+        // Meanwhile the follower may have restored the node's server
+        // from a snapshot: it has the port then.
+        app_address_usable(node, app)?;
+        origin
+    };
+    let mut env = vec![
         format!("LD_PRELOAD={}", bins.preload.display()),
         format!("LOCKSTEP_CONFIG={}", config_path.display()),
         format!("LOCKSTEP_NODE={node}"),
     ];
+    match origin {
+        Some(us) => env.push(format!("LOCKSTEP_ORIGIN_US={us}")),
+        None => eprintln!(
+            "lockstep run: node {node}'s follower does not know when the cluster's log began: the server's start-up clock reads 2000-01-01, as on every replica started so"
+        ),
+    }
     eprintln!(
         "lockstep run: node {node}'s server {} (app {app}), its output in {}",
         shell_words(&argv),
@@ -180,6 +196,43 @@ fn wait_for_follower(cfg: &Config, node: u64) -> anyhow::Result<()> {
             eprintln!(
                 "lockstep run: waiting for node {node}'s follower (region file {}): start it with `lockstep-follower --config … --node {node}`",
                 path.display()
+            );
+        }
+        std::thread::sleep(LOOK);
+    }
+}
+
+/// When the cluster's log began, as node `node`'s region shows it now
+/// (None: not known there, or no region).
+fn origin_now(cfg: &Config, node: u64) -> Option<u64> {
+    let spec = cfg.region_spec(node);
+    Region::open(&spec.default_path(), &spec)
+        .ok()
+        .map(|r| r.origin_us())
+        .filter(|&us| us != 0)
+}
+
+/// Waits until node `node`'s follower knows when the cluster's log began
+/// (a fresh cluster: once a majority of followers chose the first
+/// leader; a node rebuilt from scratch: once it fetched the log's first
+/// entry or a snapshot), which its server's clocks read until its first
+/// turn; one line says so while it does not.
+fn wait_for_origin(cfg: &Config, node: u64) -> Option<u64> {
+    let spec = cfg.region_spec(node);
+    let path = spec.default_path();
+    let mut said = false;
+    loop {
+        if let Some(us) = Region::open(&path, &spec)
+            .ok()
+            .map(|r| r.origin_us())
+            .filter(|&us| us != 0)
+        {
+            return Some(us);
+        }
+        if !said {
+            said = true;
+            eprintln!(
+                "lockstep run: waiting for node {node}'s cluster to choose its first leader (the time its log begins dates the server's start): start a majority of its followers"
             );
         }
         std::thread::sleep(LOOK);

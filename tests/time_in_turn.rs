@@ -187,3 +187,70 @@ fn durations_inside_a_command_are_real_and_the_same_everywhere() {
         assert_eq!(latest(id), on_leader, "node {id}'s latency events differ");
     }
 }
+
+/// Redis's `LASTSAVE` (its start time, in a fresh data dir) on node `id`.
+fn lastsave(c: &TestCluster, id: u64) -> i64 {
+    match Resp::connect(c.app(id))
+        .unwrap()
+        .cmd(&[b"LASTSAVE"])
+        .unwrap()
+    {
+        Reply::Int(t) => t,
+        other => panic!("LASTSAVE on node {id} answered {other:?}"),
+    }
+}
+
+#[test]
+fn a_fresh_server_is_dated_when_the_log_began_on_every_replica() {
+    let _serial = serial();
+    let mut c = TestCluster::new("tt-origin", Options::default());
+    c.start_all();
+    let origin_s = (c.origin_us(1) / 1_000_000) as i64;
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    // Before: 946684800 (2000-01-01) everywhere, uptime 27 years.
+    assert!(
+        origin_s > now_s - 600 && origin_s <= now_s,
+        "the log began at {origin_s}, now is {now_s}"
+    );
+    for id in 1..=3 {
+        assert_eq!(c.origin_us(id), c.origin_us(1), "node {id}'s origin");
+        assert_eq!(lastsave(&c, id), origin_s, "node {id}'s server start");
+    }
+    let info = match Resp::connect(c.app(1))
+        .unwrap()
+        .cmd(&[b"INFO", b"server"])
+        .unwrap()
+    {
+        Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b).to_string(),
+        other => panic!("INFO answered {other:?}"),
+    };
+    let uptime: i64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no uptime in {info}"));
+    assert!((0..=600).contains(&uptime), "uptime {uptime} s\n{info}");
+    // A replica rebuilt later replays the log from its start with a fresh
+    // server: it is dated the same.
+    let mut r = Resp::connect(c.app(1)).unwrap();
+    ok(r.cmd(&[b"SET", b"k", b"v"]).unwrap());
+    c.kill_follower(3);
+    c.kill_server(3);
+    std::fs::remove_dir_all(c.config().node_data_dir(3)).unwrap();
+    c.restart_node(3);
+    ok(r.cmd(&[b"SET", b"k2", b"v"]).unwrap());
+    c.wait_converged(LIMIT);
+    assert_eq!(c.origin_us(3), c.origin_us(1), "the rebuilt node's origin");
+    assert_eq!(lastsave(&c, 3), origin_s, "the rebuilt node's server start");
+    assert_eq!(
+        r.cmd(&[b"LASTSAVE"]).unwrap(),
+        Reply::Int(origin_s),
+        "LASTSAVE through the leader"
+    );
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}

@@ -30,8 +30,9 @@
 //! same turns everywhere, whatever other loops' waits return meanwhile.
 //!
 //! Before the log has a time (the server starting up, before the leader's
-//! first turn or a backup's first entry) those clocks read [`ORIGIN_US`],
-//! the same instant on every replica, restarted ones included; so do the
+//! first turn or a backup's first entry) those clocks read the time the
+//! cluster's log began ([`origin_us`]: handed over by `lockstep run`), the
+//! same instant on every replica, restarted ones included; so do the
 //! main and loop threads until their loop's first turn (a backup's pump
 //! may have begun entries while its server still starts up: a restarted
 //! node replays a whole log). So the
@@ -58,11 +59,35 @@ pub const GRAIN_US: u64 = 1_000;
 /// µs since the epoch: the latest time of the log (0: none yet).
 static LOG_TIME_US: AtomicU64 = AtomicU64::new(0);
 
-/// What the server's clocks read before the log has a time:
-/// 2000-01-01T00:00:00Z, on every replica. Its start-up is dated there
-/// (its uptime counts from it); a fixed instant, since no real one is
-/// known alike to all replicas before the log's first entry.
+/// What the server's clocks read before the log has a time when no origin
+/// was handed to it: 2000-01-01T00:00:00Z, a fixed instant, the same on
+/// every replica started that way.
 pub const ORIGIN_US: u64 = 946_684_800_000_000;
+
+/// The variable through which `lockstep run` hands a server the time its
+/// cluster's log began (µs since the epoch, from the follower's region).
+const ORIGIN_VAR: &std::ffi::CStr = c"LOCKSTEP_ORIGIN_US";
+
+/// The origin this process uses, read once (0: not read yet).
+static ORIGIN: AtomicU64 = AtomicU64::new(0);
+
+/// What the server's clocks read before the log has a time: the time its
+/// cluster's log began (`LOCKSTEP_ORIGIN_US`), the same instant on every
+/// replica and on one rebuilt later, so its start-up is dated then and
+/// its uptime counts from then; [`ORIGIN_US`] when none was handed over
+/// (a server started without `lockstep run`).
+pub fn origin_us() -> u64 {
+    match ORIGIN.load(Ordering::Acquire) {
+        0 => {
+            let us = crate::sys::env_u64(ORIGIN_VAR)
+                .filter(|&us| us != 0)
+                .unwrap_or(ORIGIN_US);
+            ORIGIN.store(us, Ordering::Release);
+            us
+        }
+        us => us,
+    }
+}
 
 thread_local! {
     /// This thread's clock (see `thread_clock`).
@@ -165,8 +190,8 @@ pub fn stop_signalled() {
 
 /// The clock the calling server thread should read now: a thread whose
 /// clocks move by turns (`turn_thread`: the server's loop threads and its
-/// main thread) reads its turn's time, else `ORIGIN_US`; any other thread
-/// the log's latest time, else `ORIGIN_US`. Once stopping, that time
+/// main thread) reads its turn's time, else the origin ([`origin_us`]);
+/// any other thread the log's latest time, else the origin. Once stopping, that time
 /// moving on in real time (`real_mono_us`).
 pub fn now_us(turn_thread: bool, real_mono_us: impl FnOnce() -> u64) -> Option<u64> {
     let t = if turn_thread {
@@ -174,7 +199,7 @@ pub fn now_us(turn_thread: bool, real_mono_us: impl FnOnce() -> u64) -> Option<u
     } else {
         LOG_TIME_US.load(Ordering::Acquire)
     };
-    let t = if t == 0 { ORIGIN_US } else { t };
+    let t = if t == 0 { origin_us() } else { t };
     if !STOPPING.load(Ordering::Acquire) {
         return Some(t);
     }

@@ -221,6 +221,14 @@ fn attach_when(ready: impl FnOnce(&Region) -> bool) -> Result<&'static Engine, U
         engine.region.role(),
         engine.region.view()
     );
+    let (used, began) = (crate::clock::origin_us(), engine.region.origin_us());
+    if began != 0 && used != began {
+        log::warn!(
+            "node {}: this server's start-up clock read {} µs since the epoch, but the cluster's log began at {began}: its LASTSAVE and uptime differ from its replicas' (its data does not); start it with `lockstep run`, which hands it the log's start",
+            s.me,
+            used
+        );
+    }
     crate::apply::start(engine.region.clone(), s.app, s.config.max_entry);
     let engine = ENGINE.publish(engine);
     MODE.store(MODE_ATTACHED, Ordering::Relaxed);

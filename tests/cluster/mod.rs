@@ -220,6 +220,16 @@ impl TestCluster {
     /// Starts node `id`'s server under the preload and waits until it
     /// listens and is attached to its region.
     pub fn start_server(&mut self, id: u64) {
+        // Its follower runs: the server starts dated when the log began
+        // (a rebuilt node's follower learns that from its peers), as
+        // `lockstep run` without `--no-wait` waits for.
+        if self.followers[self.idx(id)].is_some() {
+            self.wait(
+                &format!("node {id} to know when the log began"),
+                Duration::from_secs(60),
+                |c| c.origin_us(id) != 0,
+            );
+        }
         self.spawn_server(id);
         self.wait_server_attached(id);
     }
@@ -317,6 +327,12 @@ impl TestCluster {
         }
         if !launched {
             under_preload(&mut cmd, &self.bins.preload, &self.config_path, id);
+            match self.origin_us(id) {
+                0 => {}
+                us => {
+                    cmd.env("LOCKSTEP_ORIGIN_US", us.to_string());
+                }
+            }
             let child = spawn(cmd, self.log("server", id));
             let i = self.idx(id);
             self.servers[i] = Some(child);
@@ -476,6 +492,13 @@ impl TestCluster {
         kill_launched_and_reap(&mut self.servers[i]);
         self.restored[i] = Some(pid);
         pid
+    }
+
+    /// When the cluster's log began, as node `id`'s region shows it (0:
+    /// not known there yet).
+    pub fn origin_us(&self, id: u64) -> u64 {
+        let spec = self.config().region_spec(id);
+        lockstep_common::Region::open(&spec.default_path(), &spec).map_or(0, |r| r.origin_us())
     }
 
     /// Node `id`'s status over the control channel.

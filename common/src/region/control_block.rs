@@ -133,6 +133,17 @@ impl Region {
     pub fn set_heartbeat(&self, ms: u64) {
         self.word(W_HEARTBEAT).store(ms, Ordering::Release)
     }
+    /// When the cluster's log began (µs since the epoch; 0: not known on
+    /// this node yet): the time of its first entry, the first leader's
+    /// `VIEW`. A fresh server reads it until its first turn, on every
+    /// replica (`lockstep run` hands it over as `LOCKSTEP_ORIGIN_US`).
+    pub fn origin_us(&self) -> u64 {
+        self.word(W_ORIGIN).load(Ordering::Acquire)
+    }
+    /// Sets the log's origin time (see [`Region::origin_us`]).
+    pub fn set_origin_us(&self, us: u64) {
+        self.word(W_ORIGIN).store(us, Ordering::Release)
+    }
     /// Writer hand-off: (next seq, next ring position) for a new leader's
     /// preload, set by the follower before it flips the role to leader.
     pub fn writer_start(&self) -> (u64, u64) {

@@ -72,9 +72,14 @@ pub(super) const W_POST_BELL_WAITERS: usize = W_POST_BELL + LINE;
 // earlier layouts left zero.
 pub(super) const W_PROGRESS_BELL: usize = W_POST_BELL_WAITERS + LINE;
 pub(super) const W_PROGRESS_BELL_WAITERS: usize = W_PROGRESS_BELL + LINE;
+// When the node's log began (µs since the epoch: the time of its first
+// entry, the first leader's VIEW; 0: not known here), what a server reads
+// before its first turn (see `Region::origin_us`); likewise in words
+// earlier layouts left zero (read as "not known").
+pub(super) const W_ORIGIN: usize = W_PROGRESS_BELL_WAITERS + LINE;
 pub(super) const CONTROL_WORDS: usize = (CONTROL_SIZE / 8) as usize;
 
-const _: () = assert!(W_PROGRESS_BELL_WAITERS + LINE <= CONTROL_WORDS);
+const _: () = assert!(W_ORIGIN + LINE <= CONTROL_WORDS);
 
 /// Bytes of a node's apply ring for a replication ring of `ring_size`: a
 /// quarter of it, between 1 and 16 MiB (a power of two, like the ring).

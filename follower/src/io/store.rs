@@ -30,6 +30,7 @@ const K_COMMIT: &[u8] = b"commit";
 const K_APPLIED: &[u8] = b"applied";
 const K_LOG_VIEW: &[u8] = b"log_view";
 const K_BASE: &[u8] = b"base";
+const K_ORIGIN: &[u8] = b"origin";
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -561,6 +562,16 @@ impl LogStore {
     /// durable, a restart must not forget it).
     pub fn set_log_view(&self, v: u64) -> Result<(), StoreError> {
         self.meta_put_synced(K_LOG_VIEW, v)
+    }
+
+    /// When the cluster's log began, µs since the epoch (0: not known):
+    /// kept apart from the log, which compaction cuts.
+    pub fn origin(&self) -> Result<u64, StoreError> {
+        self.meta_get(K_ORIGIN)
+    }
+    /// Records when the cluster's log began (synced: it never changes).
+    pub fn set_origin(&self, us: u64) -> Result<(), StoreError> {
+        self.meta_put_synced(K_ORIGIN, us)
     }
 
     /// Stored commit mark.

@@ -46,11 +46,16 @@ impl Node {
                 let end = store.last().end_pos;
                 let mut hdr = EntryHeader::new(Kind::View, view, seq, 0, 0);
                 hdr.last_committed = last_committed;
-                let bytes = entry::encode(&hdr, &[]);
+                // The log's first entry says when it began (see `origin`).
+                let payload = super::origin::view_payload(seq, super::origin::now_us());
+                hdr.len = payload.len() as u32;
+                let bytes = entry::encode(&hdr, &payload);
                 if let Err(e) = store.append(&[(end, &bytes)]) {
                     drop(store);
                     self.fail(&format!("cannot append view {view}'s entry {seq}: {e}"));
+                    return None;
                 }
+                self.learn_origin(&store);
             }
             Action::SaveViews { promised, log_view } => {
                 let store = self.store();
@@ -174,6 +179,9 @@ impl Node {
             drop(store);
             self.fail(&format!("cannot persist entries: {e}"));
             return;
+        }
+        if from == 1 {
+            self.learn_origin(&store);
         }
         let n = refs.len() as u64;
         match carried {

@@ -38,6 +38,7 @@ mod heartbeat;
 mod host;
 pub mod log_limit;
 pub mod node;
+mod origin;
 mod poll;
 pub mod snapshots;
 mod startup;

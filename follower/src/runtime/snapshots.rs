@@ -417,6 +417,7 @@ impl Node {
                 build_ids,
                 files: sum_files(&dir)?,
                 lockstep_version: env!("CARGO_PKG_VERSION").into(),
+                origin_us: self.region.origin_us(),
             };
             write_meta(&dir, &meta)?;
             Ok(meta)
@@ -556,6 +557,7 @@ impl Node {
         let local = build_id::for_image(&names, self.config.server.as_deref());
         let got = transfer::install(&self.catalog, &mut src, have, &local)?;
         let at = got.snapshot.meta.position;
+        self.learn_origin(&self.store());
         log::info!(
             "node {}: installed node {peer}'s snapshot at seq {} ({} bytes fetched)",
             self.me,

@@ -242,6 +242,7 @@ pub(crate) mod tests {
             build_ids: vec![("redis-server".into(), "ab12".into())],
             files: sum_files(&dir).unwrap(),
             lockstep_version: "test".into(),
+            origin_us: 0,
         };
         write_meta(&dir, &meta).unwrap();
         Snapshot { dir, meta }

@@ -105,6 +105,11 @@ pub struct Meta {
     pub files: Vec<FileSum>,
     /// The lockstep version that wrote it.
     pub lockstep_version: String,
+    /// When the cluster's log began (µs since the epoch; 0: not known, or
+    /// written before it was recorded): a node whose log starts past seq 1
+    /// learns it here.
+    #[serde(default)]
+    pub origin_us: u64,
 }
 
 impl Meta {

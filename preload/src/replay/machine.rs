@@ -1334,7 +1334,7 @@ impl Replay {
         };
         if node_dependent {
             log::debug!(
-                "connection {}: the output after seq {prev} (`{command}`) differs from the leader's by design (not counted)",
+                "connection {}: the output after seq {prev} (`{command}`) differs from the leader's, as it may: that reply describes the node (its pid, addresses, ports, memory, uptime), not the data (not counted)",
                 h.conn
             );
             return;

@@ -219,6 +219,35 @@ pub fn env_is_set(name: &CStr) -> bool {
     !unsafe { libc::getenv(name.as_ptr()) }.is_null()
 }
 
+/// Environment variable `name` as a decimal number, without allocating
+/// (None: unset, empty, or not all digits, or past u64).
+pub fn env_u64(name: &CStr) -> Option<u64> {
+    // SAFETY: getenv with a NUL-terminated name; it only reads the
+    // environment (the preload never sets variables).
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null getenv result is a NUL-terminated string that
+    // stays valid while nobody sets variables (the preload never does).
+    let digits = unsafe { CStr::from_ptr(p) }.to_bytes();
+    parse_u64(digits)
+}
+
+/// `digits` as a decimal u64 (None: empty, another byte, or too big).
+pub fn parse_u64(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &b| {
+        if b.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
 /// Whether the calling thread is the process's main thread (its id is
 /// the pid): the server's start-up runs there.
 pub fn is_main_thread() -> bool {
