@@ -41,6 +41,8 @@ use super::Node;
 
 /// How often the rules run.
 const PERIOD: Duration = Duration::from_secs(1);
+/// The longest wait between two tries of a failing install.
+const INSTALL_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a peer's status may take.
 const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a trigger waits for its snapshot.
@@ -459,6 +461,11 @@ impl Node {
         // A node that cannot rebuild its server without a peer's image
         // asks for one at once.
         let mut first = self.snapshots.needs_image();
+        // After a failed install the next waits longer, up to
+        // INSTALL_BACKOFF_MAX (a restore that cannot work would otherwise
+        // be tried every round).
+        let mut install_wait = PERIOD;
+        let mut next_install = Instant::now();
         while !self.stopping() {
             if !std::mem::take(&mut first) {
                 std::thread::sleep(PERIOD);
@@ -475,14 +482,19 @@ impl Node {
             }
             self.compact(&members);
             let last = self.store().last().seq;
-            if let Some(peer) =
-                rules::install_source(self.me, last, !self.snapshots.needs_image(), &members)
-            {
+            let source =
+                rules::install_source(self.me, last, !self.snapshots.needs_image(), &members);
+            if let Some(peer) = source.filter(|_| Instant::now() >= next_install) {
                 // Said once, and shown in the status while it lasts, as a
-                // failed snapshot is: it is tried again every round.
+                // failed snapshot is: it is tried again, less and less often.
                 match self.install_from(peer) {
-                    Ok(()) => self.snapshot_worked(),
+                    Ok(()) => {
+                        install_wait = PERIOD;
+                        self.snapshot_worked()
+                    }
                     Err(e) => {
+                        next_install = Instant::now() + install_wait;
+                        install_wait = (install_wait * 2).min(INSTALL_BACKOFF_MAX);
                         self.snapshot_failed(&format!("installing node {peer}'s snapshot: {e:#}"))
                     }
                 }

@@ -144,6 +144,20 @@ pub fn install(
         return Err(InstallError::Nothing { have });
     }
     check_build_ids(&meta.build_ids, local).map_err(|why| InstallError::OtherBuild { seq, why })?;
+    // Fetched whole by an earlier try whose restore then failed: not
+    // fetched again (the image is checked as any other before a restore).
+    if let Ok(snaps) = catalog.list() {
+        if let Some(snapshot) = snaps
+            .into_iter()
+            .find(|s| s.meta.position.seq == seq && s.meta.digest() == meta.digest())
+            .filter(|s| Catalog::verify(s).is_ok())
+        {
+            return Ok(Installed {
+                snapshot,
+                fetched: 0,
+            });
+        }
+    }
     let dir = catalog.incoming().join(dir_name(seq));
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -396,6 +410,21 @@ mod tests {
         // Nothing newer than what this node has: nothing to do.
         let e = install(&mine, &mut Peer::new(&peer), 4000, &ids()).unwrap_err();
         assert!(matches!(e, InstallError::Nothing { have: 4000 }));
+        // Asked again for the same image (its restore failed, say): it is
+        // here whole, so nothing is fetched again ...
+        let mut again = Peer::new(&peer);
+        let got = install(&mine, &mut again, 100, &ids()).unwrap();
+        assert_eq!((again.chunks, got.fetched), (0, 0));
+        assert_eq!(got.snapshot.meta, newest.meta);
+        // ... unless it no longer checks out: then it is fetched anew.
+        let pages = got.snapshot.dir.join("pages.img");
+        let mut b = std::fs::read(&pages).unwrap();
+        b[0] ^= 1;
+        std::fs::write(&pages, b).unwrap();
+        let mut anew = Peer::new(&peer);
+        let got = install(&mine, &mut anew, 100, &ids()).unwrap();
+        assert_eq!(anew.chunks, 4);
+        Catalog::verify(&got.snapshot).unwrap();
         std::fs::remove_dir_all(&root).unwrap();
     }
 
