@@ -179,6 +179,41 @@ impl Finder {
         );
     }
 
+    /// Waits until node `id`, restarted while `expected` led, is back: a
+    /// backup of the node that leads now, or that leader itself.
+    /// Leadership may have moved meanwhile (on a loaded host a leader can
+    /// miss its ZooKeeper session, and the restarted node may win the next
+    /// view): that is a failover like any other, and the returned leader
+    /// is whoever leads. A node that reports "stale" fails at once.
+    fn wait_rejoined(&self, id: u64, expected: u64) -> u64 {
+        let all = self.ids();
+        let mut now = 0;
+        self.wait(&format!("node {id} to rejoin (leader {expected})"), || {
+            let (view, l) = self.leader(&all).ok_or("no node leads")?;
+            let s = self.status(id)?;
+            assert_ne!(
+                s.role, "stale",
+                "node {id} is stale after its restart: its server missed inputs, or applied inputs the majority does not have (see its follower log)\n{}",
+                self.logs()
+            );
+            if l == id || (s.role == "backup" && s.view == view && s.leader == l) {
+                now = l;
+                Ok(())
+            } else {
+                Err(format!(
+                    "node {id}: role {} view {} leader {}; node {l} leads view {view}",
+                    s.role, s.view, s.leader
+                ))
+            }
+        });
+        if now != expected {
+            eprintln!(
+                "leadership moved from node {expected} to node {now} while node {id} rejoined"
+            );
+        }
+        now
+    }
+
     /// Waits until node `id` reports one of `roles` in the view `leader`
     /// leads; returns it.
     fn wait_role_any(&self, id: u64, roles: &[&str], leader: u64) -> String {
@@ -885,8 +920,7 @@ fn leader_kills_in_a_row(test: &str, nodes: usize, rounds: usize) {
         // server restored from its snapshot, else a fresh one rebuilt from
         // the log.
         c.restart_node(leader);
-        f.wait_role(leader, "backup", next);
-        leader = next;
+        leader = f.wait_rejoined(leader, next);
     }
     load.wait_progress(&f, 20, "load after the last rejoin");
     let (logs, _) = load.finish();
