@@ -90,10 +90,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let log = absolute(&log)?;
     app_address_usable(node, app)?;
     let origin = if no_wait {
-        origin_now(&cfg, node)
+        lockstep_launcher::commands::region_origin(&cfg, node)
     } else {
         wait_for_follower(&cfg, node)?;
-        let origin = wait_for_origin(&cfg, node);
+        let origin = Some(wait_for_origin(&cfg, node));
         // Meanwhile the follower may have restored the node's server
         // from a snapshot: it has the port then.
         app_address_usable(node, app)?;
@@ -202,32 +202,16 @@ fn wait_for_follower(cfg: &Config, node: u64) -> anyhow::Result<()> {
     }
 }
 
-/// When the cluster's log began, as node `node`'s region shows it now
-/// (None: not known there, or no region).
-fn origin_now(cfg: &Config, node: u64) -> Option<u64> {
-    let spec = cfg.region_spec(node);
-    Region::open(&spec.default_path(), &spec)
-        .ok()
-        .map(|r| r.origin_us())
-        .filter(|&us| us != 0)
-}
-
 /// Waits until node `node`'s follower knows when the cluster's log began
 /// (a fresh cluster: once a majority of followers chose the first
 /// leader; a node rebuilt from scratch: once it fetched the log's first
 /// entry or a snapshot), which its server's clocks read until its first
 /// turn; one line says so while it does not.
-fn wait_for_origin(cfg: &Config, node: u64) -> Option<u64> {
-    let spec = cfg.region_spec(node);
-    let path = spec.default_path();
+fn wait_for_origin(cfg: &Config, node: u64) -> u64 {
     let mut said = false;
     loop {
-        if let Some(us) = Region::open(&path, &spec)
-            .ok()
-            .map(|r| r.origin_us())
-            .filter(|&us| us != 0)
-        {
-            return Some(us);
+        if let Some(us) = lockstep_launcher::commands::region_origin(cfg, node) {
+            return us;
         }
         if !said {
             said = true;

@@ -64,7 +64,26 @@ pub fn under_preload<'a>(
 ) -> &'a mut Command {
     cmd.env("LD_PRELOAD", lib)
         .env("LOCKSTEP_CONFIG", config)
-        .env("LOCKSTEP_NODE", id.to_string())
+        .env("LOCKSTEP_NODE", id.to_string());
+    // Dated when the log began, as `lockstep run` would date it, where
+    // the node knows that already.
+    if let Some(us) = lockstep_common::Config::load(config)
+        .ok()
+        .and_then(|c| region_origin(&c, id))
+    {
+        cmd.env("LOCKSTEP_ORIGIN_US", us.to_string());
+    }
+    cmd
+}
+
+/// When node `id`'s cluster's log began (µs since the epoch), as the
+/// node's region shows it now; None: not known there yet, or no region.
+pub fn region_origin(config: &lockstep_common::Config, id: u64) -> Option<u64> {
+    let spec = config.region_spec(id);
+    lockstep_common::Region::open(&spec.default_path(), &spec)
+        .ok()
+        .map(|r| r.origin_us())
+        .filter(|&us| us != 0)
 }
 
 /// `server` as node `id`'s server, started by `lockstep run` (the

@@ -327,12 +327,6 @@ impl TestCluster {
         }
         if !launched {
             under_preload(&mut cmd, &self.bins.preload, &self.config_path, id);
-            match self.origin_us(id) {
-                0 => {}
-                us => {
-                    cmd.env("LOCKSTEP_ORIGIN_US", us.to_string());
-                }
-            }
             let child = spawn(cmd, self.log("server", id));
             let i = self.idx(id);
             self.servers[i] = Some(child);
@@ -497,8 +491,7 @@ impl TestCluster {
     /// When the cluster's log began, as node `id`'s region shows it (0:
     /// not known there yet).
     pub fn origin_us(&self, id: u64) -> u64 {
-        let spec = self.config().region_spec(id);
-        lockstep_common::Region::open(&spec.default_path(), &spec).map_or(0, |r| r.origin_us())
+        lockstep_launcher::commands::region_origin(&self.config(), id).unwrap_or(0)
     }
 
     /// Node `id`'s status over the control channel.
