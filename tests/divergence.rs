@@ -208,6 +208,12 @@ fn memcached_stats_in_text_and_binary_count_no_divergence() {
                 std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
                 assert!(!line.is_empty(), "{cmd:?}: the connection closed");
                 lines += 1;
+                // Started when the log began (not 2000-01-01): an uptime
+                // of minutes, not 27 years.
+                if let Some(up) = line.strip_prefix("STAT uptime ") {
+                    let up: u64 = up.trim().parse().unwrap();
+                    assert!(up < 600, "memcached's uptime is {up} s");
+                }
                 if line.trim_end() == last {
                     break;
                 }
