@@ -190,6 +190,10 @@ impl Bench {
             &data,
             &lockstep_common::config::REDIS_REPLICA_ARGS,
         );
+        // Dated when the log began, as on every replica (see `lockstep run`).
+        self.wait(&format!("node {id} to know when the log began"), |b| {
+            Ok(lockstep_launcher::commands::region_origin(&b.config, id).is_some())
+        })?;
         under_preload(&mut cmd, &self.bins.preload, &self.config_path, id);
         let child = spawn_logged(&mut cmd, log, Grouping::Inherit)
             .context("cannot start redis-server (is it installed? scripts/setup installs it)")?;

@@ -93,7 +93,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         lockstep_launcher::commands::region_origin(&cfg, node)
     } else {
         wait_for_follower(&cfg, node)?;
-        let origin = Some(wait_for_origin(&cfg, node));
+        let origin = Some(wait_for_origin(&cfg, node)?);
         // Meanwhile the follower may have restored the node's server
         // from a snapshot: it has the port then.
         app_address_usable(node, app)?;
@@ -207,11 +207,15 @@ fn wait_for_follower(cfg: &Config, node: u64) -> anyhow::Result<()> {
 /// leader; a node rebuilt from scratch: once it fetched the log's first
 /// entry or a snapshot), which its server's clocks read until its first
 /// turn; one line says so while it does not.
-fn wait_for_origin(cfg: &Config, node: u64) -> u64 {
+fn wait_for_origin(cfg: &Config, node: u64) -> anyhow::Result<u64> {
     let mut said = false;
     loop {
         if let Some(us) = lockstep_launcher::commands::region_origin(cfg, node) {
-            return us;
+            return Ok(us);
+        }
+        let spec = cfg.region_spec(node);
+        if !Region::open(&spec.default_path(), &spec).is_ok_and(|r| r.owner_alive()) {
+            bail!("node {node}'s follower stopped while this waited for it");
         }
         if !said {
             said = true;

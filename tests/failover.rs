@@ -1453,6 +1453,12 @@ impl NetnsCluster {
         std::fs::create_dir_all(&data).unwrap();
         let log = self.log("server", id);
         let mut server = redis_on_host(app, &data);
+        // Dated when the log began, as on every replica (see `lockstep run`).
+        f.wait(&format!("node {id} to know when the log began"), || {
+            lockstep_launcher::commands::region_origin(&f.config, id)
+                .map(|_| ())
+                .ok_or_else(|| "not yet".to_string())
+        });
         under_preload(&mut server, &self.bins.preload, &self.config_path, id);
         let child = self.spawn_in(
             id,

@@ -104,8 +104,14 @@ impl Procs {
         let data = self.dir.join(format!("server-{id}"));
         std::fs::create_dir_all(&data).unwrap();
         let log = self.log("server", id);
-        let child = self
-            .in_node(id, "redis-server")
+        let mut cmd = self.in_node(id, "redis-server");
+        lockstep_launcher::commands::under_preload(
+            &mut cmd,
+            &bin_dir().join("liblockstep.so"),
+            &self.config_path,
+            id,
+        );
+        let child = cmd
             .args([
                 "--port",
                 &app.port().to_string(),
@@ -118,9 +124,6 @@ impl Procs {
             .args(lockstep_common::config::REDIS_REPLICA_ARGS)
             .arg("--dir")
             .arg(&data)
-            .env("LD_PRELOAD", bin_dir().join("liblockstep.so"))
-            .env("LOCKSTEP_CONFIG", &self.config_path)
-            .env("LOCKSTEP_NODE", id.to_string())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -68,7 +68,9 @@ pub const ORIGIN_US: u64 = 946_684_800_000_000;
 /// cluster's log began (µs since the epoch, from the follower's region).
 const ORIGIN_VAR: &std::ffi::CStr = c"LOCKSTEP_ORIGIN_US";
 
-/// The origin this process uses, read once (0: not read yet).
+/// The origin this process uses, read once, at load (0: not read yet;
+/// a server may rewrite its environment later, as Redis's process-title
+/// code does).
 static ORIGIN: AtomicU64 = AtomicU64::new(0);
 
 /// What the server's clocks read before the log has a time: the time its

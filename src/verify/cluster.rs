@@ -415,25 +415,24 @@ impl VerifyCluster {
         Ok(sent)
     }
 
-    /// Pauses (SIGSTOP) or continues (SIGCONT) `part` of node `id`.
-    pub fn pause_part(&mut self, id: u64, part: Part, paused: bool) -> anyhow::Result<()> {
+    /// Pauses (SIGSTOP) or continues (SIGCONT) `part` of node `id`;
+    /// returns how many processes got the signal.
+    pub fn pause_part(&mut self, id: u64, part: Part, paused: bool) -> anyhow::Result<usize> {
         let sig = if paused {
             Signal::SIGSTOP
         } else {
             Signal::SIGCONT
         };
-        match part {
+        Ok(match part {
             Part::Both => self.pause(id, paused),
-            Part::Server => {
-                self.signal_server(id, sig)?;
-            }
-            Part::Follower => {
-                if let Some(c) = &self.nodes[id as usize - 1].follower {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
-                }
-            }
-        }
-        Ok(())
+            Part::Server => self.signal_server(id, sig)?,
+            Part::Follower => match &self.nodes[id as usize - 1].follower {
+                Some(c) => usize::from(
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig).is_ok(),
+                ),
+                None => 0,
+            },
+        })
     }
 
     /// Starts a killed node again: its follower with its data dir, and a
@@ -447,15 +446,17 @@ impl VerifyCluster {
         self.start_server(id)
     }
 
-    /// Pauses (SIGSTOP) or continues (SIGCONT) every process of node `id`.
-    pub fn pause(&mut self, id: u64, paused: bool) {
+    /// Pauses (SIGSTOP) or continues (SIGCONT) every process of node `id`;
+    /// returns how many.
+    pub fn pause(&mut self, id: u64, paused: bool) -> usize {
         let sig = if paused {
             Signal::SIGSTOP
         } else {
             Signal::SIGCONT
         };
-        let _ = self.net.signal_all(&id.to_string(), sig);
+        let n = self.net.signal_all(&id.to_string(), sig).unwrap_or(0);
         self.nodes[id as usize - 1].paused = paused;
+        n
     }
 
     /// Waits until `ok` holds, checking every 200 ms; an error names `what`.
@@ -495,6 +496,14 @@ impl VerifyCluster {
         for &id in &stale {
             log::info!("verify: node {id} is stale: rebuilding it");
             self.restart(id)?;
+        }
+        // A follower that stopped by itself (it could not persist, say)
+        // is started again, as `lockstep up`'s supervisor does.
+        for id in self.ids() {
+            if !stale.contains(&id) && self.follower_exited(id) {
+                log::info!("verify: node {id}'s follower stopped: restarting the node");
+                self.restart(id)?;
+            }
         }
         Ok(stale)
     }

@@ -187,10 +187,10 @@ fn apply(c: &mut VerifyCluster, fault: Fault, rng: &mut Rng) -> anyhow::Result<(
                     c.kill(id);
                     format!("node {id} killed")
                 }
-                Part::Server => {
-                    let n = c.signal_server(id, Signal::SIGKILL)?;
-                    format!("node {id}'s server killed ({n} process)")
-                }
+                Part::Server => match c.signal_server(id, Signal::SIGKILL)? {
+                    0 => format!("node {id} runs no server now: nothing killed"),
+                    n => format!("node {id}'s server killed ({n} process)"),
+                },
                 Part::Follower => {
                     c.kill_follower_only(id);
                     format!("node {id}'s follower killed")
@@ -200,11 +200,11 @@ fn apply(c: &mut VerifyCluster, fault: Fault, rng: &mut Rng) -> anyhow::Result<(
         }
         Fault::Pause(whom, part) => {
             let id = pick(c, whom, leader, rng);
-            c.pause_part(id, part, true)?;
-            let what = match part {
-                Part::Both => format!("node {id} paused"),
-                Part::Server => format!("node {id}'s server paused"),
-                Part::Follower => format!("node {id}'s follower paused"),
+            let what = match (part, c.pause_part(id, part, true)?) {
+                (_, 0) => format!("node {id} runs no such process now: nothing paused"),
+                (Part::Both, _) => format!("node {id} paused"),
+                (Part::Server, _) => format!("node {id}'s server paused"),
+                (Part::Follower, _) => format!("node {id}'s follower paused"),
             };
             (what, Applied::Paused(id, part))
         }
@@ -292,17 +292,18 @@ fn heal(c: &mut VerifyCluster, applied: Applied) -> anyhow::Result<()> {
                 c.restart(id)?;
             }
         }
-        Applied::Paused(id, part) => c.pause_part(id, part, false)?,
+        Applied::Paused(id, part) => {
+            c.pause_part(id, part, false)?;
+        }
         Applied::Partitioned => c.net.heal()?,
         Applied::ZookeeperKilled => c.start_zookeeper()?,
         Applied::DiskFilled(id) => {
             c.free_disk(id)?;
-            // A follower that cannot persist stops (fail-stop): its
-            // supervisor starts it again once there is room.
-            if c.follower_exited(id) || c.status(id).is_err() {
-                log::info!("verify: node {id} stopped on its full disk: restarting it");
-                c.restart(id)?;
-            }
+            // A follower that cannot persist stops (fail-stop), now or at
+            // its next write (RocksDB keeps a write error until reopened):
+            // the node starts again once there is room, as a supervisor
+            // would start it.
+            c.restart(id)?;
         }
     }
     Ok(())

@@ -29,18 +29,31 @@ pub(super) fn draft_beside(path: &Path) -> io::Result<Draft> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let unnamed = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
-        .mode(0o600)
-        .open(dir);
+    // An unnamed file is named through /proc/self/fd: without /proc it
+    // could not be named at all.
+    let unnamed = if Path::new("/proc/self/fd").is_dir() {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .mode(0o600)
+            .open(dir)
+    } else {
+        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+    };
     match unnamed {
         Ok(file) => Ok(Draft {
             file,
             private: None,
         }),
-        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+        // No O_TMPFILE here (EOPNOTSUPP; older kernels say EISDIR or
+        // EINVAL).
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+            ) =>
+        {
             let name = path.file_name().unwrap_or_default().to_string_lossy();
             let private = dir.join(format!(".{name}.creating.{}", std::process::id()));
             let _ = std::fs::remove_file(&private);
@@ -59,17 +72,23 @@ pub(super) fn draft_beside(path: &Path) -> io::Result<Draft> {
     }
 }
 
+impl Drop for Draft {
+    /// A draft never published leaves no private name behind (an unnamed
+    /// one goes with its last descriptor by itself).
+    fn drop(&mut self) {
+        if let Some(private) = &self.private {
+            let _ = std::fs::remove_file(private);
+        }
+    }
+}
+
 impl Draft {
     /// Gives the finished draft the name `path`; fails with
     /// `AlreadyExists` if something is there (it is never replaced).
     pub fn publish(&self, path: &Path) -> io::Result<()> {
         match &self.private {
             None => link_at(&self.file, path),
-            Some(private) => {
-                let linked = std::fs::hard_link(private, path);
-                let _ = std::fs::remove_file(private);
-                linked
-            }
+            Some(private) => std::fs::hard_link(private, path),
         }
     }
 }

@@ -53,9 +53,7 @@ impl Node {
                 if let Err(e) = store.append(&[(end, &bytes)]) {
                     drop(store);
                     self.fail(&format!("cannot append view {view}'s entry {seq}: {e}"));
-                    return None;
                 }
-                self.learn_origin(&store);
             }
             Action::SaveViews { promised, log_view } => {
                 let store = self.store();
@@ -179,9 +177,6 @@ impl Node {
             drop(store);
             self.fail(&format!("cannot persist entries: {e}"));
             return;
-        }
-        if from == 1 {
-            self.learn_origin(&store);
         }
         let n = refs.len() as u64;
         match carried {

@@ -41,6 +41,7 @@ impl Node {
             self.publish_appliers(&mut appliers);
             if server_checked.elapsed() >= SERVER_CHECK {
                 self.check_server(&mut server_gone);
+                self.learn_committed_origin();
                 server_checked = Instant::now();
             }
             self.step(Event::Tick(self.words()), Carried::Nothing);

@@ -4,7 +4,7 @@
 //!
 //! The first leader's follower writes it into the log's first entry, its
 //! `VIEW` at seq 1, as an 8-byte payload (its wall clock then); every node
-//! learns it from that entry, or, when its log starts past seq 1, from a
+//! learns it from that entry once it is committed, or, when its log starts past seq 1, from a
 //! snapshot's `meta.json`; keeps it in its store (compaction cuts the
 //! entry); and shows it in its region, where `lockstep run` reads it for
 //! the server it starts (`LOCKSTEP_ORIGIN_US`). A server rebuilt later
@@ -52,9 +52,12 @@ pub fn now_us() -> u64 {
 
 impl Node {
     /// Learns the origin where this node can (its store, the log's first
-    /// entry, its newest snapshot) unless its region shows it already;
-    /// keeps it in the store and shows it in the region.
-    pub(super) fn learn_origin(&self, store: &LogStore) {
+    /// entry once `committed` covers it, its newest snapshot) unless its
+    /// region shows it already; keeps it in the store and shows it in the
+    /// region. Never from an uncommitted first entry: a candidate that
+    /// wrote its own seq 1 and lost the view would keep a time the
+    /// cluster's log does not hold.
+    pub(super) fn learn_origin(&self, store: &LogStore, committed: u64) {
         if self.region.origin_us() != 0 {
             return;
         }
@@ -63,7 +66,7 @@ impl Node {
             stored
         } else {
             let first = match store.oldest() {
-                1 => store.get(1).ok().flatten(),
+                1 if committed >= 1 => store.get(1).ok().flatten(),
                 _ => None,
             };
             // A log or snapshot from before origins were recorded: the
@@ -95,6 +98,21 @@ impl Node {
             self.me,
             us
         );
+    }
+}
+
+impl Node {
+    /// The heartbeat's look (every `SERVER_CHECK`, off the entries' path)
+    /// while the origin is not known here: once the replica's commit point
+    /// covers seq 1 of its log, the first entry is the cluster's.
+    pub(super) fn learn_committed_origin(&self) {
+        if self.region.origin_us() != 0 {
+            return;
+        }
+        let committed = self.replica().committed();
+        if committed >= 1 {
+            self.learn_origin(&self.store(), committed);
+        }
     }
 }
 

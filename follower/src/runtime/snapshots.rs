@@ -484,6 +484,9 @@ impl Node {
             let last = self.store().last().seq;
             let source =
                 rules::install_source(self.me, last, !self.snapshots.needs_image(), &members);
+            if source.is_none() {
+                install_wait = PERIOD;
+            }
             if let Some(peer) = source.filter(|_| Instant::now() >= next_install) {
                 // Said once, and shown in the status while it lasts, as a
                 // failed snapshot is: it is tried again, less and less often.
@@ -569,7 +572,7 @@ impl Node {
         let local = build_id::for_image(&names, self.config.server.as_deref());
         let got = transfer::install(&self.catalog, &mut src, have, &local)?;
         let at = got.snapshot.meta.position;
-        self.learn_origin(&self.store());
+        self.learn_origin(&self.store(), at.seq);
         log::info!(
             "node {}: installed node {peer}'s snapshot at seq {} ({} bytes fetched)",
             self.me,

@@ -219,7 +219,7 @@ impl Node {
             catalog,
             applied_bytes: AtomicU64::new(0),
         });
-        node.learn_origin(&node.store());
+        node.learn_origin(&node.store(), restored.committed);
         for a in actions {
             node.carry_out(a, Carried::Nothing);
         }

@@ -579,11 +579,14 @@ impl ServerImage for Criu {
             // Kept apart: the next try's log would overwrite the one that
             // says why this one failed.
             let kept = self.work.join("criu-restore-failed.log");
-            let _ = std::fs::rename(&log, &kept);
-            let e = anyhow::anyhow!(
-                "{}",
-                format!("{e:#}").replace(&log.display().to_string(), &kept.display().to_string())
-            );
+            let e = match std::fs::rename(&log, &kept) {
+                Ok(()) => anyhow::anyhow!(
+                    "{}",
+                    format!("{e:#}")
+                        .replace(&log.display().to_string(), &kept.display().to_string())
+                ),
+                Err(_) => e,
+            };
             // A restore that failed late may have left its process running
             // (it wrote the pid file): never leave an orphan server behind.
             if let Some(pid) = pid {

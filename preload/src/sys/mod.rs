@@ -229,7 +229,8 @@ pub fn env_u64(name: &CStr) -> Option<u64> {
         return None;
     }
     // SAFETY: a non-null getenv result is a NUL-terminated string that
-    // stays valid while nobody sets variables (the preload never does).
+    // stays valid while nobody sets variables: the preload never does, and
+    // it reads this at load time, before the server's code runs.
     let digits = unsafe { CStr::from_ptr(p) }.to_bytes();
     parse_u64(digits)
 }

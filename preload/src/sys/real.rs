@@ -283,11 +283,13 @@ static ALL_REAL: [&RealFn; 46] = [
 
 /// Load-time constructor: resolves every real function (dlsym only; no
 /// allocation of ours, no I/O, no configuration — that happens lazily at
-/// the first `listen`/`accept` on the app address).
+/// the first `listen`/`accept` on the app address), and reads the log's
+/// origin time from the environment before the server can change it.
 extern "C" fn resolve_all() {
     for f in ALL_REAL.iter() {
         f.addr();
     }
+    crate::clock::origin_us();
 }
 
 #[used]
