@@ -46,15 +46,8 @@
 
 use super::viewchange;
 
-/// How much log between two snapshots (the config's `snapshot_every`;
-/// 0: that measure is off).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Every {
-    /// Entries.
-    pub entries: u64,
-    /// Bytes of encoded entries.
-    pub bytes: u64,
-}
+// How much log between two snapshots: the config's own type.
+use lockstep_common::config::SnapshotEvery;
 
 /// What a node knows of one member (itself included), from its own state
 /// or the member's latest status.
@@ -91,7 +84,7 @@ pub struct Member {
     pub bytes_since: u64,
 }
 
-fn due(m: &Member, every: Every) -> bool {
+fn due(m: &Member, every: SnapshotEvery) -> bool {
     let entries = m.applied.saturating_sub(m.snapshot);
     (every.entries != 0 && entries >= every.entries)
         || (every.bytes != 0 && m.bytes_since >= every.bytes)
@@ -99,7 +92,7 @@ fn due(m: &Member, every: Every) -> bool {
 
 /// Which member should image its server now (None: none), from the
 /// members' states (`members` lists every member of the config once).
-pub fn taker(members: &[Member], every: Every) -> Option<u64> {
+pub fn taker(members: &[Member], every: SnapshotEvery) -> Option<u64> {
     let majority = viewchange::majority(members.len());
     let applying = members
         .iter()
@@ -146,7 +139,7 @@ pub fn failing_lately(failures: u64, last_ms: u64, own: bool) -> bool {
 /// Why a node whose log holds `entries` entries in `bytes` bytes is
 /// degraded: more than `after` times `every` (either measure that is on);
 /// None when it is not, or `after` is 0 (never).
-pub fn degraded(entries: u64, bytes: u64, every: Every, after: u64) -> Option<String> {
+pub fn degraded(entries: u64, bytes: u64, every: SnapshotEvery, after: u64) -> Option<String> {
     if after == 0 {
         return None;
     }
@@ -230,7 +223,7 @@ pub fn install_source(me: u64, last: u64, can_rebuild: bool, members: &[Member])
 mod tests {
     use super::*;
 
-    const EVERY: Every = Every {
+    const EVERY: SnapshotEvery = SnapshotEvery {
         entries: 1000,
         bytes: 0,
     };
@@ -299,7 +292,7 @@ mod tests {
             m.applied = 10;
             m.bytes_since = 2 << 20;
         }
-        let bytes = Every {
+        let bytes = SnapshotEvery {
             entries: 0,
             bytes: 1 << 20,
         };
@@ -390,7 +383,7 @@ mod tests {
 
     #[test]
     fn a_log_past_the_bound_is_degraded_and_one_within_is_not() {
-        let every = Every {
+        let every = SnapshotEvery {
             entries: 1000,
             bytes: 1 << 20,
         };
@@ -402,7 +395,7 @@ mod tests {
         );
         assert!(degraded(10, (3 << 20) + 1, every, 3).is_some(), "bytes");
         assert_eq!(degraded(u64::MAX, u64::MAX, every, 0), None, "0: never");
-        let entries_only = Every {
+        let entries_only = SnapshotEvery {
             entries: 1000,
             bytes: 0,
         };
@@ -473,7 +466,7 @@ mod tests {
     /// attempts fail for a while.
     #[test]
     fn snapshots_keep_their_cadence_through_many_failovers() {
-        let every = Every {
+        let every = SnapshotEvery {
             entries: 1000,
             bytes: 0,
         };

@@ -30,7 +30,7 @@ use lockstep_common::region::{Region, Role};
 
 use crate::io::feed::Feeder;
 use crate::io::store::{LogEnd, LogStore};
-use crate::protocol::snapshot::{self as rules, Every, Member};
+use crate::protocol::snapshot::{self as rules, Member};
 use crate::protocol::Event;
 use crate::snapshot::catalog::{Catalog, Snapshot};
 use crate::snapshot::transfer::{self, ChunkSource};
@@ -454,10 +454,7 @@ impl Node {
         if self.config.snapshot == SnapshotMode::Off || self.snapshots.image.is_err() {
             return;
         }
-        let every = Every {
-            entries: self.config.snapshot_every.entries,
-            bytes: self.config.snapshot_every.bytes,
-        };
+        let every = self.config.snapshot_every;
         // A node that cannot rebuild its server without a peer's image
         // asks for one at once.
         let mut first = self.snapshots.needs_image();

@@ -36,10 +36,7 @@ impl Node {
         let log_entries = (persisted + 1).saturating_sub(oldest.max(1));
         let degraded = (self.config.snapshot == SnapshotMode::Process)
             .then(|| {
-                let every = snapshot::Every {
-                    entries: self.config.snapshot_every.entries,
-                    bytes: self.config.snapshot_every.bytes,
-                };
+                let every = self.config.snapshot_every;
                 snapshot::degraded(
                     log_entries,
                     log_bytes,

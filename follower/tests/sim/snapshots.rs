@@ -11,11 +11,12 @@
 //! deleted past its own newest snapshot, as a leader does) finds a peer's
 //! image to install.
 
-use lockstep_follower::protocol::snapshot::{self as rules, Every, Member};
+use lockstep_common::config::SnapshotEvery;
+use lockstep_follower::protocol::snapshot::{self as rules, Member};
 
 use crate::rng::Rng;
 
-const EVERY: Every = Every {
+const EVERY: SnapshotEvery = SnapshotEvery {
     entries: 50,
     bytes: 0,
 };
