@@ -266,7 +266,7 @@ impl Node {
                     peers.get(|| n.peer_statuses())
                 };
                 let known = *known.lock().unwrap_or_else(|p| p.into_inner());
-                crate::serve::sentinel::Snapshot::of(&n.config, n.me, &own, &peers, known)
+                crate::serve::sentinel::SentinelView::of(&n.config, n.me, &own, &peers, known)
             };
             crate::serve::sentinel::serve(addr, Arc::new(source), last)
                 .with_context(|| format!("cannot listen on sentinel address {addr}"))?;

@@ -7,12 +7,12 @@
 //! connection) whenever that leader changes.
 //!
 //! The decisions (what the node reports, each reply, each switch) are pure
-//! functions of a [`Snapshot`] (`snapshot`) and a connection's [`Session`]
+//! functions of a [`SentinelView`] (`snapshot`) and a connection's [`ClientConn`]
 //! (`session`), encoded by `resp`; [`serve`] only moves bytes.
 
+mod client;
 mod resp;
-mod session;
-mod snapshot;
+mod view;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use lockstep_common::control::NodeStatus;
 
+pub use client::{ClientConn, VERSION};
 pub use resp::{glob, parse_command, Parsed, Proto, Value};
-pub use session::{Session, VERSION};
-pub use snapshot::{committing_leader, switch_master, Snapshot};
+pub use view::{committing_leader, switch_master, SentinelView};
 
 /// The channel Sentinel announces a new master on.
 pub const SWITCH_MASTER: &str = "+switch-master";
@@ -69,7 +69,7 @@ impl PeerStatuses {
 // Serving
 
 /// Gives this node's current snapshot.
-pub type Source = dyn Fn() -> Snapshot + Send + Sync;
+pub type Source = dyn Fn() -> SentinelView + Send + Sync;
 
 /// Subscribers waiting for `+switch-master` payloads.
 type Subscribers = Arc<Mutex<Vec<Sender<String>>>>;
@@ -129,7 +129,7 @@ fn connection(
 ) -> std::io::Result<()> {
     s.set_read_timeout(Some(Duration::from_millis(100)))?;
     let _ = s.set_nodelay(true);
-    let mut session = Session::new(id);
+    let mut session = ClientConn::new(id);
     let mut events: Option<Receiver<String>> = None;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -235,10 +235,10 @@ control = "127.0.0.1:7103"
 
     /// The snapshot of node 1 when every node answers in view 5 with
     /// `leader` leading.
-    pub(crate) fn all_up(leader: u64) -> Snapshot {
+    pub(crate) fn all_up(leader: u64) -> SentinelView {
         let role = |id| if id == leader { "leader" } else { "backup" };
         let peers = [status(2, role(2), leader), status(3, role(3), leader)];
-        Snapshot::of(&config(), 1, &status(1, role(1), leader), &peers, None)
+        SentinelView::of(&config(), 1, &status(1, role(1), leader), &peers, None)
     }
 
     #[test]

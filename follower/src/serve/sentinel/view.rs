@@ -1,4 +1,4 @@
-//! What this node's sentinel reports (a [`Snapshot`] of its config and the
+//! What this node's sentinel reports (a [`SentinelView`] of its config and the
 //! nodes' statuses), the `SENTINEL` subcommands' replies and the
 //! `+switch-master` payload: pure functions, no I/O.
 
@@ -11,7 +11,7 @@ use super::resp::Value;
 
 /// What this node's sentinel reports, from its config and status.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Snapshot {
+pub struct SentinelView {
     /// The master name (the cluster name).
     pub name: String,
     /// The app address of the leader that can commit, when there is one.
@@ -62,7 +62,7 @@ pub fn committing_leader(majority: usize, own: &NodeStatus, peers: &[NodeStatus]
     }
 }
 
-impl Snapshot {
+impl SentinelView {
     /// What node `me` reports given its `own` status, the statuses of the
     /// `peers` that answered and the `last` leader it knew of: the leader
     /// only while it can commit ([`committing_leader`]).
@@ -75,7 +75,7 @@ impl Snapshot {
     ) -> Self {
         let leader_id = committing_leader(config.majority(), own, peers);
         let leader = config.node(leader_id).ok().map(|n| n.app);
-        Snapshot {
+        SentinelView {
             name: config.cluster.clone(),
             leader,
             last_leader: leader.or(last),
@@ -248,13 +248,13 @@ pub fn switch_master(
 #[cfg(test)]
 mod tests {
     use super::super::tests::{addr, all_up, config, status};
-    use super::super::{Proto, Session};
+    use super::super::{ClientConn, Proto};
     use super::*;
 
-    fn ask(snap: &Snapshot, cmd: &str) -> String {
+    fn ask(snap: &SentinelView, cmd: &str) -> String {
         let args: Vec<Vec<u8>> = cmd.split(' ').map(|s| s.as_bytes().to_vec()).collect();
         let mut out = Vec::new();
-        for v in Session::new(1).handle(snap, &args) {
+        for v in ClientConn::new(1).handle(snap, &args) {
             out.extend(v.encode(Proto::Resp2));
         }
         String::from_utf8(out).unwrap()
@@ -273,7 +273,7 @@ mod tests {
         // The leader and this backup: a majority.
         assert_eq!(committing_leader(2, &own, std::slice::from_ref(&leader)), 2);
         // The leader does not answer (dead, or unreachable from here).
-        let s = Snapshot::of(&c, 1, &own, &[status(3, "backup", 2)], Some(addr(7002)));
+        let s = SentinelView::of(&c, 1, &own, &[status(3, "backup", 2)], Some(addr(7002)));
         assert_eq!(s.leader, None);
         assert_eq!(s.last_leader, Some(addr(7002)));
         // The leader answers, but no majority is a live member of its view.
@@ -369,7 +369,7 @@ mod tests {
     #[test]
     fn resp3_replies_are_maps_and_nulls() {
         let s = all_up(1);
-        let mut session = Session::new(7);
+        let mut session = ClientConn::new(7);
         let mut ask3 = |cmd: &str| {
             let args: Vec<Vec<u8>> = cmd.split(' ').map(|s| s.as_bytes().to_vec()).collect();
             let mut out = Vec::new();
@@ -396,14 +396,14 @@ mod tests {
     #[test]
     fn no_leader_is_nil_or_down() {
         let c = config();
-        let none = Snapshot::of(&c, 1, &status(1, "joining", 0), &[], None);
+        let none = SentinelView::of(&c, 1, &status(1, "joining", 0), &[], None);
         assert_eq!(
             ask(&none, "SENTINEL get-master-addr-by-name shop"),
             "*-1\r\n"
         );
         assert_eq!(ask(&none, "SENTINEL masters"), "*0\r\n");
         assert!(ask(&none, "INFO").contains("sentinel_masters:0\r\n"));
-        let was = Snapshot::of(&c, 1, &status(1, "joining", 0), &[], Some(addr(7002)));
+        let was = SentinelView::of(&c, 1, &status(1, "joining", 0), &[], Some(addr(7002)));
         assert_eq!(
             ask(&was, "SENTINEL get-master-addr-by-name shop"),
             "*-1\r\n"

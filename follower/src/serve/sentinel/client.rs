@@ -2,7 +2,7 @@
 //! the replies to its commands, as a Redis Sentinel gives them.
 
 use super::resp::{glob, Proto, Value};
-use super::snapshot::Snapshot;
+use super::view::SentinelView;
 
 /// The Redis version this endpoint answers as in `HELLO`: the Sentinel
 /// protocol of Redis 7.2 (RESP3, `HELLO`, `CLIENT SETINFO`).
@@ -10,7 +10,7 @@ pub const VERSION: &str = "7.2.0";
 
 /// One connection's protocol state.
 #[derive(Debug, Default)]
-pub struct Session {
+pub struct ClientConn {
     /// The connection's id (`CLIENT ID`, `HELLO`'s `id`).
     pub id: u64,
     /// What replies and messages are encoded in.
@@ -41,12 +41,12 @@ fn valid_name(name: &[u8]) -> bool {
 
 const BAD_NAME: &str = "ERR Client names cannot contain spaces, newlines or special characters.";
 
-impl Session {
+impl ClientConn {
     /// A fresh connection with id `id`, speaking RESP2.
     pub fn new(id: u64) -> Self {
-        Session {
+        ClientConn {
             id,
-            ..Session::default()
+            ..ClientConn::default()
         }
     }
 
@@ -60,9 +60,9 @@ impl Session {
     }
 
     /// The replies to one command (several for (un)subscribing to several
-    /// channels), to be encoded in [`Session::proto`] as it is afterwards
+    /// channels), to be encoded in [`ClientConn::proto`] as it is afterwards
     /// (`HELLO 3` answers in RESP3 already, as Redis does).
-    pub fn handle(&mut self, snap: &Snapshot, args: &[Vec<u8>]) -> Vec<Value> {
+    pub fn handle(&mut self, snap: &SentinelView, args: &[Vec<u8>]) -> Vec<Value> {
         let Some(cmd) = args.first() else {
             return vec![];
         };
@@ -276,7 +276,7 @@ mod tests {
     }
 
     /// Runs `cmd` and returns its replies as the session encodes them.
-    fn run(session: &mut Session, cmd: &str) -> String {
+    fn run(session: &mut ClientConn, cmd: &str) -> String {
         let mut out = Vec::new();
         for v in session.handle(&all_up(2), &args(cmd)) {
             out.extend(v.encode(session.proto));
@@ -290,7 +290,7 @@ mod tests {
 
     #[test]
     fn hello_switches_the_protocol_and_answers_sentinels_map() {
-        let mut s = Session::new(9);
+        let mut s = ClientConn::new(9);
         assert_eq!(run(&mut s, "HELLO"), format!("*12\r\n{}", hello_map(2, 9)));
         assert_eq!(s.proto, Proto::Resp2);
         assert_eq!(run(&mut s, "HELLO 3"), format!("%6\r\n{}", hello_map(3, 9)));
@@ -306,7 +306,7 @@ mod tests {
             format!("%6\r\n{}", hello_map(3, 9))
         );
         assert_eq!(run(&mut s, "CLIENT GETNAME"), "$5\r\napp-1\r\n");
-        let mut s = Session::new(1);
+        let mut s = ClientConn::new(1);
         assert_eq!(
             run(&mut s, "HELLO 4"),
             "-NOPROTO unsupported protocol version\r\n"
@@ -328,7 +328,7 @@ mod tests {
 
     #[test]
     fn client_names_and_infos() {
-        let mut s = Session::new(4);
+        let mut s = ClientConn::new(4);
         assert_eq!(run(&mut s, "CLIENT GETNAME"), "$-1\r\n");
         assert_eq!(run(&mut s, "CLIENT SETNAME worker"), "+OK\r\n");
         assert_eq!(run(&mut s, "client getname"), "$6\r\nworker\r\n");
@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn subscriptions_in_resp2() {
-        let mut s = Session::new(1);
+        let mut s = ClientConn::new(1);
         assert_eq!(
             run(&mut s, "SUBSCRIBE +switch-master"),
             "*3\r\n$9\r\nsubscribe\r\n$14\r\n+switch-master\r\n:1\r\n"
@@ -390,7 +390,7 @@ mod tests {
 
     #[test]
     fn subscriptions_in_resp3_are_push_messages() {
-        let mut s = Session::new(1);
+        let mut s = ClientConn::new(1);
         run(&mut s, "HELLO 3");
         assert_eq!(
             run(&mut s, "SUBSCRIBE +switch-master"),
