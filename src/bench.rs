@@ -204,20 +204,7 @@ impl Bench {
     }
 
     fn logs(&self) -> String {
-        let mut out = String::new();
-        for what in ["follower", "server"] {
-            for id in 1..=NODES {
-                let p = self.dir.join(format!("{what}-{id}.log"));
-                let text = std::fs::read_to_string(&p).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                out.push_str(&format!("--- {}\n", p.display()));
-                for l in &lines[lines.len().saturating_sub(8)..] {
-                    out.push_str(l);
-                    out.push('\n');
-                }
-            }
-        }
-        out
+        lockstep_launcher::process::log_tails(&[&self.dir], 8)
     }
 }
 

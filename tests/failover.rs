@@ -59,28 +59,7 @@ fn counter_key(i: usize) -> String {
 
 /// The last lines of every log under `dir` (and `dir/zk`).
 fn logs_in(dir: &Path) -> String {
-    let mut paths = Vec::new();
-    for d in [dir.to_path_buf(), dir.join("zk")] {
-        if let Ok(rd) = std::fs::read_dir(&d) {
-            paths.extend(
-                rd.flatten()
-                    .map(|e| e.path())
-                    .filter(|p| p.extension().is_some_and(|e| e == "log")),
-            );
-        }
-    }
-    paths.sort();
-    let mut out = String::new();
-    for p in paths {
-        let text = std::fs::read_to_string(&p).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(25).collect();
-        out.push_str(&format!("--- {}\n", p.display()));
-        for l in tail.into_iter().rev() {
-            out.push_str(l);
-            out.push('\n');
-        }
-    }
-    out
+    lockstep_launcher::process::log_tails(&[dir, &dir.join("zk")], 25)
 }
 
 /// Finds nodes' status and the leader over the control channels; cheap to

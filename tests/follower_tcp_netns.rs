@@ -134,24 +134,7 @@ impl Procs {
 
     /// The last lines of every log, for failure messages.
     fn logs(&self) -> String {
-        let mut out = String::new();
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(&self.dir)
-            .map(|rd| rd.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        paths.sort();
-        for p in paths
-            .into_iter()
-            .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        {
-            let text = std::fs::read_to_string(&p).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            out.push_str(&format!("--- {}\n", p.display()));
-            for l in &lines[lines.len().saturating_sub(15)..] {
-                out.push_str(l);
-                out.push('\n');
-            }
-        }
-        out
+        lockstep_launcher::process::log_tails(&[&self.dir], 15)
     }
 }
 

@@ -138,6 +138,37 @@ pub fn last_line(path: &Path) -> String {
         .to_string()
 }
 
+/// The last `n` lines of a log file (none when it cannot be read).
+pub fn tail_lines(path: &Path, n: usize) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| l.to_string())
+        .collect()
+}
+
+/// Every `*.log` directly in `dirs`, in path order, as a `--- path` line
+/// and its last `n` lines: what a failure message shows of a cluster.
+pub fn log_tails(dirs: &[&Path], n: usize) -> String {
+    let mut paths: Vec<std::path::PathBuf> = dirs
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|rd| rd.flatten().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    paths.sort();
+    let mut out = String::new();
+    for p in paths {
+        out.push_str(&format!("--- {}\n", p.display()));
+        for l in tail_lines(&p, n) {
+            out.push_str(&l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// Live processes (other than this one) whose command line or environment
 /// contains `needle`, as "pid: cmdline". Zombies have neither, so they do
 /// not count.
@@ -184,6 +215,28 @@ pub fn stop_on_signals() -> io::Result<Arc<AtomicBool>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_tails_show_the_last_lines_of_each_log_in_path_order() {
+        let d = std::env::temp_dir().join(format!("lockstep-log-tails-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("zk")).unwrap();
+        std::fs::write(d.join("b.log"), "1\n2\n3\n").unwrap();
+        std::fs::write(d.join("a.log"), "x\n").unwrap();
+        std::fs::write(d.join("notes.txt"), "not a log\n").unwrap();
+        std::fs::write(d.join("zk").join("z.log"), "z\n").unwrap();
+        assert_eq!(tail_lines(&d.join("b.log"), 2), ["2", "3"]);
+        assert!(tail_lines(&d.join("missing.log"), 2).is_empty());
+        let shown = log_tails(&[&d, &d.join("zk")], 2);
+        let want = format!(
+            "--- {a}\nx\n--- {b}\n2\n3\n--- {z}\nz\n",
+            a = d.join("a.log").display(),
+            b = d.join("b.log").display(),
+            z = d.join("zk").join("z.log").display()
+        );
+        assert_eq!(shown, want);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     fn sleeper(grouping: Grouping) -> Child {
         let log = dev_null();

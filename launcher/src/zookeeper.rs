@@ -193,9 +193,7 @@ impl ZookeeperServer {
     }
 
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().rev().take(5).collect();
-        let tail: Vec<&str> = lines.into_iter().rev().collect();
+        let tail = crate::process::tail_lines(&self.log_path(), 5);
         format!("{} (log {})", tail.join(" / "), self.log_path().display())
     }
 

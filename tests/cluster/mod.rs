@@ -521,23 +521,7 @@ impl TestCluster {
 
     /// The tail of every log file, for failure messages.
     pub fn logs(&self) -> String {
-        let mut out = String::new();
-        if let Ok(rd) = std::fs::read_dir(&self.dir) {
-            let mut paths: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
-            paths.sort();
-            for p in paths {
-                if p.extension().map(|e| e == "log").unwrap_or(false) {
-                    let text = std::fs::read_to_string(&p).unwrap_or_default();
-                    let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                    out.push_str(&format!("--- {}\n", p.display()));
-                    for l in tail.into_iter().rev() {
-                        out.push_str(l);
-                        out.push('\n');
-                    }
-                }
-            }
-        }
-        out
+        lockstep_launcher::process::log_tails(&[&self.dir], 15)
     }
 
     /// App address of node `id`.
