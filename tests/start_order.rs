@@ -81,10 +81,7 @@ fn servers_and_followers_started_in_any_order_all_come_up() {
             .chain((1..=3).map(|id| (false, id)))
             .collect();
         if round % 2 == 1 {
-            for i in (1..starts.len()).rev() {
-                let j = rng.below(i as u64 + 1) as usize;
-                starts.swap(i, j);
-            }
+            rng.shuffle(&mut starts);
         }
         for (server, id) in &starts {
             std::thread::sleep(Duration::from_millis(rng.below(400)));

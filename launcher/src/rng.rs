@@ -51,6 +51,14 @@ impl Rng {
     pub fn one_in(&mut self, n: u64) -> bool {
         self.below(n) == 0
     }
+
+    /// Puts `items` in a random order (Fisher–Yates: every order alike).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            items.swap(i, j);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -69,5 +77,20 @@ mod tests {
                 .collect::<Vec<_>>()
         );
         assert_eq!(Rng::new(1).below(0), 0);
+    }
+
+    #[test]
+    fn a_shuffle_keeps_every_item_and_its_seed_repeats_it() {
+        let shuffled = |seed| {
+            let mut v: Vec<u32> = (0..20).collect();
+            Rng::new(seed).shuffle(&mut v);
+            v
+        };
+        let a = shuffled(3);
+        let mut sorted = a.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..20).collect::<Vec<_>>());
+        assert_eq!(a, shuffled(3));
+        assert_ne!(a, (0..20).collect::<Vec<_>>());
     }
 }

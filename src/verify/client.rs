@@ -18,6 +18,7 @@
 //! timeout or a broken connection after sending is `info`: it may have
 //! happened; the client then continues as a new process.
 
+use lockstep_launcher::rng::Rng;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -210,29 +211,6 @@ impl Keys {
     /// Every key used so far (for the final reads).
     pub fn used(&self) -> Vec<u64> {
         (0..self.next_key).collect()
-    }
-}
-
-/// A small deterministic generator (splitmix64): runs are reproducible
-/// from `--seed`.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in 0..n (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 

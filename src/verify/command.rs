@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::check::{self, Anomaly, Validity, Verdict};
-use super::client::{self, Keys, Recorder, Rng, Shared, Target, Workload};
+use super::client::{self, Keys, Recorder, Shared, Target, Workload};
 use super::cluster::VerifyCluster;
 use super::nemesis::{self, Fault, Schedule};
 use super::report;
+use lockstep_launcher::rng::Rng;
 
 /// The options of `lockstep verify`.
 #[derive(clap::Args, Debug)]

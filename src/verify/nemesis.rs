@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::client::{Recorder, Rng};
+use super::client::Recorder;
 use super::cluster::VerifyCluster;
 use super::report::FaultWindow;
+use lockstep_launcher::rng::Rng;
 use nix::sys::signal::Signal;
 
 /// Which node a process fault hits.
@@ -54,8 +55,8 @@ pub enum Fault {
     /// bridge); ZooKeeper on one side.
     PartitionBridge,
     /// A backup's disk full (its data dir is a small tmpfs, filled to the
-    /// last byte); freed on heal, and the node restarted if its follower
-    /// stopped.
+    /// last byte); freed on heal, and the node restarted (its follower
+    /// stops at its first write that finds no room).
     DiskFullBackup,
     /// A backup loses its disk and, while it rebuilds from a peer (a
     /// snapshot install), is killed again; restarted on heal.
@@ -252,10 +253,7 @@ fn apply(c: &mut VerifyCluster, fault: Fault, rng: &mut Rng) -> anyhow::Result<(
         }
         Fault::PartitionBridge => {
             let mut ids = c.ids();
-            for i in (1..ids.len()).rev() {
-                let j = rng.below(i as u64 + 1) as usize;
-                ids.swap(i, j);
-            }
+            rng.shuffle(&mut ids);
             let (x, bridge, y) = (ids[0], ids[1], ids[2]);
             let (xs, ys) = (x.to_string(), y.to_string());
             c.net.partition(&[&[xs.as_str(), "zk"], &[ys.as_str()]])?;
@@ -339,11 +337,7 @@ fn inject(
     while !faults.is_empty() && Instant::now() + schedule.hold < until {
         if order.is_empty() {
             order = faults.to_vec();
-            // Fisher–Yates.
-            for i in (1..order.len()).rev() {
-                let j = rng.below(i as u64 + 1) as usize;
-                order.swap(i, j);
-            }
+            rng.shuffle(&mut order);
         }
         let fault = order.pop().expect("refilled above");
         let start_ns = recorder.now_ns();

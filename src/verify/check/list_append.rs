@@ -453,20 +453,6 @@ mod tests {
         );
     }
 
-    /// A tiny deterministic PRNG (xorshift64*).
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
-
     /// A valid history of `n` events: concurrent clients whose transactions
     /// take effect atomically at some moment between invocation and
     /// completion; some fail (no effect), some end unknown (effect or not).
@@ -479,7 +465,7 @@ mod tests {
             Open(Vec<Mop>),
             Applied(Vec<Mop>, Vec<Mop>),
         }
-        let mut rng = Rng(seed);
+        let mut rng = lockstep_launcher::rng::Rng::from_state(seed);
         let mut h = H::default();
         let mut lists: HashMap<u64, Vec<i64>> = HashMap::new();
         let (mut next_key, mut next_value) = (0u64, 0i64);
