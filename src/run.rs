@@ -209,13 +209,12 @@ fn wait_for_follower(cfg: &Config, node: u64) -> anyhow::Result<()> {
 /// turn; one line says so while it does not.
 fn wait_for_origin(cfg: &Config, node: u64) -> anyhow::Result<u64> {
     let mut said = false;
+    let spec = cfg.region_spec(node);
     loop {
-        if let Some(us) = lockstep_launcher::commands::region_origin(cfg, node) {
-            return Ok(us);
-        }
-        let spec = cfg.region_spec(node);
-        if !Region::open(&spec.default_path(), &spec).is_ok_and(|r| r.owner_alive()) {
-            bail!("node {node}'s follower stopped while this waited for it");
+        match Region::open(&spec.default_path(), &spec) {
+            Ok(r) if r.origin_us() != 0 => return Ok(r.origin_us()),
+            Ok(r) if r.owner_alive() => {}
+            _ => bail!("node {node}'s follower stopped while this waited for it"),
         }
         if !said {
             said = true;

@@ -61,8 +61,9 @@ static LOG_TIME_US: AtomicU64 = AtomicU64::new(0);
 
 /// What the server's clocks read before the log has a time when no origin
 /// was handed to it: 2000-01-01T00:00:00Z, a fixed instant, the same on
-/// every replica started that way.
-pub const ORIGIN_US: u64 = 946_684_800_000_000;
+/// every replica started that way (and the origin the followers give a
+/// log begun before origins were recorded).
+pub const ORIGIN_US: u64 = lockstep_common::region::PINNED_ORIGIN_US;
 
 /// The variable through which `lockstep run` hands a server the time its
 /// cluster's log began (µs since the epoch, from the follower's region).

@@ -5,6 +5,12 @@
 use std::sync::atomic::Ordering;
 
 use super::layout::*;
+
+/// What a server's clocks read before its first turn when no origin is
+/// known (2000-01-01T00:00:00Z): the preload's fallback, and the origin of
+/// a log or snapshot made before origins were recorded (its replicas then
+/// agree with the servers that started on it).
+pub const PINNED_ORIGIN_US: u64 = 946_684_800_000_000;
 use super::{Doorbell, Region};
 
 /// Role of a node in its current view, as the preload sees it.

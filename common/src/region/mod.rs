@@ -39,7 +39,7 @@ mod publish;
 
 pub use ahead::open_ahead;
 pub use apply_stream::ApplyStream;
-pub use control_block::Role;
+pub use control_block::{Role, PINNED_ORIGIN_US};
 pub use doorbell::Doorbell;
 pub use layout::{
     ack_offset, applied_by_offset, apply_ring_size, bell_offset, cluster_hash, commit_of_view,

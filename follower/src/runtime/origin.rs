@@ -11,16 +11,11 @@
 //! from the log reads the same instant.
 
 use lockstep_common::entry::{EntryHeader, Kind};
+use lockstep_common::region::PINNED_ORIGIN_US;
 
 use crate::io::store::LogStore;
 
 use super::Node;
-
-/// What servers read before their first turn when no origin was
-/// recorded (2000-01-01, the preload's `clock::ORIGIN_US`): the origin of
-/// a log begun before origins were written, so its replicas agree with
-/// the servers that started on it then.
-pub const PINNED_US: u64 = 946_684_800_000_000;
 
 /// The payload of the `VIEW` entry at `seq`: the origin `now_us` at seq
 /// 1, nothing later.
@@ -70,15 +65,16 @@ impl Node {
                 _ => None,
             };
             // A log or snapshot from before origins were recorded: the
-            // fixed instant servers read then (see `PINNED_US`).
-            let from_log = first.map(|e| carried(&e.header(), e.payload()).unwrap_or(PINNED_US));
+            // fixed instant servers read then (see `PINNED_ORIGIN_US`).
+            let from_log =
+                first.map(|e| carried(&e.header(), e.payload()).unwrap_or(PINNED_ORIGIN_US));
             let from_snapshot = || {
                 self.catalog
                     .newest()
                     .ok()
                     .flatten()
                     .map(|s| match s.meta.origin_us {
-                        0 => PINNED_US,
+                        0 => PINNED_ORIGIN_US,
                         us => us,
                     })
             };
