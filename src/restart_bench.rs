@@ -473,7 +473,9 @@ fn write_config(dir: &Path, mode: &str, every: u64) -> anyhow::Result<PathBuf> {
         .set("snapshot", mode)
         .set_list("server", &redis_server_args());
     if mode == "process" {
-        spec = spec.section(&format!("[snapshot_every]\nentries = {every}\n"));
+        spec = spec.section(&format!(
+            "[snapshot_every]\nentries = {every}\nimage_percent = 0\n"
+        ));
     }
     let path = dir.join("cluster.toml");
     spec.write(&path)?;

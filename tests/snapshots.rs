@@ -524,12 +524,15 @@ fn freeze_times(c: &TestCluster, id: u64) -> Vec<f64> {
 const EVERY: u64 = 2000;
 
 /// A three-node Redis cluster whose backups snapshot every [`EVERY`]
-/// entries.
+/// entries (the image rule off: the tests of the turns want many
+/// snapshots of a small server).
 fn often_snapshotting(test: &str) -> TestCluster {
     TestCluster::new(
         test,
         Options {
-            extra: format!("snapshot_every = {{ entries = {EVERY}, bytes = 0 }}\n"),
+            extra: format!(
+                "snapshot_every = {{ entries = {EVERY}, bytes = 0, image_percent = 0 }}\n"
+            ),
             ..Options::default()
         },
     )
@@ -627,6 +630,112 @@ fn backups_snapshot_by_themselves_in_turn_and_every_node_compacts_its_log() {
             freeze_times(&c, id)
         );
     }
+}
+
+/// The image rule (`snapshot_every.image_percent`, here 100): once a
+/// backup has an image, its next snapshot waits until the log since has
+/// grown to that image's size, however far past `snapshot_every.entries`
+/// it is; then it is taken. The first snapshot has no image to weigh
+/// (the entry measure decides).
+#[test]
+fn a_snapshot_waits_for_a_log_as_large_as_the_image_before_it() {
+    let mut c = TestCluster::new(
+        "snapimage",
+        Options {
+            extra: format!(
+                "snapshot_every = {{ entries = {EVERY}, bytes = 0, image_percent = 100 }}\n"
+            ),
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    let r = std::cell::RefCell::new(Resp::connect(c.app(1)).expect("connect"));
+    // Small entries until both backups hold a first snapshot.
+    // One SET at a time: each read is one entry.
+    let set_small = |n: u64| {
+        let mut r = r.borrow_mut();
+        for i in 0..n {
+            let key = format!("small{i}");
+            assert_eq!(
+                r.cmd(&[b"SET", key.as_bytes(), b"v"]).expect("SET"),
+                Reply::Status("OK".into())
+            );
+        }
+    };
+    c.wait("both backups take a first snapshot", LIMIT, |c| {
+        set_small(500);
+        (2..=3).all(|id| c.status(id).is_ok_and(|s| s.snapshot > 0))
+    });
+    let firsts: Vec<_> = (2..=3).map(|id| c.status(id).unwrap()).collect();
+    for s in &firsts {
+        assert!(s.snapshot_bytes > 0, "node {}: {s:?}", s.node);
+    }
+    let image = firsts.iter().map(|s| s.snapshot_bytes).min().unwrap();
+    // Three times `EVERY` small entries, far fewer bytes than the image:
+    // no second snapshot. Waited for until both backups applied them and
+    // the rules ran a few more rounds.
+    set_small(3 * EVERY);
+    let written = c.status(1).unwrap().persisted;
+    c.wait("the backups apply the small entries", LIMIT, |c| {
+        (2..=3).all(|id| c.status(id).is_ok_and(|s| s.applied >= written))
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    for (id, first) in (2..=3).zip(&firsts) {
+        let s = c.status(id).unwrap();
+        assert!(
+            s.applied - first.snapshot > 3 * EVERY,
+            "node {id} applied {} past its snapshot",
+            s.applied - first.snapshot
+        );
+        assert!(
+            s.bytes_since_snapshot < image,
+            "node {id}: {} bytes of log since its snapshot, its image {image}",
+            s.bytes_since_snapshot
+        );
+        assert_eq!(
+            s.snapshot,
+            first.snapshot,
+            "node {id} took a snapshot before its log reached its image's size\n{}",
+            c.logs()
+        );
+    }
+    // Large values until the log since passes the image: a second one.
+    let value = vec![b'x'; 64 << 10];
+    let k = std::cell::Cell::new(0u64);
+    c.wait(
+        "a backup snapshots once its log outgrew its image",
+        LIMIT * 2,
+        |c| {
+            for _ in 0..16 {
+                let key = format!("big{}", k.get());
+                k.set(k.get() + 1);
+                assert_eq!(
+                    r.borrow_mut()
+                        .cmd(&[b"SET", key.as_bytes(), &value])
+                        .expect("SET"),
+                    Reply::Status("OK".into())
+                );
+            }
+            (2..=3).any(|id| {
+                c.status(id)
+                    .is_ok_and(|s| s.snapshot > firsts[id as usize - 2].snapshot)
+            })
+        },
+    );
+    let (id, s) = (2..=3)
+        .map(|id| (id, c.status(id).unwrap()))
+        .find(|(id, s)| s.snapshot > firsts[*id as usize - 2].snapshot)
+        .unwrap();
+    // It came once the large values alone were most of the image.
+    assert!(
+        k.get() * (64 << 10) >= image / 2,
+        "node {id}'s second snapshot (at {}) came after {} KiB of values, its image {image} bytes",
+        s.snapshot,
+        k.get() * 64
+    );
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
 }
 
 /// Node `id`'s server log (its stderr: the preload's lines).
@@ -928,7 +1037,7 @@ fn a_failing_snapshot_is_said_once_and_shows_in_status_metrics_and_health() {
         "snapfail",
         Options {
             extra: format!(
-                "snapshot_every = {{ entries = {EVERY}, bytes = 0 }}\nsnapshot_degraded_after = 3\n"
+                "snapshot_every = {{ entries = {EVERY}, bytes = 0, image_percent = 0 }}\nsnapshot_degraded_after = 3\n"
             ),
             ..Options::default()
         },

@@ -128,13 +128,29 @@ pub enum SnapshotMode {
 }
 
 /// How much log between two snapshots (`snapshot_every`): a snapshot is
-/// due once either measure is reached (0: that measure is off).
+/// due once either measure is reached (0: that measure is off) and the
+/// log since the newest snapshot has grown to `image_percent` of that
+/// snapshot's image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SnapshotEvery {
     /// Entries since the newest snapshot.
     pub entries: u64,
     /// Bytes of encoded entries since the newest snapshot.
     pub bytes: u64,
+    /// Bytes of encoded entries since the newest snapshot, in percent of
+    /// that snapshot's image (0: off). Imaging costs about the image's
+    /// size however much log it replaces: a log at least this share of it
+    /// keeps a snapshot's cost per entry the same with any dataset (Redis
+    /// rewrites its AOF by the same rule, `auto-aof-rewrite-percentage`).
+    pub image_percent: u64,
+}
+
+impl SnapshotEvery {
+    /// Bytes of log that the image rule asks for after a snapshot whose
+    /// image is `image_bytes` (0 with no image or the rule off).
+    pub fn image_share(&self, image_bytes: u64) -> u64 {
+        (image_bytes as u128 * self.image_percent as u128 / 100).min(u64::MAX as u128) as u64
+    }
 }
 
 /// Restart replay runs about 300k entries/s (`lockstep bench follower`):
@@ -143,7 +159,11 @@ pub struct SnapshotEvery {
 pub const DEFAULT_SNAPSHOT_EVERY: SnapshotEvery = SnapshotEvery {
     entries: 250_000,
     bytes: 256 << 20,
+    image_percent: 100,
 };
+/// The largest `snapshot_every.image_percent`: a log a thousand times its
+/// server's image is replay no restart should face.
+pub const MAX_SNAPSHOT_IMAGE_PERCENT: u64 = 100_000;
 /// Fewer entries than this between snapshots would spend the backups'
 /// time imaging their server rather than applying.
 pub const MIN_SNAPSHOT_ENTRIES: u64 = 1000;
@@ -166,13 +186,24 @@ struct RawSnapshotEvery {
     entries: Option<u64>,
     #[serde(default)]
     bytes: Option<Size>,
+    #[serde(default)]
+    image_percent: Option<u64>,
 }
 
 /// Checks `snapshot_every`: each measure 0 (off) or at least its minimum,
-/// not both off; absent keys take the defaults.
-fn check_snapshot_every(entries: Option<u64>, bytes: Option<u64>) -> Result<SnapshotEvery, String> {
-    let entries = entries.unwrap_or(DEFAULT_SNAPSHOT_EVERY.entries);
-    let bytes = bytes.unwrap_or(DEFAULT_SNAPSHOT_EVERY.bytes);
+/// not both off, the image share at most its maximum; absent keys take
+/// the defaults.
+fn check_snapshot_every(raw: RawSnapshotEvery) -> Result<SnapshotEvery, String> {
+    let entries = raw.entries.unwrap_or(DEFAULT_SNAPSHOT_EVERY.entries);
+    let bytes = raw.bytes.map_or(DEFAULT_SNAPSHOT_EVERY.bytes, |b| b.0);
+    let image_percent = raw
+        .image_percent
+        .unwrap_or(DEFAULT_SNAPSHOT_EVERY.image_percent);
+    if image_percent > MAX_SNAPSHOT_IMAGE_PERCENT {
+        return Err(format!(
+            "snapshot_every.image_percent: {image_percent} is above {MAX_SNAPSHOT_IMAGE_PERCENT} (0 turns the image rule off)"
+        ));
+    }
     if entries != 0 && entries < MIN_SNAPSHOT_ENTRIES {
         return Err(format!(
             "snapshot_every.entries: {entries} is below {MIN_SNAPSHOT_ENTRIES} (0 turns the entry measure off)"
@@ -189,7 +220,11 @@ fn check_snapshot_every(entries: Option<u64>, bytes: Option<u64>) -> Result<Snap
                 .into(),
         );
     }
-    Ok(SnapshotEvery { entries, bytes })
+    Ok(SnapshotEvery {
+        entries,
+        bytes,
+        image_percent,
+    })
 }
 
 /// How the leader is chosen.
@@ -912,9 +947,7 @@ impl Config {
                 SESSION_TIMEOUT_MS.end()
             ));
         }
-        let every = raw.snapshot_every;
-        let snapshot_every =
-            check_snapshot_every(every.entries, every.bytes.map(|b| b.0)).map_err(ConfigError)?;
+        let snapshot_every = check_snapshot_every(raw.snapshot_every).map_err(ConfigError)?;
         let degraded_after = raw.snapshot_degraded_after;
         if degraded_after != 0 && degraded_after < MIN_SNAPSHOT_DEGRADED_AFTER {
             return err(format!(
@@ -1276,11 +1309,26 @@ leader = 1
             c.snapshot_every,
             SnapshotEvery {
                 entries: DEFAULT_SNAPSHOT_EVERY.entries,
-                bytes: 64 << 20
+                bytes: 64 << 20,
+                image_percent: DEFAULT_SNAPSHOT_EVERY.image_percent,
             }
         );
         let c = with("snapshot_every = { entries = 0, bytes = \"2MiB\" }").unwrap();
         assert_eq!(c.snapshot_every.entries, 0);
+        let c = with("snapshot_every = { image_percent = 0 }").unwrap();
+        assert_eq!(c.snapshot_every.image_percent, 0);
+        assert_eq!(c.snapshot_every.image_share(1 << 30), 0);
+        let c = with("snapshot_every = { image_percent = 250 }").unwrap();
+        assert_eq!(c.snapshot_every.image_share(1000), 2500);
+        assert_eq!(
+            SnapshotEvery {
+                image_percent: MAX_SNAPSHOT_IMAGE_PERCENT,
+                ..DEFAULT_SNAPSHOT_EVERY
+            }
+            .image_share(u64::MAX),
+            u64::MAX,
+            "saturates"
+        );
         assert_eq!(c.snapshot_degraded_after, DEFAULT_SNAPSHOT_DEGRADED_AFTER);
         assert_eq!(
             with("snapshot_degraded_after = 0")
@@ -1309,6 +1357,11 @@ leader = 1
                 "entries and bytes are both 0",
             ),
             ("snapshot_every = { entry = 5000 }", "unknown field `entry`"),
+            (
+                "snapshot_every = { image_percent = 100001 }",
+                "snapshot_every.image_percent: 100001 is above 100000",
+            ),
+            ("snapshot_every = { image_percent = -1 }", "image_percent"),
             (
                 "snapshot_degraded_after = 2",
                 "snapshot_degraded_after: 2 is below 3",

@@ -118,6 +118,9 @@ pub struct NodeStatus {
     /// Seq of its newest complete snapshot (0: none).
     #[serde(default)]
     pub snapshot: u64,
+    /// Bytes of that snapshot's image (0: none).
+    #[serde(default)]
+    pub snapshot_bytes: u64,
     /// The first seq its log still holds (entries below were compacted;
     /// 0 or 1: the whole log).
     #[serde(default)]

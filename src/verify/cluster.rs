@@ -97,7 +97,9 @@ impl VerifyCluster {
         let key = format!("verify-{:016x}{:016x}", rand_word(), rand_word());
         netns::netns_spec(&name, dir, &net, &format!("key = \"{key}\"\n"))
             .set("backup_clients", "deny")
-            .section(&format!("[snapshot_every]\nentries = {snapshot_every}"))
+            .section(&format!(
+                "[snapshot_every]\nentries = {snapshot_every}\nimage_percent = 0"
+            ))
             .election(ElectionSpec::ZooKeeper {
                 connect: zk_addr.to_string(),
                 session_timeout_ms: SESSION_MS,

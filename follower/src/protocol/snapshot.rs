@@ -5,7 +5,11 @@
 //! answers out.
 //!
 //! - [`taker`]: a snapshot is due on a backup once its server applied
-//!   `snapshot_every` past its newest snapshot. Never the leader (clients
+//!   `snapshot_every` past its newest snapshot, and log bytes at least
+//!   `snapshot_every.image_percent` of that snapshot's image (imaging
+//!   costs about the image's size: this keeps its cost per entry the same
+//!   with any dataset; a small server's image is below the default
+//!   measures' log, a large one's is not). Never the leader (clients
 //!   wait on it), never a stale or joining node, and never so many at once
 //!   that fewer than a majority keep applying (a backup stops applying
 //!   while its server is imaged; a backup still catching up applies too).
@@ -82,12 +86,15 @@ pub struct Member {
     pub snapshot: u64,
     /// Bytes of log it applied since that snapshot.
     pub bytes_since: u64,
+    /// Bytes of that snapshot's image (0: none, or not known).
+    pub image_bytes: u64,
 }
 
 fn due(m: &Member, every: SnapshotEvery) -> bool {
     let entries = m.applied.saturating_sub(m.snapshot);
-    (every.entries != 0 && entries >= every.entries)
-        || (every.bytes != 0 && m.bytes_since >= every.bytes)
+    let measured = (every.entries != 0 && entries >= every.entries)
+        || (every.bytes != 0 && m.bytes_since >= every.bytes);
+    measured && m.bytes_since >= every.image_share(m.image_bytes)
 }
 
 /// Which member should image its server now (None: none), from the
@@ -137,15 +144,24 @@ pub fn failing_lately(failures: u64, last_ms: u64, own: bool) -> bool {
 }
 
 /// Why a node whose log holds `entries` entries in `bytes` bytes is
-/// degraded: more than `after` times `every` (either measure that is on);
-/// None when it is not, or `after` is 0 (never).
-pub fn degraded(entries: u64, bytes: u64, every: SnapshotEvery, after: u64) -> Option<String> {
+/// degraded: more than `after` times `every` (either measure that is on)
+/// and, with its newest image `image_bytes` large, more than `after` times
+/// the log the image rule waits for; None when it is not, or `after` is 0
+/// (never).
+pub fn degraded(
+    entries: u64,
+    bytes: u64,
+    every: SnapshotEvery,
+    image_bytes: u64,
+    after: u64,
+) -> Option<String> {
     if after == 0 {
         return None;
     }
     let over_entries = every.entries != 0 && entries > every.entries.saturating_mul(after);
     let over_bytes = every.bytes != 0 && bytes > every.bytes.saturating_mul(after);
-    if !over_entries && !over_bytes {
+    let image_share = every.image_share(image_bytes).saturating_mul(after);
+    if !over_entries && !over_bytes || bytes <= image_share {
         return None;
     }
     let bound = match (every.entries, every.bytes) {
@@ -157,8 +173,16 @@ pub fn degraded(entries: u64, bytes: u64, every: SnapshotEvery, after: u64) -> O
             b.saturating_mul(after) as f64 / MIB
         ),
     };
+    let image = if image_share > 0 {
+        format!(
+            " and {after} times image_percent of its newest image ({:.1} MiB)",
+            image_share as f64 / MIB
+        )
+    } else {
+        String::new()
+    };
     Some(format!(
-        "its log holds {entries} entries ({:.1} MiB), past snapshot_degraded_after = {after} times snapshot_every ({bound}): snapshots are not keeping it short, a restart replays all of it",
+        "its log holds {entries} entries ({:.1} MiB), past snapshot_degraded_after = {after} times snapshot_every ({bound}){image}: snapshots are not keeping it short, a restart replays all of it",
         bytes as f64 / MIB
     ))
 }
@@ -226,6 +250,7 @@ mod tests {
     const EVERY: SnapshotEvery = SnapshotEvery {
         entries: 1000,
         bytes: 0,
+        image_percent: 100,
     };
 
     fn cluster(n: u64) -> Vec<Member> {
@@ -295,9 +320,54 @@ mod tests {
         let bytes = SnapshotEvery {
             entries: 0,
             bytes: 1 << 20,
+            image_percent: 0,
         };
         assert_eq!(taker(&c, bytes), Some(2));
         assert_eq!(taker(&c, EVERY), None);
+    }
+
+    #[test]
+    fn a_large_image_waits_for_a_log_of_its_share_a_small_one_for_the_measures() {
+        let mut c = cluster(3);
+        for m in &mut c {
+            m.snapshot = 1000;
+            m.image_bytes = 10 << 20;
+            m.bytes_since = 4 << 20;
+        }
+        assert_eq!(
+            taker(&c, EVERY),
+            None,
+            "4000 entries since, but 40% of the image"
+        );
+        for m in &mut c {
+            m.bytes_since = 10 << 20;
+        }
+        assert_eq!(taker(&c, EVERY), Some(2), "the log reached the image");
+        let half = SnapshotEvery {
+            image_percent: 50,
+            ..EVERY
+        };
+        for m in &mut c {
+            m.bytes_since = 5 << 20;
+        }
+        assert_eq!(taker(&c, half), Some(2), "50%");
+        assert_eq!(taker(&c, EVERY), None);
+        let off = SnapshotEvery {
+            image_percent: 0,
+            ..EVERY
+        };
+        assert_eq!(taker(&c, off), Some(2), "the rule off");
+        // A small image: the entry measure decides.
+        for m in &mut c {
+            m.image_bytes = 64 << 10;
+            m.bytes_since = 100 << 10;
+            m.applied = 1500;
+        }
+        assert_eq!(taker(&c, EVERY), None, "500 entries since");
+        for m in &mut c {
+            m.applied = 2000;
+        }
+        assert_eq!(taker(&c, EVERY), Some(2));
     }
 
     #[test]
@@ -386,20 +456,28 @@ mod tests {
         let every = SnapshotEvery {
             entries: 1000,
             bytes: 1 << 20,
+            image_percent: 100,
         };
-        assert_eq!(degraded(3000, 1 << 20, every, 3), None);
-        let why = degraded(3001, 0, every, 3).unwrap();
+        assert_eq!(degraded(3000, 1 << 20, every, 0, 3), None);
+        let why = degraded(3001, 1, every, 0, 3).unwrap();
         assert!(
             why.contains("3001 entries") && why.contains("3000 entries or 3.0 MiB"),
             "{why}"
         );
-        assert!(degraded(10, (3 << 20) + 1, every, 3).is_some(), "bytes");
-        assert_eq!(degraded(u64::MAX, u64::MAX, every, 0), None, "0: never");
+        assert!(!why.contains("image"), "no image, no image bound: {why}");
+        assert!(degraded(10, (3 << 20) + 1, every, 0, 3).is_some(), "bytes");
+        assert_eq!(degraded(u64::MAX, u64::MAX, every, 0, 0), None, "0: never");
         let entries_only = SnapshotEvery {
             entries: 1000,
             bytes: 0,
+            image_percent: 0,
         };
-        assert_eq!(degraded(10, u64::MAX, entries_only, 3), None);
+        assert_eq!(degraded(10, u64::MAX, entries_only, 0, 3), None);
+        // A large image lets the log grow to `after` times its share.
+        let image = 64 << 20;
+        assert_eq!(degraded(30_000, 100 << 20, every, image, 3), None);
+        let why = degraded(30_000, (192 << 20) + 1, every, image, 3).unwrap();
+        assert!(why.contains("image (192.0 MiB)"), "{why}");
         assert!(failing_lately(1, 0, false) && !failing_lately(0, 0, true));
         assert!(!failing_lately(3, FAILURE_RECENT_MS, false));
         // A node moves up again only after its peers saw it move.
@@ -469,6 +547,7 @@ mod tests {
         let every = SnapshotEvery {
             entries: 1000,
             bytes: 0,
+            image_percent: 0,
         };
         let mut c = cluster(3);
         let mut taking: Option<(usize, u64, u32)> = None;

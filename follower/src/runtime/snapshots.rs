@@ -103,6 +103,8 @@ pub(crate) struct SnapshotState {
     pub(crate) taking: bool,
     /// Bytes the apply thread had fed when the newest snapshot was taken.
     pub(crate) bytes_at: u64,
+    /// Bytes of the newest snapshot's image (0: none).
+    pub(crate) image_bytes: u64,
     /// Snapshots fail (or cannot be taken at all) since then.
     pub(crate) failing: Option<Failing>,
 }
@@ -135,7 +137,8 @@ pub struct Snapshots {
 
 impl Snapshots {
     /// Snapshot state with `image` (Err: why none can be taken); `restored`:
-    /// the server was restored from the snapshot at `newest`.
+    /// the server was restored from the snapshot at `newest` (its image
+    /// `image_bytes` large).
     /// `failing`: the config asks for snapshots (`snapshot = "process"`),
     /// so a missing image taker is a failure to report.
     pub fn new(
@@ -143,6 +146,7 @@ impl Snapshots {
         restored: bool,
         needs_image: bool,
         newest: u64,
+        image_bytes: u64,
         wanted: bool,
     ) -> Snapshots {
         let failing = match &image {
@@ -162,6 +166,7 @@ impl Snapshots {
             needs_image: AtomicBool::new(needs_image),
             state: Mutex::new(SnapshotState {
                 newest,
+                image_bytes,
                 failing,
                 ..SnapshotState::default()
             }),
@@ -435,6 +440,7 @@ impl Node {
             let mut st = self.snapshot_state();
             st.newest = seq;
             st.bytes_at = self.applied_bytes.load(Ordering::Relaxed);
+            st.image_bytes = meta.bytes();
         }
         match self.catalog.clean(KEEP) {
             Ok(deleted) => log::info!(
@@ -602,7 +608,14 @@ impl Node {
                 })?;
             }
         }
-        self.snapshot_state().newest = at.seq;
+        {
+            let mut st = self.snapshot_state();
+            st.newest = at.seq;
+            st.image_bytes = got.snapshot.meta.bytes();
+            // The image holds what the old server applied: the log since
+            // it counts from here.
+            st.bytes_at = self.applied_bytes.load(Ordering::Relaxed);
+        }
         self.snapshots.resume.store(true, Ordering::Release);
         self.snapshots.needs_image.store(false, Ordering::Release);
         self.snapshots.installing.store(false, Ordering::Release);
@@ -647,6 +660,7 @@ fn member_of(st: &NodeStatus) -> Member {
         oldest: st.oldest,
         snapshot: st.snapshot,
         bytes_since: st.bytes_since_snapshot,
+        image_bytes: st.snapshot_bytes,
     }
 }
 

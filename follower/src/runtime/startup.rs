@@ -162,11 +162,11 @@ impl Node {
         if let Err(e) = catalog.clean(2) {
             log::warn!("node {me}: cleaning the snapshots: {e}");
         }
-        let newest_snapshot = match catalog.newest() {
-            Ok(s) => s.map(|s| s.meta.position.seq).unwrap_or(0),
+        let (newest_snapshot, newest_image_bytes) = match catalog.newest() {
+            Ok(s) => s.map_or((0, 0), |s| (s.meta.position.seq, s.meta.bytes())),
             Err(e) => {
                 log::warn!("node {me}: reading the snapshots: {e}");
-                0
+                (0, 0)
             }
         };
         // Last of what can fail: a follower that stops after this leaves a
@@ -210,6 +210,7 @@ impl Node {
                 restored_at.is_some(),
                 needs_image,
                 newest_snapshot,
+                newest_image_bytes,
                 snapshots_wanted,
             ),
             metrics: Metrics::default(),

@@ -41,6 +41,7 @@ impl Node {
                     log_entries,
                     log_bytes,
                     every,
+                    snap.image_bytes,
                     self.config.snapshot_degraded_after,
                 )
             })
@@ -96,6 +97,7 @@ impl Node {
                 .map(|d| d.as_millis() as u64),
             commit_wait_ms,
             snapshot: snap.newest,
+            snapshot_bytes: snap.image_bytes,
             oldest,
             snapshotting: snap.taking,
             bytes_since_snapshot: self

@@ -16,9 +16,11 @@ use lockstep_follower::protocol::snapshot::{self as rules, Member};
 
 use crate::rng::Rng;
 
+// The image rule is off: log bytes are not simulated, only the turns.
 const EVERY: SnapshotEvery = SnapshotEvery {
     entries: 50,
     bytes: 0,
+    image_percent: 0,
 };
 
 #[derive(Clone, Debug)]
