@@ -632,6 +632,50 @@ fn backups_snapshot_by_themselves_in_turn_and_every_node_compacts_its_log() {
     }
 }
 
+/// A backup asked for a snapshot while it works through a backlog takes
+/// it where it is, not once it has caught up: while a snapshot is asked
+/// for its server is fed one entry at a time and reaches a turn boundary
+/// within a turn's entries. (Fed 256 at a time, its server was never seen
+/// idle until the backlog was gone, and under steady load a backup that
+/// stayed behind took none for minutes.)
+#[test]
+fn a_backup_behind_a_backlog_snapshots_where_it_is() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    const BEHIND: u64 = 100_000;
+    let mut c = TestCluster::new("snapbehind", Options::default());
+    c.start_all();
+    let load = BackgroundLoad::start(c.app(1), 2);
+    load.wait_more(&c, 500, LIMIT);
+    let server = Pid::from_raw(c.status(3).expect("status").server_pid as i32);
+    kill(server, Signal::SIGSTOP).expect("SIGSTOP node 3's server");
+    c.wait("node 3 falls behind", LIMIT, |c| {
+        let (Ok(l), Ok(s)) = (c.status(1), c.status(3)) else {
+            return false;
+        };
+        l.committed > s.applied + BEHIND
+    });
+    let asked_at = c.status(1).unwrap().committed;
+    kill(server, Signal::SIGCONT).expect("SIGCONT node 3's server");
+    let seq = snapshot(&c, 3);
+    assert!(
+        seq < asked_at,
+        "node 3's snapshot at {seq} waited until it caught up past {asked_at}, where the leader was when it was asked\n{}",
+        follower_log(&c, 3)
+    );
+    load.wait_more(&c, 500, LIMIT);
+    load.stop();
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+    // Restarted, it restores that image and replays the rest.
+    let line = kill_and_restore(&mut c, 3);
+    assert!(line.contains("restored server"), "{line}");
+    c.wait_converged(LIMIT);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}
+
 /// The image rule (`snapshot_every.image_percent`, here 100): once a
 /// backup has an image, its next snapshot waits until the log since has
 /// grown to that image's size, however far past `snapshot_every.entries`

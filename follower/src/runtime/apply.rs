@@ -74,6 +74,12 @@ impl Node {
             if role == Role::Backup {
                 self.snapshot_if_asked(f);
             }
+            // A snapshot asked for needs the server idle at a turn
+            // boundary: fed one entry at a time, it reaches one within a
+            // turn's entries. Fed 256 at a time behind a backlog it was
+            // never idle when looked at (no snapshot within two minutes
+            // while a backup caught up under load).
+            let narrow = role == Role::Backup && self.snapshots.has_pending();
             // Taken before what the server consumed is read: progress
             // after this wakes the wait below at once.
             let progress = self.region.apply().progress_bell().value();
@@ -105,7 +111,7 @@ impl Node {
                 .min(self.store().last().seq);
             let mut full = false;
             if f.next() <= target {
-                let want = ((target + 1 - f.next()) as usize).min(256);
+                let want = ((target + 1 - f.next()) as usize).min(if narrow { 1 } else { 256 });
                 let entries = match self.store().range(f.next(), want) {
                     Ok(e) => e,
                     Err(e) => {
@@ -134,7 +140,7 @@ impl Node {
                     }
                 }
                 f.publish();
-                if !full && f.next() <= target {
+                if !full && !narrow && f.next() <= target {
                     continue;
                 }
             }

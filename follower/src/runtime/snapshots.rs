@@ -323,8 +323,9 @@ impl Node {
     /// everything fed (the preload sets `applied` when the turn's threads
     /// went back to their event loop) and read all of it (`head`). A
     /// server still in a turn may be waiting for the turn's next entry
-    /// (its end, a clock record): the feed goes on, and the snapshot waits
-    /// for a later moment.
+    /// (its end, a clock record): the feed goes on, one entry at a time
+    /// while a snapshot is asked for (see `apply_loop`), and the snapshot
+    /// waits for the next boundary.
     pub(super) fn snapshot_if_asked(&self, f: &Feeder) {
         if !self.snapshots.has_pending() {
             return;
