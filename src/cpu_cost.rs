@@ -70,14 +70,35 @@ pub fn process_seconds(pid: u32) -> Option<f64> {
     stat_seconds(&process::stat_fields(pid)?, ticks_per_second())
 }
 
+/// CPU seconds of process `pid` (user + system, all threads) and of the
+/// children it waited for, if it lives.
+pub fn process_and_children_seconds(pid: u32) -> Option<(f64, f64)> {
+    let fields = process::stat_fields(pid)?;
+    let ticks = ticks_per_second();
+    Some((
+        stat_seconds(&fields, ticks)?,
+        stat_children_seconds(&fields, ticks)?,
+    ))
+}
+
 /// utime + stime (fields 14 and 15) in seconds, from `/proc/PID/stat`'s
 /// fields 3 on (`process::after_name`).
 fn stat_seconds(fields: &str, ticks: f64) -> Option<f64> {
+    stat_pair(fields, 14, ticks)
+}
+
+/// cutime + cstime (fields 16 and 17: the waited children's) in seconds.
+fn stat_children_seconds(fields: &str, ticks: f64) -> Option<f64> {
+    stat_pair(fields, 16, ticks)
+}
+
+/// Fields `at` and `at + 1` summed, in seconds; `fields` starts at field 3
+/// (state).
+fn stat_pair(fields: &str, at: usize, ticks: f64) -> Option<f64> {
     let mut f = fields.split_whitespace();
-    // `fields` starts at field 3 (state): utime is field 14.
-    let utime: f64 = f.nth(11)?.parse().ok()?;
-    let stime: f64 = f.next()?.parse().ok()?;
-    Some((utime + stime) / ticks)
+    let a: f64 = f.nth(at - 3)?.parse().ok()?;
+    let b: f64 = f.next()?.parse().ok()?;
+    Some((a + b) / ticks)
 }
 
 fn ticks_per_second() -> f64 {
@@ -137,6 +158,15 @@ mod tests {
         assert_eq!(
             stat_seconds(process::after_name(line).unwrap(), 100.0),
             Some(3.0)
+        );
+        assert_eq!(
+            stat_children_seconds(process::after_name(line).unwrap(), 100.0),
+            Some(0.0)
+        );
+        let waited = "7 (f) S 1 7 7 0 -1 0 0 0 0 0 10 10 30 20 20 0 1 0 1 2 3";
+        assert_eq!(
+            stat_children_seconds(process::after_name(waited).unwrap(), 100.0),
+            Some(0.5)
         );
         assert_eq!(process::after_name("garbage"), None);
         assert_eq!(stat_seconds("S 1 2", 100.0), None);

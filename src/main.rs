@@ -10,6 +10,7 @@ mod launch;
 mod memcached_bench;
 mod restart_bench;
 mod run;
+mod snapshot_bench;
 mod status;
 mod supervisor;
 mod up;
@@ -418,6 +419,35 @@ enum BenchCmd {
         #[arg(long)]
         keep: bool,
     },
+    /// What snapshots cost the followers (CPU, CRIU's share, snapshots
+    /// taken) under a SET load, against the dataset's size, with the image
+    /// rule at each `snapshot_every.image_percent` given (0: off; starts its
+    /// own 3-node Redis clusters).
+    #[command(after_long_help = "Examples:
+  lockstep bench snapshots
+  lockstep bench snapshots --dataset-mb 0,200,800 --image-percent 0,100 --json")]
+    Snapshots {
+        /// Megabytes loaded into Redis first (comma list; `DEBUG POPULATE`,
+        /// 1000-byte values): the dataset an image holds.
+        #[arg(long, default_value = "0,200", value_delimiter = ',')]
+        dataset_mb: Vec<u64>,
+        /// `snapshot_every.image_percent` values to compare (comma list; 0:
+        /// the rule off, a snapshot every `snapshot_every.entries`).
+        #[arg(long, default_value = "0,100", value_delimiter = ',')]
+        image_percent: Vec<u64>,
+        /// SET requests of each measured run.
+        #[arg(long, default_value_t = 1_000_000)]
+        requests: u64,
+        /// Work directory [default: target/bench-snapshots].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// One JSON object per run instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Keep each run's data and logs.
+        #[arg(long)]
+        keep: bool,
+    },
 }
 
 fn load(pos: Option<PathBuf>, flag: Option<PathBuf>) -> anyhow::Result<Config> {
@@ -582,6 +612,24 @@ fn main() {
             snapshot_every,
             dataset_mb,
             out: out.unwrap_or_else(|| PathBuf::from("target/bench-restart")),
+            json,
+            keep,
+        }),
+        Cmd::Bench {
+            what:
+                BenchCmd::Snapshots {
+                    dataset_mb,
+                    image_percent,
+                    requests,
+                    out,
+                    json,
+                    keep,
+                },
+        } => snapshot_bench::run(&snapshot_bench::Options {
+            datasets_mb: dataset_mb,
+            image_percents: image_percent,
+            requests,
+            out: out.unwrap_or_else(|| PathBuf::from("target/bench-snapshots")),
             json,
             keep,
         }),

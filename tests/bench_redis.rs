@@ -1,8 +1,9 @@
-//! `lockstep bench redis` and `lockstep bench restart` end to end, kept
-//! short: `redis` with plain Redis and one lockstep cluster, a few thousand
-//! requests, checks the run finishes, leaves no region file behind, and
-//! writes a JSON file with real rows; `restart` at one short log length,
-//! snapshots on and off, checks it measures both and leaves nothing behind.
+//! `lockstep bench redis`, `restart`, `snapshots` and `memcached` end to
+//! end, kept short: `redis` with plain Redis and one lockstep cluster, a
+//! few thousand requests, checks the run finishes, leaves no region file
+//! behind, and writes a JSON file with real rows; `restart` at one short
+//! log length, snapshots on and off, checks it measures both and leaves
+//! nothing behind; `snapshots` with no dataset and a short load.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -183,6 +184,38 @@ fn bench_restart_measures_rejoin_majority_loss_and_leader_restart_with_snapshots
     // Each run's directory is removed after it succeeded, region files too.
     assert_eq!(std::fs::read_dir(&out).map(|d| d.count()).unwrap_or(0), 0);
     assert_no_regions_left(&format!("lockstep-benchrestart-{pid}-"));
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn bench_snapshots_measures_the_followers_cpu_with_an_image_taken_first() {
+    let out = std::env::temp_dir().join(format!(
+        "lockstep-bench-snapshots-test-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    let (pid, stdout) = run_lockstep(
+        Command::new(lockstep())
+            .args(["bench", "snapshots", "--dataset-mb", "0"])
+            .args(["--image-percent", "100", "--requests", "20000"])
+            .args(["--json", "--out"])
+            .arg(&out),
+    );
+    let runs: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert_eq!(runs.len(), 1, "{stdout}");
+    let r = &runs[0];
+    assert_eq!(r["image_percent"], 100, "{r}");
+    assert_eq!(r["requests"], 20_000, "{r}");
+    // Each backup imaged its server before the run.
+    assert!(r["image_bytes"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["set_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["follower_cpu_s"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["criu_cpu_s"].as_f64().unwrap() >= 0.0, "{r}");
+    assert_eq!(std::fs::read_dir(&out).map(|d| d.count()).unwrap_or(0), 0);
+    assert_no_regions_left(&format!("lockstep-benchsnap-{pid}-"));
     let _ = std::fs::remove_dir_all(&out);
 }
 
