@@ -275,6 +275,8 @@ impl Replica {
     /// Handles one event at `now`; what to do, in order.
     pub fn step(&mut self, now: Millis, event: Event, host: &mut impl Host) -> Vec<Action> {
         self.now = self.now.max(now);
+        #[cfg(debug_assertions)]
+        let before = self.marks();
         match event {
             Event::Read(entries) => self.on_read(entries, host),
             Event::ReadFailed => self.maybe_catch_up(true, false, host),
@@ -306,7 +308,53 @@ impl Replica {
             }
         }
         self.maybe_apply(host);
+        #[cfg(debug_assertions)]
+        self.check_invariants(before);
         std::mem::take(&mut self.out)
+    }
+
+    /// The marks that only ever move up: promised view, log view,
+    /// commit point, applied point.
+    #[cfg(debug_assertions)]
+    fn marks(&self) -> [u64; 4] {
+        [self.promised, self.log_view, self.committed, self.applied]
+    }
+
+    /// What no step may break, checked in debug builds (the simulations
+    /// and the integration tests run them) where it would break: the
+    /// promised view, the log's view, the commit point and the applied
+    /// point only move up; the log's view is never past the promised one;
+    /// a leader is the leader it names, of the view it promised.
+    #[cfg(debug_assertions)]
+    fn check_invariants(&self, before: [u64; 4]) {
+        let names = ["promised view", "log view", "commit point", "applied point"];
+        for ((name, was), is) in names.iter().zip(before).zip(self.marks()) {
+            debug_assert!(
+                is >= was,
+                "node {}: the {name} went down from {was} to {is}",
+                self.cfg.me
+            );
+        }
+        debug_assert!(
+            self.log_view <= self.promised,
+            "node {}: log view {} past the promised view {}",
+            self.cfg.me,
+            self.log_view,
+            self.promised
+        );
+        debug_assert!(
+            self.role != Role::Leader || self.leader == self.cfg.me,
+            "node {}: leads but names node {} leader",
+            self.cfg.me,
+            self.leader
+        );
+        debug_assert!(
+            self.role != Role::Leader || self.log_view == self.promised,
+            "node {}: leads with a log of view {} while it promised view {}",
+            self.cfg.me,
+            self.log_view,
+            self.promised
+        );
     }
 
     fn views(&self) -> Views {
