@@ -95,7 +95,13 @@ pub struct LogEnd {
 /// RocksDB-backed log store.
 pub struct LogStore {
     db: DB,
-    sync: bool,
+    /// Writes of entries and of the marks that follow them: synced with
+    /// `durability = "fsync"` only. Made once, as `synced` (each write
+    /// made its own: a RocksDB allocation and free per append).
+    appends: WriteOptions,
+    /// Writes that must be on disk when they return (views, compaction,
+    /// a restart after an image, a cut): always synced.
+    synced: WriteOptions,
     last: LogEnd,
     base: LogEnd,
     /// The newest runs as written, for reads right behind the ingest.
@@ -145,9 +151,15 @@ impl LogStore {
             ColumnFamilyDescriptor::new(META, opts.clone()),
         ];
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
+        let write_options = |sync| {
+            let mut wo = WriteOptions::default();
+            wo.set_sync(sync);
+            wo
+        };
         let mut store = LogStore {
             db,
-            sync: durability == Durability::Fsync,
+            appends: write_options(durability == Durability::Fsync),
+            synced: write_options(true),
             last: LogEnd::default(),
             base: LogEnd::default(),
             recent: RecentRuns::default(),
@@ -323,9 +335,7 @@ impl LogStore {
         batch.delete_range(key(0), key(cut));
         batch.put_cf(cf, K_BASE, Self::base_value(base));
         batch.put_cf(cf, K_COMMIT, self.commit()?.max(seq).to_le_bytes());
-        let mut wo = WriteOptions::default();
-        wo.set_sync(true);
-        self.db.write_opt(batch, &wo)?;
+        self.db.write_opt(batch, &self.synced)?;
         self.base = base;
         if self.last.seq == seq {
             self.last = base;
@@ -348,9 +358,7 @@ impl LogStore {
         batch.delete(key(u64::MAX));
         batch.put_cf(cf, K_BASE, Self::base_value(base));
         batch.put_cf(cf, K_COMMIT, self.commit()?.max(base.seq).to_le_bytes());
-        let mut wo = WriteOptions::default();
-        wo.set_sync(true);
-        self.db.write_opt(batch, &wo)?;
+        self.db.write_opt(batch, &self.synced)?;
         self.base = base;
         self.last = base;
         self.recent.clear();
@@ -398,9 +406,7 @@ impl LogStore {
         for (first, value) in &written {
             batch.put(key(*first), value);
         }
-        let mut wo = WriteOptions::default();
-        wo.set_sync(self.sync);
-        self.db.write_opt(batch, &wo)?;
+        self.db.write_opt(batch, &self.appends)?;
         self.last = last;
         for (first, value) in written {
             self.recent.push(first, value);
@@ -486,9 +492,7 @@ impl LogStore {
         }
         batch.delete_range(key(seq + 1), key(u64::MAX));
         batch.delete(key(u64::MAX));
-        let mut wo = WriteOptions::default();
-        wo.set_sync(true);
-        self.db.write_opt(batch, &wo)?;
+        self.db.write_opt(batch, &self.synced)?;
         self.recent.clear();
         self.last = self.scan_last()?;
         Ok(())
@@ -531,17 +535,13 @@ impl LogStore {
 
     fn meta_put_synced(&self, k: &[u8], v: u64) -> Result<(), StoreError> {
         let cf = self.db.cf_handle(META).expect("meta column family");
-        let mut wo = WriteOptions::default();
-        wo.set_sync(true);
-        self.db.put_cf_opt(cf, k, v.to_le_bytes(), &wo)?;
+        self.db.put_cf_opt(cf, k, v.to_le_bytes(), &self.synced)?;
         Ok(())
     }
 
     fn meta_put(&self, k: &[u8], v: u64) -> Result<(), StoreError> {
         let cf = self.db.cf_handle(META).expect("meta column family");
-        let mut wo = WriteOptions::default();
-        wo.set_sync(self.sync);
-        self.db.put_cf_opt(cf, k, v.to_le_bytes(), &wo)?;
+        self.db.put_cf_opt(cf, k, v.to_le_bytes(), &self.appends)?;
         Ok(())
     }
 
