@@ -977,6 +977,37 @@ fn default_out() -> PathBuf {
         .join(timestamp())
 }
 
+/// Runs the cases of a bench whose runs each start their own Redis
+/// clusters (`bench restart`, `bench snapshots`): checks redis-benchmark is
+/// there, makes the work directory `out`, runs `one` on each case in
+/// order and prints each result as a JSON line when `json`, else `table`
+/// of them all at the end.
+pub(crate) fn run_cluster_cases<C, R: serde::Serialize>(
+    out: &Path,
+    cases: impl IntoIterator<Item = C>,
+    json: bool,
+    mut one: impl FnMut(C, &Path, &Binaries) -> anyhow::Result<R>,
+    table: impl Fn(&[R]) -> String,
+) -> anyhow::Result<()> {
+    if !in_path("redis-benchmark") {
+        bail!("redis-benchmark is not installed (Debian package redis-tools; scripts/setup installs it)");
+    }
+    let bins = Binaries::beside_current_exe()?;
+    let out = work_dir(out)?;
+    let mut runs = Vec::new();
+    for case in cases {
+        let r = one(case, &out, &bins)?;
+        if json {
+            println!("{}", serde_json::to_string(&r)?);
+        }
+        runs.push(r);
+    }
+    if !json {
+        println!("{}", table(&runs));
+    }
+    Ok(())
+}
+
 /// Creates a bench's work directory `out` and returns it absolute (the
 /// clusters' `data_dir` must be: a relative one is read against the
 /// config file's directory).

@@ -34,7 +34,7 @@ use lockstep_common::{control, Config};
 use lockstep_launcher::disk::tree_bytes;
 use lockstep_launcher::resp::{self, Reply};
 
-use crate::bench_redis::{bench_spec, in_path, redis_benchmark, redis_server_args, work_dir};
+use crate::bench_redis::{bench_spec, redis_benchmark, redis_server_args, run_cluster_cases};
 use crate::failover_bench::wait_converged;
 use crate::status;
 use crate::up::{self, Cluster};
@@ -127,26 +127,20 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             bail!("snapshot mode {m:?}: expected process or off");
         }
     }
-    if !in_path("redis-benchmark") {
-        bail!("redis-benchmark is not installed (Debian package redis-tools; scripts/setup installs it)");
-    }
-    let bins = Binaries::beside_current_exe()?;
-    let out = work_dir(&opts.out)?;
-    let mut runs = Vec::new();
-    for mode in &opts.modes {
-        for &entries in &opts.entries {
+    let cases = opts
+        .modes
+        .iter()
+        .flat_map(|mode| opts.entries.iter().map(move |&entries| (mode, entries)));
+    run_cluster_cases(
+        &opts.out,
+        cases,
+        opts.json,
+        |(mode, entries), out, bins| {
             eprintln!("bench restart: snapshot = {mode}, {entries} entries");
-            let r = one_run(mode, entries, &out, opts, &bins)?;
-            if opts.json {
-                println!("{}", serde_json::to_string(&r)?);
-            }
-            runs.push(r);
-        }
-    }
-    if !opts.json {
-        println!("{}", table(&runs));
-    }
-    Ok(())
+            one_run(mode, entries, out, opts, bins)
+        },
+        table,
+    )
 }
 
 /// The markdown table of `runs`.

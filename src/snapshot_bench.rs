@@ -25,7 +25,7 @@ use lockstep_common::{control, Config};
 use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::resp::{self, Reply};
 
-use crate::bench_redis::{bench_spec, in_path, redis_benchmark, redis_server_args, work_dir};
+use crate::bench_redis::{bench_spec, redis_benchmark, redis_server_args, run_cluster_cases};
 use crate::cpu_cost;
 use crate::failover_bench::wait_converged;
 use crate::status;
@@ -88,26 +88,21 @@ impl Run {
 /// Runs every percentage at every dataset size; prints a table (or JSON
 /// lines).
 pub fn run(opts: &Options) -> anyhow::Result<()> {
-    if !in_path("redis-benchmark") {
-        bail!("redis-benchmark is not installed (Debian package redis-tools; scripts/setup installs it)");
-    }
-    let bins = Binaries::beside_current_exe()?;
-    let out = work_dir(&opts.out)?;
-    let mut runs = Vec::new();
-    for &dataset_mb in &opts.datasets_mb {
-        for &percent in &opts.image_percents {
+    let cases = opts.datasets_mb.iter().flat_map(|&mb| {
+        opts.image_percents
+            .iter()
+            .map(move |&percent| (mb, percent))
+    });
+    run_cluster_cases(
+        &opts.out,
+        cases,
+        opts.json,
+        |(dataset_mb, percent), out, bins| {
             eprintln!("bench snapshots: {dataset_mb} MB, image_percent = {percent}");
-            let r = one_run(dataset_mb, percent, &out, opts, &bins)?;
-            if opts.json {
-                println!("{}", serde_json::to_string(&r)?);
-            }
-            runs.push(r);
-        }
-    }
-    if !opts.json {
-        println!("{}", table(&runs));
-    }
-    Ok(())
+            one_run(dataset_mb, percent, out, opts, bins)
+        },
+        table,
+    )
 }
 
 /// The markdown table of `runs`.
