@@ -19,10 +19,10 @@
 //! - [`catchup`]: when a backup fetches from a peer instead of its ring,
 //!   and from whom.
 //! - [`sync`]: making a log equal to a leader's, keeping the shared prefix.
-//! - [`viewchange`]: the candidate's decision, stray views, joining.
+//! - [`viewchange`]: the candidate's decision (with how much of the
+//!   adopted log a new view keeps), stray views, joining.
 //! - [`session`]: when a leader that lost its ZooKeeper session stops
 //!   serving (only once a majority stops acknowledging).
-//! - [`trim`]: how much of the adopted log a new view keeps.
 //! - [`stale`]: when a node's server no longer matches the log.
 //! - [`snapshot`]: who images its server next, how much log every node
 //!   deletes, when a node installs a peer's snapshot.
@@ -68,7 +68,6 @@ pub mod session;
 pub mod snapshot;
 pub mod stale;
 pub mod sync;
-pub mod trim;
 pub mod viewchange;
 
 pub use lockstep_common::region::Role;

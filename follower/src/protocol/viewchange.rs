@@ -23,7 +23,6 @@
 
 use std::collections::BTreeMap;
 
-use super::trim::trim_unserved;
 use super::Millis;
 
 pub use lockstep_common::control::Promise;
@@ -45,6 +44,30 @@ pub struct Adoption {
     /// The highest commit point any promiser knew: every seq up to it is
     /// committed, and at least this much of the log must be adopted.
     pub committed: u64,
+}
+
+impl Adoption {
+    /// The adoption with the old leader's unserved tail dropped.
+    ///
+    /// The leader of the adopted log's view, once deposed, knows where
+    /// that log became visible: its server consumed the view's inputs up
+    /// to `served` (`led` = `(view, served)`, from its promise), and the
+    /// hand-over fence makes that exact. Entries of the view above it were
+    /// never given to any server (backups apply only what the leader
+    /// committed, and it commits only what it handed over), so no client
+    /// saw their effect: the new view may drop them, and the old leader's
+    /// server stays in line with the log instead of having to be rebuilt.
+    /// Committed entries are always kept. Without that leader's promise
+    /// the tail is kept: it may have been served.
+    pub fn trim_unserved(self, led: Option<(u64, u64)>) -> Adoption {
+        match led {
+            Some((view, served)) if view == self.log_view && served < self.last_seq => Adoption {
+                last_seq: served.max(self.committed),
+                ..self
+            },
+            _ => self,
+        }
+    }
 }
 
 pub use lockstep_common::quorum::majority;
@@ -117,7 +140,7 @@ impl Candidate {
             .values()
             .filter_map(|p| p.led)
             .find(|&(v, _)| v == best.log_view);
-        Some(trim_unserved(adoption, led))
+        Some(adoption.trim_unserved(led))
     }
 }
 
@@ -338,6 +361,24 @@ pub fn follows_static(own: Views, view: u64, serving: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unserved_tail_of_the_candidates_own_view_is_dropped() {
+        let a = Adoption {
+            source: 2,
+            log_view: 3,
+            last_seq: 20,
+            committed: 15,
+        };
+        // Led view 3 and served up to 17: 18..=20 reached no server.
+        assert_eq!(a.trim_unserved(Some((3, 17))).last_seq, 17);
+        // Never below what is known committed.
+        assert_eq!(a.trim_unserved(Some((3, 10))).last_seq, 15);
+        // Another view's log, or a candidate that did not lead: untouched.
+        assert_eq!(a.trim_unserved(Some((2, 17))), a);
+        assert_eq!(a.trim_unserved(None), a);
+        assert_eq!(a.trim_unserved(Some((3, 25))), a);
+    }
 
     #[test]
     fn a_candidate_gives_way_only_to_a_serving_leader_it_follows() {
