@@ -13,7 +13,7 @@ use lockstep_common::region::{self, Role};
 use crate::io::feed::Feeder;
 use crate::protocol::Event;
 
-use super::node::Carried;
+use super::carried::Carried;
 use super::Node;
 
 impl Node {

@@ -16,7 +16,7 @@ use lockstep_common::handshake::{self, Channel};
 
 use crate::protocol::{EntryMeta, Event, Message};
 
-use super::node::Carried;
+use super::carried::Carried;
 use super::Node;
 
 /// Timeout of one control-channel exchange.

@@ -13,7 +13,7 @@ use crate::protocol::membership;
 use crate::protocol::{Event, Message};
 use crate::snapshot::transfer::read_chunk;
 
-use super::node::Carried;
+use super::carried::Carried;
 use super::Node;
 
 /// Entries per chunk of a fetch's answer.

@@ -11,7 +11,8 @@ use lockstep_common::transport::TransportError;
 
 use crate::protocol::{Action, Event, Message};
 
-use super::node::{Carried, ZkRequest};
+use super::carried::Carried;
+use super::node::ZkRequest;
 use super::Node;
 
 impl Node {

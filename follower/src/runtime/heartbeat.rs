@@ -12,7 +12,7 @@ use lockstep_common::region::Role;
 use crate::io::zookeeper;
 use crate::protocol::{Event, Millis, Session, Words};
 
-use super::node::Carried;
+use super::carried::Carried;
 use super::poll::NOT_STALLED;
 use super::Node;
 

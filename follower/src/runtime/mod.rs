@@ -15,6 +15,7 @@
 //!
 //! - [`node`]: [`Node`], the handle every thread shares, and stepping.
 //! - `host`: the log and region reads a step makes.
+//! - `carried`: the entry bytes an event hands over with it.
 //! - `execute`: carrying out actions (store, region, one-sided writes,
 //!   handing requests to the threads that make them).
 //! - `startup`: opening everything, starting the replica and the threads.
@@ -31,6 +32,7 @@
 //! - `status`: status, metrics text and lag.
 
 mod apply;
+mod carried;
 mod control_client;
 mod control_server;
 mod execute;

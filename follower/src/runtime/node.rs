@@ -9,7 +9,6 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use lockstep_common::config::Config;
-use lockstep_common::control::FetchedEntry;
 use lockstep_common::region::Region;
 use lockstep_common::ring::RingReader;
 use lockstep_common::transport::{tcp::RegionServer, Transport};
@@ -19,34 +18,8 @@ use crate::protocol::{Event, Message, Millis, Replica};
 use crate::serve::metrics::Metrics;
 use crate::snapshot::catalog::Catalog;
 
+use super::carried::Carried;
 use super::host::StoreHost;
-
-/// Entries an event carries the bytes of (a ring batch, a fetch's
-/// answer): [`crate::protocol::Action::Persist`] stores them.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Carried<'a> {
-    /// None.
-    Nothing,
-    /// Read from the own ring.
-    Ring(&'a [FetchedEntry]),
-    /// Fetched from `peer`.
-    Fetched {
-        /// The peer.
-        peer: u64,
-        /// The entries.
-        entries: &'a [FetchedEntry],
-    },
-}
-
-impl Carried<'_> {
-    pub(super) fn entries(&self) -> &[FetchedEntry] {
-        match self {
-            Carried::Nothing => &[],
-            Carried::Ring(e) => e,
-            Carried::Fetched { entries, .. } => entries,
-        }
-    }
-}
 
 /// A ZooKeeper request the replica made, carried out by the election
 /// thread (the only one that talks to ZooKeeper).

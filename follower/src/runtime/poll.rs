@@ -13,7 +13,7 @@ use lockstep_common::ring::ReadOutcome;
 
 use crate::protocol::{EntryMeta, Event};
 
-use super::node::Carried;
+use super::carried::Carried;
 use super::Node;
 
 /// Entries handed to the replica at once.

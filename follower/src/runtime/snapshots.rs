@@ -36,7 +36,7 @@ use crate::snapshot::catalog::{Catalog, Snapshot};
 use crate::snapshot::transfer::{self, ChunkSource};
 use crate::snapshot::{build_id, criu, sum_files, write_meta, Meta, Position, ServerImage};
 
-use super::node::Carried;
+use super::carried::Carried;
 use super::Node;
 
 /// How often the rules run.

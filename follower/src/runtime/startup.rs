@@ -20,9 +20,9 @@ use crate::protocol::{self, Millis, Replica};
 use crate::serve::metrics::{self, Metrics};
 use crate::snapshot::catalog::Catalog;
 
+use super::carried::Carried;
 use super::control_client::REQUEST_PATIENCE;
 use super::heartbeat::now_ms;
-use super::node::Carried;
 use super::poll::NOT_STALLED;
 use super::snapshots;
 use super::zookeeper::RETRY;

@@ -10,7 +10,7 @@ use lockstep_common::control;
 
 use crate::protocol::Event;
 
-use super::node::Carried;
+use super::carried::Carried;
 use super::Node;
 
 impl Node {

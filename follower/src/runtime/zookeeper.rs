@@ -12,8 +12,9 @@ use crate::io::zookeeper::{ElectionError, Session, ZkElection};
 use crate::protocol::Event;
 use crate::runtime::log_limit::Repeats;
 
+use super::carried::Carried;
 use super::heartbeat::protocol_session;
-use super::node::{Carried, ZkRequest};
+use super::node::ZkRequest;
 use super::Node;
 
 /// Pause between failed attempts.
