@@ -26,7 +26,17 @@ use lockstep_launcher::netns::{self, Net};
 use lockstep_launcher::process::open_log;
 use nix::sys::signal::Signal;
 
-use super::nemesis::Part;
+/// Which of a node's processes a process fault hits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Its server and its follower (the host crashed or froze).
+    Both,
+    /// Its server only: its follower sees it go (and, killed, steps down).
+    Server,
+    /// Its follower only: its server lives on with nobody to commit or
+    /// apply its inputs.
+    Follower,
+}
 
 /// Prefix of every namespace `verify` creates.
 const NET_PREFIX: &str = "lockstep-vf-";

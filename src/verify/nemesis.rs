@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::client::Recorder;
-use super::cluster::VerifyCluster;
+use super::cluster::{Part, VerifyCluster};
 use super::report::FaultWindow;
 use lockstep_launcher::rng::Rng;
 use nix::sys::signal::Signal;
@@ -17,18 +17,6 @@ pub enum Whom {
     Leader,
     /// A random other node.
     Backup,
-}
-
-/// Which of a node's processes a process fault hits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Part {
-    /// Its server and its follower (the host crashed or froze).
-    Both,
-    /// Its server only: its follower sees it go (and, killed, steps down).
-    Server,
-    /// Its follower only: its server lives on with nobody to commit or
-    /// apply its inputs.
-    Follower,
 }
 
 /// A kind of fault.
