@@ -49,12 +49,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::thread_clock::ThreadClock;
-pub use crate::thread_clock::TurnReads;
-
-/// The leader's log time moves in steps of at least this much: a server
-/// that spins through its event loop (zero timeouts) does not log a turn
-/// per spin, and timers with millisecond resolution lose nothing.
-pub const GRAIN_US: u64 = 1_000;
+pub use crate::thread_clock::{TurnReads, GRAIN_US};
 
 /// µs since the epoch: the latest time of the log (0: none yet).
 static LOG_TIME_US: AtomicU64 = AtomicU64::new(0);
@@ -65,29 +60,15 @@ static LOG_TIME_US: AtomicU64 = AtomicU64::new(0);
 /// log begun before origins were recorded).
 pub const ORIGIN_US: u64 = lockstep_common::region::PINNED_ORIGIN_US;
 
-/// The variable through which `lockstep run` hands a server the time its
-/// cluster's log began (µs since the epoch, from the follower's region).
-const ORIGIN_VAR: &std::ffi::CStr = c"LOCKSTEP_ORIGIN_US";
-
-/// The origin this process uses, read once, at load (0: not read yet;
-/// a server may rewrite its environment later, as Redis's process-title
-/// code does).
-static ORIGIN: AtomicU64 = AtomicU64::new(0);
-
 /// What the server's clocks read before the log has a time: the time its
-/// cluster's log began (`LOCKSTEP_ORIGIN_US`), the same instant on every
+/// cluster's log began (`LOCKSTEP_ORIGIN_US`, handed over by `lockstep
+/// run` and read at load: `sys::origin_env_us`), the same instant on every
 /// replica and on one rebuilt later, so its start-up is dated then and
 /// its uptime counts from then; [`ORIGIN_US`] when none was handed over
 /// (a server started without `lockstep run`).
 pub fn origin_us() -> u64 {
-    match ORIGIN.load(Ordering::Acquire) {
-        0 => {
-            let us = crate::sys::env_u64(ORIGIN_VAR)
-                .filter(|&us| us != 0)
-                .unwrap_or(ORIGIN_US);
-            ORIGIN.store(us, Ordering::Release);
-            us
-        }
+    match crate::sys::origin_env_us() {
+        0 => ORIGIN_US,
         us => us,
     }
 }

@@ -8,7 +8,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::clock::GRAIN_US;
+/// The leader's log time moves in steps of at least this much: a server
+/// that spins through its event loop (zero timeouts) does not log a turn
+/// per spin, and timers with millisecond resolution lose nothing.
+pub const GRAIN_US: u64 = 1_000;
 
 /// Where a thread's clock reads of its turn stand: whether it runs a turn,
 /// the input its reads count from (its last entry's seq; 0: the turn's

@@ -9,6 +9,7 @@ pub mod real;
 
 use std::ffi::{c_int, c_void, CStr};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use libc::{sockaddr, socklen_t};
 
@@ -218,6 +219,25 @@ pub fn env_is_set(name: &CStr) -> bool {
     // environment (the preload never sets variables).
     !unsafe { libc::getenv(name.as_ptr()) }.is_null()
 }
+
+/// `LOCKSTEP_ORIGIN_US` (µs; 0: unset or not a number), read once: at load
+/// (the load-time constructor asks first), before the server can rewrite
+/// its environment as Redis's process-title code does. `clock` decides
+/// what an absent origin means.
+pub fn origin_env_us() -> u64 {
+    match ORIGIN_ENV.load(Ordering::Acquire) {
+        NOT_READ => {
+            let us = env_u64(c"LOCKSTEP_ORIGIN_US").unwrap_or(0);
+            ORIGIN_ENV.store(us.min(NOT_READ - 1), Ordering::Release);
+            us
+        }
+        us => us,
+    }
+}
+
+/// [`origin_env_us`] before its first read.
+const NOT_READ: u64 = u64::MAX;
+static ORIGIN_ENV: AtomicU64 = AtomicU64::new(NOT_READ);
 
 /// Environment variable `name` as a decimal number, without allocating
 /// (None: unset, empty, or not all digits, or past u64).

@@ -289,7 +289,7 @@ extern "C" fn resolve_all() {
     for f in ALL_REAL.iter() {
         f.addr();
     }
-    crate::clock::origin_us();
+    super::origin_env_us();
 }
 
 #[used]
