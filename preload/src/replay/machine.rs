@@ -649,6 +649,42 @@ impl Replay {
     /// Hands over turns until one is in flight or none is left
     /// (`from_loop`: on the server thread about to wait in that loop).
     fn run_from<H: Host>(&mut self, host: &mut H, from_loop: Option<u64>) {
+        self.run_turns(host, from_loop);
+        #[cfg(debug_assertions)]
+        self.check_invariants();
+    }
+
+    /// What no run of turns may break, checked in debug builds (the replay
+    /// simulation and the preload tests) where it would break: the turn in
+    /// flight has one payload start and one clock-read mark per entry, in
+    /// log order (seqs rising), its payload starts rising within its
+    /// payloads, and every connection's inbox within them.
+    #[cfg(debug_assertions)]
+    fn check_invariants(&self) {
+        debug_assert_eq!(self.turn.len(), self.starts.len(), "a start per entry");
+        debug_assert_eq!(
+            self.turn.len(),
+            self.after_reads.len(),
+            "a read mark per entry"
+        );
+        debug_assert!(
+            self.turn.windows(2).all(|w| w[0].seq < w[1].seq),
+            "the turn's entries in log order"
+        );
+        debug_assert!(
+            self.starts.windows(2).all(|w| w[0] <= w[1])
+                && self.starts.last().is_none_or(|&s| s <= self.payloads.len()),
+            "payload starts rising within the payloads"
+        );
+        debug_assert!(
+            self.conns
+                .values()
+                .all(|c| c.inbox.0 <= c.inbox.1 && c.inbox.1 <= self.payloads.len()),
+            "every inbox within the turn's payloads"
+        );
+    }
+
+    fn run_turns<H: Host>(&mut self, host: &mut H, from_loop: Option<u64>) {
         let from_server = from_loop.is_some();
         let Some((epoch, start)) = host.stream() else {
             return;
