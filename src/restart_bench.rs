@@ -97,6 +97,25 @@ pub struct Run {
     pub snapshots_during: u64,
 }
 
+/// Loads `dataset_mb` MB into the Redis at `leader` (`DEBUG POPULATE`,
+/// 1000-byte values, one log entry): the dataset an image holds. Nothing
+/// when 0.
+pub(crate) fn populate(leader: SocketAddr, dataset_mb: u64) -> anyhow::Result<()> {
+    if dataset_mb == 0 {
+        return Ok(());
+    }
+    let keys = (dataset_mb * 1000).to_string();
+    let r = resp::command(
+        leader,
+        &["DEBUG", "POPULATE", &keys, "data", "1000"],
+        STEP_LIMIT,
+    )?;
+    if r != Reply::Status("OK".into()) {
+        bail!("DEBUG POPULATE {keys} answered {r:?}");
+    }
+    Ok(())
+}
+
 /// Parses `200000,1M,4M` into entry counts.
 pub fn parse_entries(s: &str) -> Result<Vec<u64>, String> {
     s.split(',')
@@ -288,17 +307,7 @@ fn measure(
     said: &Mutex<Vec<String>>,
 ) -> anyhow::Result<Measured> {
     let leader = config.node(1)?.app;
-    if dataset_mb > 0 {
-        let keys = (dataset_mb * 1000).to_string();
-        let r = resp::command(
-            leader,
-            &["DEBUG", "POPULATE", &keys, "data", "1000"],
-            STEP_LIMIT,
-        )?;
-        if r != Reply::Status("OK".into()) {
-            bail!("DEBUG POPULATE {keys} answered {r:?}");
-        }
-    }
+    populate(leader, dataset_mb)?;
     fill(config, leader, entries)?;
     wait_converged(config, STEP_LIMIT)?;
     if snapshots {

@@ -20,14 +20,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use lockstep_common::{control, Config};
 use lockstep_launcher::binaries::Binaries;
-use lockstep_launcher::resp::{self, Reply};
 
 use crate::bench_redis::{bench_spec, redis_benchmark, redis_server_args, run_cluster_cases};
 use crate::cpu_cost;
 use crate::failover_bench::wait_converged;
+use crate::restart_bench::populate;
 use crate::status;
 use crate::up::Cluster;
 
@@ -160,17 +160,7 @@ fn measure(
     stop: &AtomicBool,
 ) -> anyhow::Result<Run> {
     let leader = config.node(1)?.app;
-    if dataset_mb > 0 {
-        let keys = (dataset_mb * 1000).to_string();
-        let r = resp::command(
-            leader,
-            &["DEBUG", "POPULATE", &keys, "data", "1000"],
-            STEP_LIMIT,
-        )?;
-        if r != Reply::Status("OK".into()) {
-            bail!("DEBUG POPULATE {keys} answered {r:?}");
-        }
-    }
+    populate(leader, dataset_mb)?;
     wait_converged(config, STEP_LIMIT)?;
     // Each backup images the dataset once first: the run measures the
     // cadence of a cluster that has an image, not its first snapshot.
