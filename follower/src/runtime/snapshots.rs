@@ -105,6 +105,10 @@ pub(crate) struct SnapshotState {
     pub(crate) bytes_at: u64,
     /// Bytes of the newest snapshot's image (0: none).
     pub(crate) image_bytes: u64,
+    /// The largest newest image any member reported lately: a node's log
+    /// is as long as the backups' image rule lets it grow, also on a node
+    /// with no image of its own (a leader takes none).
+    pub(crate) members_image_bytes: u64,
     /// Snapshots fail (or cannot be taken at all) since then.
     pub(crate) failing: Option<Failing>,
 }
@@ -316,6 +320,16 @@ impl Node {
         for tx in self.snapshots.pending() {
             let _ = tx.send(Err(format!("node {}: {why}", self.me)));
         }
+        self.answered_snapshots();
+    }
+
+    /// The pending triggers were answered: this node takes none now unless
+    /// another came meanwhile. (A trigger whose asker gave up waiting is
+    /// answered later, when the server is idle; `taking` stayed set until
+    /// then for good, and with a member taking no node's turn ever came.)
+    fn answered_snapshots(&self) {
+        let more = self.snapshots.has_pending();
+        self.snapshot_state().taking = more;
     }
 
     /// On the apply thread, between feeds: takes a snapshot when one was
@@ -345,6 +359,7 @@ impl Node {
         for tx in self.snapshots.pending() {
             let _ = tx.send(result.clone());
         }
+        self.answered_snapshots();
     }
 
     /// Records a failed attempt. The first of a run (or one with another
@@ -475,6 +490,8 @@ impl Node {
                 std::thread::sleep(PERIOD);
             }
             let members = self.members();
+            self.snapshot_state().members_image_bytes =
+                members.iter().map(|m| m.image_bytes).max().unwrap_or(0);
             if rules::taker(&members, every) == Some(self.me) {
                 match self.request_snapshot() {
                     Ok(_) => {}

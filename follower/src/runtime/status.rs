@@ -41,7 +41,7 @@ impl Node {
                     log_entries,
                     log_bytes,
                     every,
-                    snap.image_bytes,
+                    snap.image_bytes.max(snap.members_image_bytes),
                     self.config.snapshot_degraded_after,
                 )
             })
