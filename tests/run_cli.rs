@@ -107,13 +107,14 @@ fn run_waits_for_the_follower_then_serves_replicated_and_stops_on_sigterm() {
         c.start_follower(id);
     }
     c.serve_and_agree(&[1, 2, 3], HANG);
+    // `run` looks at its region every 100 ms: the line may come a moment
+    // after the cluster already saw the server attached.
+    c.wait("each run to say its server attached", HANG, |_| {
+        runs.iter()
+            .all(|r| r.stderr().contains("is attached to its region"))
+    });
     for r in &mut runs {
         assert!(r.running(), "{}", r.stderr());
-        assert!(
-            r.stderr().contains("is attached to its region"),
-            "{}",
-            r.stderr()
-        );
     }
 
     // A backup started this way can be snapshotted (its own session).
