@@ -199,3 +199,35 @@ fn a_cleanly_stopped_follower_removes_its_region_file_a_killed_one_leaves_it() {
     }
     c.assert_no_divergence();
 }
+
+/// A value several times a backup's apply ring, read by the leader's
+/// server in a few large reads (a turn's entries then outgrow the apply
+/// ring): the backups take each turn's entries as the ring feeds them and
+/// converge (they stalled, the leader with them at `max_apply_lag`, when a
+/// turn's space came free only at its end).
+#[test]
+fn values_larger_than_a_backups_apply_ring_replicate() {
+    // A 4 MiB ring: each backup's apply ring is 1 MiB.
+    let mut c = TestCluster::new(
+        "bigvalue",
+        Options {
+            ring_size: "4MiB",
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    let mut r = Resp::connect(c.app(1)).unwrap();
+    for i in 0..4u8 {
+        let value = vec![b'a' + i; 3 << 20];
+        let key = format!("big:{i}");
+        assert_eq!(
+            r.cmd(&[b"SET", key.as_bytes(), &value]).unwrap(),
+            Reply::Status("OK".into()),
+            "SET {key}"
+        );
+    }
+    set_keys(c.app(1), "after", 100);
+    c.wait_converged(CONVERGE);
+    c.assert_same_digest();
+    c.assert_no_divergence();
+}

@@ -97,9 +97,8 @@ pub struct Replay {
     /// An entry read but left for the next turn, and the ring position
     /// just past it; its bytes are in `buf`.
     held: Option<(EntryHeader, u64)>,
-    /// The turn being handed over (empty: none), its payloads, the ring
-    /// position just past its last entry, and when the server had
-    /// consumed all of it.
+    /// The turn being handed over (empty: none), its payloads, and when
+    /// the server had consumed all of it.
     turn: Vec<EntryHeader>,
     payloads: Vec<u8>,
     /// Where each entry of the turn begins in `payloads` (for DATA: its
@@ -117,7 +116,6 @@ pub struct Replay {
     /// The furthest clock read of the turn in flight the server made:
     /// (window anchor, count).
     reads_made: Option<(u64, u32)>,
-    turn_end: u64,
     consumed_at: Option<Duration>,
     /// When the turn in flight was first found unfinished, and whether a
     /// warning said it is stuck (once per turn).
@@ -815,7 +813,7 @@ impl Replay {
                 self.payloads.len()
             });
             self.turn.push(h);
-            self.turn_end = end;
+            self.took(host, end);
         }
         for i in 0..self.turn.len() {
             let h = self.turn[i];
@@ -979,14 +977,22 @@ impl Replay {
         self.turn_waits = 0;
     }
 
-    /// The server handled the whole turn: the follower may reuse its space.
+    /// The turn in flight took the log's entries up to apply ring position
+    /// `end`: their bytes are in the turn's own buffers, so the follower
+    /// may reuse their space at once. (Freed only at the turn's end, a
+    /// turn larger than the apply ring waited for space that only its own
+    /// end would free: a server reading a large value in one go stalled.)
+    fn took<H: Host>(&mut self, host: &mut H, end: u64) {
+        host.set_head(end);
+    }
+
+    /// The server handled the whole turn.
     fn finish<H: Host>(&mut self, host: &mut H) {
         // Inputs the server never reached (it closed the connection
         // first) are checked as the turn ends.
         self.check_rest(host);
         if let Some(last) = self.turn.last() {
             host.set_applied(last.seq.max(self.turn_last));
-            host.set_head(self.turn_end);
         }
         self.clear_turn();
     }
@@ -1145,7 +1151,7 @@ impl Replay {
             }
             self.prev_seq = h.seq;
             self.turn_last = h.seq;
-            self.turn_end = end;
+            self.took(host, end);
             return true;
         }
         let starts = h.flags & SAME_TURN == 0;
