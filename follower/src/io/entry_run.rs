@@ -156,9 +156,21 @@ pub struct RunBuilder {
     value: Vec<u8>,
     first: u64,
     end: u64,
+    /// Bytes of entries still to come (see [`RunBuilder::expecting`]).
+    expected: usize,
 }
 
 impl RunBuilder {
+    /// A builder for `bytes` of entries in all: each run's buffer is sized
+    /// once as it starts (grown entry by entry, a run of a dozen entries
+    /// took several reallocations).
+    pub fn expecting(bytes: usize) -> RunBuilder {
+        RunBuilder {
+            expected: bytes,
+            ..RunBuilder::default()
+        }
+    }
+
     /// Adds entry `seq` at ring position `pos`; `bytes` must be exactly
     /// its footprint (the caller checks). Returns the run it closed, if
     /// this entry starts a new one: `(first seq, value)`.
@@ -168,11 +180,14 @@ impl RunBuilder {
             && self.value.len() + bytes.len() <= RUN_BYTES + 8;
         let done = if continues { None } else { self.take() };
         if self.value.is_empty() {
+            self.value
+                .reserve_exact(8 + self.expected.min(RUN_BYTES).max(bytes.len()));
             self.value.extend_from_slice(&pos.to_le_bytes());
             self.first = seq;
         }
         self.value.extend_from_slice(bytes);
         self.end = pos + bytes.len() as u64;
+        self.expected = self.expected.saturating_sub(bytes.len());
         done
     }
 
@@ -207,6 +222,21 @@ mod tests {
             .collect();
         runs.extend(b.take());
         runs
+    }
+
+    #[test]
+    fn a_run_sized_for_its_append_never_grows() {
+        let es: Vec<Vec<u8>> = (1..=12).map(|i| e(i, 100)).collect();
+        let total: usize = es.iter().map(Vec::len).sum();
+        let mut b = RunBuilder::expecting(total);
+        let mut pos = 0;
+        for (i, bytes) in es.iter().enumerate() {
+            assert!(b.push(i as u64 + 1, pos, bytes).is_none());
+            pos += bytes.len() as u64;
+        }
+        let (_, value) = b.take().unwrap();
+        assert_eq!(value.len(), 8 + total);
+        assert_eq!(value.capacity(), 8 + total, "sized once, exactly");
     }
 
     #[test]

@@ -65,6 +65,21 @@ pub struct StoredEntry {
     pub bytes: Vec<u8>,
 }
 
+/// A stored entry read in place (see [`LogStore::visit`]), checked.
+#[derive(Clone, Copy, Debug)]
+pub struct Visited<'a> {
+    /// Its seq.
+    pub seq: u64,
+    /// Ring position where it starts.
+    pub pos: u64,
+    /// Its header.
+    pub header: EntryHeader,
+    /// Its payload.
+    pub payload: &'a [u8],
+    /// The whole encoded entry (header, payload, canary).
+    pub bytes: &'a [u8],
+}
+
 impl StoredEntry {
     /// Decodes the header (the bytes were checked when stored).
     pub fn header(&self) -> EntryHeader {
@@ -106,6 +121,9 @@ pub struct LogStore {
     base: LogEnd,
     /// The newest runs as written, for reads right behind the ingest.
     recent: RecentRuns,
+    /// The runs of the append being written (kept: no list allocated per
+    /// append).
+    written: Vec<(u64, Vec<u8>)>,
 }
 
 fn key(seq: u64) -> [u8; 8] {
@@ -163,6 +181,7 @@ impl LogStore {
             last: LogEnd::default(),
             base: LogEnd::default(),
             recent: RecentRuns::default(),
+            written: Vec::new(),
         };
         store.base = store.read_base()?;
         store.last = store.scan_last()?;
@@ -210,11 +229,11 @@ impl LogStore {
             seq: first,
             what: "empty run".into(),
         })?;
-        let stored = Self::decode(&e)?;
+        let stored = Self::check(&e)?;
         Ok(LogEnd {
             seq: e.seq,
-            view: stored.header().view,
-            end_pos: stored.end(),
+            view: stored.header.view,
+            end_pos: e.pos + e.bytes.len() as u64,
         })
     }
 
@@ -244,15 +263,19 @@ impl LogStore {
         }
     }
 
-    /// Checks and copies one entry of a run.
-    fn decode(e: &RunEntry<'_>) -> Result<StoredEntry, StoreError> {
-        entry::decode(e.bytes, u32::MAX).map_err(|err| StoreError::Corrupt {
+    /// Checks one entry of a run (its header, length and CRC).
+    fn check<'a>(e: &RunEntry<'a>) -> Result<Visited<'a>, StoreError> {
+        let (header, payload) =
+            entry::decode(e.bytes, u32::MAX).map_err(|err| StoreError::Corrupt {
+                seq: e.seq,
+                what: err.to_string(),
+            })?;
+        Ok(Visited {
             seq: e.seq,
-            what: err.to_string(),
-        })?;
-        Ok(StoredEntry {
             pos: e.pos,
-            bytes: e.bytes.to_vec(),
+            header,
+            payload,
+            bytes: e.bytes,
         })
     }
 
@@ -370,13 +393,25 @@ impl LogStore {
     /// without a gap; one RocksDB write (fsynced in `fsync` mode), one key
     /// per run of entries back to back in the ring.
     pub fn append(&mut self, entries: &[(u64, &[u8])]) -> Result<(), StoreError> {
-        if entries.is_empty() {
-            return Ok(());
+        self.append_from(entries.iter().copied()).map(|_| ())
+    }
+
+    /// [`Self::append`] from an iterator (gone through twice: once to size
+    /// the runs' buffers, so that the ingest path allocates per run, not
+    /// per entry); returns how many entries it appended.
+    pub fn append_from<'a>(
+        &mut self,
+        entries: impl Iterator<Item = (u64, &'a [u8])> + Clone,
+    ) -> Result<u64, StoreError> {
+        let total: usize = entries.clone().map(|(_, b)| b.len()).sum();
+        if total == 0 {
+            return Ok(0);
         }
-        let mut batch = WriteBatch::default();
         let mut last = self.last;
-        let mut runs = RunBuilder::default();
-        let mut written = Vec::new();
+        let mut runs = RunBuilder::expecting(total);
+        let mut written = std::mem::take(&mut self.written);
+        written.clear();
+        let mut n = 0;
         for (pos, bytes) in entries {
             let h = EntryHeader::parse(bytes).map_err(|e| StoreError::Corrupt {
                 seq: last.seq + 1,
@@ -395,23 +430,26 @@ impl LogStore {
                     what: format!("{} bytes for a footprint of {}", bytes.len(), h.footprint()),
                 });
             }
-            written.extend(runs.push(h.seq, *pos, bytes));
+            written.extend(runs.push(h.seq, pos, bytes));
             last = LogEnd {
                 seq: h.seq,
                 view: h.view,
                 end_pos: pos + bytes.len() as u64,
             };
+            n += 1;
         }
         written.extend(runs.take());
+        let mut batch = WriteBatch::default();
         for (first, value) in &written {
             batch.put(key(*first), value);
         }
         self.db.write_opt(batch, &self.appends)?;
         self.last = last;
-        for (first, value) in written {
+        for (first, value) in written.drain(..) {
             self.recent.push(first, value);
         }
-        Ok(())
+        self.written = written;
+        Ok(n)
     }
 
     /// The entry with seq `seq`, if stored (never one below the base: a
@@ -438,21 +476,41 @@ impl LogStore {
         max: usize,
         max_bytes: usize,
     ) -> Result<Vec<(u64, StoredEntry)>, StoreError> {
-        let from = from.max(self.base.seq + 1);
         let mut out = Vec::new();
         let mut bytes = 0;
-        // Takes the entries from `from` on until a bound is reached
-        // (returns false then).
+        self.visit(from, |e| {
+            if out.len() >= max || bytes >= max_bytes {
+                return false;
+            }
+            bytes += e.bytes.len();
+            out.push((
+                e.seq,
+                StoredEntry {
+                    pos: e.pos,
+                    bytes: e.bytes.to_vec(),
+                },
+            ));
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Hands `visit` the stored entries from `from` on, in order and in
+    /// place (checked, not copied: the apply thread copies each straight
+    /// into the apply ring), until it returns false or the log ends.
+    pub fn visit(
+        &self,
+        from: u64,
+        mut visit: impl FnMut(Visited<'_>) -> bool,
+    ) -> Result<(), StoreError> {
+        let from = from.max(self.base.seq + 1);
+        // Visits the entries from `from` on until told to stop (returns
+        // false then).
         let mut take = |entries: &mut dyn Iterator<Item = Result<RunEntry<'_>, StoreError>>| {
             for e in entries {
-                if out.len() >= max || bytes >= max_bytes {
-                    return Ok(false);
-                }
                 let e = e?;
-                if e.seq >= from {
-                    let stored = Self::decode(&e)?;
-                    bytes += stored.bytes.len();
-                    out.push((e.seq, stored));
+                if e.seq >= from && !visit(Self::check(&e)?) {
+                    return Ok(false);
                 }
             }
             Ok::<bool, StoreError>(true)
@@ -468,7 +526,7 @@ impl LogStore {
                 it.next();
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Removes every entry after `seq` (uncommitted tail of an old view).
@@ -659,6 +717,49 @@ mod tests {
         assert!(s.get(4).unwrap().is_none());
         s.append(&[(384, &e(4, 2, b"new"))]).unwrap();
         assert_eq!(s.get(4).unwrap().unwrap().header().view, 2);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn visit_hands_out_entries_in_place_from_memory_and_from_disk_and_stops_when_told() {
+        let d = tmpdir("visit");
+        let seen = |s: &LogStore, from: u64, max: usize| {
+            let mut out = Vec::new();
+            s.visit(from, |v| {
+                if out.len() == max {
+                    return false;
+                }
+                assert_eq!(v.header.seq, v.seq);
+                assert_eq!(v.payload, format!("p{}", v.seq).as_bytes());
+                assert_eq!(v.bytes.len(), v.header.footprint());
+                out.push((v.seq, v.pos));
+                true
+            })
+            .unwrap();
+            out
+        };
+        let mut s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+        let es: Vec<Vec<u8>> = (1..=6)
+            .map(|i| e(i, 1, format!("p{i}").as_bytes()))
+            .collect();
+        let mut pos = 0;
+        let mut refs = Vec::new();
+        for b in &es {
+            refs.push((pos, b.as_slice()));
+            pos += b.len() as u64;
+        }
+        assert_eq!(s.append_from(refs.iter().copied()).unwrap(), 6);
+        assert_eq!(s.append_from(std::iter::empty()).unwrap(), 0);
+        let want: Vec<(u64, u64)> = (3..=6).map(|i| (i, refs[i as usize - 1].0)).collect();
+        // From the recent runs (what the apply thread reads under load).
+        assert_eq!(seen(&s, 3, 10), want);
+        assert_eq!(seen(&s, 3, 2), want[..2]);
+        drop(s);
+        // From RocksDB's values (a reopened store has no recent runs).
+        let s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+        assert_eq!(seen(&s, 3, 10), want);
+        assert_eq!(seen(&s, 3, 1), want[..1]);
+        assert!(seen(&s, 7, 10).is_empty());
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -112,32 +112,43 @@ impl Node {
             let mut full = false;
             if f.next() <= target {
                 let want = ((target + 1 - f.next()) as usize).min(if narrow { 1 } else { 256 });
-                let entries = match self.store().range(f.next(), want) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        self.fail(&format!("cannot read the log: {e}"));
-                        return;
+                // Fed from the store in place (its recent runs, or
+                // RocksDB's values), no copy per entry.
+                let mut fed = 0;
+                let mut broken = None;
+                let read = self.store().visit(f.next(), |e| {
+                    if fed >= want {
+                        return false;
                     }
-                };
-                for (seq, e) in entries {
-                    if seq != f.next() {
-                        self.fail(&format!("log gap at seq {} while applying", f.next()));
-                        return;
+                    if e.seq != f.next() {
+                        broken = Some(format!("log gap at seq {} while applying", f.next()));
+                        return false;
                     }
-                    match f.feed(&e.header(), e.payload()) {
+                    match f.feed(&e.header, e.payload) {
                         Ok(true) => {
+                            fed += 1;
                             self.applied_bytes
                                 .fetch_add(e.bytes.len() as u64, Ordering::Relaxed);
+                            true
                         }
                         Ok(false) => {
                             full = true;
-                            break;
+                            false
                         }
                         Err(err) => {
-                            self.fail(&format!("cannot hand seq {seq} to the server: {err}"));
-                            return;
+                            broken =
+                                Some(format!("cannot hand seq {} to the server: {err}", e.seq));
+                            false
                         }
                     }
+                });
+                if let Err(e) = read {
+                    self.fail(&format!("cannot read the log: {e}"));
+                    return;
+                }
+                if let Some(why) = broken {
+                    self.fail(&why);
+                    return;
                 }
                 f.publish();
                 if !full && !narrow && f.next() <= target {

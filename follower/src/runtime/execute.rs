@@ -164,22 +164,21 @@ impl Node {
     fn persist(&self, last: u64, carried: Carried<'_>) {
         let mut store = self.store();
         let from = store.last().seq + 1;
-        let refs: Vec<(u64, &[u8])> = carried
+        let entries = carried
             .entries()
             .iter()
             .filter(|e| e.seq >= from && e.seq <= last)
-            .map(|e| (e.pos, e.bytes.as_slice()))
-            .collect();
-        if refs.is_empty() {
-            return;
-        }
+            .map(|e| (e.pos, e.bytes.as_slice()));
         let t = Instant::now();
-        if let Err(e) = store.append(&refs) {
-            drop(store);
-            self.fail(&format!("cannot persist entries: {e}"));
-            return;
-        }
-        let n = refs.len() as u64;
+        let n = match store.append_from(entries) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) => {
+                drop(store);
+                self.fail(&format!("cannot persist entries: {e}"));
+                return;
+            }
+        };
         match carried {
             Carried::Ring(_) => {
                 self.metrics.persist.observe(t.elapsed());

@@ -126,8 +126,10 @@ impl Node {
 
     /// [`Node::step`] with the replica locked already.
     pub(super) fn step_locked(&self, replica: &mut Replica, event: Event, carried: Carried<'_>) {
-        let mut queue = VecDeque::from([(event, carried)]);
-        while let Some((event, carried)) = queue.pop_front() {
+        // Allocated only when an action leads to another event.
+        let mut queue = VecDeque::new();
+        let mut next = Some((event, carried));
+        while let Some((event, carried)) = next.take().or_else(|| queue.pop_front()) {
             let actions = replica.step(self.clock(), event, &mut StoreHost::new(self));
             for action in actions {
                 if let Some(next) = self.carry_out(action, carried) {
