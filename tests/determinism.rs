@@ -198,6 +198,10 @@ fn a_node_dependent_reply_is_reported_as_a_divergence() {
     }
     c.wait_converged(LIMIT);
     for id in 2..=3 {
+        // The follower copies the preload's count once per apply pass.
+        c.wait(&format!("node {id} to count a divergence"), LIMIT, |c| {
+            c.status(id).is_ok_and(|s| s.divergences >= 1)
+        });
         let d = c.status(id).unwrap().divergences;
         assert_eq!(
             d,

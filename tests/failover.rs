@@ -815,8 +815,18 @@ fn leader_death_while_a_backup_has_no_server_keeps_writes_going() {
     f.wait_role_any(3, &["backup", "catching-up"], old);
     let load = Load::start(&f, &all, 0..4, OnError::Reconnect, Duration::from_secs(20));
     load.wait_progress(&f, 30, "load on the first leader");
-    let s = f.status(old).expect("leader status");
-    assert_eq!(s.failover_backlog, None, "node {other} applies: {s:?}");
+    // Waited for: a backup counts while its apply reports keep coming
+    // (every 50 ms, stale after a second), which a loaded host may delay.
+    f.wait(
+        &format!("node {old} to count node {other} as applying"),
+        || {
+            let s = f.status(old)?;
+            match s.failover_backlog {
+                None => Ok(()),
+                Some(b) => Err(format!("failover_backlog {b:?}")),
+            }
+        },
+    );
 
     kill_node(&mut c, old);
     let new = f.wait_leader(

@@ -74,7 +74,7 @@ impl Up {
                 return l.to_string();
             }
             if let Ok(Some(st)) = self.child.as_mut().unwrap().try_wait() {
-                std::thread::sleep(Duration::from_millis(200)); // let readers finish
+                cluster::wait_output_complete(&self.out, Duration::from_secs(10));
                 panic!(
                     "lockstep up exited ({st}) before printing {pat:?}:\n{}",
                     self.output()
@@ -95,7 +95,7 @@ impl Up {
         loop {
             if let Some(st) = self.child.as_mut().unwrap().try_wait().expect("try_wait") {
                 self.child = None;
-                std::thread::sleep(Duration::from_millis(200)); // let readers finish
+                cluster::wait_output_complete(&self.out, Duration::from_secs(10));
                 return st;
             }
             assert!(

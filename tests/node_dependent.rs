@@ -78,6 +78,10 @@ fn replies_describing_the_node_are_not_counted_and_configuration_is() {
             String::from_utf8_lossy(&info).contains(&format!("laddr=127.0.0.1:{port}")),
             "node {id}'s CLIENT INFO does not name its own port"
         );
+        // The follower copies the preload's count once per apply pass.
+        c.wait(&format!("node {id} to count a divergence"), LIMIT, |c| {
+            c.status(id).is_ok_and(|s| s.divergences >= 1)
+        });
         let d = c.status(id).unwrap().divergences;
         assert_eq!(
             d,

@@ -164,7 +164,7 @@ impl Up {
         let start = Instant::now();
         loop {
             if let Some(st) = c.try_wait().expect("try_wait") {
-                std::thread::sleep(Duration::from_millis(200)); // let readers finish
+                cluster::wait_output_complete(&self.out, Duration::from_secs(10));
                 return st;
             }
             if start.elapsed() > EXIT_LIMIT {

@@ -617,6 +617,16 @@ pub fn collect_output(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<Stri
     out
 }
 
+/// Waits (at most `limit`) until the reader threads of
+/// [`collect_output`] saw both pipes end (each holds a clone of `out`
+/// until then): after the child exited, its last lines are in `out`.
+pub fn wait_output_complete(out: &std::sync::Arc<std::sync::Mutex<String>>, limit: Duration) {
+    let start = std::time::Instant::now();
+    while std::sync::Arc::strong_count(out) > 1 && start.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// `GET path` on `addr` (HTTP/1.1, the connection closed after): the
 /// status code and the body.
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
