@@ -68,7 +68,8 @@ impl Node {
         match hello.channel {
             Channel::Region => {
                 if self.admit_region_writer(hello.node, from) {
-                    self.region_server.serve(stream, hello.node)
+                    self.region_server
+                        .serve_draining(stream, hello.node, &|| self.drain_ring())
                 }
             }
             Channel::Control => {

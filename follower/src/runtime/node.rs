@@ -87,6 +87,9 @@ pub struct Node {
     pub metrics: Metrics,
     pub(crate) stop: Arc<AtomicBool>,
     pub(super) region_server: RegionServer,
+    /// The ring reader's state, held by whichever thread reads the ring
+    /// (see `poll`); None until the poll thread starts.
+    pub(super) ingest: Mutex<Option<super::poll::Ingest>>,
     /// The control address, bound first thing (see [`Node::start`]);
     /// [`Node::run`] serves it.
     pub(super) control_listener: Mutex<Option<TcpListener>>,

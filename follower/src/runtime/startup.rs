@@ -216,6 +216,7 @@ impl Node {
             metrics: Metrics::default(),
             stop,
             region_server,
+            ingest: Mutex::new(None),
             control_listener: Mutex::new(Some(control_listener)),
             catalog,
             applied_bytes: AtomicU64::new(0),

@@ -24,7 +24,10 @@
 //! The server reads the whole frame into a buffer before it applies it with
 //! [`Region::write`](crate::region::Region::write) (bounds-checked, last 8 bytes stored last with release
 //! ordering, doorbell rung), so a frame is applied entirely or not at all.
-//! Frames of one connection are applied in order.
+//! Frames of one connection are applied in order. When no more is buffered
+//! the batch is offered to the region's reader on the same thread
+//! ([`RegionServer::serve_draining`]: a backup's follower stores and acks it
+//! there) and the doorbell rings only if that reader did not take it.
 //!
 //! A frame whose `view` is older than the region's current view is not
 //! applied. The server answers with a fence notice (below) the first time
