@@ -40,6 +40,19 @@ fn follower_killed_mid_load_restarts_with_fresh_server_and_converges() {
     assert_converged_exactly(&c, &acked, CONVERGE);
 }
 
+/// A running cluster whose ring is `ring_size`.
+fn started_with_ring(name: &str, ring_size: &'static str) -> TestCluster {
+    let mut c = TestCluster::new(
+        name,
+        Options {
+            ring_size,
+            ..Options::default()
+        },
+    );
+    c.start_all();
+    c
+}
+
 /// A cluster whose nodes 1 and 2 run (node 1 leads); node 3 is not started.
 fn without_node_3(name: &str) -> TestCluster {
     let mut c = TestCluster::new(name, Options::default());
@@ -94,14 +107,7 @@ fn a_late_node_fetches_a_long_log_in_chunks_and_converges() {
 
 #[test]
 fn follower_a_ring_lap_behind_catches_up_from_a_peer() {
-    let mut c = TestCluster::new(
-        "lap",
-        Options {
-            ring_size: "1MiB",
-            ..Options::default()
-        },
-    );
-    c.start_all();
+    let c = started_with_ring("lap", "1MiB");
     let pid = c.status(3).unwrap().follower_pid as i32;
     kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
     // More than a ring's worth of input while node 3 is frozen.
@@ -208,14 +214,7 @@ fn a_cleanly_stopped_follower_removes_its_region_file_a_killed_one_leaves_it() {
 #[test]
 fn values_larger_than_a_backups_apply_ring_replicate() {
     // A 4 MiB ring: each backup's apply ring is 1 MiB.
-    let mut c = TestCluster::new(
-        "bigvalue",
-        Options {
-            ring_size: "4MiB",
-            ..Options::default()
-        },
-    );
-    c.start_all();
+    let c = started_with_ring("bigvalue", "4MiB");
     let mut r = Resp::connect(c.app(1)).unwrap();
     for i in 0..4u8 {
         let value = vec![b'a' + i; 3 << 20];

@@ -209,8 +209,9 @@ mod tests {
     use super::*;
     use crate::region::{self, RegionSpec};
 
-    #[test]
-    fn a_batch_of_frames_rings_the_doorbell_once() {
+    /// A region, its server, and a stream of three 16-byte writes at the
+    /// ring's start, the i-th filled with the byte i.
+    fn three_writes() -> (Arc<Region>, RegionServer, Vec<u8>) {
         let r = Arc::new(
             Region::anonymous(&RegionSpec {
                 cluster: "frames".into(),
@@ -219,18 +220,23 @@ mod tests {
             })
             .unwrap(),
         );
-        let server = RegionServer::new(r.clone());
         let mut stream = Vec::new();
-        for (i, body) in [[1u8; 16], [2u8; 16], [3u8; 16]].iter().enumerate() {
+        for i in 0..3u64 {
             let h = FrameHeader {
                 view: 0,
-                offset: region::ring_offset(i as u64 * 16),
+                offset: region::ring_offset(i * 16),
                 len: 16,
                 flags: 0,
             };
             stream.extend_from_slice(&h.encode());
-            stream.extend_from_slice(body);
+            stream.extend_from_slice(&[i as u8; 16]);
         }
+        (r.clone(), RegionServer::new(r), stream)
+    }
+
+    #[test]
+    fn a_batch_of_frames_rings_the_doorbell_once() {
+        let (r, server, stream) = three_writes();
         let before = r.bell().value();
         let stats = server
             .apply_frames(&mut BufReader::new(&stream[..]), &mut Vec::new())
@@ -245,26 +251,7 @@ mod tests {
 
     #[test]
     fn a_batch_a_drain_took_rings_nothing_and_one_it_left_rings_once() {
-        let r = Arc::new(
-            Region::anonymous(&RegionSpec {
-                cluster: "drain".into(),
-                node: 2,
-                ring_size: 1 << 20,
-            })
-            .unwrap(),
-        );
-        let server = RegionServer::new(r.clone());
-        let mut stream = Vec::new();
-        for i in 0..3u64 {
-            let h = FrameHeader {
-                view: 0,
-                offset: region::ring_offset(i * 16),
-                len: 16,
-                flags: 0,
-            };
-            stream.extend_from_slice(&h.encode());
-            stream.extend_from_slice(&[i as u8; 16]);
-        }
+        let (r, server, stream) = three_writes();
         for (takes, rings) in [(true, 0u32), (false, 1)] {
             let offered = std::cell::Cell::new(0);
             let drain = || {
