@@ -35,11 +35,17 @@ const SLOW_CLOCK: Duration = Duration::from_secs(5);
 /// server blocked in its wait; the server thread drains it (-1: none).
 static BELL_FD: AtomicI32 = AtomicI32::new(-1);
 
+/// Makes this server node `node` (its engine, its app address: see
+/// `setup::take_identity`), None when it cannot be.
+pub type TakeIdentity = fn(u64) -> Option<SocketAddr>;
+
 /// The replay machine's world in a backup's server process.
 pub struct RegionHost {
     /// The node whose region this is, as last seen (another after a
     /// restore from a peer's image: see [`RegionHost::moved_to`]).
     node: u64,
+    /// Takes another node's identity (see [`RegionHost::moved_to`]).
+    identity: TakeIdentity,
     /// That node's identity could not be taken: nothing is applied, as a
     /// replay connection would reach the app address of the node the
     /// image came from.
@@ -60,10 +66,16 @@ pub struct RegionHost {
 }
 
 impl RegionHost {
-    fn new(region: Arc<Region>, app: SocketAddr, max_entry: u32) -> RegionHost {
+    fn new(
+        region: Arc<Region>,
+        app: SocketAddr,
+        max_entry: u32,
+        identity: TakeIdentity,
+    ) -> RegionHost {
         let size = apply_ring_size(region.ring_size());
         RegionHost {
             node: region.node(),
+            identity,
             foreign: false,
             region,
             app: connect_addr(app),
@@ -81,7 +93,7 @@ impl RegionHost {
     /// the follower moved to this node's app address). Before anything
     /// else connects, the preload takes that node's identity.
     fn moved_to(&mut self, node: u64) {
-        match crate::setup::take_identity(node) {
+        match (self.identity)(node) {
             Some(app) => self.app = connect_addr(app),
             None => self.foreign = true,
         }
@@ -260,10 +272,10 @@ struct Pump {
 static PUMP: OnceCell<Mutex<Pump>> = OnceCell::new();
 
 /// Sets up the replay for `region` and starts its applier thread (once).
-pub fn start(region: Arc<Region>, app: SocketAddr, max_entry: u32) {
+pub fn start(region: Arc<Region>, app: SocketAddr, max_entry: u32, identity: TakeIdentity) {
     let pump = Pump {
         replay: Replay::new(),
-        host: RegionHost::new(region.clone(), app, max_entry),
+        host: RegionHost::new(region.clone(), app, max_entry, identity),
     };
     if PUMP.set(Mutex::new(pump)).is_err() {
         return;
@@ -329,22 +341,6 @@ pub fn on_loop(loop_id: u64) {
 /// See [`Replay::must_not_block`].
 pub fn must_not_block(loop_id: u64) -> bool {
     with(|r, h| r.must_not_block(h, loop_id)).unwrap_or(false)
-}
-
-/// A backup's epoll timeout: none when a tick is due (this wait is its
-/// turn); unbounded while the log has no time (the server's clock stands
-/// at the origin, so no timer of its can come due: the first entry's bell
-/// or alarm wakes it, a signal too); else the server's.
-pub fn wait_timeout(tick: bool, timeout: i32) -> i32 {
-    if tick {
-        0
-    } else if crate::clock::stilled()
-        && crate::setup::engine().is_some_and(|e| e.region.role() != Role::Leader)
-    {
-        -1
-    } else {
-        timeout
-    }
 }
 
 /// A backup's wait that asks not to block (timeout 0) while the replay

@@ -28,6 +28,7 @@ use crate::fdtable::{self, Class, Slot, CLOSED, FAILED, TABLE_SIZE};
 use crate::held_output;
 use crate::setup;
 use crate::sys;
+pub use crate::turn_reads::poll_children;
 
 /// What a hook returns: a value, and the errno to leave (None: the one the
 /// real call left).
@@ -315,7 +316,7 @@ fn log_turn_time(engine: &Engine) {
 pub fn turn_clock_read() -> Option<u64> {
     let _reentry = crate::reentry::Reentry::enter()?;
     let engine = setup::engine()?;
-    let us = crate::turn_time::read(engine)?;
+    let us = crate::turn_reads::read(engine)?;
     release_deferred_at(engine, us);
     Some(us)
 }
@@ -866,4 +867,20 @@ fn passive_accept(engine: &Engine, role: Role, fd: i32, slot: &Slot) -> bool {
         sys::discard_input(fd);
     }
     false
+}
+
+/// A backup's epoll timeout: none when a tick is due (this wait is its
+/// turn); unbounded while the log has no time (the server's clock stands
+/// at the origin, so no timer of its can come due: the first entry's bell
+/// or alarm wakes it, a signal too); else the server's.
+pub fn wait_timeout(tick: bool, timeout: i32) -> i32 {
+    if tick {
+        0
+    } else if crate::clock::stilled()
+        && setup::engine().is_some_and(|e| e.region.role() != Role::Leader)
+    {
+        -1
+    } else {
+        timeout
+    }
 }

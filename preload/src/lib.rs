@@ -46,6 +46,8 @@
 //! - [`clock`]: the log's time, the wall clock every replica's server reads;
 //!   [`thread_clock`]: one thread's clock, pure.
 //! - [`entropy`]: the cluster's random stream, the same on every replica.
+//! - [`turn_reads`]: a server thread's clock and child reads inside its
+//!   turn, by role (the leader logs them, a backup reads the log's).
 //! - [`setup`]: configuration, attaching to the region, fork handling.
 //! - [`listeners`]: the server's listeners against the app address
 //!   (a server listening in the wrong place stops before it serves).
@@ -81,5 +83,6 @@ pub mod stack_depth;
 pub mod sys;
 pub mod thread_clock;
 pub mod turn_lock;
+pub mod turn_reads;
 pub mod turn_time;
 pub mod turns;

@@ -229,7 +229,12 @@ fn attach_when(ready: impl FnOnce(&Region) -> bool) -> Result<&'static Engine, U
             used
         );
     }
-    crate::apply::start(engine.region.clone(), s.app, s.config.max_entry);
+    crate::apply::start(
+        engine.region.clone(),
+        s.app,
+        s.config.max_entry,
+        take_identity,
+    );
     let engine = ENGINE.publish(engine);
     MODE.store(MODE_ATTACHED, Ordering::Relaxed);
     Ok(engine)

@@ -2,7 +2,7 @@
 //! ([`crate::forks`]); a poll for ended children (`WNOHANG`) inside a
 //! server's turn is one of the turn's counted reads, logged by the leader
 //! when it reaped a child and reaped alike on every backup
-//! ([`crate::turn_time::poll_children`]). Blocking waits, and polls
+//! ([`crate::dispatch::poll_children`]). Blocking waits, and polls
 //! outside a turn, are the real call.
 
 use std::ffi::c_int;
@@ -44,7 +44,7 @@ pub(super) fn waitpid(
         saved.set(errno());
         (r, st)
     };
-    let polled = caught(|| crate::turn_time::poll_children(pid, options, &mut call)).flatten();
+    let polled = caught(|| crate::dispatch::poll_children(pid, options, &mut call)).flatten();
     match polled {
         Some((r, st)) => {
             set_errno(saved.get());

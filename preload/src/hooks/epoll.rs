@@ -55,7 +55,7 @@ pub(super) unsafe fn epoll_turn(
     let k = k.min(max as usize);
     let n = match k {
         0 => probed(
-            caught(|| crate::apply::wait_timeout(tick, timeout)).unwrap_or(timeout),
+            caught(|| crate::dispatch::wait_timeout(tick, timeout)).unwrap_or(timeout),
             |t| real(max, t),
         ),
         // No room left for the kernel's events: they wait for the next

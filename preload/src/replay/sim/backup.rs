@@ -506,7 +506,7 @@ impl Os for BackupOs<'_> {
         }
     }
 
-    /// `turn_time::read` on a backup (`apply::time_at`'s wait: the
+    /// `turn_reads::read` on a backup (`apply::time_at`'s wait: the
     /// follower delivers more until the log says).
     fn clock(&mut self) -> u64 {
         self.meanwhile();

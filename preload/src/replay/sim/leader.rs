@@ -529,7 +529,7 @@ impl Os for LeaderOs<'_> {
         self.conns.remove(&fd);
     }
 
-    /// `turn_time::read` on the leader.
+    /// `turn_reads::read` on the leader.
     fn clock(&mut self) -> u64 {
         let Some((reads, now)) = self.th().clock.count_read() else {
             return match self.th().clock.now() {
