@@ -140,6 +140,10 @@ impl Host for RegionHost {
         self.region.apply().set_head(pos);
     }
 
+    fn release(&mut self, pos: u64) {
+        self.region.apply().release(pos);
+    }
+
     fn set_applied(&mut self, seq: u64) {
         self.region.apply().set_applied(seq);
     }

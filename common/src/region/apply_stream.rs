@@ -76,8 +76,15 @@ impl<'a> ApplyStream<'a> {
     /// Preload: publishes how far it read (and rings
     /// [`Self::progress_bell`]).
     pub fn set_head(&self, pos: u64) {
-        self.w(W_APPLY_HEAD).store(pos, Ordering::Release);
+        self.release(pos);
         self.progress_bell().ring();
+    }
+    /// Preload: publishes how far it read without ringing: the follower
+    /// waits on the bell for the server's progress, which the turn's end
+    /// rings; a ring here too woke it twice per turn. (A follower waiting
+    /// for space in a full ring sees it at its wait's timeout.)
+    pub fn release(&self, pos: u64) {
+        self.w(W_APPLY_HEAD).store(pos, Ordering::Release);
     }
     /// Last seq the server consumed.
     pub fn applied(&self) -> u64 {
@@ -104,8 +111,9 @@ impl<'a> ApplyStream<'a> {
     }
     /// The doorbell the follower's apply thread parks on while the server
     /// works through what it was fed (a full apply ring, entries fed and
-    /// not yet consumed): the preload rings it as the server reads on. A
-    /// ring with nobody parked costs an atomic add and a load.
+    /// not yet consumed): the preload rings it as each turn of the server
+    /// ends (not as a turn takes entries: see [`Self::release`]). A ring
+    /// with nobody parked costs an atomic add and a load.
     pub fn progress_bell(&self) -> Doorbell<'a> {
         Doorbell::new(self.w(W_PROGRESS_BELL), self.w(W_PROGRESS_BELL_WAITERS))
     }
@@ -135,6 +143,10 @@ mod tests {
         let seen = bell.value();
         r.apply().set_applied(5);
         assert_ne!(bell.value(), seen, "consuming rings it");
+        let seen = bell.value();
+        r.apply().release(128);
+        assert_eq!(r.apply().head(), 128);
+        assert_eq!(bell.value(), seen, "taking entries into a turn does not");
         // A follower parked on it (for far longer than the test) is woken
         // by the preload's next progress.
         let seen = bell.value();

@@ -478,10 +478,7 @@ impl LogStore {
     ) -> Result<Vec<(u64, StoredEntry)>, StoreError> {
         let mut out = Vec::new();
         let mut bytes = 0;
-        self.visit(from, |e| {
-            if out.len() >= max || bytes >= max_bytes {
-                return false;
-            }
+        self.visit(from, max, |e| {
             bytes += e.bytes.len();
             out.push((
                 e.seq,
@@ -490,26 +487,36 @@ impl LogStore {
                     bytes: e.bytes.to_vec(),
                 },
             ));
-            true
+            bytes < max_bytes
         })?;
         Ok(out)
     }
 
-    /// Hands `visit` the stored entries from `from` on, in order and in
-    /// place (checked, not copied: the apply thread copies each straight
-    /// into the apply ring), until it returns false or the log ends.
+    /// Hands `visit` up to `max` stored entries from `from` on, in order
+    /// and in place (checked, not copied: the apply thread copies each
+    /// straight into the apply ring), until it returns false or the log
+    /// ends. Nothing past them is read or checked.
     pub fn visit(
         &self,
         from: u64,
+        max: usize,
         mut visit: impl FnMut(Visited<'_>) -> bool,
     ) -> Result<(), StoreError> {
         let from = from.max(self.base.seq + 1);
+        let mut left = max;
         // Visits the entries from `from` on until told to stop (returns
         // false then).
         let mut take = |entries: &mut dyn Iterator<Item = Result<RunEntry<'_>, StoreError>>| {
             for e in entries {
+                if left == 0 {
+                    return Ok(false);
+                }
                 let e = e?;
-                if e.seq >= from && !visit(Self::check(&e)?) {
+                if e.seq < from {
+                    continue;
+                }
+                left -= 1;
+                if !visit(Self::check(&e)?) {
                     return Ok(false);
                 }
             }
@@ -725,10 +732,7 @@ mod tests {
         let d = tmpdir("visit");
         let seen = |s: &LogStore, from: u64, max: usize| {
             let mut out = Vec::new();
-            s.visit(from, |v| {
-                if out.len() == max {
-                    return false;
-                }
+            s.visit(from, max, |v| {
                 assert_eq!(v.header.seq, v.seq);
                 assert_eq!(v.payload, format!("p{}", v.seq).as_bytes());
                 assert_eq!(v.bytes.len(), v.header.footprint());

@@ -114,19 +114,14 @@ impl Node {
                 let want = ((target + 1 - f.next()) as usize).min(if narrow { 1 } else { 256 });
                 // Fed from the store in place (its recent runs, or
                 // RocksDB's values), no copy per entry.
-                let mut fed = 0;
                 let mut broken = None;
-                let read = self.store().visit(f.next(), |e| {
-                    if fed >= want {
-                        return false;
-                    }
+                let read = self.store().visit(f.next(), want, |e| {
                     if e.seq != f.next() {
                         broken = Some(format!("log gap at seq {} while applying", f.next()));
                         return false;
                     }
                     match f.feed(&e.header, e.payload) {
                         Ok(true) => {
-                            fed += 1;
                             self.applied_bytes
                                 .fetch_add(e.bytes.len() as u64, Ordering::Relaxed);
                             true
@@ -164,8 +159,10 @@ impl Node {
             }
             if full || applied + 1 < f.next() {
                 // The server is working through what was fed: its preload
-                // rings the progress bell as it reads on (a timer here cost
-                // a third of this thread in wake-ups from 0.5 ms sleeps).
+                // rings the progress bell as each turn ends (a timer here
+                // cost a third of this thread in wake-ups from 0.5 ms
+                // sleeps). Space a turn in flight took is freed without a
+                // ring: a ring filled by one turn is fed on at the timeout.
                 self.region
                     .apply()
                     .progress_bell()

@@ -107,7 +107,7 @@ impl Node {
     /// acks, and its server's threads wait on the doorbell for them).
     /// True when it read everything; false when the doorbell must ring.
     pub(super) fn drain_ring(&self) -> bool {
-        if self.region.role() == Role::Leader {
+        if self.region.role() == Role::Leader || self.stopping() {
             return false;
         }
         let Ok(mut guard) = self.ingest.try_lock() else {

@@ -32,6 +32,9 @@ pub trait Host {
     fn next_entry(&mut self, buf: &mut Vec<u8>) -> Option<(EntryHeader, u64)>;
     /// The stream up to `pos` was handled: the follower may reuse it.
     fn set_head(&mut self, pos: u64);
+    /// The stream up to `pos` was taken into the turn in flight: the
+    /// follower may reuse it (not woken for it: the turn's end wakes it).
+    fn release(&mut self, pos: u64);
     /// Every entry up to `seq` was applied.
     fn set_applied(&mut self, seq: u64);
     /// One more divergence was counted.

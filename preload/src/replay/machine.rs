@@ -983,7 +983,7 @@ impl Replay {
     /// turn larger than the apply ring waited for space that only its own
     /// end would free: a server reading a large value in one go stalled.)
     fn took<H: Host>(&mut self, host: &mut H, end: u64) {
-        host.set_head(end);
+        host.release(end);
     }
 
     /// The server handled the whole turn.

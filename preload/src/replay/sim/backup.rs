@@ -144,6 +144,8 @@ impl Host for SimHost {
 
     fn set_head(&mut self, _pos: u64) {}
 
+    fn release(&mut self, _pos: u64) {}
+
     fn set_applied(&mut self, seq: u64) {
         self.applied = self.applied.max(seq);
     }
