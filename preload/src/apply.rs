@@ -56,6 +56,8 @@ pub struct RegionHost {
     reader: RingReader,
     /// The stream is unreadable (said once; a new stream starts over).
     broken: bool,
+    /// The epoch of the stream being read (see [`RegionHost::in_stream`]).
+    stream_epoch: u64,
     /// The replay connections' own ends.
     streams: HashMap<u64, TcpStream>,
     /// Replay connections the server has not accepted yet, by their
@@ -82,10 +84,20 @@ impl RegionHost {
             max_entry,
             reader: RingReader::new(size, 0, 1, max_entry),
             broken: false,
+            stream_epoch: 0,
             streams: HashMap::new(),
             by_addr: HashMap::new(),
             started: Instant::now(),
         }
+    }
+
+    /// Whether the follower still writes the stream this reads: after it
+    /// started a new one (the head and applied words back at its start),
+    /// a mark of the old stream would put them where the new one never
+    /// was (the writer overrunning the reader, entries counted applied
+    /// that were not), until the machine sees the new stream.
+    fn in_stream(&self) -> bool {
+        self.region.apply().epoch().0 == self.stream_epoch
     }
 
     /// The region belongs to node `node` now: this server was restored
@@ -114,6 +126,7 @@ impl Host for RegionHost {
     }
 
     fn read_from(&mut self, start: u64) {
+        self.stream_epoch = self.region.apply().epoch().0;
         self.broken = false;
         let size = apply_ring_size(self.region.ring_size());
         self.reader = RingReader::new(size, 0, start, self.max_entry);
@@ -137,15 +150,21 @@ impl Host for RegionHost {
     }
 
     fn set_head(&mut self, pos: u64) {
-        self.region.apply().set_head(pos);
+        if self.in_stream() {
+            self.region.apply().set_head(pos);
+        }
     }
 
     fn release(&mut self, pos: u64) {
-        self.region.apply().release(pos);
+        if self.in_stream() {
+            self.region.apply().release(pos);
+        }
     }
 
     fn set_applied(&mut self, seq: u64) {
-        self.region.apply().set_applied(seq);
+        if self.in_stream() {
+            self.region.apply().set_applied(seq);
+        }
     }
 
     fn diverged(&mut self) {
