@@ -462,7 +462,9 @@ impl LogStore {
         Ok(first.next().filter(|(q, _)| *q == seq).map(|(_, e)| e))
     }
 
-    /// Up to `max` entries starting at `from`, in order.
+    /// Up to `max` entries starting at `from`, in order (the tests' read;
+    /// the apply thread reads in place, see [`Self::visit`]).
+    #[cfg(test)]
     pub fn range(&self, from: u64, max: usize) -> Result<Vec<(u64, StoredEntry)>, StoreError> {
         self.chunk(from, max, usize::MAX)
     }
