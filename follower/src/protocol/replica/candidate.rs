@@ -152,16 +152,10 @@ impl Replica {
         self.note(format!("candidate for view {view}"));
         let mut cand = Candidate::new(view, self.cfg.me, &self.cfg.members);
         cand.promise(own);
-        let peers = self.peers();
-        for &to in &peers {
-            self.out.push(Action::Send {
-                to,
-                msg: Message::Prepare {
-                    view,
-                    candidate: self.cfg.me,
-                },
-            });
-        }
+        let peers = self.send_to_peers(Message::Prepare {
+            view,
+            candidate: self.cfg.me,
+        });
         self.job = Job::Candidate(Candidacy {
             view,
             phase: CandPhase::Preparing(cand),
@@ -336,17 +330,11 @@ impl Replica {
             self.fail_candidacy();
             return;
         }
-        let peers = self.peers();
-        for &to in &peers {
-            self.out.push(Action::Send {
-                to,
-                msg: Message::NewView {
-                    view,
-                    leader: self.cfg.me,
-                    last: seq,
-                },
-            });
-        }
+        let peers = self.send_to_peers(Message::NewView {
+            view,
+            leader: self.cfg.me,
+            last: seq,
+        });
         let Job::Candidate(c) = &mut self.job else {
             return;
         };

@@ -287,6 +287,19 @@ impl Replica {
             .collect()
     }
 
+    /// Sends `msg` to every peer; returns them (whose answers a request
+    /// waits for).
+    fn send_to_peers(&mut self, msg: Message) -> Vec<u64> {
+        let peers = self.peers();
+        for &to in &peers {
+            self.out.push(Action::Send {
+                to,
+                msg: msg.clone(),
+            });
+        }
+        peers
+    }
+
     /// Handles one event at `now`; what to do, in order.
     pub fn step(&mut self, now: Millis, event: Event, host: &mut impl Host) -> Vec<Action> {
         self.now = self.now.max(now);
@@ -927,6 +940,15 @@ mod tests {
         (r, Log::default())
     }
 
+    /// Tells backup `r` (at time 0) that node 1 leads view 1 and serves.
+    fn leader_1_serves(log: &mut Log, r: &mut Replica) -> Vec<Action> {
+        let status = Event::LeaderStatus {
+            view: 1,
+            serving: true,
+        };
+        log.step(r, 0, status)
+    }
+
     /// A static backup that restarts with its log acks it at once when
     /// its log follows the view it promised (the leader counts it again),
     /// and not when it promised a newer view than its log's.
@@ -964,11 +986,7 @@ mod tests {
     #[test]
     fn a_catch_up_stores_no_entry_of_another_view_than_its_log() {
         let (mut r, mut log) = backup_of_1();
-        let status = Event::LeaderStatus {
-            view: 1,
-            serving: true,
-        };
-        log.step(&mut r, 0, status);
+        leader_1_serves(&mut log, &mut r);
         let older = Event::Message {
             from: 1,
             msg: Message::Entries {
@@ -989,11 +1007,7 @@ mod tests {
     #[test]
     fn a_backup_at_rest_repeats_its_last_ack() {
         let (mut r, mut log) = backup_of_1();
-        let status = Event::LeaderStatus {
-            view: 1,
-            serving: true,
-        };
-        log.step(&mut r, 0, status);
+        leader_1_serves(&mut log, &mut r);
         log.step(&mut r, 1, chunk(1, 1..=3, false));
         let acks = |a: &[Action]| -> Vec<Action> {
             a.iter()
@@ -1018,14 +1032,7 @@ mod tests {
     #[test]
     fn a_catch_up_stores_and_acks_each_chunk_as_it_arrives() {
         let (mut r, mut log) = backup_of_1();
-        let a = log.step(
-            &mut r,
-            0,
-            Event::LeaderStatus {
-                view: 1,
-                serving: true,
-            },
-        );
+        let a = leader_1_serves(&mut log, &mut r);
         assert!(a.contains(&Action::Send {
             to: 1,
             msg: Message::Fetch { from: 1, to: 0 }

@@ -100,14 +100,9 @@ impl Replica {
             {
                 // Any answer shows the peer reachable; a peer in a newer
                 // view refuses the leader's writes instead (stalled, above).
-                for to in self.peers() {
-                    self.out.push(Action::Send {
-                        to,
-                        msg: Message::Peek {
-                            seq: self.committed,
-                        },
-                    });
-                }
+                self.send_to_peers(Message::Peek {
+                    seq: self.committed,
+                });
             }
             let since = self.now.saturating_sub(self.commit_sent.1);
             if (c != self.commit_sent.0 && since >= COMMIT_RECORD_GAP_MS) || since > ACK_REPEAT_MS {
