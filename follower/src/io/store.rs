@@ -16,10 +16,13 @@
 //! (seq, view, ring end), which is the log's end while nothing follows.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use lockstep_common::config::Durability;
 use lockstep_common::entry::{self, EntryHeader};
-use rocksdb::{ColumnFamilyDescriptor, DBRawIterator, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    ColumnFamilyDescriptor, CompactOptions, DBRawIterator, Options, WriteBatch, WriteOptions, DB,
+};
 
 use super::entry_run::{self, RunBuilder, RunEntry};
 use super::recent_runs::RecentRuns;
@@ -109,13 +112,15 @@ pub struct LogEnd {
 
 /// RocksDB-backed log store.
 pub struct LogStore {
-    db: DB,
+    /// Shared with a [`Reclaim`] that compacts a deleted prefix away
+    /// while the store's users go on writing.
+    db: Arc<DB>,
     /// Writes of entries and of the marks that follow them: synced with
     /// `durability = "fsync"` only. Made once, as `synced` (each write
     /// made its own: a RocksDB allocation and free per append).
     appends: WriteOptions,
-    /// Writes that must be on disk when they return (views, compaction,
-    /// a restart after an image, a cut): always synced.
+    /// Writes that must be on disk when they return (views, a restart
+    /// after an image, a cut): always synced.
     synced: WriteOptions,
     last: LogEnd,
     base: LogEnd,
@@ -124,6 +129,54 @@ pub struct LogStore {
     /// The runs of the append being written (kept: no list allocated per
     /// append).
     written: Vec<(u64, Vec<u8>)>,
+}
+
+/// What [`LogStore::compact_through`] deleted.
+#[must_use = "run `reclaim` once the store's lock is let go, or the disk space stays taken"]
+pub struct Deleted {
+    /// Entries deleted.
+    pub entries: u64,
+    /// The compaction that gives their disk space back (none when nothing
+    /// was deleted).
+    pub reclaim: Option<Reclaim>,
+}
+
+/// A compaction of a deleted prefix of the log. RocksDB compacts beside
+/// the writes, so it runs without the store's lock.
+pub struct Reclaim {
+    db: Arc<DB>,
+    end: [u8; 8],
+}
+
+impl Reclaim {
+    /// Drops the files wholly inside the deleted range (cheap: no data is
+    /// rewritten), then compacts what is left of it (blocks for as long as
+    /// that takes, beside RocksDB's own compactions rather than instead of
+    /// them).
+    pub fn run(self) {
+        // RocksDB's range here includes its end: the last deleted key.
+        let last = u64::from_be_bytes(self.end).saturating_sub(1);
+        if last > 0 {
+            if let Err(e) = self.db.delete_file_in_range(key(0), key(last)) {
+                log::warn!("dropping the deleted log's files: {e}");
+            }
+        }
+        let mut opts = CompactOptions::default();
+        opts.set_exclusive_manual_compaction(false);
+        self.db
+            .compact_range_opt(None::<&[u8]>, Some(&self.end), &opts);
+    }
+}
+
+impl Deleted {
+    /// Gives the deleted entries' disk space back now; returns how many
+    /// were deleted.
+    pub fn reclaim_now(self) -> u64 {
+        if let Some(r) = self.reclaim {
+            r.run();
+        }
+        self.entries
+    }
 }
 
 fn key(seq: u64) -> [u8; 8] {
@@ -175,7 +228,7 @@ impl LogStore {
             wo
         };
         let mut store = LogStore {
-            db,
+            db: Arc::new(db),
             appends: write_options(durability == Durability::Fsync),
             synced: write_options(true),
             last: LogEnd::default(),
@@ -324,13 +377,18 @@ impl LogStore {
     /// them; see `protocol::snapshot::compaction_point`): one range delete
     /// with the new base and a commit point at least `seq` (compacted
     /// entries were committed: a restart must not probe or cut below
-    /// them), synced, then a compaction of the deleted range so the disk
-    /// space comes back. Nothing past the log's end; already compacted
-    /// seqs are a no-op. Returns the entries' count deleted.
-    pub fn compact_through(&mut self, seq: u64) -> Result<u64, StoreError> {
+    /// them), as durable as an append. Nothing past the log's end;
+    /// already compacted seqs are a no-op. The disk space comes back when
+    /// the returned [`Deleted::reclaim`] runs, which the caller does after
+    /// letting go of the store: a compaction takes 100 ms and more, and an
+    /// ingest waiting on the store's lock meanwhile held every commit.
+    pub fn compact_through(&mut self, seq: u64) -> Result<Deleted, StoreError> {
         let seq = seq.min(self.last.seq);
         if seq <= self.base.seq {
-            return Ok(0);
+            return Ok(Deleted {
+                entries: 0,
+                reclaim: None,
+            });
         }
         let base = if seq == self.last.seq {
             self.last
@@ -358,7 +416,11 @@ impl LogStore {
         batch.delete_range(key(0), key(cut));
         batch.put_cf(cf, K_BASE, Self::base_value(base));
         batch.put_cf(cf, K_COMMIT, self.commit()?.max(seq).to_le_bytes());
-        self.db.write_opt(batch, &self.synced)?;
+        // As durable as an append, not more: should the machine lose this
+        // write, the entries come back whole with the old base (committed
+        // entries a snapshot also holds: harmless), and an fsync here held
+        // the store's lock, and with it every ack, for the disk's time.
+        self.db.write_opt(batch, &self.appends)?;
         self.base = base;
         if self.last.seq == seq {
             self.last = base;
@@ -366,8 +428,13 @@ impl LogStore {
         } else {
             self.recent.forget_through(seq);
         }
-        self.db.compact_range(None::<&[u8]>, Some(&key(cut)));
-        Ok(deleted)
+        Ok(Deleted {
+            entries: deleted,
+            reclaim: Some(Reclaim {
+                db: Arc::clone(&self.db),
+                end: key(cut),
+            }),
+        })
     }
 
     /// Makes the log start after `base` (a peer's snapshot at `base.seq`
@@ -809,7 +876,7 @@ mod tests {
         let before = disk_bytes(&d);
         assert!(before > 3000 * 4000, "{before}");
         let end_2000 = s.get(2000).unwrap().unwrap().end();
-        assert_eq!(s.compact_through(2000).unwrap(), 2000);
+        assert_eq!(s.compact_through(2000).unwrap().reclaim_now(), 2000);
         assert_eq!(s.oldest(), 2001);
         assert!(s.get(2000).unwrap().is_none());
         assert_eq!(s.range(1, 10).unwrap()[0].0, 2001);
@@ -825,6 +892,34 @@ mod tests {
         let s = LogStore::open(&d, Durability::MemoryAck).unwrap();
         assert_eq!(s.oldest(), 2001);
         assert_eq!(s.last().seq, 2002);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_compactions_disk_space_comes_back_while_the_store_takes_appends() {
+        let d = tmpdir("reclaim");
+        let payload = vec![0x5a; 4000];
+        let mut s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+        // Several files, the oldest wholly below the compaction point.
+        for chunk in 0..6 {
+            append_n(&mut s, chunk * 500 + 1, chunk * 500 + 500, &payload);
+            s.db.flush().unwrap();
+        }
+        let deleted = s.compact_through(2000).unwrap();
+        assert_eq!(deleted.entries, 2000);
+        // The reclaim owns what it needs: the store is free for appends
+        // (the ingest's) while it runs.
+        let reclaim = std::thread::spawn(move || deleted.reclaim_now());
+        append_n(&mut s, 3001, 4000, &payload);
+        assert_eq!(reclaim.join().unwrap(), 2000);
+        assert_eq!(s.oldest(), 2001);
+        assert!(s.get(2000).unwrap().is_none());
+        assert_eq!(s.range(2001, 1).unwrap()[0].0, 2001);
+        assert_eq!(s.last().seq, 4000);
+        drop(s);
+        let s = LogStore::open(&d, Durability::MemoryAck).unwrap();
+        assert_eq!((s.oldest(), s.last().seq), (2001, 4000));
+        assert_eq!(s.range(2001, 2000).unwrap().len(), 2000);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -852,7 +947,7 @@ mod tests {
             append_n(&mut s, first, first + 99, &payload);
             s.set_applied(first + 99).unwrap();
             if chunk >= 4 {
-                s.compact_through(first - 300).unwrap();
+                s.compact_through(first - 300).unwrap().reclaim_now();
             }
             peak = peak.max(wal_bytes(&d));
         }
@@ -1032,7 +1127,7 @@ mod tests {
                     }
                     Op::Compact(f) => {
                         let at = base + (last.seq - base) * u64::from(f) / 1000;
-                        st.compact_through(at).unwrap();
+                        st.compact_through(at).unwrap().reclaim_now();
                         if at > base {
                             base = at;
                         }

@@ -558,15 +558,24 @@ impl Node {
     /// Deletes the log up to what the rules allow.
     fn compact(&self, members: &[Member]) {
         let point = rules::compaction_point(self.me, members);
-        let mut store = self.store();
-        if point < store.oldest() {
-            return;
-        }
-        match store.compact_through(point) {
-            Ok(n) => log::info!(
-                "node {}: deleted {n} log entries up to seq {point} (a majority's snapshots cover them)",
-                self.me
-            ),
+        let deleted = {
+            let mut store = self.store();
+            if point < store.oldest() {
+                return;
+            }
+            store.compact_through(point)
+        };
+        match deleted {
+            Ok(deleted) => {
+                // Outside the store's lock: the ingest goes on meanwhile.
+                let started = std::time::Instant::now();
+                let n = deleted.reclaim_now();
+                log::info!(
+                    "node {}: deleted {n} log entries up to seq {point} (a majority's snapshots cover them; disk reclaimed in {:.0?})",
+                    self.me,
+                    started.elapsed()
+                );
+            }
             Err(e) => log::warn!("node {}: compacting the log up to {point}: {e}", self.me),
         }
     }
@@ -617,7 +626,9 @@ impl Node {
             // starts after the image, fetched from peers.
             let mut store = self.store();
             if store.oldest() <= at.seq + 1 && at.seq <= store.last().seq {
-                store.compact_through(at.seq)?;
+                let deleted = store.compact_through(at.seq)?;
+                drop(store);
+                deleted.reclaim_now();
             } else {
                 store.restart_after(LogEnd {
                     seq: at.seq,
