@@ -37,13 +37,14 @@ use lockstep_common::leader_writer::{
     self, AckMajority, AppendError, AppendHooks, LeaderWriter, Waited,
 };
 use lockstep_common::region::{self, Region};
+use lockstep_common::resp::{command_bytes, Value};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use lockstep_common::transport::{self, Transport, TransportError};
 use lockstep_common::Config;
 use lockstep_launcher::cluster_spec::{ClusterSpec, ElectionSpec};
 use lockstep_launcher::commands::{follower_command, redis_command, under_preload};
 use lockstep_launcher::process::{kill_and_reap, open_log, spawn_logged, Grouping};
-use lockstep_launcher::resp::{self, resp_encode, Reply};
+use lockstep_launcher::resp;
 use serde_json::json;
 
 use lockstep_launcher::binaries::Binaries;
@@ -387,13 +388,13 @@ impl AppendHooks for BenchHooks<'_> {
 fn set_of_size(key: &str, size: usize) -> Vec<u8> {
     for pad in 0..4 {
         let key = format!("{key}{}", "_".repeat(pad));
-        let base = resp_encode(&[b"SET", key.as_bytes(), b""]).len();
+        let base = command_bytes(&[b"SET", key.as_bytes(), b""]).len();
         if size <= base {
-            return resp_encode(&[b"SET", key.as_bytes(), b""]);
+            return command_bytes(&[b"SET", key.as_bytes(), b""]);
         }
         // The length prefix grows by at most 6 digits here.
         for vlen in (size - base).saturating_sub(6)..=size - base {
-            let cmd = resp_encode(&[b"SET", key.as_bytes(), &vec![b'x'; vlen]]);
+            let cmd = command_bytes(&[b"SET", key.as_bytes(), &vec![b'x'; vlen]]);
             if cmd.len() == size {
                 return cmd;
             }
@@ -512,13 +513,13 @@ fn stream(b: &mut Bench, l: &mut Leader, n: u64, conns: u64) -> anyhow::Result<S
     for i in 0..n {
         let c = (i % conns) as usize;
         let cmd = if i % 2 == 0 {
-            resp_encode(&[
+            command_bytes(&[
                 b"SET",
                 format!("k:{}", i % 10_000).as_bytes(),
                 format!("v{i:016}").as_bytes(),
             ])
         } else {
-            resp_encode(&[b"INCR", format!("ctr:{c}").as_bytes()])
+            command_bytes(&[b"INCR", format!("ctr:{c}").as_bytes()])
         };
         bytes += cmd.len() as u64;
         // One round over the connections is one turn of a busy server's
@@ -598,7 +599,7 @@ fn restart_replay(b: &mut Bench, id: u64, last: u64) -> anyhow::Result<Replay> {
 fn digest(addr: SocketAddr) -> anyhow::Result<String> {
     Ok(
         match resp::command(addr, &["DEBUG", "DIGEST"], Duration::from_secs(60))? {
-            Reply::Status(s) => s,
+            Value::Simple(s) => s,
             other => format!("{other:?}"),
         },
     )
@@ -947,7 +948,7 @@ fn apply_latency(config: &Config, l: &mut Leader, n: usize) -> anyhow::Result<Ve
     let conn = l.append(Kind::Accept, 0, &[])?;
     l.wait_majority(conn)?;
     l.region.raise_commit(conn);
-    let payload = resp_encode(&[b"INCR", b"apply:latency"]);
+    let payload = command_bytes(&[b"INCR", b"apply:latency"]);
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let seq = l.append(Kind::Data, conn, &payload)?;

@@ -30,13 +30,14 @@ use crate::chart;
 use crate::cpu_cost;
 use crate::status;
 use crate::up::Cluster;
+use lockstep_common::resp::Value;
 use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::cluster_spec::ClusterSpec;
 use lockstep_launcher::commands::redis_command;
 use lockstep_launcher::load::{self, LoadSpec, Request};
 use lockstep_launcher::ports;
 use lockstep_launcher::process::{last_line, open_log, spawn_logged, stop_on_signals, Grouping};
-use lockstep_launcher::resp::{self, Reply};
+use lockstep_launcher::resp;
 
 /// How long a started server may take to answer PING / a replica to sync.
 const READY_LIMIT: Duration = Duration::from_secs(60);
@@ -260,7 +261,7 @@ impl RedisServer {
         s.wait_until("answering PING", stop, |addr| {
             matches!(
                 resp::command(addr, &["PING"], Duration::from_secs(1)),
-                Ok(Reply::Status(p)) if p == "PONG"
+                Ok(Value::Simple(p)) if p == "PONG"
             )
         })?;
         Ok(s)
@@ -306,7 +307,7 @@ impl RedisServer {
         self.wait_until("in sync with its primary", stop, |addr| {
             matches!(
                 resp::command(addr, &["INFO", "replication"], Duration::from_secs(1)),
-                Ok(Reply::Bulk(Some(b))) if String::from_utf8_lossy(&b).contains("master_link_status:up")
+                Ok(Value::Bulk(b)) if String::from_utf8_lossy(&b).contains("master_link_status:up")
             )
         })
     }

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use lockstep_common::config::ElectionMode;
+use lockstep_common::resp::Value;
 use lockstep_common::Config;
-use lockstep_launcher::resp::{self, Reply};
+use lockstep_launcher::resp;
 
 use crate::status;
 use crate::up::{self, Cluster};
@@ -20,7 +21,7 @@ use lockstep_launcher::binaries::Binaries;
 /// One INCR on `addr`: Ok when the server acknowledged it.
 fn incr(addr: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
     match resp::command(addr, &["INCR", "lockstep:failover"], timeout)? {
-        Reply::Int(_) => Ok(()),
+        Value::Int(_) => Ok(()),
         other => bail!("answered {other:?}"),
     }
 }

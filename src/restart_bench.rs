@@ -30,9 +30,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use lockstep_common::resp::Value;
 use lockstep_common::{control, Config};
 use lockstep_launcher::disk::tree_bytes;
-use lockstep_launcher::resp::{self, Reply};
+use lockstep_launcher::resp;
 
 use crate::bench_redis::{bench_spec, redis_benchmark, redis_server_args, run_cluster_cases};
 use crate::failover_bench::wait_converged;
@@ -110,7 +111,7 @@ pub(crate) fn populate(leader: SocketAddr, dataset_mb: u64) -> anyhow::Result<()
         &["DEBUG", "POPULATE", &keys, "data", "1000"],
         STEP_LIMIT,
     )?;
-    if r != Reply::Status("OK".into()) {
+    if r != Value::Simple("OK".into()) {
         bail!("DEBUG POPULATE {keys} answered {r:?}");
     }
     Ok(())
@@ -363,7 +364,7 @@ fn measure(
                 &["INCR", "lockstep:restart"],
                 Duration::from_millis(500)
             ),
-            Ok(Reply::Int(_))
+            Ok(Value::Int(_))
         )
     };
     wait("the leader to acknowledge a write", acked)?;

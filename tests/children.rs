@@ -21,7 +21,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// Redis's `INFO persistence` field `name` at `app`.
 fn persistence(app: std::net::SocketAddr, name: &str) -> String {
     let mut r = Resp::connect(app).unwrap();
-    let Reply::Bulk(Some(info)) = r.cmd(&[b"INFO", b"persistence"]).unwrap() else {
+    let Value::Bulk(info) = r.cmd(&[b"INFO", b"persistence"]).unwrap() else {
         panic!("INFO persistence answered no text");
     };
     String::from_utf8_lossy(&info)
@@ -31,7 +31,7 @@ fn persistence(app: std::net::SocketAddr, name: &str) -> String {
 }
 
 /// `r`'s reply to `args`; a failure names the cluster's logs.
-fn ask(c: &TestCluster, r: &mut Resp, args: &[&[u8]]) -> Reply {
+fn ask(c: &TestCluster, r: &mut Resp, args: &[&[u8]]) -> Value {
     r.cmd(args)
         .unwrap_or_else(|e| panic!("{:?}: {e}\n{}", String::from_utf8_lossy(args[0]), c.logs()))
 }
@@ -57,8 +57,8 @@ fn backups_reap_their_children_where_the_leader_did() {
     let start = Instant::now();
     while started < 15 && start.elapsed() < LIMIT {
         match ask(&c, &mut r, &[b"BGSAVE"]) {
-            Reply::Status(_) => started += 1,
-            Reply::Error(_) => busy += 1,
+            Value::Simple(_) => started += 1,
+            Value::Error(_) => busy += 1,
             other => panic!("BGSAVE answered {other:?}"),
         }
         ask(&c, &mut r, &[b"LASTSAVE"]);
@@ -77,7 +77,7 @@ fn backups_reap_their_children_where_the_leader_did() {
         ask(&c, &mut r, &[b"SET", b"after-rewrite", round.as_bytes()]);
         assert_eq!(
             ask(&c, &mut r, &[b"DEBUG", b"LOADAOF"]),
-            Reply::Status("OK".into()),
+            Value::Simple("OK".into()),
             "DEBUG LOADAOF, round {round}"
         );
         ask(&c, &mut r, &[b"CONFIG", b"SET", b"appendonly", b"no"]);

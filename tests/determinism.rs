@@ -25,11 +25,11 @@ fn a_rate_limiter_leaves_identical_replicas() {
     let mut windows = 0;
     for _ in 0..3000 {
         match r.cmd(&[b"INCR", b"rl"]).unwrap() {
-            Reply::Int(1) => {
+            Value::Int(1) => {
                 windows += 1;
-                assert_eq!(r.cmd(&[b"PEXPIRE", b"rl", b"15"]).unwrap(), Reply::Int(1));
+                assert_eq!(r.cmd(&[b"PEXPIRE", b"rl", b"15"]).unwrap(), Value::Int(1));
             }
-            Reply::Int(_) => {}
+            Value::Int(_) => {}
             other => panic!("INCR answered {other:?}"),
         }
     }
@@ -74,8 +74,8 @@ fn blocking_pops_time_out_at_the_same_point_everywhere() {
             }
         };
         match reply {
-            Reply::Array(None) => timed_out += 1,
-            Reply::Array(Some(kv)) if kv.len() == 2 => got += 1,
+            Value::NullArray => timed_out += 1,
+            Value::Array(kv) if kv.len() == 2 => got += 1,
             other => panic!("BLPOP answered {other:?}"),
         }
     }
@@ -100,7 +100,7 @@ fn writes_after_expiry_agree_everywhere() {
         assert_eq!(
             r.cmd(&[b"SET", k.as_bytes(), b"old", b"PX", b"30"])
                 .unwrap(),
-            Reply::Status("OK".into())
+            Value::Simple("OK".into())
         );
     }
     std::thread::sleep(Duration::from_millis(100));
@@ -108,7 +108,7 @@ fn writes_after_expiry_agree_everywhere() {
         let k = format!("px:{i}");
         assert_eq!(
             r.cmd(&[b"SETNX", k.as_bytes(), b"new"]).unwrap(),
-            Reply::Int(1)
+            Value::Int(1)
         );
         let n = format!("n:{i}");
         r.cmd(&[b"SET", n.as_bytes(), b"5", b"PX", b"20"]).unwrap();
@@ -116,7 +116,7 @@ fn writes_after_expiry_agree_everywhere() {
     std::thread::sleep(Duration::from_millis(60));
     for i in 0..50 {
         let n = format!("n:{i}");
-        assert_eq!(r.cmd(&[b"INCR", n.as_bytes()]).unwrap(), Reply::Int(1));
+        assert_eq!(r.cmd(&[b"INCR", n.as_bytes()]).unwrap(), Value::Int(1));
     }
     // The leader's TIME is the log's time too: every replica answered the
     // same.
@@ -289,7 +289,7 @@ fn keys_expiring_through_a_long_run_agree_everywhere() {
     };
     let leader = live(1);
     assert!(
-        leader.iter().any(|(v, _)| *v == Reply::Bulk(None)),
+        leader.iter().any(|(v, _)| *v == Value::Null),
         "no key had expired at the end: no test of expiry"
     );
     c.assert_same_digest();
@@ -327,7 +327,7 @@ fn active_expiry_runs_in_the_same_turns_everywhere() {
                 .unwrap();
         }
         match r.cmd(&[b"DBSIZE"]).unwrap() {
-            Reply::Int(n) => sizes.push(n),
+            Value::Int(n) => sizes.push(n),
             other => panic!("DBSIZE answered {other:?}"),
         }
         r.cmd(&[b"SCAN", b"0", b"COUNT", b"100"]).unwrap();
@@ -571,7 +571,7 @@ fn wait_any_leader(c: &TestCluster, ids: &[u64]) -> u64 {
     wait_any_leader_with(c, ids, |app| {
         Resp::connect(app)
             .and_then(|mut r| r.cmd(&[b"SET", b"probe", b"1"]))
-            .is_ok_and(|rep| rep == Reply::Status("OK".into()))
+            .is_ok_and(|rep| rep == Value::Simple("OK".into()))
     })
 }
 
@@ -593,7 +593,7 @@ fn nondeterministic_workload(app: std::net::SocketAddr, tag: &str) {
     let mut r = Resp::connect(app).unwrap();
     let k = |name: &str| format!("{tag}:{name}");
     for _ in 0..1000 {
-        if r.cmd(&[b"INCR", k("rl").as_bytes()]).unwrap() == Reply::Int(1) {
+        if r.cmd(&[b"INCR", k("rl").as_bytes()]).unwrap() == Value::Int(1) {
             r.cmd(&[b"PEXPIRE", k("rl").as_bytes(), b"10"]).unwrap();
         }
     }

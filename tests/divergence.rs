@@ -33,15 +33,11 @@ fn pubsub_subscribers_that_send_commands_count_no_divergence() {
                 let (mut messages, mut pongs) = (0, 0);
                 while messages < MESSAGES {
                     match s.read().unwrap() {
-                        Reply::Array(Some(m))
-                            if m.first() == Some(&Reply::Bulk(Some(b"message".to_vec()))) =>
-                        {
+                        Value::Array(m) if m.first() == Some(&Value::Bulk(b"message".to_vec())) => {
                             messages += 1;
                             s.send(&[b"PING"]).unwrap();
                         }
-                        Reply::Array(Some(m))
-                            if m.first() == Some(&Reply::Bulk(Some(b"pong".to_vec()))) =>
-                        {
+                        Value::Array(m) if m.first() == Some(&Value::Bulk(b"pong".to_vec())) => {
                             pongs += 1;
                         }
                         other => panic!("a subscriber read {other:?}"),
@@ -53,32 +49,30 @@ fn pubsub_subscribers_that_send_commands_count_no_divergence() {
                 s.send(&[b"UNSUBSCRIBE"]).unwrap();
                 loop {
                     match s.read().unwrap() {
-                        Reply::Array(Some(m))
-                            if m.first() == Some(&Reply::Bulk(Some(b"unsubscribe".to_vec()))) =>
+                        Value::Array(m)
+                            if m.first() == Some(&Value::Bulk(b"unsubscribe".to_vec())) =>
                         {
                             break
                         }
-                        Reply::Array(Some(m))
-                            if m.first() == Some(&Reply::Bulk(Some(b"pong".to_vec()))) =>
-                        {
+                        Value::Array(m) if m.first() == Some(&Value::Bulk(b"pong".to_vec())) => {
                             pongs += 1
                         }
-                        Reply::Array(Some(m))
-                            if m.first() == Some(&Reply::Bulk(Some(b"message".to_vec()))) => {}
+                        Value::Array(m) if m.first() == Some(&Value::Bulk(b"message".to_vec())) => {
+                        }
                         other => panic!("a subscriber read {other:?}"),
                     }
                 }
-                assert_eq!(s.cmd(&[b"PING"]).unwrap(), Reply::Status("PONG".into()));
+                assert_eq!(s.cmd(&[b"PING"]).unwrap(), Value::Simple("PONG".into()));
                 (messages, pongs)
             })
         })
         .collect();
     // Every subscriber is subscribed before the first message.
     let mut p = Resp::connect(app).unwrap();
-    let all = Reply::Array(Some(vec![
-        Reply::Bulk(Some(b"news".to_vec())),
-        Reply::Int(SUBSCRIBERS as i64),
-    ]));
+    let all = Value::Array(vec![
+        Value::Bulk(b"news".to_vec()),
+        Value::Int(SUBSCRIBERS as i64),
+    ]);
     let start = std::time::Instant::now();
     while p.cmd(&[b"PUBSUB", b"NUMSUB", b"news"]).unwrap() != all {
         assert!(start.elapsed() < LIMIT, "the subscribers never subscribed");
@@ -92,7 +86,7 @@ fn pubsub_subscribers_that_send_commands_count_no_divergence() {
             p.send(&[b"PUBLISH", b"news", m.as_bytes()]).unwrap();
         }
         for _ in 0..20 {
-            assert_eq!(p.read().unwrap(), Reply::Int(SUBSCRIBERS as i64));
+            assert_eq!(p.read().unwrap(), Value::Int(SUBSCRIBERS as i64));
         }
     }
     for s in subs {
@@ -123,15 +117,15 @@ fn replies_of_long_commands_are_compared_where_the_leader_wrote_them() {
         for round in 0..2 {
             assert_eq!(
                 r.cmd(&[b"DEBUG", b"RELOAD"]).unwrap(),
-                Reply::Status("OK".into()),
+                Value::Simple("OK".into()),
                 "DEBUG RELOAD, round {round}"
             );
-            assert_eq!(r.cmd(&[b"TTL", b"k1"]).unwrap(), Reply::Int(-1));
+            assert_eq!(r.cmd(&[b"TTL", b"k1"]).unwrap(), Value::Int(-1));
             assert_eq!(
                 r.cmd(&[b"DEBUG", b"SLEEP", b"0.7"]).unwrap(),
-                Reply::Status("OK".into())
+                Value::Simple("OK".into())
             );
-            assert_eq!(r.cmd(&[b"PING"]).unwrap(), Reply::Status("PONG".into()));
+            assert_eq!(r.cmd(&[b"PING"]).unwrap(), Value::Simple("PONG".into()));
         }
     }
     c.wait_converged(LIMIT);
@@ -151,7 +145,7 @@ fn a_client_that_hangs_up_before_reading_its_replies_counts_no_divergence() {
     let big = vec![b'B'; 100_000];
     assert_eq!(
         setup.cmd(&[b"SET", b"big", &big]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     for round in 0..5 {
         let mut gone = Resp::connect(c.app(1)).unwrap();
@@ -165,7 +159,7 @@ fn a_client_that_hangs_up_before_reading_its_replies_counts_no_divergence() {
         drop(gone);
         assert_eq!(
             setup.cmd(&[b"INCR", b"after"]).unwrap(),
-            Reply::Int(round + 1)
+            Value::Int(round + 1)
         );
     }
     c.wait_converged(LIMIT);

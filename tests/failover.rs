@@ -27,8 +27,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cluster::{
-    bin_dir, binaries, cli_status, free_port, serial, zookeeper_serving, Options, Reply, Resp,
-    TestCluster, ZookeeperServer,
+    bin_dir, binaries, cli_status, free_port, serial, zookeeper_serving, Options, Resp,
+    TestCluster, Value, ZookeeperServer,
 };
 use lockstep_common::control::NodeStatus;
 use lockstep_launcher::binaries::Binaries;
@@ -284,21 +284,21 @@ impl Finder {
             ) else {
                 continue;
             };
-            let Ok(Reply::Array(Some(keys))) = c.cmd(&[b"KEYS", b"*"]) else {
+            let Ok(Value::Array(keys)) = c.cmd(&[b"KEYS", b"*"]) else {
                 continue;
             };
             for k in keys {
-                let Reply::Bulk(Some(k)) = k else { continue };
+                let Value::Bulk(k) = k else { continue };
                 let summary = match c.cmd(&[b"TYPE", &k]) {
-                    Ok(Reply::Status(t)) if t == "list" => match c.cmd(&[b"LLEN", &k]) {
-                        Ok(Reply::Int(n)) => {
+                    Ok(Value::Simple(t)) if t == "list" => match c.cmd(&[b"LLEN", &k]) {
+                        Ok(Value::Int(n)) => {
                             let tail = c.cmd(&[b"LRANGE", &k, b"-3", b"-1"]);
                             format!("list len {n} tail {tail:?}")
                         }
                         other => format!("list {other:?}"),
                     },
-                    Ok(Reply::Status(t)) if t == "string" => match c.cmd(&[b"GET", &k]) {
-                        Ok(Reply::Bulk(Some(v))) => format!("{:?}", String::from_utf8_lossy(&v)),
+                    Ok(Value::Simple(t)) if t == "string" => match c.cmd(&[b"GET", &k]) {
+                        Ok(Value::Bulk(v)) => format!("{:?}", String::from_utf8_lossy(&v)),
                         other => format!("{other:?}"),
                     },
                     other => format!("{other:?}"),
@@ -327,7 +327,7 @@ fn digest(addr: SocketAddr) -> Result<String, String> {
     let mut c = Resp::connect_with(addr, Duration::from_secs(2), Duration::from_secs(30))
         .map_err(|e| e.to_string())?;
     match c.cmd(&[b"DEBUG", b"DIGEST"]) {
-        Ok(Reply::Status(s)) => Ok(s),
+        Ok(Value::Simple(s)) => Ok(s),
         other => Err(format!("{other:?}")),
     }
 }
@@ -341,7 +341,7 @@ fn probe_write_with(addr: SocketAddr, read: Duration) -> Result<(), String> {
     let mut c = Resp::connect_with(addr, Duration::from_secs(2), read)
         .map_err(|e| format!("connect: {e}"))?;
     match c.cmd(&[b"SET", b"fo:probe", b"1"]) {
-        Ok(Reply::Status(s)) if s == "OK" => Ok(()),
+        Ok(Value::Simple(s)) if s == "OK" => Ok(()),
         Ok(other) => Err(format!("answered {other:?}")),
         Err(e) => Err(e.to_string()),
     }
@@ -519,7 +519,7 @@ fn run_client(
             let k = (n as usize / 2) % COUNTERS;
             log.incr_sent[k] += 1;
             let r = c.cmd(&[b"INCR", counter_key(k).as_bytes()]);
-            if let Ok(Reply::Int(v)) = r {
+            if let Ok(Value::Int(v)) = r {
                 log.incr_acked.push((k, v));
             }
             (format!("INCR {}", counter_key(k)), r)
@@ -527,13 +527,13 @@ fn run_client(
             let id = format!("{t}:{n}");
             log.push_sent.push(id.clone());
             let r = c.cmd(&[b"RPUSH", LIST.as_bytes(), id.as_bytes()]);
-            if let Ok(Reply::Int(len)) = r {
+            if let Ok(Value::Int(len)) = r {
                 log.push_acked.push((id.clone(), len));
             }
             (format!("RPUSH {LIST} {id}"), r)
         };
         match res {
-            Ok(Reply::Int(_)) => {
+            Ok(Value::Int(_)) => {
                 acked.fetch_add(1, Ordering::Relaxed);
             }
             other => {
@@ -564,8 +564,8 @@ fn check_history(f: &Finder, leader: u64, logs: &[ClientLog]) {
     for k in 0..COUNTERS {
         let key = counter_key(k);
         let value = match c.cmd(&[b"GET", key.as_bytes()]).expect("GET") {
-            Reply::Bulk(Some(b)) => String::from_utf8(b).unwrap().parse::<i64>().unwrap(),
-            Reply::Bulk(None) => 0,
+            Value::Bulk(b) => String::from_utf8(b).unwrap().parse::<i64>().unwrap(),
+            Value::Null => 0,
             other => panic!("GET {key}: {other:?}"),
         };
         let sent: u64 = logs.iter().map(|l| l.incr_sent[k]).sum();
@@ -601,10 +601,10 @@ fn check_history(f: &Finder, leader: u64, logs: &[ClientLog]) {
         .cmd(&[b"LRANGE", LIST.as_bytes(), b"0", b"-1"])
         .expect("LRANGE")
     {
-        Reply::Array(Some(items)) => items
+        Value::Array(items) => items
             .into_iter()
             .map(|i| match i {
-                Reply::Bulk(Some(b)) => String::from_utf8(b).unwrap(),
+                Value::Bulk(b) => String::from_utf8(b).unwrap(),
                 other => panic!("LRANGE item {other:?}"),
             })
             .collect(),
@@ -1574,7 +1574,7 @@ fn isolated_leader_cannot_ack_and_rejoins() {
             let r = conn
                 .cmd(&[b"SET", b"iso:pre", b"before"])
                 .expect("SET before isolation");
-            assert_eq!(r, Reply::Status("OK".into()), "SET before isolation");
+            assert_eq!(r, Value::Simple("OK".into()), "SET before isolation");
             out.acked.push(("iso:pre".into(), "before".into()));
             conn.set_read_timeout(Duration::from_secs(2)).unwrap();
             ready_tx.send(()).unwrap();
@@ -1592,7 +1592,7 @@ fn isolated_leader_cannot_ack_and_rejoins() {
                 }
                 loop {
                     match conn.read() {
-                        Ok(Reply::Status(s)) if s == "OK" => {
+                        Ok(Value::Simple(s)) if s == "OK" => {
                             out.acked.push((key, value));
                             n += 1;
                             continue 'conn;
@@ -1686,7 +1686,7 @@ fn isolated_leader_cannot_ack_and_rejoins() {
     for (key, value) in &isolated.acked {
         assert_eq!(
             r.cmd(&[b"GET", key.as_bytes()]).unwrap(),
-            Reply::Bulk(Some(value.clone().into_bytes())),
+            Value::Bulk(value.clone().into_bytes()),
             "the isolated leader acknowledged SET {key} {value}, but leader {new} does not have it\n{}",
             f.logs()
         );
@@ -1714,8 +1714,8 @@ fn get(addr: SocketAddr, key: &str) -> Option<String> {
     let mut c = Resp::connect_with(addr, Duration::from_secs(2), Duration::from_secs(30))
         .expect("connect for GET");
     match c.cmd(&[b"GET", key.as_bytes()]).expect("GET") {
-        Reply::Bulk(Some(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
-        Reply::Bulk(None) => None,
+        Value::Bulk(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Value::Null => None,
         other => panic!("GET {key} answered {other:?}"),
     }
 }

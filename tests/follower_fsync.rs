@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cluster::{
     assert_acked_counters, assert_converged_exactly, redis_mixed_workload, BackgroundLoad, Options,
-    Reply, Resp, TestCluster,
+    Resp, TestCluster, Value,
 };
 use lockstep_common::config::Durability;
 
@@ -57,7 +57,7 @@ fn fsync_cluster_converges_under_mixed_workload() {
         let mut r = Resp::connect(c.app(id)).unwrap();
         assert_eq!(
             r.cmd(&[b"LLEN", b"shared:list"]).unwrap(),
-            Reply::Int(pushes),
+            Value::Int(pushes),
             "list length on node {id}"
         );
     }
@@ -115,7 +115,7 @@ fn fsync_whole_cluster_sigkilled_restarts_from_its_logs_with_every_acknowledged_
             .cmd(&[b"GET", cluster::load_counter_key(t).as_bytes()])
             .unwrap()
         {
-            Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b).parse::<i64>().unwrap(),
+            Value::Bulk(b) => String::from_utf8_lossy(&b).parse::<i64>().unwrap(),
             other => panic!("GET answered {other:?}"),
         };
         assert!(
@@ -150,7 +150,7 @@ fn static_leader_restart_keeps_a_write_only_the_backups_stored() {
     assert_eq!(
         r.cmd(&[b"SET", b"only-on-backups", b"acknowledged"])
             .unwrap(),
-        Reply::Status("OK".into()),
+        Value::Simple("OK".into()),
         "a write acked by the two backups is answered"
     );
     drop(r);
@@ -177,7 +177,7 @@ fn static_leader_restart_keeps_a_write_only_the_backups_stored() {
     });
     assert_eq!(
         got,
-        Reply::Bulk(Some(b"acknowledged".to_vec())),
+        Value::Bulk(b"acknowledged".to_vec()),
         "the restarted leader lost an acknowledged write\n{}",
         c.logs()
     );

@@ -6,8 +6,8 @@ mod cluster;
 use std::time::Duration;
 
 use cluster::{
-    assert_converged_exactly, redis_mixed_workload, set_keys, BackgroundLoad, Options, Reply, Resp,
-    TestCluster,
+    assert_converged_exactly, redis_mixed_workload, set_keys, BackgroundLoad, Options, Resp,
+    TestCluster, Value,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -24,7 +24,7 @@ fn mixed_workload_leaves_identical_replicas() {
     let mut r = Resp::connect(c.app(2)).unwrap();
     let len = r.cmd(&[b"LLEN", b"shared:list"]).unwrap();
     let pushes = 8 * (0..300).filter(|i| i % 7 < 2).count() as i64;
-    assert_eq!(len, cluster::Reply::Int(pushes), "list length on a backup");
+    assert_eq!(len, cluster::Value::Int(pushes), "list length on a backup");
     c.assert_no_divergence();
 }
 
@@ -199,7 +199,7 @@ fn a_cleanly_stopped_follower_removes_its_region_file_a_killed_one_leaves_it() {
         let mut r = Resp::connect(c.app(id)).unwrap();
         assert_eq!(
             r.cmd(&[b"DBSIZE"]).unwrap(),
-            Reply::Int(600),
+            Value::Int(600),
             "keys on node {id}"
         );
     }
@@ -221,7 +221,7 @@ fn values_larger_than_a_backups_apply_ring_replicate() {
         let key = format!("big:{i}");
         assert_eq!(
             r.cmd(&[b"SET", key.as_bytes(), &value]).unwrap(),
-            Reply::Status("OK".into()),
+            Value::Simple("OK".into()),
             "SET {key}"
         );
     }

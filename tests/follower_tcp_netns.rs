@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cluster::{bin_dir, redis_digest, redis_mixed_workload, Reply, Resp};
+use cluster::{bin_dir, redis_digest, redis_mixed_workload, Resp, Value};
 use lockstep_common::control::NodeStatus;
 use lockstep_common::Config;
 use lockstep_launcher::netns::{self, Net};
@@ -254,7 +254,7 @@ fn run(mut procs: Procs) {
         let mut r = Resp::connect(app).unwrap();
         assert_eq!(
             r.cmd(&[b"LLEN", b"shared:list"]).unwrap(),
-            Reply::Int(pushes),
+            Value::Int(pushes),
             "list length on node {}",
             i + 1
         );

@@ -313,7 +313,7 @@ fn redis_up_workload_kill_backup_ctrl_c() {
     let mut c = Resp::connect(tc.app(1)).expect("connect to the leader");
     assert_eq!(
         c.cmd(&[b"SET", b"after-kill", b"1"]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     redis_mixed_workload(tc.app(1), 4, 50);
     drop(c);
@@ -330,7 +330,7 @@ fn redis_up_workload_kill_backup_ctrl_c() {
     let mut c = Resp::connect(tc.app(3)).expect("connect to the restarted backup");
     assert_eq!(
         c.cmd(&[b"GET", b"after-kill"]).unwrap(),
-        Reply::Bulk(Some(b"1".to_vec())),
+        Value::Bulk(b"1".to_vec()),
         "a write made while node 3 was down is missing there"
     );
     drop(c);
@@ -603,7 +603,7 @@ fn redis_up_node_per_host_forms_a_cluster_and_heals() {
     let mut c = Resp::connect(tc.app(1)).expect("connect to the leader");
     assert_eq!(
         c.cmd(&[b"SET", b"two-left", b"1"]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     drop(c);
     for up in ups.iter_mut().take(2) {
@@ -649,7 +649,7 @@ fn redis_up_retries_a_failing_restart() {
     let mut c = Resp::connect(tc.app(1)).expect("connect to the leader");
     assert_eq!(
         c.cmd(&[b"SET", b"before", b"1"]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
 
     let mark = up.mark();
@@ -684,7 +684,7 @@ fn redis_up_retries_a_failing_restart() {
     // The cluster serves on meanwhile.
     assert_eq!(
         c.cmd(&[b"SET", b"during", b"2"]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     drop(holder);
     up.wait_line_from(mark, "node 3 back as backup", READY_LIMIT);
@@ -696,7 +696,7 @@ fn redis_up_retries_a_failing_restart() {
     for (k, v) in [(&b"before"[..], &b"1"[..]), (b"during", b"2")] {
         assert_eq!(
             c.cmd(&[b"GET", k]).unwrap(),
-            Reply::Bulk(Some(v.to_vec())),
+            Value::Bulk(v.to_vec()),
             "key {}",
             String::from_utf8_lossy(k)
         );
@@ -771,7 +771,7 @@ fn up_killed_leaves_no_orphans_and_restarts() {
     let mut c = Resp::connect(tc.app(1)).expect("connect");
     assert_eq!(
         c.cmd(&[b"SET", b"survives", b"yes"]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     drop(c);
     // SIGKILL: no cleanup by `lockstep up`; the kernel's parent-death
@@ -813,7 +813,7 @@ fn up_killed_leaves_no_orphans_and_restarts() {
     let mut c = Resp::connect(tc.app(1)).expect("connect");
     assert_eq!(
         c.cmd(&[b"GET", b"survives"]).unwrap(),
-        Reply::Bulk(Some(b"yes".to_vec()))
+        Value::Bulk(b"yes".to_vec())
     );
     drop(c);
     stop_cleanly(&mut up, &tc);
@@ -950,7 +950,7 @@ fn set_keys(addr: SocketAddr, prefix: &str, n: usize) {
         let key = format!("{prefix}:{i}");
         assert_eq!(
             c.cmd(&[b"SET", key.as_bytes(), b"1"]).unwrap(),
-            Reply::Status("OK".into()),
+            Value::Simple("OK".into()),
             "SET {key} on {addr}"
         );
     }
@@ -1046,7 +1046,7 @@ fn redis_up_with_a_zookeeper_ensemble_survives_a_member_loss() {
     for key in ["before:9", "during:49"] {
         assert_eq!(
             c.cmd(&[b"GET", key.as_bytes()]).unwrap(),
-            Reply::Bulk(Some(b"1".to_vec())),
+            Value::Bulk(b"1".to_vec()),
             "{key} is missing on the new leader {new}\n{}",
             up.output()
         );

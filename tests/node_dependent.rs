@@ -27,7 +27,7 @@ fn replies_describing_the_node_are_not_counted_and_configuration_is() {
         assert_eq!(
             b.cmd(&[b"CONFIG", b"SET", b"hash-max-listpack-entries", b"4"])
                 .unwrap(),
-            Reply::Status("OK".into())
+            Value::Simple("OK".into())
         );
     }
     let mut r = Resp::connect(c.app(1)).unwrap();
@@ -43,7 +43,7 @@ fn replies_describing_the_node_are_not_counted_and_configuration_is() {
     r.cmd(&[b"SET", b"k", b"v"]).unwrap();
     for cmd in node_dependent {
         assert!(
-            !matches!(r.cmd(cmd).unwrap(), Reply::Error(_)),
+            !matches!(r.cmd(cmd).unwrap(), Value::Error(_)),
             "{cmd:?} failed"
         );
         r.cmd(&[b"GET", b"k"]).unwrap();
@@ -63,14 +63,14 @@ fn replies_describing_the_node_are_not_counted_and_configuration_is() {
         .unwrap();
     assert_eq!(
         r.cmd(&[b"OBJECT", b"ENCODING", b"h"]).unwrap(),
-        Reply::Bulk(Some(b"listpack".to_vec()))
+        Value::Bulk(b"listpack".to_vec())
     );
     r.cmd(&[b"GET", b"k"]).unwrap();
     c.wait_converged(LIMIT);
     for id in 2..=3 {
         // The replies did differ on this node: its own laddr and port.
         let mut b = Resp::connect(c.app(id)).unwrap();
-        let Reply::Bulk(Some(info)) = b.cmd(&[b"CLIENT", b"INFO"]).unwrap() else {
+        let Value::Bulk(info) = b.cmd(&[b"CLIENT", b"INFO"]).unwrap() else {
             panic!("CLIENT INFO on node {id} answered no text");
         };
         let port = c.app(id).port().to_string();

@@ -300,7 +300,7 @@ fn client(
         i += 1;
         let id = format!("c{t}-{i}");
         match c.cmd(&[b"RPUSH", list.as_bytes(), id.as_bytes()]) {
-            Ok(Reply::Int(_)) => {
+            Ok(Value::Int(_)) => {
                 log.acked.push(id);
                 acked.fetch_add(1, Ordering::Relaxed);
             }
@@ -399,7 +399,7 @@ fn haproxy_clients_follow_a_leader_kill() {
     let start = Instant::now();
     while !Resp::connect_with(front, Duration::from_secs(2), Duration::from_secs(5))
         .and_then(|mut r| r.cmd(&[b"PING"]))
-        .is_ok_and(|r| r == Reply::Status("PONG".into()))
+        .is_ok_and(|r| r == Value::Simple("PONG".into()))
     {
         assert!(
             start.elapsed() < HANG,
@@ -449,7 +449,7 @@ fn haproxy_clients_follow_a_leader_kill() {
 
     // Every acknowledged id is on the new leader, once.
     let mut r = Resp::connect(c.app(new)).expect("connect to the new leader");
-    let Reply::Array(Some(items)) = r
+    let Value::Array(items) = r
         .cmd(&[b"LRANGE", LIST.as_bytes(), b"0", b"-1"])
         .expect("LRANGE")
     else {
@@ -457,7 +457,7 @@ fn haproxy_clients_follow_a_leader_kill() {
     };
     let mut count = std::collections::HashMap::new();
     for it in items {
-        if let Reply::Bulk(Some(b)) = it {
+        if let Value::Bulk(b) = it {
             *count
                 .entry(String::from_utf8_lossy(&b).into_owned())
                 .or_insert(0u32) += 1;

@@ -88,7 +88,7 @@ fn no_reply_is_visible_before_its_input_is_committed() {
     let mut reader = Resp::connect(c.app(1)).unwrap();
     assert_eq!(
         writer.cmd(&[b"SET", b"k", b"old"]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
 
     let frozen = Frozen::followers(&c, &[2, 3]);
@@ -102,8 +102,8 @@ fn no_reply_is_visible_before_its_input_is_committed() {
     assert_eq!(c.status(1).expect("leader status").role, "leader");
 
     drop(frozen);
-    assert_eq!(writer.read().unwrap(), Reply::Status("OK".into()));
-    assert_eq!(reader.read().unwrap(), Reply::Bulk(Some(b"new".to_vec())));
+    assert_eq!(writer.read().unwrap(), Value::Simple("OK".into()));
+    assert_eq!(reader.read().unwrap(), Value::Bulk(b"new".to_vec()));
     c.wait_converged(LIMIT);
     c.assert_same_digest();
     c.assert_no_divergence();
@@ -116,7 +116,7 @@ fn a_connection_closed_by_the_server_waits_for_the_commit() {
     let mut client = Resp::connect(c.app(1)).unwrap();
     assert_eq!(
         client.cmd(&[b"SET", b"k", b"1"]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     let frozen = Frozen::followers(&c, &[2, 3]);
     // QUIT: the server replies and closes; neither may reach the client
@@ -124,7 +124,7 @@ fn a_connection_closed_by_the_server_waits_for_the_commit() {
     client.send(&[b"QUIT"]).unwrap();
     assert_held(&mut client, "QUIT");
     drop(frozen);
-    assert_eq!(client.read().unwrap(), Reply::Status("OK".into()));
+    assert_eq!(client.read().unwrap(), Value::Simple("OK".into()));
     let mut b = [0u8; 1];
     use std::io::Read;
     assert_eq!(
@@ -191,7 +191,7 @@ fn a_resp3_hello_marks_at_most_its_own_entry() {
     // on each backup takes an id there only.
     for id in 2..=3 {
         let mut g = Resp::connect(c.app(id)).unwrap();
-        assert_eq!(g.cmd(&[b"PING"]).unwrap(), Reply::Status("PONG".into()));
+        assert_eq!(g.cmd(&[b"PING"]).unwrap(), Value::Simple("PONG".into()));
     }
     const CONNS: usize = 4;
     let mut clients: Vec<Resp> = (0..CONNS)
@@ -200,7 +200,7 @@ fn a_resp3_hello_marks_at_most_its_own_entry() {
     for r in &mut clients {
         r.send(&[b"HELLO", b"3"]).unwrap();
         // A RESP3 map; its content does not matter here.
-        assert!(matches!(r.read().unwrap(), Reply::Array(Some(_))));
+        assert!(matches!(r.read().unwrap(), Value::Map(_)));
     }
     for i in 0..50 {
         for (k, r) in clients.iter_mut().enumerate() {
@@ -208,7 +208,7 @@ fn a_resp3_hello_marks_at_most_its_own_entry() {
             let v = i.to_string();
             assert_eq!(
                 r.cmd(&[b"SET", key.as_bytes(), v.as_bytes()]).unwrap(),
-                Reply::Status("OK".into())
+                Value::Simple("OK".into())
             );
         }
     }
@@ -243,7 +243,7 @@ fn the_leader_waits_while_the_backups_are_further_behind_than_max_apply_lag() {
     );
     c.start_all();
     let mut client = Resp::connect(c.app(1)).unwrap();
-    assert_eq!(client.cmd(&[b"INCR", b"n"]).unwrap(), Reply::Int(1));
+    assert_eq!(client.cmd(&[b"INCR", b"n"]).unwrap(), Value::Int(1));
     c.wait_converged(LIMIT);
 
     let frozen = Frozen::servers(&c, &[2, 3]);
@@ -256,7 +256,7 @@ fn the_leader_waits_while_the_backups_are_further_behind_than_max_apply_lag() {
         match client.read() {
             Ok(r) => {
                 answered += 1;
-                assert_eq!(r, Reply::Int(answered as i64));
+                assert_eq!(r, Value::Int(answered as i64));
             }
             Err(e) if is_timeout(&e) => break,
             Err(e) => panic!("INCR {}: {e}", answered + 1),
@@ -280,12 +280,12 @@ fn the_leader_waits_while_the_backups_are_further_behind_than_max_apply_lag() {
     drop(frozen);
     client.set_read_timeout(LIMIT).unwrap();
     answered += 1;
-    assert_eq!(client.read().unwrap(), Reply::Int(answered as i64));
+    assert_eq!(client.read().unwrap(), Value::Int(answered as i64));
     while answered < WRITES {
         answered += 1;
         assert_eq!(
             client.cmd(&[b"INCR", b"n"]).unwrap(),
-            Reply::Int(answered as i64)
+            Value::Int(answered as i64)
         );
     }
     c.wait_converged(LIMIT);
@@ -390,11 +390,11 @@ fn a_client_that_reads_late_gets_every_reply_in_order() {
     let big = vec![b'B'; 200_000];
     assert_eq!(
         setup.cmd(&[b"SET", b"small", &small]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     assert_eq!(
         setup.cmd(&[b"SET", b"big", &big]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     let mut slow = Resp::connect(c.app(1)).unwrap();
     const N: usize = 3000;
@@ -410,22 +410,22 @@ fn a_client_that_reads_late_gets_every_reply_in_order() {
     // slow one.
     assert_eq!(
         setup.cmd(&[b"SET", b"other", b"1"]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     let mut counter = 0;
     for i in 0..N {
         if i % 500 == 250 {
             assert_eq!(
                 slow.read().unwrap(),
-                Reply::Bulk(Some(big.clone())),
+                Value::Bulk(big.clone()),
                 "request {i}"
             );
         } else {
             counter += 1;
-            assert_eq!(slow.read().unwrap(), Reply::Int(counter), "request {i}");
+            assert_eq!(slow.read().unwrap(), Value::Int(counter), "request {i}");
             assert_eq!(
                 slow.read().unwrap(),
-                Reply::Bulk(Some(small.clone())),
+                Value::Bulk(small.clone()),
                 "request {i}"
             );
         }
@@ -455,9 +455,9 @@ fn a_reply_is_not_held_behind_the_next_turns_long_script() {
     assert_eq!(
         a.cmd(&[b"CONFIG", b"SET", b"busy-reply-threshold", b"600000"])
             .unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
-    assert_eq!(b.cmd(&[b"PING"]).unwrap(), Reply::Status("PONG".into()));
+    assert_eq!(b.cmd(&[b"PING"]).unwrap(), Value::Simple("PONG".into()));
     // A's turn lasts a second; B's script arrives meanwhile, so the loop
     // has work when A's turn ends, and the script is the next turn.
     a.send(&[b"DEBUG", b"SLEEP", b"1"]).unwrap();
@@ -474,7 +474,7 @@ fn a_reply_is_not_held_behind_the_next_turns_long_script() {
     .unwrap();
     std::thread::sleep(Duration::from_millis(1000));
     drop(frozen);
-    assert_eq!(a.read().unwrap(), Reply::Status("OK".into()));
+    assert_eq!(a.read().unwrap(), Value::Simple("OK".into()));
     // Held behind the script, A's reply would have left a moment before
     // B's; here the script runs on for seconds.
     std::thread::sleep(Duration::from_millis(200));
@@ -488,7 +488,7 @@ fn a_reply_is_not_held_behind_the_next_turns_long_script() {
         ),
     }
     s.set_nonblocking(false).unwrap();
-    assert_eq!(b.read().unwrap(), Reply::Int(400_000_000));
+    assert_eq!(b.read().unwrap(), Value::Int(400_000_000));
     c.wait_converged(LIMIT);
     c.assert_same_digest();
     c.assert_no_divergence();

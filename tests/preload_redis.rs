@@ -100,12 +100,9 @@ fn redis_cli_and_benchmark_through_the_leader_are_logged_in_order() {
     let mut r = Resp::connect(f.app()).unwrap();
     assert_eq!(
         r.cmd(&[b"SET", b"big", &big]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
-    assert_eq!(
-        r.cmd(&[b"GET", b"big"]).unwrap(),
-        Reply::Bulk(Some(big.clone()))
-    );
+    assert_eq!(r.cmd(&[b"GET", b"big"]).unwrap(), Value::Bulk(big.clone()));
     let big_conn_sent = r.sent.clone();
     drop(r);
 
@@ -298,7 +295,7 @@ fn passive_backup_refuses_clients_but_serves_and_counts_replay_connections() {
     // An ordinary client is closed at once, without a reply.
     for _ in 0..3 {
         let mut c = connect(f.app()).unwrap();
-        let _ = c.write_all(&resp_encode(&[b"PING"]));
+        let _ = c.write_all(&command_bytes(&[b"PING"]));
         assert!(
             is_closed_by_peer(&mut c, LIMIT),
             "a backup served a normal client"
@@ -310,14 +307,14 @@ fn passive_backup_refuses_clients_but_serves_and_counts_replay_connections() {
     // connection of its own; every reply checked against the leader's.
     let mut feed = ApplyFeed::start(&f, 1);
     let big = vec![b'x'; 100_000];
-    let set_big = resp_encode(&[b"SET", b"big", &big]);
+    let set_big = command_bytes(&[b"SET", b"big", &big]);
     let diverged = feed.session(
         &mut server,
         &[
-            (&resp_encode(&[b"PING"]), b"+PONG\r\n"),
-            (&resp_encode(&[b"SET", b"k", b"v"]), b"+OK\r\n"),
+            (&command_bytes(&[b"PING"]), b"+PONG\r\n"),
+            (&command_bytes(&[b"SET", b"k", b"v"]), b"+OK\r\n"),
             (&set_big, b"+OK\r\n"),
-            (&resp_encode(&[b"GET", b"k"]), b"$1\r\nv\r\n"),
+            (&command_bytes(&[b"GET", b"k"]), b"$1\r\nv\r\n"),
         ],
     );
     assert_eq!(
@@ -329,7 +326,7 @@ fn passive_backup_refuses_clients_but_serves_and_counts_replay_connections() {
     // A reply that differs is reported, once, naming its connection.
     let diverged = feed.session(
         &mut server,
-        &[(&resp_encode(&[b"GET", b"k"]), b"$1\r\nw\r\n")],
+        &[(&command_bytes(&[b"GET", b"k"]), b"$1\r\nw\r\n")],
     );
     assert_eq!(diverged, 1);
     assert!(
@@ -340,7 +337,7 @@ fn passive_backup_refuses_clients_but_serves_and_counts_replay_connections() {
 
     // Still refusing others, and nothing was logged.
     let mut c = connect(f.app()).unwrap();
-    let _ = c.write_all(&resp_encode(&[b"GET", b"k"]));
+    let _ = c.write_all(&command_bytes(&[b"GET", b"k"]));
     assert!(is_closed_by_peer(&mut c, LIMIT));
     assert!(acker.entries().is_empty(), "a backup logged entries");
     assert_eq!(f.region(1).tail(), 0);
@@ -369,7 +366,7 @@ fn a_refused_client_of_a_redis_backup_reads_readonly_naming_the_leader() {
     assert!(eof, "no clean EOF after the -READONLY line");
     // A client that sends a write first reads the same line.
     for _ in 0..3 {
-        let (got, _) = refusal(f.app(), &resp_encode(&[b"SET", b"k", b"v"]));
+        let (got, _) = refusal(f.app(), &command_bytes(&[b"SET", b"k", b"v"]));
         assert_eq!(String::from_utf8_lossy(&got), want);
     }
     // redis-cli shows it as the command's error.
@@ -424,7 +421,7 @@ fn backup_clients_allow_serves_others_until_the_node_leads() {
     let mut guest = Resp::connect(f.app()).unwrap();
     assert_eq!(
         guest.cmd(&[b"SET", b"k", b"v"]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     assert!(acker.entries().is_empty(), "a guest's input was logged");
 
@@ -437,17 +434,14 @@ fn backup_clients_allow_serves_others_until_the_node_leads() {
         "a backup's guest kept being served by the leader: {r:?}"
     );
     let mut c = Resp::connect(f.app()).unwrap();
-    assert_eq!(
-        c.cmd(&[b"GET", b"k"]).unwrap(),
-        Reply::Bulk(Some(b"v".to_vec()))
-    );
+    assert_eq!(c.cmd(&[b"GET", b"k"]).unwrap(), Value::Bulk(b"v".to_vec()));
     drop(c);
     acker.wait_all_closed(&f);
     let s = check_log(&acker.entries(), true);
     assert_eq!(s.accepted.len(), 1);
     assert_eq!(
         s.data.values().next().unwrap(),
-        &resp_encode(&[b"GET", b"k"])
+        &command_bytes(&[b"GET", b"k"])
     );
     server.assert_running();
 }
@@ -458,11 +452,11 @@ fn set_k1_then_send_unacked_k2(f: &Fixture, acker: &Acker) -> Resp {
     let mut c = Resp::connect(f.app()).unwrap();
     assert_eq!(
         c.cmd(&[b"SET", b"k", b"1"]).unwrap(),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     acker.pause(true);
     c.stream()
-        .write_all(&resp_encode(&[b"SET", b"k", b"2"]))
+        .write_all(&command_bytes(&[b"SET", b"k", b"2"]))
         .unwrap();
     c
 }
@@ -505,7 +499,7 @@ fn assert_k_is_what_the_server_ran_of_the_failed_set(f: &Fixture, server: &mut S
         b"$1\r\n2\r\n"
     };
     let mut feed = ApplyFeed::start(f, 1000);
-    let diverged = feed.session(server, &[(&resp_encode(&[b"GET", b"k"]), k)]);
+    let diverged = feed.session(server, &[(&command_bytes(&[b"GET", b"k"]), k)]);
     assert_eq!(
         diverged,
         0,
@@ -539,7 +533,9 @@ fn leader_whose_follower_died_fails_the_waiting_input_and_still_stops() {
     acker.pause(false);
     let logged = acker.entries().len();
     let mut late = Resp::connect(f.app()).unwrap();
-    let _ = late.stream().write_all(&resp_encode(&[b"SET", b"k", b"3"]));
+    let _ = late
+        .stream()
+        .write_all(&command_bytes(&[b"SET", b"k", b"3"]));
     assert!(
         is_closed_by_peer(late.stream(), LIMIT),
         "a client was served after the follower died"
@@ -551,7 +547,7 @@ fn leader_whose_follower_died_fails_the_waiting_input_and_still_stops() {
     // of its turn (a TIME entry, see the preload's turn_time) were
     // appended before the fence but may reach the acker, which was
     // paused, after `logged` was counted.
-    let failed_set = resp_encode(&[b"SET", b"k", b"2"]);
+    let failed_set = command_bytes(&[b"SET", b"k", b"2"]);
     let after: Vec<_> = acker.entries()[logged..]
         .iter()
         .filter(|r| matches!(r.header.kind, Kind::Accept | Kind::Data | Kind::Close))
@@ -592,7 +588,7 @@ fn a_server_started_before_its_region_waits_for_it_and_attaches_when_it_comes() 
         let sent = if i == 0 {
             Vec::new()
         } else {
-            resp_encode(&[b"SET", b"k", b"v"])
+            command_bytes(&[b"SET", b"k", b"v"])
         };
         let (got, eof) = refusal(f.app(), &sent);
         assert_eq!(

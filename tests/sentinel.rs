@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cluster::{Options, Reply, Resp, SparePorts, TestCluster, ZookeeperServer};
-use lockstep_launcher::resp::read_reply;
+use cluster::{Options, Resp, SparePorts, TestCluster, Value, ZookeeperServer};
+use lockstep_common::resp::read_value;
 
 const HANG: Duration = Duration::from_secs(180);
 const SESSION_MS: u64 = 2000;
@@ -270,17 +270,17 @@ impl Drop for Client {
     }
 }
 
-fn sentinel_cmd(addr: SocketAddr, args: &[&str]) -> Reply {
+fn sentinel_cmd(addr: SocketAddr, args: &[&str]) -> Value {
     let mut r = Resp::connect(addr).expect("connect sentinel");
     let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
     r.cmd(&args).expect("sentinel reply")
 }
 
-fn addr_reply(a: SocketAddr) -> Reply {
-    Reply::Array(Some(vec![
-        Reply::Bulk(Some(a.ip().to_string().into_bytes())),
-        Reply::Bulk(Some(a.port().to_string().into_bytes())),
-    ]))
+fn addr_reply(a: SocketAddr) -> Value {
+    Value::Array(vec![
+        Value::Bulk(a.ip().to_string().into_bytes()),
+        Value::Bulk(a.port().to_string().into_bytes()),
+    ])
 }
 
 /// A RESP3 `+switch-master` subscriber: `HELLO 3`, then `SUBSCRIBE`,
@@ -290,17 +290,15 @@ fn resp3_subscriber(addr: SocketAddr) -> BufReader<TcpStream> {
     s.set_read_timeout(Some(HANG)).unwrap();
     let mut r = BufReader::new(s);
     r.get_mut().write_all(b"HELLO 3\r\n").unwrap();
-    match read_reply(&mut r).expect("HELLO 3") {
-        Reply::Array(Some(fields)) => {
-            let text = |r: &Reply| match r {
-                Reply::Bulk(Some(b)) => String::from_utf8_lossy(b).to_string(),
-                Reply::Int(n) => n.to_string(),
+    match read_value(&mut r).expect("HELLO 3") {
+        Value::Map(fields) => {
+            let text = |r: &Value| match r {
+                Value::Bulk(b) => String::from_utf8_lossy(b).to_string(),
+                Value::Int(n) => n.to_string(),
                 other => format!("{other:?}"),
             };
-            let pairs: Vec<(String, String)> = fields
-                .chunks(2)
-                .map(|kv| (text(&kv[0]), text(&kv[1])))
-                .collect();
+            let pairs: Vec<(String, String)> =
+                fields.iter().map(|(k, v)| (text(k), text(v))).collect();
             let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
             assert_eq!(get("proto").as_deref(), Some("3"), "{pairs:?}");
             assert_eq!(get("mode").as_deref(), Some("sentinel"), "{pairs:?}");
@@ -344,10 +342,10 @@ fn client_follows_a_leader_sigkill(test: &str, client: ClientProgram) {
         });
         assert_eq!(
             sentinel_cmd(*s, &["ROLE"]),
-            Reply::Array(Some(vec![
-                Reply::Bulk(Some(b"sentinel".to_vec())),
-                Reply::Array(Some(vec![Reply::Bulk(Some(name.clone().into_bytes()))])),
-            ]))
+            Value::Array(vec![
+                Value::Bulk(b"sentinel".to_vec()),
+                Value::Array(vec![Value::Bulk(name.clone().into_bytes())]),
+            ])
         );
     }
 
@@ -389,11 +387,11 @@ fn client_follows_a_leader_sigkill(test: &str, client: ClientProgram) {
         .expect("subscribed");
     assert_eq!(
         reply,
-        Reply::Array(Some(vec![
-            Reply::Bulk(Some(b"subscribe".to_vec())),
-            Reply::Bulk(Some(b"+switch-master".to_vec())),
-            Reply::Int(1),
-        ]))
+        Value::Array(vec![
+            Value::Bulk(b"subscribe".to_vec()),
+            Value::Bulk(b"+switch-master".to_vec()),
+            Value::Int(1),
+        ])
     );
     let mut sub3 = resp3_subscriber(watched);
 
@@ -413,11 +411,11 @@ fn client_follows_a_leader_sigkill(test: &str, client: ClientProgram) {
     let message = sub.read().expect("+switch-master message");
     assert_eq!(
         message,
-        Reply::Array(Some(vec![
-            Reply::Bulk(Some(b"message".to_vec())),
-            Reply::Bulk(Some(b"+switch-master".to_vec())),
-            Reply::Bulk(Some(payload.clone().into_bytes())),
-        ])),
+        Value::Array(vec![
+            Value::Bulk(b"message".to_vec()),
+            Value::Bulk(b"+switch-master".to_vec()),
+            Value::Bulk(payload.clone().into_bytes()),
+        ]),
         "{}",
         c.logs()
     );
@@ -485,7 +483,7 @@ fn client_follows_a_leader_sigkill(test: &str, client: ClientProgram) {
         let i = k.strip_prefix("sn:").expect("key");
         assert_eq!(
             r.cmd(&[b"GET", k.as_bytes()]).expect("GET"),
-            Reply::Bulk(Some(i.as_bytes().to_vec())),
+            Value::Bulk(i.as_bytes().to_vec()),
             "acknowledged {k} missing on the new leader {new}"
         );
     }
@@ -495,7 +493,7 @@ fn client_follows_a_leader_sigkill(test: &str, client: ClientProgram) {
             addr_reply(c.app(new))
         );
         match sentinel_cmd(s, &["INFO"]) {
-            Reply::Bulk(Some(b)) => {
+            Value::Bulk(b) => {
                 let text = String::from_utf8_lossy(&b).to_string();
                 assert!(
                     text.contains(&format!(
@@ -622,7 +620,7 @@ fn sentinel_names_no_master_while_the_leader_cannot_reach_a_majority() {
     c.wait("the leader's sentinel to answer nil", HANG, |c| {
         let before = leads(c);
         let nil = sentinel_cmd(at_leader, &["SENTINEL", "get-master-addr-by-name", &name])
-            == Reply::Array(None);
+            == Value::NullArray;
         if nil {
             assert!(
                 before && leads(c),
@@ -635,12 +633,12 @@ fn sentinel_names_no_master_while_the_leader_cannot_reach_a_majority() {
     let mut r = BufReader::new(TcpStream::connect(at_leader).expect("connect sentinel"));
     r.get_mut().set_read_timeout(Some(HANG)).unwrap();
     r.get_mut().write_all(b"HELLO 3\r\n").unwrap();
-    read_reply(&mut r).expect("HELLO 3");
+    read_value(&mut r).expect("HELLO 3");
     let cmd = format!("SENTINEL get-master-addr-by-name {name}\r\n");
     r.get_mut().write_all(cmd.as_bytes()).unwrap();
     expect_bytes(&mut r, b"_\r\n");
     match sentinel_cmd(at_leader, &["INFO"]) {
-        Reply::Bulk(Some(b)) => {
+        Value::Bulk(b) => {
             let text = String::from_utf8_lossy(&b).to_string();
             assert!(
                 text.contains(&format!("status=odown,address={}", c.app(leader))),

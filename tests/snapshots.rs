@@ -16,7 +16,7 @@ use lockstep_launcher::disk::tree_bytes;
 
 use cluster::{
     assert_acked_counters, bin_dir, cli_status, free_port, http_get, BackgroundLoad, Memcache,
-    Options, Reply, Resp, Server, TestCluster,
+    Options, Resp, Server, TestCluster, Value,
 };
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -96,7 +96,7 @@ fn on_path(program: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("{program} is not on PATH"))
 }
 
-fn ok(r: std::io::Result<Reply>) -> Reply {
+fn ok(r: std::io::Result<Value>) -> Value {
     r.expect("redis answers")
 }
 
@@ -113,15 +113,15 @@ fn redis_backup_restores_its_snapshot_and_replays_only_the_tail() {
     let mut selected = Resp::connect(leader).unwrap();
     assert_eq!(
         ok(selected.cmd(&[b"SELECT", b"3"])),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     ok(selected.cmd(&[b"CLIENT", b"SETNAME", b"selector"]));
     ok(selected.cmd(&[b"SET", b"in:db3", b"before"]));
     let mut multi = Resp::connect(leader).unwrap();
-    assert_eq!(ok(multi.cmd(&[b"MULTI"])), Reply::Status("OK".into()));
+    assert_eq!(ok(multi.cmd(&[b"MULTI"])), Value::Simple("OK".into()));
     assert_eq!(
         ok(multi.cmd(&[b"INCR", b"multi:ctr"])),
-        Reply::Status("QUEUED".into())
+        Value::Simple("QUEUED".into())
     );
     let mut resp3 = Resp::connect(leader).unwrap();
     ok(resp3.cmd(&[b"HELLO", b"3"]));
@@ -173,38 +173,38 @@ fn redis_backup_restores_its_snapshot_and_replays_only_the_tail() {
     load.wait_more(&c, 2000, LIMIT);
     assert_eq!(
         ok(multi.cmd(&[b"INCR", b"multi:ctr"])),
-        Reply::Status("QUEUED".into())
+        Value::Simple("QUEUED".into())
     );
     assert_eq!(
         ok(multi.cmd(&[b"EXEC"])),
-        Reply::Array(Some(vec![Reply::Int(1), Reply::Int(2)]))
+        Value::Array(vec![Value::Int(1), Value::Int(2)])
     );
     assert_eq!(
         ok(selected.cmd(&[b"GET", b"in:db3"])),
-        Reply::Bulk(Some(b"before".to_vec()))
+        Value::Bulk(b"before".to_vec())
     );
     ok(selected.cmd(&[b"SET", b"in:db3", b"after"]));
     let map = ok(resp3.cmd(&[b"HGETALL", b"h3"]));
     assert_eq!(
         map,
-        Reply::Array(Some(vec![
-            Reply::Bulk(Some(b"field".to_vec())),
-            Reply::Bulk(Some(b"value".to_vec()))
-        ]))
+        Value::Map(vec![(
+            Value::Bulk(b"field".to_vec()),
+            Value::Bulk(b"value".to_vec())
+        )])
     );
     ok(picker.cmd(&[b"PUBLISH", b"news", b"hello"]));
     ok(picker.cmd(&[b"RPUSH", b"wakeup", b"now"]));
     assert_eq!(
         ok(blocked.read()),
-        Reply::Array(Some(vec![
-            Reply::Bulk(Some(b"wakeup".to_vec())),
-            Reply::Bulk(Some(b"now".to_vec()))
-        ]))
+        Value::Array(vec![
+            Value::Bulk(b"wakeup".to_vec()),
+            Value::Bulk(b"now".to_vec())
+        ])
     );
-    let bulk = |b: &[u8]| Reply::Bulk(Some(b.to_vec()));
+    let bulk = |b: &[u8]| Value::Bulk(b.to_vec());
     assert_eq!(
         ok(subscriber.read()),
-        Reply::Array(Some(vec![bulk(b"message"), bulk(b"news"), bulk(b"hello")]))
+        Value::Array(vec![bulk(b"message"), bulk(b"news"), bulk(b"hello")])
     );
 
     // Node 2 comes back from its image and replays only what came after.
@@ -702,7 +702,7 @@ fn a_snapshot_waits_for_a_log_as_large_as_the_image_before_it() {
             let key = format!("small{i}");
             assert_eq!(
                 r.cmd(&[b"SET", key.as_bytes(), b"v"]).expect("SET"),
-                Reply::Status("OK".into())
+                Value::Simple("OK".into())
             );
         }
     };
@@ -757,7 +757,7 @@ fn a_snapshot_waits_for_a_log_as_large_as_the_image_before_it() {
                     r.borrow_mut()
                         .cmd(&[b"SET", key.as_bytes(), &value])
                         .expect("SET"),
-                    Reply::Status("OK".into())
+                    Value::Simple("OK".into())
                 );
             }
             (2..=3).any(|id| {
@@ -851,7 +851,7 @@ fn node_3_midway_through_an_install(test: &str) -> (TestCluster, PathBuf) {
     let mut r = Resp::connect(c.app(1)).expect("connect");
     assert_eq!(
         ok(r.cmd(&[b"DEBUG", b"POPULATE", b"250000", b"big", b"200"])),
-        Reply::Status("OK".into())
+        Value::Simple("OK".into())
     );
     let load = BackgroundLoad::start(c.app(1), 2);
     wait_every_log_compacted(&c);

@@ -16,7 +16,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cluster::{bin_dir, Options, Reply, Resp, TestCluster, ZookeeperServer};
+use cluster::{bin_dir, Options, Resp, TestCluster, Value, ZookeeperServer};
 use lockstep_common::control::{self, Request, Response};
 use lockstep_common::handshake::{self, Channel, HandshakeError};
 
@@ -49,7 +49,7 @@ fn incr(addr: SocketAddr, key: &str) -> Result<i64, String> {
     let mut r = Resp::connect_with(addr, Duration::from_secs(2), Duration::from_secs(10))
         .map_err(|e| format!("connect: {e}"))?;
     match r.cmd(&[b"INCR", key.as_bytes()]) {
-        Ok(Reply::Int(v)) => Ok(v),
+        Ok(Value::Int(v)) => Ok(v),
         Ok(other) => Err(format!("answered {other:?}")),
         Err(e) => Err(e.to_string()),
     }
@@ -59,8 +59,8 @@ fn incr(addr: SocketAddr, key: &str) -> Result<i64, String> {
 fn get_int(addr: SocketAddr, key: &str) -> i64 {
     let mut r = Resp::connect(addr).expect("connect");
     match r.cmd(&[b"GET", key.as_bytes()]).expect("GET") {
-        Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b).parse().expect("integer"),
-        Reply::Bulk(None) => 0,
+        Value::Bulk(b) => String::from_utf8_lossy(&b).parse().expect("integer"),
+        Value::Null => 0,
         other => panic!("GET answered {other:?}"),
     }
 }

@@ -20,8 +20,8 @@ const LIMIT: Duration = Duration::from_secs(60);
 // problem, see docs/concepts/guarantees.md); alone, each test checks what it
 // names.
 
-fn ok(reply: Reply) {
-    assert_eq!(reply, Reply::Status("OK".into()));
+fn ok(reply: Value) {
+    assert_eq!(reply, Value::Simple("OK".into()));
 }
 
 /// Waits until a `PING` on `probe` answers `-BUSY` (the script is past
@@ -30,8 +30,8 @@ fn wait_busy(probe: &mut Resp) {
     let start = std::time::Instant::now();
     loop {
         match probe.cmd(&[b"PING"]).unwrap() {
-            Reply::Error(e) if e.starts_with("BUSY") => return,
-            Reply::Status(s) if s == "PONG" => {}
+            Value::Error(e) if e.starts_with("BUSY") => return,
+            Value::Simple(s) if s == "PONG" => {}
             other => panic!("PING during the script answered {other:?}"),
         }
         assert!(
@@ -56,21 +56,21 @@ fn busy_then_killed(c: &TestCluster, start: &[&[u8]], kill: &[&[u8]], killed: &s
     wait_busy(&mut admin);
     // A write during the script is refused, on every replica alike.
     match admin.cmd(&[b"SET", b"during", b"1"]).unwrap() {
-        Reply::Error(e) => assert!(e.starts_with("BUSY"), "SET answered {e}"),
+        Value::Error(e) => assert!(e.starts_with("BUSY"), "SET answered {e}"),
         other => panic!("SET during the script answered {other:?}"),
     }
     ok(admin.cmd(kill).unwrap());
     match runner.read().unwrap() {
-        Reply::Error(e) => assert!(e.contains(killed), "the script ended with {e}"),
+        Value::Error(e) => assert!(e.contains(killed), "the script ended with {e}"),
         other => panic!("the killed script answered {other:?}"),
     }
     assert_eq!(
         admin.cmd(&[b"PING"]).unwrap(),
-        Reply::Status("PONG".into()),
+        Value::Simple("PONG".into()),
         "the leader serves again"
     );
     ok(admin.cmd(&[b"SET", b"after", b"1"]).unwrap());
-    assert_eq!(admin.cmd(&[b"EXISTS", b"during"]).unwrap(), Reply::Int(0));
+    assert_eq!(admin.cmd(&[b"EXISTS", b"during"]).unwrap(), Value::Int(0));
     c.wait_converged(LIMIT);
     c.assert_same_digest();
     c.assert_no_divergence();
@@ -98,7 +98,7 @@ fn a_busy_function_is_stopped_by_function_kill_everywhere() {
     let lib = b"#!lua name=spinlib\nredis.register_function('spin', function() local i = 0 while true do i = i + 1 end end)";
     assert_eq!(
         admin.cmd(&[b"FUNCTION", b"LOAD", lib]).unwrap(),
-        Reply::Bulk(Some(b"spinlib".to_vec()))
+        Value::Bulk(b"spinlib".to_vec())
     );
     busy_then_killed(
         &c,
@@ -111,20 +111,20 @@ fn a_busy_function_is_stopped_by_function_kill_everywhere() {
 /// The first slowlog entry's (id, timestamp, duration µs, command).
 fn slowlog_head(addr: std::net::SocketAddr) -> (i64, i64, i64, Vec<u8>) {
     let mut r = Resp::connect(addr).unwrap();
-    let Reply::Array(Some(entries)) = r.cmd(&[b"SLOWLOG", b"GET", b"1"]).unwrap() else {
+    let Value::Array(entries) = r.cmd(&[b"SLOWLOG", b"GET", b"1"]).unwrap() else {
         panic!("SLOWLOG GET answered no array");
     };
-    let Some(Reply::Array(Some(e))) = entries.first() else {
+    let Some(Value::Array(e)) = entries.first() else {
         panic!("{addr}: the slowlog is empty");
     };
-    let int = |r: &Reply| match r {
-        Reply::Int(i) => *i,
+    let int = |r: &Value| match r {
+        Value::Int(i) => *i,
         other => panic!("slowlog field {other:?}"),
     };
-    let Reply::Array(Some(argv)) = &e[3] else {
+    let Value::Array(argv) = &e[3] else {
         panic!("slowlog argv {:?}", e[3]);
     };
-    let Reply::Bulk(Some(cmd)) = &argv[0] else {
+    let Value::Bulk(cmd) = &argv[0] else {
         panic!("slowlog argv {argv:?}");
     };
     (int(&e[0]), int(&e[1]), int(&e[2]), cmd.clone())
@@ -176,7 +176,7 @@ fn durations_inside_a_command_are_real_and_the_same_everywhere() {
         r.cmd(&[b"LATENCY", b"LATEST"]).unwrap()
     };
     let on_leader = latest(1);
-    let Reply::Array(Some(events)) = &on_leader else {
+    let Value::Array(events) = &on_leader else {
         panic!("LATENCY LATEST answered {on_leader:?}");
     };
     assert!(
@@ -195,7 +195,7 @@ fn lastsave(c: &TestCluster, id: u64) -> i64 {
         .cmd(&[b"LASTSAVE"])
         .unwrap()
     {
-        Reply::Int(t) => t,
+        Value::Int(t) => t,
         other => panic!("LASTSAVE on node {id} answered {other:?}"),
     }
 }
@@ -224,7 +224,7 @@ fn a_fresh_server_is_dated_when_the_log_began_on_every_replica() {
         .cmd(&[b"INFO", b"server"])
         .unwrap()
     {
-        Reply::Bulk(Some(b)) => String::from_utf8_lossy(&b).to_string(),
+        Value::Bulk(b) => String::from_utf8_lossy(&b).to_string(),
         other => panic!("INFO answered {other:?}"),
     };
     let uptime: i64 = info
@@ -247,7 +247,7 @@ fn a_fresh_server_is_dated_when_the_log_began_on_every_replica() {
     assert_eq!(lastsave(&c, 3), origin_s, "the rebuilt node's server start");
     assert_eq!(
         r.cmd(&[b"LASTSAVE"]).unwrap(),
-        Reply::Int(origin_s),
+        Value::Int(origin_s),
         "LASTSAVE through the leader"
     );
     c.wait_converged(LIMIT);

@@ -345,8 +345,8 @@ fn connect(addr: SocketAddr) -> Resp {
 
 fn get(addr: SocketAddr, key: &str) -> Option<String> {
     match connect(addr).cmd(&[b"GET", key.as_bytes()]) {
-        Ok(Reply::Bulk(Some(b))) => Some(String::from_utf8_lossy(&b).into_owned()),
-        Ok(Reply::Bulk(None)) => None,
+        Ok(Value::Bulk(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Ok(Value::Null) => None,
         other => panic!("GET {key} at {addr} answered {other:?}"),
     }
 }
@@ -355,7 +355,7 @@ fn digest(addr: SocketAddr) -> Result<String, String> {
     let mut c = Resp::connect_with(addr, Duration::from_secs(5), Duration::from_secs(60))
         .map_err(|e| e.to_string())?;
     match c.cmd(&[b"DEBUG", b"DIGEST"]) {
-        Ok(Reply::Status(s)) => Ok(s),
+        Ok(Value::Simple(s)) => Ok(s),
         other => Err(format!("{other:?}")),
     }
 }
@@ -372,7 +372,7 @@ fn acked_sets(addr: SocketAddr, prefix: &str, n: usize) -> Vec<(String, String)>
             assert_eq!(
                 c.cmd(&[b"SET", k.as_bytes(), v.as_bytes()])
                     .unwrap_or_else(|e| panic!("SET {k} through {addr}: {e}")),
-                Reply::Status("OK".into()),
+                Value::Simple("OK".into()),
                 "SET {k} through {addr}"
             );
             (k, v)
@@ -603,7 +603,7 @@ fn up_rebuilds_a_deposed_leader_whose_server_ran_a_dropped_input() {
         let mut missing = Vec::new();
         for (k, v) in &acked {
             let got = c.cmd(&[b"GET", k.as_bytes()]).expect("GET");
-            if got != Reply::Bulk(Some(v.clone().into_bytes())) {
+            if got != Value::Bulk(v.clone().into_bytes()) {
                 missing.push(format!("{k} ({got:?})"));
             }
         }
@@ -616,7 +616,7 @@ fn up_rebuilds_a_deposed_leader_whose_server_ran_a_dropped_input() {
             ));
         }
         let d = c.cmd(&[b"GET", b"dropped"]).expect("GET");
-        if d != Reply::Bulk(None) {
+        if d != Value::Null {
             wrong.push(format!(
                 "node {id} has SET dropped, which never committed: {d:?}"
             ));

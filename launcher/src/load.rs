@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
+use lockstep_common::resp::{encode_command, read_value, Value};
 
-use crate::resp::{connect_stream, encode, read_reply, Reply};
+use crate::resp::connect_stream;
 
 /// How long one reply may take before the run is declared hung.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -231,13 +232,13 @@ fn client(
 fn encode_request(request: Request, key: &str, value: &[u8], buf: &mut Vec<u8>) {
     match request {
         Request::RedisSet { wait_replicas } => {
-            encode(&[b"SET", key.as_bytes(), value], buf);
+            encode_command(&[b"SET", key.as_bytes(), value], buf);
             if let Some(n) = wait_replicas {
                 // WAIT goes out in the same write as its SET: the pair
                 // costs one round trip, the cheapest way a client gets "a
                 // replica has it" from Redis, so the WAIT row is Redis's
                 // best case.
-                encode(&[b"WAIT", n.to_string().as_bytes(), b"0"], buf);
+                encode_command(&[b"WAIT", n.to_string().as_bytes(), b"0"], buf);
             }
         }
         Request::MemcachedSet => {
@@ -259,14 +260,14 @@ fn read_response(
 ) -> anyhow::Result<()> {
     match request {
         Request::RedisSet { wait_replicas } => {
-            match read_reply(reader) {
-                Ok(Reply::Status(s)) if s == "OK" => {}
+            match read_value(reader) {
+                Ok(Value::Simple(s)) if s == "OK" => {}
                 Ok(r) => bail!("load client {id}: SET answered {r:?}"),
                 Err(e) => bail!("load client {id}: no reply to SET: {e}"),
             }
             if let Some(n) = wait_replicas {
-                match read_reply(reader) {
-                    Ok(Reply::Int(k)) if k >= i64::from(n) => {}
+                match read_value(reader) {
+                    Ok(Value::Int(k)) if k >= i64::from(n) => {}
                     Ok(r) => bail!("load client {id}: WAIT {n} 0 answered {r:?}"),
                     Err(e) => bail!("load client {id}: no reply to WAIT: {e}"),
                 }

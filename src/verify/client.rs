@@ -24,8 +24,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lockstep_common::resp::Value;
 use lockstep_common::Config;
-use lockstep_launcher::resp::{Reply, Resp};
+use lockstep_launcher::resp::Resp;
 
 use super::history::{Event, Kind, Mop, Op};
 
@@ -380,7 +381,7 @@ fn execute(resp: &mut Resp, op: &Op) -> Outcome {
             };
             match resp.cmd(&[b"GET", name.as_bytes()]) {
                 Err(e) => io_outcome(e),
-                Ok(Reply::Error(e)) => Outcome::Fail(e),
+                Ok(Value::Error(e)) => Outcome::Fail(e),
                 Ok(reply) => match int_of(&reply) {
                     Ok(value) => Outcome::Ok(match op {
                         Op::Read { .. } => Op::Read { key: *key, value },
@@ -394,8 +395,8 @@ fn execute(resp: &mut Resp, op: &Op) -> Outcome {
             let v = value.to_string();
             match resp.cmd(&[b"SET", register_key(*key).as_bytes(), v.as_bytes()]) {
                 Err(e) => io_outcome(e),
-                Ok(Reply::Status(s)) if s == "OK" => Outcome::Ok(op.clone()),
-                Ok(Reply::Error(e)) => Outcome::Fail(e),
+                Ok(Value::Simple(s)) if s == "OK" => Outcome::Ok(op.clone()),
+                Ok(Value::Error(e)) => Outcome::Fail(e),
                 Ok(other) => Outcome::Info(format!("unexpected reply {other:?}")),
             }
         }
@@ -411,19 +412,19 @@ fn execute(resp: &mut Resp, op: &Op) -> Outcome {
             ];
             match resp.cmd(&args) {
                 Err(e) => io_outcome(e),
-                Ok(Reply::Int(1)) => Outcome::Ok(op.clone()),
-                Ok(Reply::Int(0)) => Outcome::Fail(format!("{CAS_MISMATCH} {from}")),
-                Ok(Reply::Error(e)) => Outcome::Fail(e),
+                Ok(Value::Int(1)) => Outcome::Ok(op.clone()),
+                Ok(Value::Int(0)) => Outcome::Fail(format!("{CAS_MISMATCH} {from}")),
+                Ok(Value::Error(e)) => Outcome::Fail(e),
                 Ok(other) => Outcome::Info(format!("unexpected reply {other:?}")),
             }
         }
         Op::Incr { key, .. } => match resp.cmd(&[b"INCR", counter_key(*key).as_bytes()]) {
             Err(e) => io_outcome(e),
-            Ok(Reply::Int(n)) => Outcome::Ok(Op::Incr {
+            Ok(Value::Int(n)) => Outcome::Ok(Op::Incr {
                 key: *key,
                 result: Some(n),
             }),
-            Ok(Reply::Error(e)) => Outcome::Fail(e),
+            Ok(Value::Error(e)) => Outcome::Fail(e),
             Ok(other) => Outcome::Info(format!("unexpected reply {other:?}")),
         },
     }
@@ -459,22 +460,22 @@ fn execute_txn(resp: &mut Resp, mops: &[Mop]) -> Outcome {
     for _ in 0..=mops.len() {
         match resp.read() {
             Err(e) => return io_outcome(e),
-            Ok(Reply::Error(e)) => refused = refused.or(Some(e)),
+            Ok(Value::Error(e)) => refused = refused.or(Some(e)),
             Ok(_) => {}
         }
     }
     let replies = match resp.read() {
         Err(e) => return io_outcome(e),
-        Ok(Reply::Array(Some(r))) if r.len() == mops.len() => r,
-        Ok(Reply::Error(e)) => return Outcome::Fail(refused.unwrap_or(e)),
-        Ok(Reply::Array(None)) => return Outcome::Fail("EXEC aborted".into()),
+        Ok(Value::Array(r)) if r.len() == mops.len() => r,
+        Ok(Value::Error(e)) => return Outcome::Fail(refused.unwrap_or(e)),
+        Ok(Value::NullArray) => return Outcome::Fail("EXEC aborted".into()),
         Ok(other) => return Outcome::Info(format!("unexpected EXEC reply {other:?}")),
     };
     let mut done = Vec::with_capacity(mops.len());
     for (m, r) in mops.iter().zip(replies) {
         done.push(match (m, r) {
-            (Mop::Append { .. }, Reply::Int(_)) => m.clone(),
-            (Mop::Read { key, .. }, Reply::Array(Some(items))) => {
+            (Mop::Append { .. }, Value::Int(_)) => m.clone(),
+            (Mop::Read { key, .. }, Value::Array(items)) => {
                 let mut values = Vec::with_capacity(items.len());
                 for item in items {
                     match int_of(&item) {
@@ -494,10 +495,10 @@ fn execute_txn(resp: &mut Resp, mops: &[Mop]) -> Outcome {
 }
 
 /// An integer from a bulk reply (None: nil).
-fn int_of(reply: &Reply) -> Result<Option<i64>, String> {
+fn int_of(reply: &Value) -> Result<Option<i64>, String> {
     match reply {
-        Reply::Bulk(None) => Ok(None),
-        Reply::Bulk(Some(b)) => std::str::from_utf8(b)
+        Value::Null => Ok(None),
+        Value::Bulk(b) => std::str::from_utf8(b)
             .ok()
             .and_then(|s| s.parse().ok())
             .map(Some)

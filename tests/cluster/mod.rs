@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::{commit_line, commit_mode};
+#[allow(unused_imports)]
+pub use lockstep_common::resp::{command_bytes, Value};
 use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::cluster_spec::{ClusterSpec, ElectionSpec, NodeSpec};
 use lockstep_launcher::commands::{
@@ -33,7 +35,7 @@ use lockstep_launcher::process::{
     kill_and_reap, kill_launched_and_reap, open_log, spawn_logged, Grouping,
 };
 #[allow(unused_imports)]
-pub use lockstep_launcher::resp::{resp_encode, Reply, Resp};
+pub use lockstep_launcher::resp::Resp;
 #[allow(unused_imports)]
 pub use lockstep_launcher::zookeeper::{
     is_serving as zookeeper_serving, srvr as zookeeper_srvr, ZookeeperEnsemble, ZookeeperServer,
@@ -673,7 +675,7 @@ pub fn query_status(config: &lockstep_common::Config, id: u64) -> Result<NodeSta
 pub fn redis_digest(addr: SocketAddr) -> String {
     let mut c = Resp::connect(addr).expect("connect for digest");
     match c.cmd(&[b"DEBUG", b"DIGEST"]).expect("DEBUG DIGEST") {
-        Reply::Status(s) => s,
+        Value::Simple(s) => s,
         other => panic!("DEBUG DIGEST answered {other:?}"),
     }
 }
@@ -703,7 +705,7 @@ pub fn set_keys(addr: SocketAddr, prefix: &str, n: usize) {
     for i in 0..n {
         let key = format!("{prefix}:{i}");
         match r.cmd(&[b"SET", key.as_bytes(), b"v"]).expect("SET") {
-            Reply::Status(s) if s == "OK" => {}
+            Value::Simple(s) if s == "OK" => {}
             other => panic!("SET {key}: {other:?}"),
         }
     }
@@ -722,7 +724,7 @@ pub fn fill_keys(r: &mut Resp, n: usize, value: &[u8]) {
         for i in chunk..end {
             assert_eq!(
                 r.read().expect("SET reply"),
-                Reply::Status("OK".into()),
+                Value::Simple("OK".into()),
                 "SET k{i}"
             );
         }
@@ -926,7 +928,7 @@ pub fn redis_mixed_op(c: &mut Resp, t: usize, i: usize) -> std::io::Result<()> {
             v.as_bytes(),
         ]),
     }?;
-    if let Reply::Error(e) = r {
+    if let Value::Error(e) = r {
         panic!("server error: {e}");
     }
     Ok(())
@@ -968,7 +970,7 @@ impl BackgroundLoad {
                             return (acked, Some(format!("client {t}: {e}")));
                         }
                         match c.cmd(&[b"INCR", key.as_bytes()]) {
-                            Ok(Reply::Int(v)) => {
+                            Ok(Value::Int(v)) => {
                                 assert!(v > acked, "client {t}: INCR answered {v} after {acked}");
                                 acked = v;
                             }
@@ -1122,10 +1124,8 @@ pub fn assert_acked_counters(c: &TestCluster, acked: &[i64]) -> Vec<Vec<i64>> {
                 .cmd(&[b"GET", load_counter_key(t).as_bytes()])
                 .expect("GET")
             {
-                Reply::Bulk(Some(b)) => {
-                    String::from_utf8_lossy(&b).parse::<i64>().expect("counter")
-                }
-                Reply::Bulk(None) => 0,
+                Value::Bulk(b) => String::from_utf8_lossy(&b).parse::<i64>().expect("counter"),
+                Value::Null => 0,
                 other => panic!("GET answered {other:?}"),
             };
             assert!(

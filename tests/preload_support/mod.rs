@@ -24,6 +24,8 @@ use lockstep_follower::io::feed::Feeder;
 mod commit_mode;
 #[allow(unused_imports)]
 pub use commit_mode::commit_mode;
+#[allow(unused_imports)]
+pub use lockstep_common::resp::{command_bytes, Value};
 use lockstep_launcher::cluster_spec::ClusterSpec;
 #[allow(unused_imports)]
 pub use lockstep_launcher::commands::memcached_command;
@@ -32,7 +34,7 @@ use lockstep_launcher::poll::poll_until;
 #[allow(unused_imports)]
 pub use lockstep_launcher::ports::free_port;
 #[allow(unused_imports)]
-pub use lockstep_launcher::resp::{resp_encode, Reply, Resp};
+pub use lockstep_launcher::resp::Resp;
 
 /// Generous limit for anything a test waits for.
 pub const LIMIT: Duration = Duration::from_secs(60);
@@ -793,7 +795,7 @@ pub fn redis_ready(addr: SocketAddr, server: &mut Server) {
     loop {
         server.assert_running();
         if let Ok(mut r) = Resp::connect(addr) {
-            if r.cmd(&[b"PING"]).ok() == Some(Reply::Status("PONG".into())) {
+            if r.cmd(&[b"PING"]).ok() == Some(Value::Simple("PONG".into())) {
                 return;
             }
         }
@@ -809,7 +811,7 @@ pub fn redis_ready(addr: SocketAddr, server: &mut Server) {
 /// A field of `INFO` output.
 pub fn info_field(addr: SocketAddr, section: &str, field: &str) -> String {
     let mut r = Resp::connect(addr).expect("connect for INFO");
-    let Reply::Bulk(Some(text)) = r.cmd(&[b"INFO", section.as_bytes()]).expect("INFO") else {
+    let Value::Bulk(text) = r.cmd(&[b"INFO", section.as_bytes()]).expect("INFO") else {
         panic!("INFO reply");
     };
     let text = String::from_utf8_lossy(&text).into_owned();

@@ -1,7 +1,9 @@
 //! One client connection's state (its protocol, name, subscriptions) and
 //! the replies to its commands, as a Redis Sentinel gives them.
 
-use super::resp::{glob, Proto, Value};
+use lockstep_common::resp::{Proto, Value};
+
+use super::glob::glob;
 use super::view::SentinelView;
 
 /// The Redis version this endpoint answers as in `HELLO`: the Sentinel

@@ -8,10 +8,11 @@
 //!
 //! The decisions (what the node reports, each reply, each switch) are pure
 //! functions of a [`SentinelView`] (`snapshot`) and a connection's [`ClientConn`]
-//! (`session`), encoded by `resp`; [`serve`] only moves bytes.
+//! (`session`), encoded by `lockstep_common::resp`; [`serve`] only moves
+//! bytes.
 
 mod client;
-mod resp;
+mod glob;
 mod view;
 
 use std::io::{ErrorKind, Read, Write};
@@ -22,9 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lockstep_common::control::NodeStatus;
+use lockstep_common::resp::{parse_command, Value};
 
 pub use client::{ClientConn, VERSION};
-pub use resp::{glob, parse_command, Parsed, Proto, Value};
 pub use view::{committing_leader, switch_master, SentinelView};
 
 /// The channel Sentinel announces a new master on.
@@ -281,5 +282,8 @@ control = "127.0.0.1:7103"
         );
         // RESP3: other commands still run while subscribed.
         expect(b"PING\r\n", b"+PONG\r\n");
+        // A protocol error is answered as Redis answers it, then closes.
+        expect(b"*x\r\n", b"-ERR Protocol error: invalid length 'x'\r\n");
+        assert_eq!(s.read(&mut [0u8; 1]).unwrap(), 0);
     }
 }

@@ -5,9 +5,8 @@
 use std::net::SocketAddr;
 
 use lockstep_common::control::NodeStatus;
+use lockstep_common::resp::Value;
 use lockstep_common::Config;
-
-use super::resp::Value;
 
 /// What this node's sentinel reports, from its config and status.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -248,8 +247,9 @@ pub fn switch_master(
 #[cfg(test)]
 mod tests {
     use super::super::tests::{addr, all_up, config, status};
-    use super::super::{ClientConn, Proto};
+    use super::super::ClientConn;
     use super::*;
+    use lockstep_common::resp::Proto;
 
     fn ask(snap: &SentinelView, cmd: &str) -> String {
         let args: Vec<Vec<u8>> = cmd.split(' ').map(|s| s.as_bytes().to_vec()).collect();
