@@ -1,16 +1,10 @@
 //! `lockstep`: the command line of a lockstep cluster.
 
 mod bench;
-mod bench_redis;
 mod chart;
 mod check;
-mod cpu_cost;
-mod failover_bench;
 mod launch;
-mod memcached_bench;
-mod restart_bench;
 mod run;
-mod snapshot_bench;
 mod status;
 mod supervisor;
 mod up;
@@ -293,7 +287,7 @@ enum BenchCmd {
         #[arg(long, default_value = "64MiB")]
         ring_size: String,
         /// Entry sizes of the latency runs.
-        #[arg(long, default_value = "64,1KiB,16KiB", value_parser = bench::parse_sizes)]
+        #[arg(long, default_value = "64,1KiB,16KiB", value_parser = bench::follower::parse_sizes)]
         sizes: std::vec::Vec<usize>,
         /// Measured entries per size (a quarter of that after idle gaps).
         #[arg(long, default_value_t = 2000)]
@@ -344,8 +338,8 @@ enum BenchCmd {
         duration: Option<f64>,
         /// Only these systems (comma list): plain, replicas, aof-always,
         /// wait, lockstep-output, lockstep-input, lockstep-tcp.
-        #[arg(long, value_parser = bench_redis::parse_systems)]
-        only: Option<std::vec::Vec<bench_redis::System>>,
+        #[arg(long, value_parser = bench::redis::parse_systems)]
+        only: Option<std::vec::Vec<bench::redis::System>>,
         /// A short run (5000 requests per run unless --requests says otherwise).
         #[arg(long)]
         quick: bool,
@@ -397,7 +391,7 @@ enum BenchCmd {
   lockstep bench restart --entries 1M,4M,16M --dataset-mb 100 --json")]
     Restart {
         /// Log lengths in entries (comma list; k and M suffixes).
-        #[arg(long, default_value = "1M,4M", value_parser = restart_bench::parse_entries)]
+        #[arg(long, default_value = "1M,4M", value_parser = bench::restart::parse_entries)]
         entries: std::vec::Vec<u64>,
         /// Snapshot modes to compare (comma list of process, off).
         #[arg(long, default_value = "process,off", value_delimiter = ',')]
@@ -523,7 +517,7 @@ fn main() {
         })(),
         Cmd::Bench {
             what: BenchCmd::Failover { config, rounds },
-        } => failover_bench::run(&config, rounds),
+        } => bench::failover::run(&config, rounds),
         Cmd::Bench {
             what:
                 BenchCmd::Follower {
@@ -539,7 +533,7 @@ fn main() {
                     keep,
                     servers_after_latency,
                 },
-        } => bench::run(&bench::Options {
+        } => bench::follower::run(&bench::follower::Options {
             transport,
             durability,
             ring_size,
@@ -564,7 +558,7 @@ fn main() {
                     quick,
                     keep,
                 },
-        } => bench_redis::run(&bench_redis::Options {
+        } => bench::redis::run(&bench::redis::Options {
             out,
             requests: requests.unwrap_or(if quick { 5_000 } else { 50_000 }),
             clients,
@@ -585,7 +579,7 @@ fn main() {
                     json,
                     keep,
                 },
-        } => memcached_bench::run(&memcached_bench::Options {
+        } => bench::memcached::run(&bench::memcached::Options {
             workers,
             clients,
             pipeline,
@@ -606,7 +600,7 @@ fn main() {
                     json,
                     keep,
                 },
-        } => restart_bench::run(&restart_bench::Options {
+        } => bench::restart::run(&bench::restart::Options {
             entries,
             modes,
             snapshot_every,
@@ -625,7 +619,7 @@ fn main() {
                     json,
                     keep,
                 },
-        } => snapshot_bench::run(&snapshot_bench::Options {
+        } => bench::snapshots::run(&bench::snapshots::Options {
             datasets_mb: dataset_mb,
             image_percents: image_percent,
             requests,

@@ -13,7 +13,7 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -26,13 +26,14 @@ use nix::unistd::Pid;
 use plotters::style::RGBColor;
 use serde::Serialize;
 
+use crate::bench::cpu_cost;
+use crate::bench::harness::{
+    bench_spec, in_path, lockstep_divergences, redis_benchmark, redis_server_args, write_spec,
+};
 use crate::chart;
-use crate::cpu_cost;
-use crate::status;
 use crate::up::Cluster;
 use lockstep_common::resp::Value;
 use lockstep_launcher::binaries::Binaries;
-use lockstep_launcher::cluster_spec::ClusterSpec;
 use lockstep_launcher::commands::redis_command;
 use lockstep_launcher::load::{self, LoadSpec, Request};
 use lockstep_launcher::ports;
@@ -41,8 +42,6 @@ use lockstep_launcher::resp;
 
 /// How long a started server may take to answer PING / a replica to sync.
 const READY_LIMIT: Duration = Duration::from_secs(60);
-/// How long one redis-benchmark run may take before it counts as hung.
-const RUN_LIMIT: Duration = Duration::from_secs(900);
 /// How long a stopping redis-server may take after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// The redis-benchmark tests of the unpipelined run.
@@ -421,37 +420,6 @@ fn start(sys: System, ctx: &Ctx) -> anyhow::Result<Started> {
     })
 }
 
-/// A benchmark cluster's `server` command: redis-server as a replica.
-pub(crate) fn redis_server_args() -> Vec<&'static str> {
-    let mut server = vec!["redis-server", "--port", "{port}", "--bind", "{host}"];
-    server.extend(REDIS_REPLICA_ARGS);
-    server.extend(["--dir", "{data}"]);
-    server
-}
-
-/// A benchmark cluster's config: `name`, data under `dir`, `transport`
-/// (with a key when it is tcp), a 64 MiB ring, a static leader 1 and
-/// three nodes on free loopback ports; the caller adds the rest.
-pub(crate) fn bench_spec(name: &str, dir: &Path, transport: &str) -> anyhow::Result<ClusterSpec> {
-    let mut spec = ClusterSpec::new(name, &dir.join("data"))
-        .set("transport", transport)
-        .set("ring_size", "64MiB");
-    if transport == "tcp" {
-        // A tcp cluster's peers prove a shared key.
-        let key = format!("lockstep-bench-key-{:010}", std::process::id());
-        spec = spec.set("key", &key);
-    }
-    spec.loopback_nodes(3, false)
-}
-
-/// Writes `spec` to `dir/cluster.toml` and loads it back.
-pub(crate) fn write_spec(spec: &ClusterSpec, dir: &Path) -> anyhow::Result<(PathBuf, Config)> {
-    let path = dir.join("cluster.toml");
-    spec.write(&path)?;
-    let config = Config::load(&path)?;
-    Ok((path, config))
-}
-
 /// Writes a 3-node config for `sys` into `dir` and starts it with
 /// `Cluster::start` (as `lockstep up` would); the load goes to node 1,
 /// the static leader.
@@ -480,6 +448,9 @@ fn start_lockstep(sys: System, dir: &Path, ctx: &Ctx) -> anyhow::Result<(SocketA
 }
 
 // ------------------------------------------------------------- the loads
+
+/// What each part of a system spent per request in one load.
+pub type Cost = (String, String, std::collections::BTreeMap<String, f64>);
 
 /// The processes of a running system, by part (see `cpu_cost`): the
 /// server clients talk to, the other servers (replicas, backups), the
@@ -515,74 +486,6 @@ fn processes(st: &Started) -> cpu_cost::Processes {
     p
 }
 
-/// What each part of a system spent per request in one load.
-pub type Cost = (String, String, std::collections::BTreeMap<String, f64>);
-
-/// Runs redis-benchmark once; returns (test name, rps, p50 ms, p99 ms)
-/// per test from its `--csv` output.
-#[allow(clippy::type_complexity)]
-pub(crate) fn redis_benchmark(
-    addr: SocketAddr,
-    args: &[String],
-    log_dir: &Path,
-    stop: &AtomicBool,
-) -> anyhow::Result<Vec<(String, f64, Option<f64>, Option<f64>)>> {
-    let out_path = log_dir.join("redis-benchmark.csv");
-    let err_path = log_dir.join("redis-benchmark.err");
-    let mut child = Command::new("redis-benchmark")
-        .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
-        .args(args)
-        .arg("--csv")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path)?)
-        .stderr(std::fs::File::create(&err_path)?)
-        .spawn()
-        .context("cannot start redis-benchmark")?;
-    let t0 = Instant::now();
-    let st = loop {
-        if let Some(st) = child.try_wait()? {
-            break st;
-        }
-        if stop.load(Ordering::Relaxed) || t0.elapsed() > RUN_LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            if stop.load(Ordering::Relaxed) {
-                bail!("interrupted");
-            }
-            bail!(
-                "redis-benchmark {} did not finish within {RUN_LIMIT:?}",
-                args.join(" ")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let csv = std::fs::read_to_string(&out_path).unwrap_or_default();
-    // A terminal's Ctrl-C reaches redis-benchmark too: say why it died.
-    if stop.load(Ordering::Relaxed) {
-        bail!("interrupted");
-    }
-    if !st.success() {
-        bail!(
-            "redis-benchmark {} failed ({st}): {}",
-            args.join(" "),
-            std::fs::read_to_string(&err_path)
-                .unwrap_or_default()
-                .trim()
-        );
-    }
-    let rows = parse_csv(&csv);
-    if rows.is_empty() {
-        bail!(
-            "redis-benchmark {} printed no results: {}",
-            args.join(" "),
-            std::fs::read_to_string(&err_path)
-                .unwrap_or_default()
-                .trim()
-        );
-    }
-    Ok(rows)
-}
-
 /// A plain redis-server's `redis-benchmark -t set -c 50` rate on this
 /// machine (requests/s): the reference `lockstep bench follower` compares
 /// the backups' apply rate with. The server lives in `dir` and is stopped
@@ -599,43 +502,6 @@ pub fn plain_set_rate(dir: &Path, requests: u64) -> anyhow::Result<f64> {
         .find(|r| r.0 == "SET")
         .map(|r| r.1)
         .context("redis-benchmark reported no SET row")
-}
-
-/// Parses `redis-benchmark --csv`: a header line naming the columns
-/// (redis 7: "test","rps","avg_latency_ms",…,"p50_latency_ms",…), then one
-/// line per test. Older versions print only test and rps, without header.
-#[allow(clippy::type_complexity)]
-fn parse_csv(csv: &str) -> Vec<(String, f64, Option<f64>, Option<f64>)> {
-    let fields = |l: &str| -> Vec<String> {
-        l.split(',')
-            .map(|f| f.trim().trim_matches('"').to_string())
-            .collect()
-    };
-    let mut header: Vec<String> = vec!["test".into(), "rps".into()];
-    let mut out = Vec::new();
-    for line in csv.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let f = fields(line);
-        if f.first().map(|s| s.as_str()) == Some("test") {
-            header = f;
-            continue;
-        }
-        let col = |name: &str| -> Option<f64> {
-            header
-                .iter()
-                .position(|h| h == name)
-                .and_then(|i| f.get(i))
-                .and_then(|v| v.parse().ok())
-        };
-        if let (Some(test), Some(rps)) = (f.first(), col("rps")) {
-            out.push((
-                test.clone(),
-                rps,
-                col("p50_latency_ms"),
-                col("p99_latency_ms"),
-            ));
-        }
-    }
-    out
 }
 
 /// Runs every workload against one started system.
@@ -796,28 +662,6 @@ fn load(
     Ok((rows, costs))
 }
 
-/// Sum of the divergences the nodes report, once the backups applied
-/// everything the leader committed (or after 30 s).
-pub(crate) fn lockstep_divergences(config: &Config) -> Option<u64> {
-    let t0 = Instant::now();
-    loop {
-        let nodes = status::query_all(config, Duration::from_secs(1));
-        let ok: Vec<_> = nodes
-            .iter()
-            .filter_map(|n| n.status.as_ref().ok())
-            .collect();
-        let top = ok.iter().map(|s| s.committed).max().unwrap_or(0);
-        let caught_up = ok.len() == nodes.len() && ok.iter().all(|s| s.applied >= top);
-        if caught_up || t0.elapsed() > Duration::from_secs(30) {
-            if ok.is_empty() {
-                return None;
-            }
-            return Some(ok.iter().map(|s| s.divergences).sum());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 // ------------------------------------------------------------- reporting
 
 /// Fills `ratio_to_plain` from the plain rows of the same workload and client.
@@ -976,52 +820,6 @@ fn default_out() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
         .join("bench-redis")
         .join(timestamp())
-}
-
-/// Runs the cases of a bench whose runs each start their own Redis
-/// clusters (`bench restart`, `bench snapshots`): checks redis-benchmark is
-/// there, makes the work directory `out`, runs `one` on each case in
-/// order and prints each result as a JSON line when `json`, else `table`
-/// of them all at the end.
-pub(crate) fn run_cluster_cases<C, R: serde::Serialize>(
-    out: &Path,
-    cases: impl IntoIterator<Item = C>,
-    json: bool,
-    mut one: impl FnMut(C, &Path, &Binaries) -> anyhow::Result<R>,
-    table: impl Fn(&[R]) -> String,
-) -> anyhow::Result<()> {
-    if !in_path("redis-benchmark") {
-        bail!("redis-benchmark is not installed (Debian package redis-tools; scripts/setup installs it)");
-    }
-    let bins = Binaries::beside_current_exe()?;
-    let out = work_dir(out)?;
-    let mut runs = Vec::new();
-    for case in cases {
-        let r = one(case, &out, &bins)?;
-        if json {
-            println!("{}", serde_json::to_string(&r)?);
-        }
-        runs.push(r);
-    }
-    if !json {
-        println!("{}", table(&runs));
-    }
-    Ok(())
-}
-
-/// Creates a bench's work directory `out` and returns it absolute (the
-/// clusters' `data_dir` must be: a relative one is read against the
-/// config file's directory).
-pub(crate) fn work_dir(out: &Path) -> anyhow::Result<PathBuf> {
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    out.canonicalize()
-        .with_context(|| format!("cannot resolve {}", out.display()))
-}
-
-pub(crate) fn in_path(prog: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
-        .unwrap_or(false)
 }
 
 fn redis_version() -> String {
@@ -1190,23 +988,6 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_redis7_csv() {
-        let csv = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
-                   \"SET\",\"30769.23\",\"1.053\",\"0.240\",\"0.951\",\"1.743\",\"3.015\",\"9.927\"\n\
-                   \"GET\",\"34188.04\",\"0.958\",\"0.232\",\"0.895\",\"1.639\",\"2.127\",\"6.655\"\n";
-        let r = parse_csv(csv);
-        assert_eq!(r.len(), 2);
-        assert_eq!(r[0], ("SET".into(), 30769.23, Some(0.951), Some(3.015)));
-        assert_eq!(r[1].0, "GET");
-    }
-
-    #[test]
-    fn parses_old_csv_without_latencies() {
-        let r = parse_csv("\"SET\",\"81967.21\"\n");
-        assert_eq!(r, vec![("SET".into(), 81967.21, None, None)]);
-    }
 
     #[test]
     fn system_lists() {

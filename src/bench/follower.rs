@@ -744,7 +744,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     // 4. The reference: a plain redis-server under redis-benchmark SET,
     // on the same machine in the same run (the cluster is idle by now).
     eprintln!("  plain redis-server under redis-benchmark SET -c 50 (the reference)");
-    let plain_set = crate::bench_redis::plain_set_rate(&b.dir.join("plain-redis"), 100_000)?;
+    let plain_set = crate::bench::redis::plain_set_rate(&b.dir.join("plain-redis"), 100_000)?;
 
     let rate = |n: u64, d: Duration| n as f64 / d.as_secs_f64();
     let cores = std::thread::available_parallelism()

@@ -24,10 +24,10 @@ use anyhow::Context;
 use lockstep_common::{control, Config};
 use lockstep_launcher::binaries::Binaries;
 
-use crate::bench_redis::{bench_spec, redis_benchmark, redis_server_args, run_cluster_cases};
-use crate::cpu_cost;
-use crate::failover_bench::wait_converged;
-use crate::restart_bench::populate;
+use crate::bench::cpu_cost;
+use crate::bench::harness::{
+    bench_spec, populate, redis_benchmark, redis_server_args, run_cluster_cases, wait_converged,
+};
 use crate::status;
 use crate::up::Cluster;
 

@@ -35,14 +35,13 @@ use lockstep_common::{control, Config};
 use lockstep_launcher::disk::tree_bytes;
 use lockstep_launcher::resp;
 
-use crate::bench_redis::{bench_spec, redis_benchmark, redis_server_args, run_cluster_cases};
-use crate::failover_bench::wait_converged;
+use crate::bench::harness::{
+    bench_spec, populate, redis_benchmark, redis_server_args, run_cluster_cases, wait_converged,
+    STEP_LIMIT,
+};
 use crate::status;
 use crate::up::{self, Cluster};
 use lockstep_launcher::binaries::Binaries;
-
-/// How long any one step may take before the bench gives up.
-const STEP_LIMIT: Duration = Duration::from_secs(600);
 
 /// What `lockstep bench restart` runs.
 #[derive(Debug, Clone)]
@@ -96,25 +95,6 @@ pub struct Run {
     pub p99_ms_snapshotting: Option<f64>,
     /// Snapshots backup 2 completed during that run.
     pub snapshots_during: u64,
-}
-
-/// Loads `dataset_mb` MB into the Redis at `leader` (`DEBUG POPULATE`,
-/// 1000-byte values, one log entry): the dataset an image holds. Nothing
-/// when 0.
-pub(crate) fn populate(leader: SocketAddr, dataset_mb: u64) -> anyhow::Result<()> {
-    if dataset_mb == 0 {
-        return Ok(());
-    }
-    let keys = (dataset_mb * 1000).to_string();
-    let r = resp::command(
-        leader,
-        &["DEBUG", "POPULATE", &keys, "data", "1000"],
-        STEP_LIMIT,
-    )?;
-    if r != Value::Simple("OK".into()) {
-        bail!("DEBUG POPULATE {keys} answered {r:?}");
-    }
-    Ok(())
 }
 
 /// Parses `200000,1M,4M` into entry counts.

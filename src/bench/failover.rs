@@ -14,6 +14,7 @@ use lockstep_common::resp::Value;
 use lockstep_common::Config;
 use lockstep_launcher::resp;
 
+use crate::bench::harness::wait_converged;
 use crate::status;
 use crate::up::{self, Cluster};
 use lockstep_launcher::binaries::Binaries;
@@ -33,31 +34,6 @@ fn leader(config: &Config) -> Option<u64> {
         .filter_map(|n| n.status.ok())
         .find(|s| s.role == "leader")
         .map(|s| s.node)
-}
-
-/// Waits until every node is up with nothing left to apply.
-pub(crate) fn wait_converged(config: &Config, limit: Duration) -> anyhow::Result<()> {
-    let start = Instant::now();
-    loop {
-        let nodes = status::query_all(config, Duration::from_millis(500));
-        let ok: Vec<_> = nodes
-            .iter()
-            .filter_map(|n| n.status.as_ref().ok())
-            .collect();
-        if ok.len() == nodes.len() {
-            let top = ok.iter().map(|s| s.committed).max().unwrap_or(0);
-            if ok
-                .iter()
-                .all(|s| s.applied >= top && (s.role == "leader" || s.role == "backup"))
-            {
-                return Ok(());
-            }
-        }
-        if start.elapsed() > limit {
-            bail!("the cluster did not converge within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Runs `rounds` failovers on the cluster of `config_path`; prints each

@@ -27,7 +27,7 @@ use lockstep_common::Config;
 use lockstep_launcher::load::{self, LoadSpec, Request};
 use lockstep_launcher::memcache::Memcache;
 
-use crate::bench_redis::{bench_spec, in_path, lockstep_divergences, work_dir, write_spec};
+use crate::bench::harness::{bench_spec, in_path, lockstep_divergences, work_dir, write_spec};
 use crate::up::Cluster;
 use lockstep_launcher::binaries::Binaries;
 
