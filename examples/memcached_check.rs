@@ -9,9 +9,8 @@
 //!
 //! The client and the workload are the integration tests' own.
 
-#[path = "../tests/cluster/mod.rs"]
 #[allow(unused_imports)]
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -567,7 +567,7 @@ pub fn summary(config: &Config, path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockstep_launcher::config_fixture::ThreeNodeConfig;
+    use lockstep_testkit::config_fixture::ThreeNodeConfig;
 
     fn cmd(args: &[&str]) -> Vec<String> {
         args.iter().map(|a| a.to_string()).collect()

@@ -478,7 +478,7 @@ pub fn to_table(config: &Config, config_path: &Path, nodes: &[NodeView]) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockstep_launcher::config_fixture::ThreeNodeConfig;
+    use lockstep_testkit::config_fixture::ThreeNodeConfig;
 
     /// Three nodes, no options.
     fn config_text() -> String {

@@ -1183,7 +1183,7 @@ mod tests {
     #[test]
     fn the_state_line_has_no_counters_and_tells_slow_from_down() {
         let config = Config::parse(
-            &lockstep_launcher::config_fixture::ThreeNodeConfig::new(
+            &lockstep_testkit::config_fixture::ThreeNodeConfig::new(
                 "cluster = \"t\"\ndata_dir = \"/tmp/lockstep-up-line\"\n",
             )
             .text(),

@@ -14,7 +14,7 @@
 //! poll), `kv_epoll_et.c` and `workers.c` (compiled with `cc` into the
 //! test's temp dir).
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};

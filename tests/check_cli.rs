@@ -2,13 +2,13 @@
 //! described in words; configs that `lockstep up` would fail on are caught
 //! first, each problem one line naming its field and what is expected.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cluster::bin_dir;
-use lockstep_launcher::config_fixture::ThreeNodeConfig;
+use lockstep_testkit::config_fixture::ThreeNodeConfig;
 
 /// `lockstep check F`: exit code, stdout, stderr.
 fn check(config: &Path) -> (i32, String, String) {

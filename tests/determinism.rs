@@ -5,7 +5,7 @@
 //! The divergence detector is proven with a reply that depends on the node.
 //! Real followers, real redis-server, both commit modes (the suite's).
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::time::Duration;
 

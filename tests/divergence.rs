@@ -4,7 +4,7 @@
 //! happened to write it. Real followers, real redis-server, both commit
 //! modes (the suite's).
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::time::Duration;
 

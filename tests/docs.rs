@@ -850,8 +850,8 @@ fn env_vars_in_code() -> BTreeSet<String> {
     }
     let mut out = BTreeSet::new();
     for d in [
-        "src", "common", "preload", "follower", "launcher", "tests", "benches", "examples",
-        "scripts",
+        "src", "common", "preload", "follower", "launcher", "testkit", "tests", "benches",
+        "examples", "scripts",
     ] {
         scan(&root().join(d), &mut out);
     }

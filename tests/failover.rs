@@ -12,7 +12,7 @@
 //! No assertion depends on wall-clock time: durations here only bound how
 //! long a test waits before it reports a hang (with the logs).
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use lockstep_launcher::cluster_spec::ElectionSpec;
 
@@ -35,8 +35,8 @@ use lockstep_launcher::binaries::Binaries;
 use lockstep_launcher::commands::{follower_command, redis_on_host, under_preload};
 use lockstep_launcher::leader::find_leader;
 use lockstep_launcher::netns::{self, enter_netns_at, in_netns, spawn_in, Net};
-use lockstep_launcher::poll::poll_until;
 use lockstep_launcher::process::{open_log, spawn_logged, Grouping};
+use lockstep_testkit::poll::poll_until;
 
 /// Bound on every wait: reaching it means a hang, not slowness.
 const HANG: Duration = Duration::from_secs(180);

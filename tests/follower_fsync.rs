@@ -4,7 +4,7 @@
 //! with per-client INCR counters: the value a client saw acknowledged must
 //! be at most the counter's value on every node afterwards.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::time::Duration;
 

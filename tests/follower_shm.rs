@@ -1,7 +1,7 @@
 //! Three nodes on one host with the shm transport and a static leader: real
 //! redis-server under the preload, real follower processes, real RocksDB.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! How a follower that cannot start says so: one line, naming the problem,
 //! and nothing logged or touched before it.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::net::TcpListener;
 use std::process::{Command, Stdio};

@@ -7,7 +7,7 @@
 //!
 //! Without `ip` or CAP_NET_ADMIN the test fails, naming what is missing.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::fs::File;
 use std::net::SocketAddr;

@@ -4,7 +4,7 @@
 //! convergence and a clean stop (exit 0, no process, region file or port
 //! left). Also its error lines, and the private ZooKeeper's lifecycle.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -14,7 +14,7 @@
 //!
 //! Durations only bound how long the test waits before it reports a hang.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};

@@ -8,7 +8,7 @@
 //! otherwise) is still counted. Real followers, real redis-server, both
 //! commit modes (the suite's).
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::time::Duration;
 

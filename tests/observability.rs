@@ -3,7 +3,7 @@
 //! `/leader` endpoints on each node's metrics address — against a real
 //! 3-node cluster whose nodes are killed one by one.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::net::SocketAddr;
 use std::path::Path;

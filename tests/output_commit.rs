@@ -6,7 +6,7 @@
 //! here holds in both; in input mode the server itself waits instead of
 //! its replies.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::io::Write;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! standing in for the follower processes: every byte each client sent is
 //! in the log, per connection and in order, on all three nodes.
 
-mod preload_support;
+use lockstep_testkit::preload_fixture as preload_support;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

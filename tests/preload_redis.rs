@@ -7,7 +7,7 @@
 //! Needs redis-server, redis-cli, redis-benchmark, memcached, perl and
 //! objdump (scripts/setup installs them).
 
-mod preload_support;
+use lockstep_testkit::preload_fixture as preload_support;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

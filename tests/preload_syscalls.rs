@@ -5,7 +5,7 @@
 //! The log must hold exactly the bytes the client sent (peeks not twice),
 //! split at `max_entry`, with output digests of what was written so far.
 
-mod preload_support;
+use lockstep_testkit::preload_fixture as preload_support;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

@@ -12,7 +12,7 @@
 //! unit, as docs/development.md shows it) is printed and written to
 //! `target/tmp/redis-suite-report.md`.
 
-mod cluster;
+use lockstep_testkit::cluster;
 #[path = "redis_suite/plan.rs"]
 mod plan;
 
@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use cluster::*;
 use lockstep_common::config::REDIS_REPLICA_ARGS;
 use lockstep_launcher::commands::redis_command;
-use lockstep_launcher::poll::poll_until;
 use lockstep_launcher::process::{kill_and_reap, open_log, spawn_logged, Grouping};
+use lockstep_testkit::poll::poll_until;
 use plan::{parse_output, regressions, Plan, UnitRun};
 
 /// How long the replicas may take to apply a unit's log and agree.

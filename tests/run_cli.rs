@@ -1,7 +1,7 @@
 //! `lockstep run`: a node's server started by hand the one supported way
 //! (real followers, real redis-server under the preload).
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -11,7 +11,7 @@
 //!
 //! Durations only bound how long the test waits before it reports a hang.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};

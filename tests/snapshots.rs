@@ -7,7 +7,7 @@
 //! corrupt image or one of another build is refused with one line; a
 //! follower killed while snapshotting recovers.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! then applies the log like any backup (real followers, real redis-server
 //! under the preload, digests compared).
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
 //! No assertion depends on wall-clock time: durations only bound how long
 //! a test waits before it reports a hang (with the logs).
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;

@@ -6,7 +6,7 @@
 //! leader and equal on the backups. Real followers, real redis-server,
 //! both commit modes (the suite's).
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::time::Duration;
 

@@ -30,7 +30,7 @@
 //! Durations only bound how long a step may take before the test reports
 //! a hang (with `up`'s output and the nodes' logs); nothing asserts speed.
 
-mod cluster;
+use lockstep_testkit::cluster;
 
 use std::io::ErrorKind;
 use std::net::SocketAddr;
@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use cluster::*;
 use lockstep_common::control::NodeStatus;
 use lockstep_common::Config;
-use lockstep_launcher::poll::poll_until;
+use lockstep_testkit::poll::poll_until;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 

@@ -1052,7 +1052,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockstep_launcher::config_fixture::ThreeNodeConfig;
+    use lockstep_testkit::config_fixture::ThreeNodeConfig;
     use std::sync::LazyLock;
 
     /// A good config of three nodes, node 3 with a metrics endpoint.

@@ -34,8 +34,8 @@ use lockstep_common::region::{Region, RegionSpec};
 use lockstep_common::ring::{ReadOutcome, RingReader, RingWriter};
 use lockstep_common::transport::tcp::{FrameHeader, RegionServer, HEADER_LEN, MAX_WRITE};
 use lockstep_common::{words, Config};
-use lockstep_launcher::config_fixture::ThreeNodeConfig;
 use lockstep_launcher::rng::Rng;
+use lockstep_testkit::config_fixture::ThreeNodeConfig;
 
 // ---------------------------------------------------------------------
 // The largest allocation of the current thread.

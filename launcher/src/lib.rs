@@ -5,9 +5,9 @@
 //! ZooKeeper ([`zookeeper`]), loopback ports ([`ports`]), hosts in network
 //! namespaces with partitions between them ([`netns`]), the Redis and
 //! memcached clients ([`resp`], [`memcache`]), the Redis and memcached load of the
-//! benchmarks ([`load`]), finding the leader ([`leader`]), waiting for a condition ([`poll`]), a seeded generator ([`rng`]) and
-//! the three-node config text of the unit tests ([`config_fixture`]), and
-//! the bytes a node keeps on disk ([`disk`]).
+//! benchmarks ([`load`]), finding the leader ([`leader`]), a seeded
+//! generator ([`rng`]) and the bytes a node keeps on disk ([`disk`]). The
+//! tests' own fixtures are in the dev-only `lockstep-testkit`.
 //!
 //! Quick start, a server under test with its output in a log:
 //!
@@ -24,13 +24,11 @@
 pub mod binaries;
 pub mod cluster_spec;
 pub mod commands;
-pub mod config_fixture;
 pub mod disk;
 pub mod leader;
 pub mod load;
 pub mod memcache;
 pub mod netns;
-pub mod poll;
 pub mod ports;
 pub mod process;
 pub mod resp;

@@ -129,7 +129,7 @@ mod tests {
     use lockstep_common::Config;
 
     fn settings(me: u64) -> Settings {
-        let text = lockstep_launcher::config_fixture::ThreeNodeConfig::new(
+        let text = lockstep_testkit::config_fixture::ThreeNodeConfig::new(
             "cluster = \"listeners\"\ndata_dir = \"/tmp/lockstep-listeners-test\"\n",
         )
         .text();

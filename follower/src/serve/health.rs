@@ -126,7 +126,7 @@ mod tests {
     }
 
     fn config() -> Config {
-        let text = lockstep_launcher::config_fixture::ThreeNodeConfig::new(
+        let text = lockstep_testkit::config_fixture::ThreeNodeConfig::new(
             "cluster = \"h\"\ndata_dir = \"/tmp/lockstep-health-test\"\n",
         )
         .text();

@@ -2,7 +2,6 @@
 //! test acker standing in for the follower processes, servers run under
 //! the preload (killed on drop), small protocol clients and checks over the
 //! recorded log.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::io::{self, Read};
@@ -20,17 +19,14 @@ use lockstep_common::ring::{ReadOutcome, RingReader};
 use lockstep_common::Config;
 use lockstep_follower::io::feed::Feeder;
 
-#[path = "../commit_mode/mod.rs"]
-mod commit_mode;
-#[allow(unused_imports)]
-pub use commit_mode::commit_mode;
+pub use crate::commit_mode::commit_mode;
+use crate::poll::poll_until;
 #[allow(unused_imports)]
 pub use lockstep_common::resp::{command_bytes, Value};
 use lockstep_launcher::cluster_spec::ClusterSpec;
 #[allow(unused_imports)]
 pub use lockstep_launcher::commands::memcached_command;
 use lockstep_launcher::commands::under_preload;
-use lockstep_launcher::poll::poll_until;
 #[allow(unused_imports)]
 pub use lockstep_launcher::ports::free_port;
 #[allow(unused_imports)]
@@ -140,7 +136,7 @@ impl Fixture {
             .set("max_entry", opts.max_entry)
             .set("backup_clients", opts.backup_clients)
             .set("protocol", opts.protocol)
-            .set_lines(&commit_mode::commit_line())
+            .set_lines(&crate::commit_mode::commit_line())
             .loopback_nodes(3, false)
             .expect("free loopback ports");
         let config_path = dir.join("cluster.toml");

@@ -2,7 +2,6 @@
 //! test writes carries `commit_line()`. `LOCKSTEP_TEST_COMMIT` = `output`
 //! (the default, as in a config without the key) or `input`; the suite
 //! script runs the cluster tests once per mode.
-#![allow(dead_code)]
 
 /// `output` or `input`; anything else stops the test with why.
 pub fn commit_mode() -> &'static str {

@@ -2,7 +2,6 @@
 //! free loopback ports, starts real follower processes and real servers
 //! under the preload, and stops everything (and removes region files and
 //! data) when dropped — also when a test fails.
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream};
@@ -11,10 +10,8 @@ use std::process::{Child, Command};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-#[path = "../commit_mode/mod.rs"]
-mod commit_mode;
-#[allow(unused_imports)]
-pub use commit_mode::{commit_line, commit_mode};
+pub use crate::commit_mode::{commit_line, commit_mode};
+use crate::poll::poll_until;
 #[allow(unused_imports)]
 pub use lockstep_common::resp::{command_bytes, Value};
 use lockstep_launcher::binaries::Binaries;
@@ -26,7 +23,6 @@ use lockstep_launcher::commands::{
 pub use lockstep_launcher::leader::{find_leader, leading};
 #[allow(unused_imports)]
 pub use lockstep_launcher::memcache::{McItem, Memcache};
-use lockstep_launcher::poll::poll_until;
 #[allow(unused_imports)]
 pub use lockstep_launcher::ports::free_port;
 #[allow(unused_imports)]
