@@ -1,5 +1,6 @@
-//! Process-wide state: configuration from the environment, attaching to
-//! the node's region, the refusal to run unreplicated, and the fork flag.
+//! Process-wide state: configuration from the environment (and the key
+//! of the cluster's entropy stream, derived from it), attaching to the
+//! node's region, the refusal to run unreplicated, and the fork flag.
 //!
 //! Nothing happens at load time beyond resolving symbols (see `hooks`).
 //! The environment is read at the first `listen` or `accept`; the region
@@ -54,6 +55,7 @@ pub struct Settings {
 }
 
 static SETTINGS: OnceCell<Option<Result<Settings, String>>> = OnceCell::new();
+static ENTROPY_SEED: OnceCell<Option<[u8; 32]>> = OnceCell::new();
 static ENGINE: Published<Engine> = Published::new();
 static ATTACHING: Mutex<()> = Mutex::new(());
 /// Set once a thread waits for the region (see [`attach_when_ready`]).
@@ -125,6 +127,16 @@ pub fn may_serve() -> bool {
         Some(s) => matches!(s, Some(Ok(_))),
         None => crate::sys::env_is_set(c"LOCKSTEP_CONFIG"),
     }
+}
+
+/// The key of the cluster's entropy stream (see `entropy`); None in a
+/// process that is not a lockstep server (no or an unusable
+/// `LOCKSTEP_CONFIG`).
+pub fn entropy_seed() -> Option<[u8; 32]> {
+    *ENTROPY_SEED.get_or_init(|| match settings() {
+        Some(Ok(s)) => Some(crate::entropy::derive(&s.config.cluster)),
+        _ => None,
+    })
 }
 
 fn load_settings() -> Option<Result<Settings, String>> {

@@ -22,7 +22,7 @@ pub(super) fn seed_server_generators() {
     if GENERATORS_SEEDED.swap(true, Ordering::AcqRel) {
         return;
     }
-    let Some(seed) = caught(crate::entropy::seed).flatten() else {
+    let Some(seed) = caught(crate::setup::entropy_seed).flatten() else {
         return;
     };
     let value = crate::entropy::generator_seed(&seed);
@@ -56,7 +56,7 @@ pub(super) fn entropy_seed() -> Option<(Reentry, [u8; 32])> {
         return None;
     }
     let guard = Reentry::enter()?;
-    let seed = caught(crate::entropy::seed).flatten()?;
+    let seed = caught(crate::setup::entropy_seed).flatten()?;
     Some((guard, seed))
 }
 
