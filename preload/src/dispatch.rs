@@ -101,7 +101,7 @@ pub fn passive_hooked() -> bool {
 
 /// Before the server waits in its event loop `loop_id` (see `loops`): its
 /// turn ends (both roles count), and a backup's pump may move on.
-pub fn before_wait(wait: crate::turns::Wait, max: i32, loop_id: u64) {
+pub fn before_wait(wait: crate::determinism::turns::Wait, max: i32, loop_id: u64) {
     let engine = setup::engine();
     // The turn's held replies leave after one commit wait for all: here,
     // or, when another loop waits for the turn lock, once this turn has
@@ -112,7 +112,9 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32, loop_id: u64) {
         && held_output::any();
     let mut deferred = false;
     if let (Some(engine), false) = (engine, overlap) {
-        if wait == crate::turns::Wait::Epoll && crate::clock::is_loop_thread() {
+        if wait == crate::determinism::turns::Wait::Epoll
+            && crate::determinism::clock::is_loop_thread()
+        {
             // What is committed leaves now; the rest waits no longer than
             // the loop's next turn: it leaves as that turn reads inputs or
             // ends (see `release_deferred`), or, should the loop have
@@ -132,8 +134,8 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32, loop_id: u64) {
     if let Some(engine) = engine {
         log_turn_time(engine);
     }
-    crate::turns::enter_wait(wait, max);
-    crate::clock::leave_turn();
+    crate::determinism::turns::enter_wait(wait, max);
+    crate::determinism::clock::leave_turn();
     let mut closing = false;
     if let Some(engine) = engine {
         if engine.region.role() == Role::Leader && crate::turn_lock::held() && engine.turn_open() {
@@ -144,7 +146,9 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32, loop_id: u64) {
             // input would keep the lock for good (memcached `-t 4` held one
             // worker's clients for seconds).
             match wait {
-                crate::turns::Wait::Epoll if !crate::turn_lock::others_wait() => closing = true,
+                crate::determinism::turns::Wait::Epoll if !crate::turn_lock::others_wait() => {
+                    closing = true
+                }
                 _ => {
                     engine.close_turn();
                 }
@@ -274,7 +278,7 @@ pub fn closing_probe(timeout: i32, probe: impl FnOnce() -> i32) -> Option<i32> {
 /// the turn a `TICK` of that loop is handed over in, or (`delivers`) the
 /// one that reports the log's DATA.
 pub fn after_wait(loop_id: u64, delivers: bool) {
-    crate::turns::wait_returned();
+    crate::determinism::turns::wait_returned();
     let Some(engine) = setup::engine() else {
         return;
     };
@@ -285,9 +289,9 @@ pub fn after_wait(loop_id: u64, delivers: bool) {
         if CLOSING.try_with(|c| c.replace(false)).unwrap_or(false) {
             crate::turn_lock::end();
         }
-        if crate::clock::is_loop_thread() {
+        if crate::determinism::clock::is_loop_thread() {
             crate::turn_lock::begin();
-            crate::clock::turn_starts(sys::realtime_us(), loop_id);
+            crate::determinism::clock::turn_starts(sys::realtime_us(), loop_id);
         }
     } else {
         apply::turn_returned(loop_id, delivers);
@@ -299,7 +303,7 @@ pub fn after_wait(loop_id: u64, delivers: bool) {
 /// timers at the same point of the log, and its output (a timeout's
 /// reply) waits for the tick's commit like any other.
 fn log_turn_time(engine: &Engine) {
-    let Some((time_us, loop_id)) = crate::clock::take_unlogged() else {
+    let Some((time_us, loop_id)) = crate::determinism::clock::take_unlogged() else {
         return;
     };
     if engine.region.role() != Role::Leader {
@@ -510,7 +514,7 @@ pub fn before_output(fd: i32, segments: &[&[u8]]) -> Option<Ret> {
     let engine = setup::engine()?;
     let holds = slot.state() & FAILED == 0
         && engine.region.role() == Role::Leader
-        && crate::clock::is_loop_thread();
+        && crate::determinism::clock::is_loop_thread();
     if holds {
         if let Some(r) = try_hold(engine, fd, slot, segments) {
             return Some(r);
@@ -836,7 +840,7 @@ fn passive_accept(engine: &Engine, role: Role, fd: i32, slot: &Slot) -> bool {
         return true;
     }
     if role == Role::Backup && engine.config.backup_clients == BackupClients::Allow {
-        if !crate::loops::several_workers() {
+        if !crate::determinism::loops::several_workers() {
             slot.set_guest();
             log::debug!("fd {fd}: unreplicated client allowed on a backup");
             return true;
@@ -876,7 +880,7 @@ fn passive_accept(engine: &Engine, role: Role, fd: i32, slot: &Slot) -> bool {
 pub fn wait_timeout(tick: bool, timeout: i32) -> i32 {
     if tick {
         0
-    } else if crate::clock::stilled()
+    } else if crate::determinism::clock::stilled()
         && setup::engine().is_some_and(|e| e.region.role() != Role::Leader)
     {
         -1

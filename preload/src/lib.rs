@@ -43,46 +43,35 @@
 //!   replay connections.
 //! - [`node_dependent`]: which replies differ per node by design (not
 //!   counted as divergences).
-//! - [`clock`]: the log's time, the wall clock every replica's server reads;
-//!   [`thread_clock`]: one thread's clock, pure.
-//! - [`entropy`]: the cluster's random stream, the same on every replica.
+//! - [`determinism`]: what makes replicas agree, for both roles: the log's
+//!   time, turns and loops, stack depth, entropy, children by fork order.
 //! - [`turn_reads`]: a server thread's clock and child reads inside its
 //!   turn, by role (the leader logs them, a backup reads the log's).
 //! - [`setup`]: configuration, attaching to the region, fork handling.
 //! - [`listeners`]: the server's listeners against the app address
 //!   (a server listening in the wrong place stops before it serves).
 //! - [`fdtable`]: per-fd state.
-//! - [`turns`]: the server threads' event-loop turns.
-//! - [`stack_depth`]: where a thread reads against where it waited (a read
-//!   after a nested loop returned).
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod apply;
-pub mod clock;
+pub mod determinism;
 pub mod dispatch;
 pub mod engine;
-pub mod entropy;
 pub mod entry_tags;
 pub mod fdtable;
-pub mod forks;
 pub mod held_output;
 #[allow(unsafe_code)]
 pub mod hooks;
 pub mod listeners;
 pub mod logger;
-pub mod loops;
 pub mod node_dependent;
 pub mod output_check;
 pub mod reentry;
 pub mod replay;
 pub mod setup;
-pub mod stack_depth;
 #[allow(unsafe_code)]
 pub mod sys;
-pub mod thread_clock;
 pub mod turn_lock;
 pub mod turn_reads;
-pub mod turn_time;
-pub mod turns;

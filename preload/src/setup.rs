@@ -134,7 +134,7 @@ pub fn may_serve() -> bool {
 /// `LOCKSTEP_CONFIG`).
 pub fn entropy_seed() -> Option<[u8; 32]> {
     *ENTROPY_SEED.get_or_init(|| match settings() {
-        Some(Ok(s)) => Some(crate::entropy::derive(&s.config.cluster)),
+        Some(Ok(s)) => Some(crate::determinism::entropy::derive(&s.config.cluster)),
         _ => None,
     })
 }
@@ -233,7 +233,10 @@ fn attach_when(ready: impl FnOnce(&Region) -> bool) -> Result<&'static Engine, U
         engine.region.role(),
         engine.region.view()
     );
-    let (used, began) = (crate::clock::origin_us(), engine.region.origin_us());
+    let (used, began) = (
+        crate::determinism::clock::origin_us(),
+        engine.region.origin_us(),
+    );
     if began != 0 && used != began {
         log::warn!(
             "node {}: this server's start-up clock read {} µs since the epoch, but the cluster's log began at {began}: its LASTSAVE and uptime differ from its replicas' (its data does not); start it with `lockstep run`, which hands it the log's start",

@@ -3,8 +3,8 @@
 //! what the log says (the records and their rules are `turn_time`'s; the
 //! leader's logging is the engine's, the backup's lookup the applier's).
 
-use crate::clock;
-use crate::turn_time::{leader_value, Child, NO_FORK};
+use crate::determinism::clock;
+use crate::determinism::turn_time::{leader_value, Child, NO_FORK};
 
 /// A counted clock read of a server thread inside its turn: the time it
 /// reads, or None outside a turn (then `clock::now_us` answers). The
@@ -66,7 +66,7 @@ pub fn poll_children(
         if let Some(us) = us {
             if r > 0 {
                 let child = Child {
-                    fork: crate::forks::ordinal_of(r).unwrap_or(NO_FORK),
+                    fork: crate::determinism::forks::ordinal_of(r).unwrap_or(NO_FORK),
                     pid: r,
                     status,
                 };

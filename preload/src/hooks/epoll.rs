@@ -5,10 +5,10 @@ use std::ffi::c_int;
 
 use super::guards::{caught, KeptErrno};
 use super::turn::{event_loop_turn, turn_returned};
+use crate::determinism::turns::{Wait, MAX_WIDTH};
 use crate::dispatch;
 use crate::reentry::{in_hook, Reentry};
 use crate::sys::real::real_epoll_ctl;
-use crate::turns::{Wait, MAX_WIDTH};
 
 /// An epoll wait on a backup: the replay connections the log has bytes
 /// for are readable (first, in log order) and the wait does not block;
@@ -27,7 +27,7 @@ pub(super) unsafe fn epoll_turn(
     let Some(_reentry) = Reentry::enter() else {
         return real(max, timeout);
     };
-    let loop_id = crate::loops::of_epfd(epfd);
+    let loop_id = crate::determinism::loops::of_epfd(epfd);
     event_loop_turn(Wait::Epoll, max, loop_id != 0, loop_id);
     if !dispatch::passive_hooked() || ev.is_null() || max <= 0 {
         let n = probed(timeout, |t| real(max, t));
@@ -110,9 +110,9 @@ unsafe fn without_alarm(epfd: c_int, ev: *mut libc::epoll_event, n: c_int) -> c_
     }
     // SAFETY: the caller's contract: `n` initialised events at `ev`.
     let got = unsafe { std::slice::from_raw_parts_mut(ev, n as usize) };
-    let kept = crate::loops::without_alarm(got);
+    let kept = crate::determinism::loops::without_alarm(got);
     if kept < got.len() {
-        crate::loops::silence(epfd);
+        crate::determinism::loops::silence(epfd);
     }
     kept as c_int
 }
@@ -170,7 +170,7 @@ pub(super) unsafe fn epoll_ctl(
 /// Names the server's new epoll instance `fd` (not the preload's own).
 pub(super) fn epoll_created(fd: c_int) {
     if fd >= 0 && !in_hook() {
-        crate::loops::created(fd);
+        crate::determinism::loops::created(fd);
     }
 }
 

@@ -45,7 +45,8 @@ pub(super) unsafe fn input(
     let Some((_reentry, bufs)) = (unsafe { enter_tracked(fd, bufs) }) else {
         return real();
     };
-    let _reading = crate::stack_depth::reading(crate::stack_depth::here());
+    let _reading =
+        crate::determinism::stack_depth::reading(crate::determinism::stack_depth::here());
     // SAFETY: per the contract.
     let want = unsafe { bufs.total() };
     let before = caught(|| dispatch::before_input(fd, want, flags))

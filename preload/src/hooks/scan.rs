@@ -6,9 +6,9 @@ use std::ffi::c_int;
 
 use super::guards::{caught, KeptErrno};
 use super::turn::{event_loop_turn, turn_returned, unread_fds};
+use crate::determinism::turns::Wait;
 use crate::dispatch;
 use crate::reentry::Reentry;
-use crate::turns::Wait;
 
 /// Whether a `ppoll`/`pselect` timeout asks not to block (null: block).
 ///
@@ -235,7 +235,7 @@ pub(super) unsafe fn select_interest(n: c_int, w: *const libc::fd_set) {
 /// wait of the server's loop that asks not to block (`awaits`) with
 /// nothing to deliver first waits for the log's next turn, as an epoll
 /// wait does (see `apply::await_turn`).
-fn turn_news(awaits: bool) -> ([i32; crate::turns::MAX_WIDTH], usize, bool) {
+fn turn_news(awaits: bool) -> ([i32; crate::determinism::turns::MAX_WIDTH], usize, bool) {
     let (mut unread, mut k) = unread_fds();
     let mut tick = caught(|| crate::apply::must_not_block(0)).unwrap_or(false);
     if k == 0 && !tick && awaits && caught(|| crate::apply::await_turn(0)) == Some(true) {

@@ -9,10 +9,10 @@ use std::time::Duration;
 use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, HEADER_LEN, RETURNED, SAME_TURN};
 
 use super::host::Host;
-use crate::clock::TurnReads;
+use crate::determinism::clock::TurnReads;
+use crate::determinism::turn_time::{self, Record};
+use crate::determinism::turns::MAX_WIDTH;
 use crate::output_check::{Budget, PendingOutput, Verdict};
-use crate::turn_time::{self, Record};
-use crate::turns::MAX_WIDTH;
 
 /// A consumed turn counts as handled after this long even when the server
 /// did not re-enter an event-loop wait the hooks see.
@@ -576,7 +576,8 @@ impl Replay {
     fn outer_wait<H: Host>(&self, host: &H) -> bool {
         self.started()
             && self.started_sp != 0
-            && host.wait_mark() as i64 - self.started_sp as i64 > crate::stack_depth::RETURNED_BY
+            && host.wait_mark() as i64 - self.started_sp as i64
+                > crate::determinism::stack_depth::RETURNED_BY
     }
 
     /// Whether the server may read entry `i` of the turn in flight: it

@@ -14,11 +14,11 @@ use lockstep_common::ring::{ReadOutcome, RingReader};
 
 use super::log::{SimLog, MAX_ENTRY, RING_SIZE};
 use super::server::{read_sp, wait_sp, Os, Read, Ready, Role, Server, Setup, Shape, LISTENER_FD};
-use crate::clock::ORIGIN_US;
+use crate::determinism::clock::ORIGIN_US;
+use crate::determinism::stack_depth::StackMarks;
+use crate::determinism::thread_clock::ThreadClock;
+use crate::determinism::turns::{TurnMarks, MAX_WIDTH};
 use crate::replay::{Host, Replay, Served};
-use crate::stack_depth::StackMarks;
-use crate::thread_clock::ThreadClock;
-use crate::turns::{TurnMarks, MAX_WIDTH};
 use lockstep_launcher::rng::Rng;
 
 /// One server thread as the backup's preload keeps it: its waits, whether
