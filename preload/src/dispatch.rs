@@ -23,9 +23,9 @@ use lockstep_common::entry::{Kind, OutputDigest};
 use lockstep_common::region::Role;
 
 use crate::apply;
-use crate::engine::{Engine, Fail};
 use crate::fdtable::{self, Class, Slot, CLOSED, FAILED, TABLE_SIZE};
-use crate::held_output;
+use crate::leader::engine::{Engine, Fail};
+use crate::leader::{held_output, turn_lock};
 use crate::setup;
 use crate::sys;
 pub use crate::turn_reads::poll_children;
@@ -106,10 +106,8 @@ pub fn before_wait(wait: crate::determinism::turns::Wait, max: i32, loop_id: u64
     // The turn's held replies leave after one commit wait for all: here,
     // or, when another loop waits for the turn lock, once this turn has
     // ended and let the lock go (the loops' commit waits overlap).
-    let overlap = engine.is_some()
-        && crate::turn_lock::held()
-        && crate::turn_lock::others_wait()
-        && held_output::any();
+    let overlap =
+        engine.is_some() && turn_lock::held() && turn_lock::others_wait() && held_output::any();
     let mut deferred = false;
     if let (Some(engine), false) = (engine, overlap) {
         if wait == crate::determinism::turns::Wait::Epoll
@@ -138,7 +136,7 @@ pub fn before_wait(wait: crate::determinism::turns::Wait, max: i32, loop_id: u64
     crate::determinism::clock::leave_turn();
     let mut closing = false;
     if let Some(engine) = engine {
-        if engine.region.role() == Role::Leader && crate::turn_lock::held() && engine.turn_open() {
+        if engine.region.role() == Role::Leader && turn_lock::held() && engine.turn_open() {
             // The log must say where the turn ends before the loop blocks
             // (see `turn_time`). An epoll wait looks first (`closing_probe`):
             // under load the next turn's entries say it for free. Not when
@@ -146,7 +144,7 @@ pub fn before_wait(wait: crate::determinism::turns::Wait, max: i32, loop_id: u64
             // input would keep the lock for good (memcached `-t 4` held one
             // worker's clients for seconds).
             match wait {
-                crate::determinism::turns::Wait::Epoll if !crate::turn_lock::others_wait() => {
+                crate::determinism::turns::Wait::Epoll if !turn_lock::others_wait() => {
                     closing = true
                 }
                 _ => {
@@ -158,7 +156,7 @@ pub fn before_wait(wait: crate::determinism::turns::Wait, max: i32, loop_id: u64
     let _ = CLOSING.try_with(|c| c.set(closing));
     let mark = engine.map(|e| e.appended_mark());
     if !closing {
-        crate::turn_lock::end();
+        turn_lock::end();
     }
     if let Some(engine) = engine {
         // The turn's entries move now, with one wake-up per follower (the
@@ -269,7 +267,7 @@ pub fn closing_probe(timeout: i32, probe: impl FnOnce() -> i32) -> Option<i32> {
         engine.close_turn();
         engine.post();
     }
-    crate::turn_lock::end();
+    turn_lock::end();
     (timeout == 0).then_some(0)
 }
 
@@ -287,10 +285,10 @@ pub fn after_wait(loop_id: u64, delivers: bool) {
         // A wait that returned without a `closing_probe` (an odd path of a
         // hook) lets no turn lock linger.
         if CLOSING.try_with(|c| c.replace(false)).unwrap_or(false) {
-            crate::turn_lock::end();
+            turn_lock::end();
         }
         if crate::determinism::clock::is_loop_thread() {
-            crate::turn_lock::begin();
+            turn_lock::begin();
             crate::determinism::clock::turn_starts(sys::realtime_us(), loop_id);
         }
     } else {

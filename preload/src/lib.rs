@@ -35,8 +35,8 @@
 //! - [`reentry`]: which threads are inside a hook (their calls pass
 //!   through).
 //! - [`dispatch`]: what each call does, per fd class and role.
-//! - [`engine`]: the leader's replication path (ring, transport, acks);
-//!   [`entry_tags`]: how it tags the entries it appends, pure.
+//! - [`leader`]: the leader's path: the engine (ring, transport, acks), how
+//!   it tags its entries, held output, the turn lock.
 //! - [`replay`]: the passive side: a backup's server re-executes the log;
 //!   the decisions are a pure machine, simulated against model servers.
 //! - [`apply`]: the replay's host: the region, the turn counters, real
@@ -58,12 +58,10 @@
 pub mod apply;
 pub mod determinism;
 pub mod dispatch;
-pub mod engine;
-pub mod entry_tags;
 pub mod fdtable;
-pub mod held_output;
 #[allow(unsafe_code)]
 pub mod hooks;
+pub mod leader;
 pub mod listeners;
 pub mod logger;
 pub mod node_dependent;
@@ -73,5 +71,4 @@ pub mod replay;
 pub mod setup;
 #[allow(unsafe_code)]
 pub mod sys;
-pub mod turn_lock;
 pub mod turn_reads;

@@ -26,7 +26,7 @@ use lockstep_common::region::{self, RegionError};
 use lockstep_common::{Config, Region};
 use once_cell::sync::OnceCell;
 
-use crate::engine::Engine;
+use crate::leader::engine::Engine;
 use crate::sys;
 use crate::sys::published::Published;
 

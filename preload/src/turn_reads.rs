@@ -10,7 +10,7 @@ use crate::determinism::turn_time::{leader_value, Child, NO_FORK};
 /// reads, or None outside a turn (then `clock::now_us` answers). The
 /// leader logs a record when the read moves the time; a backup reads the
 /// log's records (and may wait for the log to say).
-pub fn read(engine: &crate::engine::Engine) -> Option<u64> {
+pub fn read(engine: &crate::leader::engine::Engine) -> Option<u64> {
     if clock::stopping() {
         return None;
     }

@@ -43,7 +43,7 @@ use lockstep_common::region::{Region, Role};
 use lockstep_common::transport::{self, Transport, TransportError};
 use lockstep_common::Config;
 
-use crate::entry_tags::AppendTags;
+use crate::leader::entry_tags::AppendTags;
 use crate::sys;
 
 /// How long one park on the doorbell lasts before the wait loop looks at
@@ -281,7 +281,7 @@ impl Engine {
             return false;
         }
         let view = w.log.view();
-        let fields = crate::entry_tags::turn_end(
+        let fields = crate::leader::entry_tags::turn_end(
             view,
             crate::determinism::clock::now_us(true, || 0).unwrap_or(0),
             crate::determinism::clock::turn_loop(),
