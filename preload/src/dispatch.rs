@@ -14,7 +14,7 @@
 //! Output (write/send/close/shutdown) on a Client fd first waits until
 //! every input appended so far is committed (output mode; see `engine`).
 //! Output on a Replay fd is dropped without a syscall; the pump compares
-//! its digest with the leader's (see `apply`).
+//! its digest with the leader's (see `region_host`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -22,7 +22,7 @@ use lockstep_common::config::BackupClients;
 use lockstep_common::entry::{Kind, OutputDigest};
 use lockstep_common::region::Role;
 
-use crate::apply;
+use crate::backup::region_host;
 use crate::fdtable::{self, Class, Slot, CLOSED, FAILED, TABLE_SIZE};
 use crate::leader::engine::{Engine, Fail};
 use crate::leader::{held_output, turn_lock};
@@ -63,7 +63,7 @@ pub enum Before {
     Return(Ret),
     /// Call the real function, then `after_input`.
     Go(Ticket),
-    /// A replay connection: serve the read from the log (`apply::serve`)
+    /// A replay connection: serve the read from the log (`region_host::serve`)
     /// instead of the socket.
     Serve {
         /// Its conn id.
@@ -169,7 +169,7 @@ pub fn before_wait(wait: crate::determinism::turns::Wait, max: i32, loop_id: u64
             held_output::release_all(&mut || engine.wait_output_upto(mark), &mut fail_held);
         }
     }
-    apply::on_loop(loop_id);
+    region_host::on_loop(loop_id);
 }
 
 thread_local! {
@@ -292,7 +292,7 @@ pub fn after_wait(loop_id: u64, delivers: bool) {
             crate::determinism::clock::turn_starts(sys::realtime_us(), loop_id);
         }
     } else {
-        apply::turn_returned(loop_id, delivers);
+        region_host::turn_returned(loop_id, delivers);
     }
 }
 
@@ -379,7 +379,7 @@ pub fn before_input(fd: i32, want: usize, flags: i32) -> Before {
     };
     let state = slot.state();
     match slot.class() {
-        // The log's bytes, not the socket's (see `apply`).
+        // The log's bytes, not the socket's (see `region_host`).
         Class::Replay => Before::Serve {
             conn: slot.conn(),
             peek: flags & libc::MSG_PEEK != 0,
@@ -593,7 +593,7 @@ pub fn replay_output(fd: i32, segments: &[&[u8]]) -> Option<usize> {
     if slot.class() != Class::Replay {
         return None;
     }
-    apply::on_output(slot.conn(), segments);
+    region_host::on_output(slot.conn(), segments);
     Some(segments.iter().map(|s| s.len()).sum())
 }
 
@@ -634,7 +634,7 @@ pub fn before_close(fd: i32) {
         return;
     };
     if slot.class() == Class::Replay {
-        apply::on_close(slot.conn());
+        region_host::on_close(slot.conn());
     }
     if slot.class() == Class::Client {
         if let Some(engine) = setup::engine() {
@@ -834,7 +834,7 @@ fn refuse_unattached(
 /// are allowed).
 fn passive_accept(engine: &Engine, role: Role, fd: i32, slot: &Slot) -> bool {
     let peer = sys::peer_addr(fd);
-    if peer.is_some_and(|p| apply::on_accept(fd, p)) {
+    if peer.is_some_and(|p| region_host::on_accept(fd, p)) {
         return true;
     }
     if role == Role::Backup && engine.config.backup_clients == BackupClients::Allow {

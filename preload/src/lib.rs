@@ -37,12 +37,10 @@
 //! - [`dispatch`]: what each call does, per fd class and role.
 //! - [`leader`]: the leader's path: the engine (ring, transport, acks), how
 //!   it tags its entries, held output, the turn lock.
-//! - [`replay`]: the passive side: a backup's server re-executes the log;
-//!   the decisions are a pure machine, simulated against model servers.
-//! - [`apply`]: the replay's host: the region, the turn counters, real
-//!   replay connections.
-//! - [`node_dependent`]: which replies differ per node by design (not
-//!   counted as divergences).
+//! - [`backup`]: the passive side: a backup's server re-executes the log
+//!   (the replay machine, pure and simulated against model servers, and
+//!   its host over the region), and its output is checked against the
+//!   leader's.
 //! - [`determinism`]: what makes replicas agree, for both roles: the log's
 //!   time, turns and loops, stack depth, entropy, children by fork order.
 //! - [`turn_reads`]: a server thread's clock and child reads inside its
@@ -55,7 +53,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod apply;
+pub mod backup;
 pub mod determinism;
 pub mod dispatch;
 pub mod fdtable;
@@ -64,10 +62,7 @@ pub mod hooks;
 pub mod leader;
 pub mod listeners;
 pub mod logger;
-pub mod node_dependent;
-pub mod output_check;
 pub mod reentry;
-pub mod replay;
 pub mod setup;
 #[allow(unsafe_code)]
 pub mod sys;

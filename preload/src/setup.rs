@@ -244,7 +244,7 @@ fn attach_when(ready: impl FnOnce(&Region) -> bool) -> Result<&'static Engine, U
             used
         );
     }
-    crate::apply::start(
+    crate::backup::region_host::start(
         engine.region.clone(),
         s.app,
         s.config.max_entry,

@@ -31,7 +31,7 @@ pub fn read(engine: &crate::leader::engine::Engine) -> Option<u64> {
         }
         Some(us)
     } else {
-        clock::counted_read(crate::apply::time_at)
+        clock::counted_read(crate::backup::region_host::time_at)
     }
 }
 
@@ -80,7 +80,7 @@ pub fn poll_children(
     }
     let mut found = None;
     let read = clock::counted_read(|at, now| {
-        let (us, child) = crate::apply::child_at(at, now);
+        let (us, child) = crate::backup::region_host::child_at(at, now);
         found = child;
         us
     });

@@ -39,18 +39,19 @@ pub(super) unsafe fn epoll_turn(
         return n;
     }
     let (mut keys, mut k) =
-        caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
+        caught(|| crate::backup::region_host::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
     // A TICK of this loop is due: this wait is its turn.
-    let mut tick = caught(|| crate::apply::must_not_block(loop_id)).unwrap_or(false);
+    let mut tick = caught(|| crate::backup::region_host::must_not_block(loop_id)).unwrap_or(false);
     if k == 0
         && !tick
         && timeout == 0
         && loop_id != 0
-        && caught(|| crate::apply::await_turn(loop_id)) == Some(true)
+        && caught(|| crate::backup::region_host::await_turn(loop_id)) == Some(true)
     {
         // A timer of the server's is due: not before its turn is here.
-        (keys, k) = caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
-        tick = caught(|| crate::apply::must_not_block(loop_id)).unwrap_or(false);
+        (keys, k) = caught(|| crate::backup::region_host::epoll_unread(epfd))
+            .unwrap_or(([0; MAX_WIDTH], 0));
+        tick = caught(|| crate::backup::region_host::must_not_block(loop_id)).unwrap_or(false);
     }
     let k = k.min(max as usize);
     let n = match k {
@@ -69,7 +70,7 @@ pub(super) unsafe fn epoll_turn(
     let n = unsafe { without_alarm(epfd, ev, n) };
     turn_returned(loop_id, k > 0);
     let bell = caught(|| {
-        crate::apply::after_wait(|fd| {
+        crate::backup::region_host::after_wait(|fd| {
             crate::fdtable::slot(fd).is_some_and(|s| s.wait_epfd() == epfd)
         })
     })
@@ -89,9 +90,11 @@ pub(super) unsafe fn epoll_turn(
     // SAFETY: the first `real_n` events were filled by the kernel and the
     // next `k` just now, all inside the caller's buffer of `max`.
     let events = unsafe { std::slice::from_raw_parts_mut(ev, real_n + k) };
-    let kernel_first = caught(crate::apply::kernel_first).unwrap_or(false);
-    caught(|| crate::apply::merge_events(events, real_n, &keys[..k], bell_key, kernel_first))
-        .map_or(n, |m| m as c_int)
+    let kernel_first = caught(crate::backup::region_host::kernel_first).unwrap_or(false);
+    caught(|| {
+        crate::backup::region_host::merge_events(events, real_n, &keys[..k], bell_key, kernel_first)
+    })
+    .map_or(n, |m| m as c_int)
 }
 
 /// The `n` events a real wait put into `ev`, less the preload's alarm

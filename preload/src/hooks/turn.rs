@@ -50,7 +50,7 @@ pub(super) fn unread_fds() -> ([i32; MAX_WIDTH], usize) {
     if !dispatch::passive_hooked() {
         return ([-1; MAX_WIDTH], 0);
     }
-    let fds = caught(crate::apply::unread).unwrap_or([-1; MAX_WIDTH]);
+    let fds = caught(crate::backup::region_host::unread).unwrap_or([-1; MAX_WIDTH]);
     let n = fds.iter().take_while(|fd| **fd >= 0).count();
     (fds, n)
 }

@@ -1,4 +1,4 @@
-//! The preload's host for the replay machine ([`crate::replay`]): the
+//! The preload's host for the replay machine ([`crate::backup::replay`]): the
 //! region's apply ring, the server threads' turn counters, the server's
 //! clock and real replay connections, behind one lock.
 //!
@@ -20,12 +20,12 @@ use lockstep_common::region::{apply_ring_size, Region, Role};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use once_cell::sync::OnceCell;
 
+pub use crate::backup::replay::Served;
+use crate::backup::replay::{Host, Replay};
 use crate::determinism::clock::TurnReads;
 use crate::determinism::turn_time;
 use crate::determinism::turns::{self, MAX_WIDTH};
 use crate::fdtable;
-pub use crate::replay::Served;
-use crate::replay::{Host, Replay};
 
 /// A clock read that waits this long for the log to say what it reads
 /// gets a warning (once per read).
