@@ -34,7 +34,8 @@
 //!   and safe wrappers over the raw calls the preload itself makes.
 //! - [`reentry`]: which threads are inside a hook (their calls pass
 //!   through).
-//! - [`dispatch`]: what each call does, per fd class and role.
+//! - [`dispatch`]: what each call does, per fd class and role (and a
+//!   server thread's clock and child reads inside its turn, by role).
 //! - [`leader`]: the leader's path: the engine (ring, transport, acks), how
 //!   it tags its entries, held output, the turn lock.
 //! - [`backup`]: the passive side: a backup's server re-executes the log
@@ -43,8 +44,6 @@
 //!   leader's.
 //! - [`determinism`]: what makes replicas agree, for both roles: the log's
 //!   time, turns and loops, stack depth, entropy, children by fork order.
-//! - [`turn_reads`]: a server thread's clock and child reads inside its
-//!   turn, by role (the leader logs them, a backup reads the log's).
 //! - [`setup`]: configuration, attaching to the region, fork handling.
 //! - [`listeners`]: the server's listeners against the app address
 //!   (a server listening in the wrong place stops before it serves).
@@ -66,4 +65,3 @@ pub mod reentry;
 pub mod setup;
 #[allow(unsafe_code)]
 pub mod sys;
-pub mod turn_reads;

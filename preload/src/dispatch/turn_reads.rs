@@ -1,7 +1,8 @@
 //! The clock and child reads a server thread makes inside its turn, by
 //! role: the leader reads for real and logs what moved, a backup reads
 //! what the log says (the records and their rules are `turn_time`'s; the
-//! leader's logging is the engine's, the backup's lookup the applier's).
+//! leader's logging is the engine's, the backup's lookup the applier's,
+//! in `region_host`).
 
 use crate::determinism::clock;
 use crate::determinism::turn_time::{leader_value, Child, NO_FORK};

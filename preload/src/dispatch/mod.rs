@@ -15,6 +15,11 @@
 //! every input appended so far is committed (output mode; see `engine`).
 //! Output on a Replay fd is dropped without a syscall; the pump compares
 //! its digest with the leader's (see `region_host`).
+//!
+//! A server thread's clock and child reads inside its turn go by role too
+//! ([`turn_reads`]).
+
+pub mod turn_reads;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -28,7 +33,7 @@ use crate::leader::engine::{Engine, Fail};
 use crate::leader::{held_output, turn_lock};
 use crate::setup;
 use crate::sys;
-pub use crate::turn_reads::poll_children;
+pub use turn_reads::poll_children;
 
 /// What a hook returns: a value, and the errno to leave (None: the one the
 /// real call left).
@@ -318,7 +323,7 @@ fn log_turn_time(engine: &Engine) {
 pub fn turn_clock_read() -> Option<u64> {
     let _reentry = crate::reentry::Reentry::enter()?;
     let engine = setup::engine()?;
-    let us = crate::turn_reads::read(engine)?;
+    let us = turn_reads::read(engine)?;
     release_deferred_at(engine, us);
     Some(us)
 }
