@@ -24,30 +24,39 @@
 //!
 //! # Modules
 //!
-//! Layers, each importing only those below it: `hooks` (the exported
-//! symbols) calls into the safe modules; they and `hooks` call [`sys`],
-//! which imports nothing of the crate's.
+//! By role, in layers, top to bottom; each imports only those below it
+//! (no import circle, between files or between these modules):
 //!
 //! - `hooks`: the exported symbols and the hook bodies; with [`sys`], the
-//!   only home of `unsafe` in the crate.
-//! - [`sys`]: the real-symbol table (`dlsym(RTLD_NEXT)`, resolved at load)
-//!   and safe wrappers over the raw calls the preload itself makes.
-//! - [`reentry`]: which threads are inside a hook (their calls pass
-//!   through).
-//! - [`dispatch`]: what each call does, per fd class and role (and a
-//!   server thread's clock and child reads inside its turn, by role).
-//! - [`leader`]: the leader's path: the engine (ring, transport, acks), how
-//!   it tags its entries, held output, the turn lock.
-//! - [`backup`]: the passive side: a backup's server re-executes the log
-//!   (the replay machine, pure and simulated against model servers, and
-//!   its host over the region), and its output is checked against the
-//!   leader's.
-//! - [`determinism`]: what makes replicas agree, for both roles: the log's
-//!   time, turns and loops, stack depth, entropy, children by fork order.
-//! - [`setup`]: configuration, attaching to the region, fork handling.
+//!   only home of `unsafe` in the crate. What a call does by fd class and
+//!   role it asks [`dispatch`]; the rest it takes from the modules below
+//!   (a backup's waits and replayed reads from [`backup::region_host`],
+//!   the log's clocks, loops, entropy and fork counts from
+//!   [`determinism`], the process's state from [`setup`]).
+//! - [`dispatch`]: what each call does, per fd class and role, in safe
+//!   code; [`dispatch::turn_reads`]: a server thread's clock and child
+//!   reads inside its turn, by role (the leader logs them, a backup reads
+//!   the log's).
 //! - [`listeners`]: the server's listeners against the app address
 //!   (a server listening in the wrong place stops before it serves).
-//! - [`fdtable`]: per-fd state.
+//! - [`setup`]: process-wide state: configuration (and the cluster's
+//!   entropy key), attaching to the region, fork handling.
+//! - [`backup`]: the passive side: the replay machine (pure, simulated
+//!   against model servers), its host over the region, the output checks
+//!   against the leader's digests, the replies that differ per node by
+//!   design. It stands above [`leader`] only for the replay simulation,
+//!   whose model leader tags and chunks its entries as the real one does.
+//! - [`leader`]: the leader's path: the engine (ring, transport, acks),
+//!   how it tags its entries, held output, the turn lock.
+//! - [`determinism`]: what makes replicas agree, for both roles: the log's
+//!   time and the time inside a turn, event-loop turns and loops, stack
+//!   depth, entropy, children by fork order.
+//! - The ground: [`logger`] (the preload's `log` backend), [`fdtable`]
+//!   (per-fd state), [`reentry`] (which threads are inside a hook: their
+//!   calls pass through) and [`sys`] (the real-symbol table,
+//!   `dlsym(RTLD_NEXT)` resolved at load, and safe wrappers over the raw
+//!   calls the preload itself makes), which imports nothing of the
+//!   crate's.
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
