@@ -24,65 +24,53 @@
 //!
 //! # Modules
 //!
-//! Layers, each importing only those below it: `hooks` (the exported
-//! symbols) calls into the safe modules; they and `hooks` call [`sys`],
-//! which imports nothing of the crate's.
+//! By role, in layers, top to bottom; each imports only those below it
+//! (no import circle, between files or between these modules):
 //!
 //! - `hooks`: the exported symbols and the hook bodies; with [`sys`], the
-//!   only home of `unsafe` in the crate.
-//! - [`sys`]: the real-symbol table (`dlsym(RTLD_NEXT)`, resolved at load)
-//!   and safe wrappers over the raw calls the preload itself makes.
-//! - [`reentry`]: which threads are inside a hook (their calls pass
-//!   through).
-//! - [`dispatch`]: what each call does, per fd class and role.
-//! - [`engine`]: the leader's replication path (ring, transport, acks);
-//!   [`entry_tags`]: how it tags the entries it appends, pure.
-//! - [`replay`]: the passive side: a backup's server re-executes the log;
-//!   the decisions are a pure machine, simulated against model servers.
-//! - [`apply`]: the replay's host: the region, the turn counters, real
-//!   replay connections.
-//! - [`node_dependent`]: which replies differ per node by design (not
-//!   counted as divergences).
-//! - [`clock`]: the log's time, the wall clock every replica's server reads;
-//!   [`thread_clock`]: one thread's clock, pure.
-//! - [`entropy`]: the cluster's random stream, the same on every replica.
-//! - [`turn_reads`]: a server thread's clock and child reads inside its
-//!   turn, by role (the leader logs them, a backup reads the log's).
-//! - [`setup`]: configuration, attaching to the region, fork handling.
+//!   only home of `unsafe` in the crate. What a call does by fd class and
+//!   role it asks [`dispatch`]; the rest it takes from the modules below
+//!   (a backup's waits and replayed reads from [`backup::region_host`],
+//!   the log's clocks, loops, entropy and fork counts from
+//!   [`determinism`], the process's state from [`setup`]).
+//! - [`dispatch`]: what each call does, per fd class and role, in safe
+//!   code; [`dispatch::turn_reads`]: a server thread's clock and child
+//!   reads inside its turn, by role (the leader logs them, a backup reads
+//!   the log's).
 //! - [`listeners`]: the server's listeners against the app address
 //!   (a server listening in the wrong place stops before it serves).
-//! - [`fdtable`]: per-fd state.
-//! - [`turns`]: the server threads' event-loop turns.
-//! - [`stack_depth`]: where a thread reads against where it waited (a read
-//!   after a nested loop returned).
+//! - [`setup`]: process-wide state: configuration (and the cluster's
+//!   entropy key), attaching to the region, fork handling.
+//! - [`backup`]: the passive side: the replay machine (pure, simulated
+//!   against model servers), its host over the region, the output checks
+//!   against the leader's digests, the replies that differ per node by
+//!   design. It stands above [`leader`] only for the replay simulation,
+//!   whose model leader tags and chunks its entries as the real one does.
+//! - [`leader`]: the leader's path: the engine (ring, transport, acks),
+//!   how it tags its entries, held output, the turn lock.
+//! - [`determinism`]: what makes replicas agree, for both roles: the log's
+//!   time and the time inside a turn, event-loop turns and loops, stack
+//!   depth, entropy, children by fork order.
+//! - The ground: [`logger`] (the preload's `log` backend), [`fdtable`]
+//!   (per-fd state), [`reentry`] (which threads are inside a hook: their
+//!   calls pass through) and [`sys`] (the real-symbol table,
+//!   `dlsym(RTLD_NEXT)` resolved at load, and safe wrappers over the raw
+//!   calls the preload itself makes), which imports nothing of the
+//!   crate's.
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod apply;
-pub mod clock;
+pub mod backup;
+pub mod determinism;
 pub mod dispatch;
-pub mod engine;
-pub mod entropy;
-pub mod entry_tags;
 pub mod fdtable;
-pub mod forks;
-pub mod held_output;
 #[allow(unsafe_code)]
 pub mod hooks;
+pub mod leader;
 pub mod listeners;
 pub mod logger;
-pub mod loops;
-pub mod node_dependent;
-pub mod output_check;
 pub mod reentry;
-pub mod replay;
 pub mod setup;
-pub mod stack_depth;
 #[allow(unsafe_code)]
 pub mod sys;
-pub mod thread_clock;
-pub mod turn_lock;
-pub mod turn_reads;
-pub mod turn_time;
-pub mod turns;

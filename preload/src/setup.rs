@@ -1,5 +1,6 @@
-//! Process-wide state: configuration from the environment, attaching to
-//! the node's region, the refusal to run unreplicated, and the fork flag.
+//! Process-wide state: configuration from the environment (and the key
+//! of the cluster's entropy stream, derived from it), attaching to the
+//! node's region, the refusal to run unreplicated, and the fork flag.
 //!
 //! Nothing happens at load time beyond resolving symbols (see `hooks`).
 //! The environment is read at the first `listen` or `accept`; the region
@@ -25,7 +26,7 @@ use lockstep_common::region::{self, RegionError};
 use lockstep_common::{Config, Region};
 use once_cell::sync::OnceCell;
 
-use crate::engine::Engine;
+use crate::leader::engine::Engine;
 use crate::sys;
 use crate::sys::published::Published;
 
@@ -54,6 +55,7 @@ pub struct Settings {
 }
 
 static SETTINGS: OnceCell<Option<Result<Settings, String>>> = OnceCell::new();
+static ENTROPY_SEED: OnceCell<Option<[u8; 32]>> = OnceCell::new();
 static ENGINE: Published<Engine> = Published::new();
 static ATTACHING: Mutex<()> = Mutex::new(());
 /// Set once a thread waits for the region (see [`attach_when_ready`]).
@@ -125,6 +127,16 @@ pub fn may_serve() -> bool {
         Some(s) => matches!(s, Some(Ok(_))),
         None => crate::sys::env_is_set(c"LOCKSTEP_CONFIG"),
     }
+}
+
+/// The key of the cluster's entropy stream (see `entropy`); None in a
+/// process that is not a lockstep server (no or an unusable
+/// `LOCKSTEP_CONFIG`).
+pub fn entropy_seed() -> Option<[u8; 32]> {
+    *ENTROPY_SEED.get_or_init(|| match settings() {
+        Some(Ok(s)) => Some(crate::determinism::entropy::derive(&s.config.cluster)),
+        _ => None,
+    })
 }
 
 fn load_settings() -> Option<Result<Settings, String>> {
@@ -221,7 +233,10 @@ fn attach_when(ready: impl FnOnce(&Region) -> bool) -> Result<&'static Engine, U
         engine.region.role(),
         engine.region.view()
     );
-    let (used, began) = (crate::clock::origin_us(), engine.region.origin_us());
+    let (used, began) = (
+        crate::determinism::clock::origin_us(),
+        engine.region.origin_us(),
+    );
     if began != 0 && used != began {
         log::warn!(
             "node {}: this server's start-up clock read {} µs since the epoch, but the cluster's log began at {began}: its LASTSAVE and uptime differ from its replicas' (its data does not); start it with `lockstep run`, which hands it the log's start",
@@ -229,7 +244,7 @@ fn attach_when(ready: impl FnOnce(&Region) -> bool) -> Result<&'static Engine, U
             used
         );
     }
-    crate::apply::start(
+    crate::backup::region_host::start(
         engine.region.clone(),
         s.app,
         s.config.max_entry,

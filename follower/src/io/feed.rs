@@ -11,7 +11,7 @@
 //! Now the follower only copies committed entries, in log order, into the
 //! region's apply ring (a memcpy; no syscall per entry) and rings the apply
 //! doorbell. Inside the server, the passive preload replays the leader's
-//! turns itself (`preload/src/replay`): its wait hook reports a replay
+//! turns itself (`preload/src/backup/replay`): its wait hook reports a replay
 //! connection readable when the next entry is that connection's, its read
 //! hook copies the entry's bytes out of the log (no byte crosses a real
 //! socket), and its write hook drops the server's replies, comparing them

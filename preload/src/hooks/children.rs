@@ -1,7 +1,7 @@
 //! The bodies of the interposed `fork` and `waitpid`: forks are counted
-//! ([`crate::forks`]); a poll for ended children (`WNOHANG`) inside a
-//! server's turn is one of the turn's counted reads, logged by the leader
-//! when it reaped a child and reaped alike on every backup
+//! ([`crate::determinism::forks`]); a poll for ended children (`WNOHANG`)
+//! inside a server's turn is one of the turn's counted reads, logged by
+//! the leader when it reaped a child and reaped alike on every backup
 //! ([`crate::dispatch::poll_children`]). Blocking waits, and polls
 //! outside a turn, are the real call.
 
@@ -17,7 +17,7 @@ use crate::sys::{errno, set_errno};
 pub(super) fn fork(real: impl Fn() -> libc::pid_t) -> libc::pid_t {
     let pid = real();
     if pid > 0 {
-        crate::forks::forked(pid);
+        crate::determinism::forks::forked(pid);
     }
     pid
 }

@@ -1,6 +1,6 @@
 //! The bodies of the clock hooks: the server's clock reads get the log's
-//! time (see `crate::clock`). Nothing here allocates: jemalloc reads the
-//! monotonic clock under its own lock at start-up.
+//! time (see `crate::determinism::clock`). Nothing here allocates:
+//! jemalloc reads the monotonic clock under its own lock at start-up.
 
 use std::ffi::{c_int, c_void};
 
@@ -30,7 +30,7 @@ pub(super) fn log_time(counted: bool) -> Option<u64> {
             return Some(us);
         }
     }
-    crate::clock::now_us(turn_thread, sys::monotonic_us)
+    crate::determinism::clock::now_us(turn_thread, sys::monotonic_us)
 }
 
 /// Whether this process is a lockstep server that did not attach yet (its
@@ -45,7 +45,7 @@ pub(super) fn starting_up() -> bool {
 /// timers). Other threads read real monotonic time, which their deadlines
 /// and futex waits rely on.
 pub(super) fn monotonic_is_logged() -> bool {
-    crate::clock::is_loop_thread() || sys::is_main_thread()
+    crate::determinism::clock::is_loop_thread() || sys::is_main_thread()
 }
 
 /// The body of the interposed `clock_gettime(2)`: the wall clocks read the log's time,
@@ -66,7 +66,7 @@ pub(super) unsafe fn clock_gettime(clk: libc::clockid_t, ts: *mut libc::timespec
     };
     if !ts.is_null() {
         if let Some(us) = logged {
-            let (s, u) = crate::clock::split_us(us);
+            let (s, u) = crate::determinism::clock::split_us(us);
             // SAFETY: `ts` is the caller's non-null timespec.
             unsafe {
                 (*ts).tv_sec = s as libc::time_t;
@@ -112,7 +112,7 @@ pub(super) unsafe fn gettimeofday(tv: *mut libc::timeval, tz: *mut c_void) -> c_
 /// # Safety
 /// `tv` points to a writable timeval.
 unsafe fn set_timeval(tv: *mut libc::timeval, us: u64) {
-    let (s, u) = crate::clock::split_us(us);
+    let (s, u) = crate::determinism::clock::split_us(us);
     // SAFETY: the caller's contract.
     unsafe {
         (*tv).tv_sec = s as libc::time_t;
@@ -129,7 +129,7 @@ pub(super) unsafe fn time(t: *mut libc::time_t) -> libc::time_t {
         // SAFETY: forwarding the caller's argument.
         return unsafe { real_time(t) };
     };
-    let s = crate::clock::split_us(us).0 as libc::time_t;
+    let s = crate::determinism::clock::split_us(us).0 as libc::time_t;
     if !t.is_null() {
         // SAFETY: a non-null `t` is the caller's time_t.
         unsafe { *t = s };

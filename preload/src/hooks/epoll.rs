@@ -5,10 +5,10 @@ use std::ffi::c_int;
 
 use super::guards::{caught, KeptErrno};
 use super::turn::{event_loop_turn, turn_returned};
+use crate::determinism::turns::{Wait, MAX_WIDTH};
 use crate::dispatch;
 use crate::reentry::{in_hook, Reentry};
 use crate::sys::real::real_epoll_ctl;
-use crate::turns::{Wait, MAX_WIDTH};
 
 /// An epoll wait on a backup: the replay connections the log has bytes
 /// for are readable (first, in log order) and the wait does not block;
@@ -27,7 +27,7 @@ pub(super) unsafe fn epoll_turn(
     let Some(_reentry) = Reentry::enter() else {
         return real(max, timeout);
     };
-    let loop_id = crate::loops::of_epfd(epfd);
+    let loop_id = crate::determinism::loops::of_epfd(epfd);
     event_loop_turn(Wait::Epoll, max, loop_id != 0, loop_id);
     if !dispatch::passive_hooked() || ev.is_null() || max <= 0 {
         let n = probed(timeout, |t| real(max, t));
@@ -39,18 +39,19 @@ pub(super) unsafe fn epoll_turn(
         return n;
     }
     let (mut keys, mut k) =
-        caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
+        caught(|| crate::backup::region_host::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
     // A TICK of this loop is due: this wait is its turn.
-    let mut tick = caught(|| crate::apply::must_not_block(loop_id)).unwrap_or(false);
+    let mut tick = caught(|| crate::backup::region_host::must_not_block(loop_id)).unwrap_or(false);
     if k == 0
         && !tick
         && timeout == 0
         && loop_id != 0
-        && caught(|| crate::apply::await_turn(loop_id)) == Some(true)
+        && caught(|| crate::backup::region_host::await_turn(loop_id)) == Some(true)
     {
         // A timer of the server's is due: not before its turn is here.
-        (keys, k) = caught(|| crate::apply::epoll_unread(epfd)).unwrap_or(([0; MAX_WIDTH], 0));
-        tick = caught(|| crate::apply::must_not_block(loop_id)).unwrap_or(false);
+        (keys, k) = caught(|| crate::backup::region_host::epoll_unread(epfd))
+            .unwrap_or(([0; MAX_WIDTH], 0));
+        tick = caught(|| crate::backup::region_host::must_not_block(loop_id)).unwrap_or(false);
     }
     let k = k.min(max as usize);
     let n = match k {
@@ -69,7 +70,7 @@ pub(super) unsafe fn epoll_turn(
     let n = unsafe { without_alarm(epfd, ev, n) };
     turn_returned(loop_id, k > 0);
     let bell = caught(|| {
-        crate::apply::after_wait(|fd| {
+        crate::backup::region_host::after_wait(|fd| {
             crate::fdtable::slot(fd).is_some_and(|s| s.wait_epfd() == epfd)
         })
     })
@@ -89,9 +90,11 @@ pub(super) unsafe fn epoll_turn(
     // SAFETY: the first `real_n` events were filled by the kernel and the
     // next `k` just now, all inside the caller's buffer of `max`.
     let events = unsafe { std::slice::from_raw_parts_mut(ev, real_n + k) };
-    let kernel_first = caught(crate::apply::kernel_first).unwrap_or(false);
-    caught(|| crate::apply::merge_events(events, real_n, &keys[..k], bell_key, kernel_first))
-        .map_or(n, |m| m as c_int)
+    let kernel_first = caught(crate::backup::region_host::kernel_first).unwrap_or(false);
+    caught(|| {
+        crate::backup::region_host::merge_events(events, real_n, &keys[..k], bell_key, kernel_first)
+    })
+    .map_or(n, |m| m as c_int)
 }
 
 /// The `n` events a real wait put into `ev`, less the preload's alarm
@@ -110,9 +113,9 @@ unsafe fn without_alarm(epfd: c_int, ev: *mut libc::epoll_event, n: c_int) -> c_
     }
     // SAFETY: the caller's contract: `n` initialised events at `ev`.
     let got = unsafe { std::slice::from_raw_parts_mut(ev, n as usize) };
-    let kept = crate::loops::without_alarm(got);
+    let kept = crate::determinism::loops::without_alarm(got);
     if kept < got.len() {
-        crate::loops::silence(epfd);
+        crate::determinism::loops::silence(epfd);
     }
     kept as c_int
 }
@@ -170,7 +173,7 @@ pub(super) unsafe fn epoll_ctl(
 /// Names the server's new epoll instance `fd` (not the preload's own).
 pub(super) fn epoll_created(fd: c_int) {
     if fd >= 0 && !in_hook() {
-        crate::loops::created(fd);
+        crate::determinism::loops::created(fd);
     }
 }
 

@@ -197,7 +197,7 @@ exports! {
     // The event-loop waits (`epoll`, `scan`).
 
     /// Interposed `epoll_wait(2)`: a backup orders the replay connections'
-    /// events (see `apply::order_events`).
+    /// events (see `region_host::order_events`).
     fn epoll_wait(epfd: c_int, ev: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int =
         epoll::epoll_turn(epfd, ev, max, timeout, |m, t| real_epoll_wait(epfd, ev, m, t));
     /// Interposed `epoll_pwait(2)`: as `epoll_wait`.

@@ -7,7 +7,7 @@ use libc::ssize_t;
 
 use super::bufs::{fill, with_segments, Bufs};
 use super::guards::{caught, finish};
-use crate::apply::Served;
+use crate::backup::region_host::Served;
 use crate::dispatch::{self, Before};
 use crate::reentry::Reentry;
 use crate::sys::{errno, set_errno};
@@ -45,7 +45,8 @@ pub(super) unsafe fn input(
     let Some((_reentry, bufs)) = (unsafe { enter_tracked(fd, bufs) }) else {
         return real();
     };
-    let _reading = crate::stack_depth::reading(crate::stack_depth::here());
+    let _reading =
+        crate::determinism::stack_depth::reading(crate::determinism::stack_depth::here());
     // SAFETY: per the contract.
     let want = unsafe { bufs.total() };
     let before = caught(|| dispatch::before_input(fd, want, flags))
@@ -57,7 +58,7 @@ pub(super) unsafe fn input(
             let served = caught(|| {
                 // SAFETY: per the contract, `bufs` are the caller's buffers
                 // for the bytes a read returns.
-                crate::apply::serve(conn, peek, &mut |src| unsafe { fill(bufs, src) })
+                crate::backup::region_host::serve(conn, peek, &mut |src| unsafe { fill(bufs, src) })
             });
             return match served {
                 Some(Served::Bytes(n)) => n as ssize_t,

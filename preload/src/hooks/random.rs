@@ -1,6 +1,6 @@
 //! The bodies of the entropy hooks: the server's random reads and seeds
-//! come from the cluster's stream (see `crate::entropy`), the same on
-//! every replica.
+//! come from the cluster's stream (see `crate::determinism::entropy`), the
+//! same on every replica.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,11 +22,11 @@ pub(super) fn seed_server_generators() {
     if GENERATORS_SEEDED.swap(true, Ordering::AcqRel) {
         return;
     }
-    let Some(seed) = caught(crate::entropy::seed).flatten() else {
+    let Some(seed) = caught(crate::setup::entropy_seed).flatten() else {
         return;
     };
-    let value = crate::entropy::generator_seed(&seed);
-    for name in crate::entropy::GENERATORS {
+    let value = crate::determinism::entropy::generator_seed(&seed);
+    for name in crate::determinism::entropy::GENERATORS {
         // SAFETY: dlsym with the RTLD_DEFAULT pseudo-handle and a
         // NUL-terminated name; it only looks the symbol up.
         let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
@@ -56,7 +56,7 @@ pub(super) fn entropy_seed() -> Option<(Reentry, [u8; 32])> {
         return None;
     }
     let guard = Reentry::enter()?;
-    let seed = caught(crate::entropy::seed).flatten()?;
+    let seed = caught(crate::setup::entropy_seed).flatten()?;
     Some((guard, seed))
 }
 
@@ -68,7 +68,7 @@ pub(super) unsafe fn getrandom(buf: *mut c_void, len: size_t, flags: libc::c_uin
     if let (Some((_guard, seed)), false) = (entropy_seed(), buf.is_null()) {
         // SAFETY: the caller's buffer of `len` bytes.
         let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
-        crate::entropy::draw(&seed, out);
+        crate::determinism::entropy::draw(&seed, out);
         return len as ssize_t;
     }
     // SAFETY: forwarding the caller's arguments.
@@ -84,7 +84,7 @@ pub(super) unsafe fn getentropy(buf: *mut c_void, len: size_t) -> c_int {
         if let Some((_guard, seed)) = entropy_seed() {
             // SAFETY: the caller's buffer of `len` bytes.
             let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) };
-            crate::entropy::draw(&seed, out);
+            crate::determinism::entropy::draw(&seed, out);
             return 0;
         }
     }
@@ -95,7 +95,7 @@ pub(super) unsafe fn getentropy(buf: *mut c_void, len: size_t) -> c_int {
 /// The common body of srand and srandom: `real(seed)` seeds, from the
 /// cluster, whatever the server asks.
 pub(super) fn seed(seed: libc::c_uint, real: impl FnOnce(libc::c_uint)) {
-    let seed = entropy_seed().map_or(seed, |(_g, s)| crate::entropy::small_seed(&s));
+    let seed = entropy_seed().map_or(seed, |(_g, s)| crate::determinism::entropy::small_seed(&s));
     real(seed)
 }
 
@@ -110,11 +110,11 @@ pub(super) unsafe fn random_device_stream(path: *const libc::c_char) -> Option<*
     }
     // SAFETY: per the contract.
     let name = unsafe { CStr::from_ptr(path) }.to_bytes();
-    if !crate::entropy::is_random_device(name) {
+    if !crate::determinism::entropy::is_random_device(name) {
         return None;
     }
     let (_guard, seed) = entropy_seed()?;
-    let block = crate::entropy::block(&seed);
+    let block = crate::determinism::entropy::block(&seed);
     // SAFETY: fmemopen over a 'static block that is never written (mode
     // "r"); the FILE is the caller's to fclose.
     let f = unsafe { libc::fmemopen(block.as_ptr() as *mut c_void, block.len(), c"r".as_ptr()) };

@@ -6,9 +6,9 @@ use std::ffi::c_int;
 
 use super::guards::{caught, KeptErrno};
 use super::turn::{event_loop_turn, turn_returned, unread_fds};
+use crate::determinism::turns::Wait;
 use crate::dispatch;
 use crate::reentry::Reentry;
-use crate::turns::Wait;
 
 /// Whether a `ppoll`/`pselect` timeout asks not to block (null: block).
 ///
@@ -96,7 +96,7 @@ pub(super) unsafe fn poll_bell(fds: *const libc::pollfd, n: libc::nfds_t) -> Opt
     }
     // SAFETY: per the contract.
     let set = unsafe { std::slice::from_raw_parts(fds, n as usize) };
-    caught(|| crate::apply::after_wait(|fd| set.iter().any(|p| p.fd == fd))).flatten()
+    caught(|| crate::backup::region_host::after_wait(|fd| set.iter().any(|p| p.fd == fd))).flatten()
 }
 
 /// Whether a poll set watches a connection or listener of the server's
@@ -234,13 +234,17 @@ pub(super) unsafe fn select_interest(n: c_int, w: *const libc::fd_set) {
 /// log has bytes for, and whether a `TICK` makes this wait its turn. A
 /// wait of the server's loop that asks not to block (`awaits`) with
 /// nothing to deliver first waits for the log's next turn, as an epoll
-/// wait does (see `apply::await_turn`).
-fn turn_news(awaits: bool) -> ([i32; crate::turns::MAX_WIDTH], usize, bool) {
+/// wait does (see `region_host::await_turn`).
+fn turn_news(awaits: bool) -> ([i32; crate::determinism::turns::MAX_WIDTH], usize, bool) {
     let (mut unread, mut k) = unread_fds();
-    let mut tick = caught(|| crate::apply::must_not_block(0)).unwrap_or(false);
-    if k == 0 && !tick && awaits && caught(|| crate::apply::await_turn(0)) == Some(true) {
+    let mut tick = caught(|| crate::backup::region_host::must_not_block(0)).unwrap_or(false);
+    if k == 0
+        && !tick
+        && awaits
+        && caught(|| crate::backup::region_host::await_turn(0)) == Some(true)
+    {
         (unread, k) = unread_fds();
-        tick = caught(|| crate::apply::must_not_block(0)).unwrap_or(false);
+        tick = caught(|| crate::backup::region_host::must_not_block(0)).unwrap_or(false);
     }
     (unread, k, tick)
 }
@@ -310,7 +314,7 @@ pub(super) unsafe fn select_turn(
     let _errno = KeptErrno::now();
     turn_returned(0, k > 0);
     let bell = caught(|| {
-        crate::apply::after_wait(|fd| {
+        crate::backup::region_host::after_wait(|fd| {
             // SAFETY: `a` is our copy of the caller's read set.
             asked
                 .as_ref()

@@ -1,5 +1,6 @@
 //! The bodies of the signal hooks: a server's SIGTERM/SIGINT handler is
-//! relayed, so the preload notes the stop first (see `crate::clock`).
+//! relayed, so the preload notes the stop first (see
+//! `crate::determinism::clock`).
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,7 +23,7 @@ pub(super) fn is_function(h: libc::sighandler_t) -> bool {
 }
 
 extern "C" fn relay_stop(sig: c_int) {
-    crate::clock::stop_signalled();
+    crate::determinism::clock::stop_signalled();
     let h = STOP_HANDLERS[sig as usize & 31].load(Ordering::Acquire);
     if is_function(h) {
         // SAFETY: `h` is the server's own plain handler for `sig`.
@@ -32,7 +33,7 @@ extern "C" fn relay_stop(sig: c_int) {
 }
 
 extern "C" fn relay_stop_info(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-    crate::clock::stop_signalled();
+    crate::determinism::clock::stop_signalled();
     let h = STOP_HANDLERS[sig as usize & 31].load(Ordering::Acquire);
     if is_function(h) {
         // SAFETY: `h` is the server's own SA_SIGINFO handler for `sig`,

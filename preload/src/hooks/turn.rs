@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 
 use super::guards::caught;
 use super::random::{seed_server_generators, GENERATORS_SEEDED};
+use crate::determinism::turns::{Wait, MAX_WIDTH};
 use crate::dispatch;
 use crate::sys::{errno, set_errno};
-use crate::turns::{Wait, MAX_WIDTH};
 
 /// The server is about to wait in its event loop `loop_id` (0: none
 /// named, see `loops`; `max`: epoll's maxevents; `serves`: the wait
@@ -17,14 +17,14 @@ use crate::turns::{Wait, MAX_WIDTH};
 /// `poll`/`select` of a server that runs epoll loops is a wait of a
 /// thread's own, not a loop (see `loops::any`).
 pub(super) fn event_loop_turn(wait: Wait, max: c_int, serves: bool, loop_id: u64) {
-    crate::stack_depth::waited(crate::stack_depth::here());
+    crate::determinism::stack_depth::waited(crate::determinism::stack_depth::here());
     if !crate::setup::inert() {
         let _ = caught(crate::listeners::before_wait);
     }
     if dispatch::passive_hooked() {
         let e = errno();
-        if serves && (wait == Wait::Epoll || !crate::loops::any()) {
-            crate::clock::on_loop_thread();
+        if serves && (wait == Wait::Epoll || !crate::determinism::loops::any()) {
+            crate::determinism::clock::on_loop_thread();
         }
         if !GENERATORS_SEEDED.load(Ordering::Relaxed) {
             seed_server_generators();
@@ -50,7 +50,7 @@ pub(super) fn unread_fds() -> ([i32; MAX_WIDTH], usize) {
     if !dispatch::passive_hooked() {
         return ([-1; MAX_WIDTH], 0);
     }
-    let fds = caught(crate::apply::unread).unwrap_or([-1; MAX_WIDTH]);
+    let fds = caught(crate::backup::region_host::unread).unwrap_or([-1; MAX_WIDTH]);
     let n = fds.iter().take_while(|fd| **fd >= 0).count();
     (fds, n)
 }

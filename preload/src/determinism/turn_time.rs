@@ -9,7 +9,7 @@
 //!
 //! - The leader counts its server's clock reads of a turn, from the
 //!   turn's start and again from each input it logs (its *window*). A read
-//!   that finds the real clock a grain ([`crate::clock::GRAIN_US`]) past the
+//!   that finds the real clock a grain ([`super::clock::GRAIN_US`]) past the
 //!   thread's time moves it there and logs a `TIME` record: "read `k` of
 //!   this window reads `us`". Most turns log none (they take less than a
 //!   grain); a 5 s busy script logs about one a millisecond.
@@ -38,7 +38,7 @@
 //! own copy of it to end) and reads the leader's status, while a poll
 //! with no record reaps nothing (`tests/children.rs`).
 
-use crate::clock::{TurnReads, GRAIN_US};
+use crate::determinism::clock::{TurnReads, GRAIN_US};
 
 /// One clock record of a turn: read `k` since input `anchor` (the last
 /// entry of that input; 0: since the turn's start) reads `us`.
@@ -93,7 +93,7 @@ impl Child {
 
     /// This replica's pid of the child.
     pub fn here(&self) -> i32 {
-        crate::forks::pid_of(self.fork).unwrap_or(self.pid)
+        crate::determinism::forks::pid_of(self.fork).unwrap_or(self.pid)
     }
 }
 

@@ -43,7 +43,7 @@ use lockstep_common::region::{Region, Role};
 use lockstep_common::transport::{self, Transport, TransportError};
 use lockstep_common::Config;
 
-use crate::entry_tags::AppendTags;
+use crate::leader::entry_tags::AppendTags;
 use crate::sys;
 
 /// How long one park on the doorbell lasts before the wait loop looks at
@@ -255,7 +255,7 @@ impl Engine {
         &self,
         k: u32,
         time_us: u64,
-        child: crate::turn_time::Child,
+        child: crate::determinism::turn_time::Child,
     ) -> Result<Logged, Fail> {
         let payload = child.encode();
         let logged = self.append(
@@ -281,10 +281,10 @@ impl Engine {
             return false;
         }
         let view = w.log.view();
-        let fields = crate::entry_tags::turn_end(
+        let fields = crate::leader::entry_tags::turn_end(
             view,
-            crate::clock::now_us(true, || 0).unwrap_or(0),
-            crate::clock::turn_loop(),
+            crate::determinism::clock::now_us(true, || 0).unwrap_or(0),
+            crate::determinism::clock::turn_loop(),
         );
         if self.append_one(&mut w.log, view, &fields, &[]).is_err() {
             return false;
@@ -426,10 +426,11 @@ impl Engine {
         let view = self.writer_view(w)?;
         let first = w.log.next_seq();
         // The turn's time: recorded with the entry (see `clock`).
-        let time_us = time.unwrap_or_else(|| crate::clock::entry_time(sys::realtime_us()));
+        let time_us =
+            time.unwrap_or_else(|| crate::determinism::clock::entry_time(sys::realtime_us()));
         // Whether a backup may hand this input to its server in the same
         // turn as the entry before (a later chunk of one read always may).
-        let here = crate::turns::current();
+        let here = crate::determinism::turns::current();
         let mut tags = AppendTags::new(
             kind,
             view,
@@ -438,10 +439,13 @@ impl Engine {
             time_us,
             here,
             &mut w.turn,
-            crate::clock::turn_loop(),
-            || crate::turns::log_turn(view),
+            crate::determinism::clock::turn_loop(),
+            || crate::determinism::turns::log_turn(view),
         )
-        .returned(matches!(kind, Kind::Data | Kind::Close) && crate::stack_depth::read_returned());
+        .returned(
+            matches!(kind, Kind::Data | Kind::Close)
+                && crate::determinism::stack_depth::read_returned(),
+        );
         let Writer { log, gather, .. } = w;
         let mut one = |payload: &[u8]| self.append_one(log, view, tags.entry(), payload);
         if kind == Kind::Data {
@@ -456,7 +460,7 @@ impl Engine {
         self.note_appended(view, last);
         if matches!(kind, Kind::Accept | Kind::Data | Kind::Close) {
             // The server's clock reads count from this input on.
-            crate::clock::input_logged();
+            crate::determinism::clock::input_logged();
         }
         Ok(Logged { first, last, view })
     }

@@ -39,20 +39,11 @@ pub const BLOCK: usize = 4096;
 /// Where the block starts in the stream (apart from `getrandom`'s bytes).
 const BLOCK_AT: u64 = 1 << 48;
 
-static SEED: OnceCell<Option<[u8; 32]>> = OnceCell::new();
 static DRAWN: AtomicU64 = AtomicU64::new(0);
 static BLOCK_BYTES: OnceCell<Option<Box<[u8]>>> = OnceCell::new();
 
-/// The cluster's key for its stream; None in a process that is not a
-/// lockstep server (no or an unusable `LOCKSTEP_CONFIG`).
-pub fn seed() -> Option<[u8; 32]> {
-    *SEED.get_or_init(|| match crate::setup::settings() {
-        Some(Ok(s)) => Some(derive(&s.config.cluster)),
-        _ => None,
-    })
-}
-
-/// The stream's key for cluster `name`.
+/// The stream's key for cluster `name` (this process's is
+/// [`crate::setup::entropy_seed`], from its config).
 pub fn derive(name: &str) -> [u8; 32] {
     blake3::derive_key("lockstep cluster entropy v1", name.as_bytes())
 }

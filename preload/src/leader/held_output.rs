@@ -45,7 +45,7 @@
 
 use std::cell::RefCell;
 
-use crate::engine::{Engine, Fail};
+use crate::leader::engine::{Engine, Fail};
 use crate::sys;
 
 /// Bytes one connection may hold.

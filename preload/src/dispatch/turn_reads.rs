@@ -1,16 +1,17 @@
 //! The clock and child reads a server thread makes inside its turn, by
 //! role: the leader reads for real and logs what moved, a backup reads
 //! what the log says (the records and their rules are `turn_time`'s; the
-//! leader's logging is the engine's, the backup's lookup the applier's).
+//! leader's logging is the engine's, the backup's lookup the applier's,
+//! in `region_host`).
 
-use crate::clock;
-use crate::turn_time::{leader_value, Child, NO_FORK};
+use crate::determinism::clock;
+use crate::determinism::turn_time::{leader_value, Child, NO_FORK};
 
 /// A counted clock read of a server thread inside its turn: the time it
 /// reads, or None outside a turn (then `clock::now_us` answers). The
 /// leader logs a record when the read moves the time; a backup reads the
 /// log's records (and may wait for the log to say).
-pub fn read(engine: &crate::engine::Engine) -> Option<u64> {
+pub fn read(engine: &crate::leader::engine::Engine) -> Option<u64> {
     if clock::stopping() {
         return None;
     }
@@ -31,7 +32,7 @@ pub fn read(engine: &crate::engine::Engine) -> Option<u64> {
         }
         Some(us)
     } else {
-        clock::counted_read(crate::apply::time_at)
+        clock::counted_read(crate::backup::region_host::time_at)
     }
 }
 
@@ -66,7 +67,7 @@ pub fn poll_children(
         if let Some(us) = us {
             if r > 0 {
                 let child = Child {
-                    fork: crate::forks::ordinal_of(r).unwrap_or(NO_FORK),
+                    fork: crate::determinism::forks::ordinal_of(r).unwrap_or(NO_FORK),
                     pid: r,
                     status,
                 };
@@ -80,7 +81,7 @@ pub fn poll_children(
     }
     let mut found = None;
     let read = clock::counted_read(|at, now| {
-        let (us, child) = crate::apply::child_at(at, now);
+        let (us, child) = crate::backup::region_host::child_at(at, now);
         found = child;
         us
     });

@@ -13,8 +13,8 @@
 //! send large replies over several turns. The leader's model server runs under the
 //! leader preload's rules and the real `LeaderWriter` logs its turns into
 //! real regions; each backup's model server then runs the log through the
-//! real [`Replay`](crate::replay::Replay), its follower delivering entries,
-//! its applier thread and its server's waits interleaved by the seed.
+//! real [`Replay`](super::Replay), its follower delivering entries, its
+//! applier thread and its server's waits interleaved by the seed.
 //!
 //! A run passes when every backup's server did what the leader's did — the
 //! same commands of the same connections in the same order, reading the

@@ -14,11 +14,11 @@ use lockstep_common::ring::{ReadOutcome, RingReader};
 
 use super::log::{SimLog, MAX_ENTRY, RING_SIZE};
 use super::server::{read_sp, wait_sp, Os, Read, Ready, Role, Server, Setup, Shape, LISTENER_FD};
-use crate::clock::ORIGIN_US;
-use crate::replay::{Host, Replay, Served};
-use crate::stack_depth::StackMarks;
-use crate::thread_clock::ThreadClock;
-use crate::turns::{TurnMarks, MAX_WIDTH};
+use crate::backup::replay::{Host, Replay, Served};
+use crate::determinism::clock::ORIGIN_US;
+use crate::determinism::stack_depth::StackMarks;
+use crate::determinism::thread_clock::ThreadClock;
+use crate::determinism::turns::{TurnMarks, MAX_WIDTH};
 use lockstep_launcher::rng::Rng;
 
 /// One server thread as the backup's preload keeps it: its waits, whether
@@ -359,7 +359,8 @@ impl BackupOs<'_> {
         let mut tick = os.replay.must_not_block(os.host, loop_id);
         let awaits = shape == Shape::Scan || loop_id != 0;
         if keys.is_empty() && !tick && timeout == Some(0) && awaits {
-            // `apply::await_turn`: the follower delivers until a turn comes.
+            // `region_host::await_turn`: the follower delivers until a turn
+            // comes.
             while !os.replay.in_turn() {
                 if !os.host.deliver(1 + os.rng.below(3) as usize) {
                     break;
@@ -413,8 +414,8 @@ impl BackupOs<'_> {
         os.replay.turn_returned(os.host, loop_id, !keys.is_empty());
         os.host.bell = None;
         os.host.alarms.clear();
-        // `apply::merge_events`: the log's connections first, in log order,
-        // then the kernel's events.
+        // `region_host::merge_events`: the log's connections first, in log
+        // order, then the kernel's events.
         let mut ready: Vec<Ready> = keys.iter().map(|fd| Ready::Conn(*fd)).collect();
         let mut from_kernel = Vec::new();
         if !os.host.backlog.is_empty() {
@@ -459,7 +460,7 @@ impl Os for BackupOs<'_> {
         self.next_fd += 1;
         self.fds.insert(fd, conn);
         self.watch.insert(fd, self.host.cur);
-        // `apply::on_accept`.
+        // `region_host::on_accept`.
         self.replay.accepted(self.host, conn, fd);
         self.replay.run(self.host);
         Some(fd)
@@ -508,7 +509,7 @@ impl Os for BackupOs<'_> {
         }
     }
 
-    /// `turn_reads::read` on a backup (`apply::time_at`'s wait: the
+    /// `turn_reads::read` on a backup (`region_host::time_at`'s wait: the
     /// follower delivers more until the log says).
     fn clock(&mut self) -> u64 {
         self.meanwhile();
@@ -603,7 +604,7 @@ impl BackupOs<'_> {
         let mut keys = Vec::new();
         match *state {
             InWait::Entered(timeout) => {
-                // `apply::epoll_unread`: the log's connections this loop
+                // `region_host::epoll_unread`: the log's connections this loop
                 // watches, up to the first it does not.
                 let unread = |os: &BackupOs| -> Vec<i32> {
                     os.replay
@@ -615,7 +616,7 @@ impl BackupOs<'_> {
                 keys = unread(self);
                 let mut tick = self.replay.must_not_block(self.host, loop_id);
                 if keys.is_empty() && !tick && timeout == Some(0) {
-                    // `apply::await_turn`.
+                    // `region_host::await_turn`.
                     while !self.replay.in_turn() {
                         if !self.host.deliver(1 + self.rng.below(3) as usize) {
                             break;
@@ -670,7 +671,7 @@ impl BackupOs<'_> {
     }
 }
 
-/// `apply::merge_events`: the log's connections first, in log order, then
+/// `region_host::merge_events`: the log's connections first, in log order, then
 /// the kernel's events (the other way round when the leader's server
 /// accepted first).
 fn merge(keys: &[i32], mut kernel: Vec<Ready>, kernel_first: bool) -> Vec<Ready> {

@@ -39,7 +39,7 @@
 //! round trip to another process. Within a turn the server takes the
 //! connections in log order: an epoll wait returns them first, in that
 //! order, the listener before them when the leader accepted first
-//! (`apply::merge_events`); a server that scans (`poll`, `select`) is
+//! (`region_host::merge_events`); a server that scans (`poll`, `select`) is
 //! handed one connection per turn (it handles a wait's result in an order
 //! of its own). A read stops where the leader's read stopped, and a read
 //! of a connection whose next entry comes after entries of others still
@@ -86,7 +86,7 @@
 //!   reads, when it is over, what the output check says.
 //! - [`host`]: what the machine asks of the world ([`Host`]): the log's
 //!   entries, the server threads' wait counts, sockets, the clock. The
-//!   preload's host is `apply` (region, turn counters, real sockets); the
+//!   preload's host is `region_host` (region, turn counters, real sockets); the
 //!   tests' is a simulation with model event-loop servers (`sim`).
 
 pub mod host;

@@ -12,12 +12,12 @@ use lockstep_common::entry::{Kind, OutputDigest};
 
 use super::log::{SimLog, MAX_ENTRY};
 use super::server::{read_sp, wait_sp, Os, Read, Ready, Role, Server, Setup, Shape, LISTENER_FD};
-use crate::clock::ORIGIN_US;
-use crate::entry_tags::{turn_end, AppendTags};
-use crate::stack_depth::StackMarks;
-use crate::thread_clock::ThreadClock;
-use crate::turn_time::leader_value;
-use crate::turns::TurnMarks;
+use crate::determinism::clock::ORIGIN_US;
+use crate::determinism::stack_depth::StackMarks;
+use crate::determinism::thread_clock::ThreadClock;
+use crate::determinism::turn_time::leader_value;
+use crate::determinism::turns::TurnMarks;
+use crate::leader::entry_tags::{turn_end, AppendTags};
 use lockstep_launcher::rng::Rng;
 
 /// The real time the run starts at (µs since the epoch).
@@ -203,7 +203,7 @@ impl LeaderOs<'_> {
             Ok(())
         };
         if kind == Kind::Data {
-            crate::engine::for_each_chunk(
+            crate::leader::engine::for_each_chunk(
                 &[payload],
                 payload.len(),
                 MAX_ENTRY,

@@ -4,8 +4,8 @@
 //! threads (a backup's applier) take pids in the server's PID namespace
 //! too. The order in which the server forks is the same everywhere (the
 //! same code runs the same log), so a child is named in the log by its
-//! fork's ordinal ([`crate::turn_time::Child`]), and each replica finds
-//! its own copy of that child here.
+//! fork's ordinal ([`super::turn_time::Child`]), and each replica finds its
+//! own copy of that child here.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 

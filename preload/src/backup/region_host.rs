@@ -1,4 +1,4 @@
-//! The preload's host for the replay machine ([`crate::replay`]): the
+//! The preload's host for the replay machine ([`crate::backup::replay`]): the
 //! region's apply ring, the server threads' turn counters, the server's
 //! clock and real replay connections, behind one lock.
 //!
@@ -20,12 +20,12 @@ use lockstep_common::region::{apply_ring_size, Region, Role};
 use lockstep_common::ring::{ReadOutcome, RingReader};
 use once_cell::sync::OnceCell;
 
-use crate::clock::TurnReads;
+pub use crate::backup::replay::Served;
+use crate::backup::replay::{Host, Replay};
+use crate::determinism::clock::TurnReads;
+use crate::determinism::turn_time;
+use crate::determinism::turns::{self, MAX_WIDTH};
 use crate::fdtable;
-pub use crate::replay::Served;
-use crate::replay::{Host, Replay};
-use crate::turn_time;
-use crate::turns::{self, MAX_WIDTH};
 
 /// A clock read that waits this long for the log to say what it reads
 /// gets a warning (once per read).
@@ -200,30 +200,30 @@ impl Host for RegionHost {
     }
 
     fn wait_mark(&self) -> u64 {
-        crate::stack_depth::last_wait()
+        crate::determinism::stack_depth::last_wait()
     }
 
     fn read_returned_from(&self, since: u64) -> bool {
-        crate::stack_depth::read_returned_from(since)
+        crate::determinism::stack_depth::read_returned_from(since)
     }
 
     fn loop_of(&self, fd: i32) -> Option<u64> {
         fdtable::slot(fd)
             .map(|s| s.wait_epfd())
             .filter(|e| *e >= 0)
-            .map(crate::loops::of_epfd)
+            .map(crate::determinism::loops::of_epfd)
     }
 
     fn enter_input(&mut self, us: u64) {
-        crate::clock::enter_input(us);
+        crate::determinism::clock::enter_input(us);
     }
 
     fn enter_turn(&mut self, turn: u64, us: u64) {
-        crate::clock::enter_turn(turn, us);
+        crate::determinism::clock::enter_turn(turn, us);
     }
 
     fn enter_window(&mut self, turn: u64, anchor: u64, us: u64) {
-        crate::clock::enter_window(turn, anchor, us);
+        crate::determinism::clock::enter_window(turn, anchor, us);
     }
 
     fn connect(&mut self, conn: u64) -> bool {
@@ -278,7 +278,7 @@ impl Host for RegionHost {
     }
 
     fn wake_loop(&mut self, id: u64) {
-        crate::loops::ring(id);
+        crate::determinism::loops::ring(id);
     }
 
     fn now(&self) -> Duration {
@@ -386,7 +386,7 @@ pub fn must_not_block(loop_id: u64) -> bool {
 /// node leads or its server is stopping. True when a turn came. Only for a
 /// wait of the server's event loop `loop_id` (the caller knows).
 pub fn await_turn(loop_id: u64) -> bool {
-    if crate::clock::stilled() {
+    if crate::determinism::clock::stilled() {
         return false;
     }
     let since = Instant::now();
@@ -396,7 +396,7 @@ pub fn await_turn(loop_id: u64) -> bool {
             return false;
         };
         let region = p.host.region.clone();
-        if region.role() == Role::Leader || crate::clock::stopping() {
+        if region.role() == Role::Leader || crate::determinism::clock::stopping() {
             return false;
         }
         if p.replay.in_turn() {
@@ -449,7 +449,7 @@ pub fn child_at(at: TurnReads, now: u64) -> (u64, Option<turn_time::Child>) {
             Err(us) => now = us,
         }
         drop(p);
-        if region.role() == Role::Leader || crate::clock::stopping() {
+        if region.role() == Role::Leader || crate::determinism::clock::stopping() {
             return (now, None);
         }
         let started: &mut Instant = since.get_or_insert_with(Instant::now);

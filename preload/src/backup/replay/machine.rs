@@ -9,10 +9,10 @@ use std::time::Duration;
 use lockstep_common::entry::{EntryHeader, Kind, OutputDigest, HEADER_LEN, RETURNED, SAME_TURN};
 
 use super::host::Host;
-use crate::clock::TurnReads;
-use crate::output_check::{Budget, PendingOutput, Verdict};
-use crate::turn_time::{self, Record};
-use crate::turns::MAX_WIDTH;
+use crate::backup::output_check::{Budget, PendingOutput, Verdict};
+use crate::determinism::clock::TurnReads;
+use crate::determinism::turn_time::{self, Record};
+use crate::determinism::turns::MAX_WIDTH;
 
 /// A consumed turn counts as handled after this long even when the server
 /// did not re-enter an event-loop wait the hooks see.
@@ -56,7 +56,7 @@ struct Conn {
     /// with).
     last_input: u64,
     /// Which of its replies differ per node by design.
-    replies: crate::node_dependent::Replies,
+    replies: crate::backup::node_dependent::Replies,
 }
 
 impl Conn {
@@ -87,7 +87,7 @@ pub enum Served {
 
 /// A backup's replay: which turn of the log its server runs, when, on
 /// which loop, at what time, when the turn is over, and whether its output
-/// matches the leader's. One per process (behind the `apply` lock).
+/// matches the leader's. One per process (behind the `region_host` lock).
 #[derive(Default)]
 pub struct Replay {
     /// The apply stream being read (see [`Host::stream`]).
@@ -420,7 +420,7 @@ impl Replay {
     }
 
     /// What a clock read `at` of the turn in flight reads (see
-    /// `apply::time_at`): Err with the time so far when the log does not
+    /// `region_host::time_at`): Err with the time so far when the log does not
     /// say yet.
     pub fn time_lookup<H: Host>(
         &mut self,
@@ -576,7 +576,8 @@ impl Replay {
     fn outer_wait<H: Host>(&self, host: &H) -> bool {
         self.started()
             && self.started_sp != 0
-            && host.wait_mark() as i64 - self.started_sp as i64 > crate::stack_depth::RETURNED_BY
+            && host.wait_mark() as i64 - self.started_sp as i64
+                > crate::determinism::stack_depth::RETURNED_BY
     }
 
     /// Whether the server may read entry `i` of the turn in flight: it
@@ -1329,7 +1330,7 @@ impl Replay {
                 closed: false,
                 pending: PendingOutput::default(),
                 last_input: conn,
-                replies: crate::node_dependent::Replies::default(),
+                replies: crate::backup::node_dependent::Replies::default(),
             },
         );
     }
@@ -1368,7 +1369,7 @@ impl Replay {
                 log::debug!(
                     "connection {}: the output after seq {prev} differs from the leader's, but more than {} bytes went unmatched before (not counted)",
                     h.conn,
-                    crate::output_check::KEEP
+                    crate::backup::output_check::KEEP
                 );
                 return;
             }

@@ -3,7 +3,7 @@
 //!
 //! A backup compares, for each replay connection, the digest of what its
 //! server wrote since the connection's previous input with the digest the
-//! leader logged (see `apply`). Some Redis replies cannot agree however
+//! leader logged (see `region_host`). Some Redis replies cannot agree however
 //! faithfully the log is replayed, because they describe the node rather
 //! than the data: a connection's own address, port or fd, a pid, memory
 //! and CPU figures, the process's uptime and counters. Counting them would

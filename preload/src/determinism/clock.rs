@@ -48,8 +48,8 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::thread_clock::ThreadClock;
-pub use crate::thread_clock::{TurnReads, GRAIN_US};
+use crate::determinism::thread_clock::ThreadClock;
+pub use crate::determinism::thread_clock::{TurnReads, GRAIN_US};
 
 /// µs since the epoch: the latest time of the log (0: none yet).
 static LOG_TIME_US: AtomicU64 = AtomicU64::new(0);

@@ -2,7 +2,7 @@
 //!
 //! The machine ([`super::Replay`]) decides; a [`Host`] reads the log, knows
 //! the server's threads and carries out the machine's effects. The preload's
-//! host (`apply`) does that over the region, the turn counters and real
+//! host (`region_host`) does that over the region, the turn counters and real
 //! sockets; the simulation (`replay::sim`, tests) over an in-memory ring and
 //! model servers whose threads it schedules itself.
 //!

@@ -14,7 +14,12 @@
 //! Output (write/send/close/shutdown) on a Client fd first waits until
 //! every input appended so far is committed (output mode; see `engine`).
 //! Output on a Replay fd is dropped without a syscall; the pump compares
-//! its digest with the leader's (see `apply`).
+//! its digest with the leader's (see `region_host`).
+//!
+//! A server thread's clock and child reads inside its turn go by role too
+//! ([`turn_reads`]).
+
+pub mod turn_reads;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -22,13 +27,13 @@ use lockstep_common::config::BackupClients;
 use lockstep_common::entry::{Kind, OutputDigest};
 use lockstep_common::region::Role;
 
-use crate::apply;
-use crate::engine::{Engine, Fail};
+use crate::backup::region_host;
 use crate::fdtable::{self, Class, Slot, CLOSED, FAILED, TABLE_SIZE};
-use crate::held_output;
+use crate::leader::engine::{Engine, Fail};
+use crate::leader::{held_output, turn_lock};
 use crate::setup;
 use crate::sys;
-pub use crate::turn_reads::poll_children;
+pub use turn_reads::poll_children;
 
 /// What a hook returns: a value, and the errno to leave (None: the one the
 /// real call left).
@@ -63,7 +68,7 @@ pub enum Before {
     Return(Ret),
     /// Call the real function, then `after_input`.
     Go(Ticket),
-    /// A replay connection: serve the read from the log (`apply::serve`)
+    /// A replay connection: serve the read from the log (`region_host::serve`)
     /// instead of the socket.
     Serve {
         /// Its conn id.
@@ -101,18 +106,18 @@ pub fn passive_hooked() -> bool {
 
 /// Before the server waits in its event loop `loop_id` (see `loops`): its
 /// turn ends (both roles count), and a backup's pump may move on.
-pub fn before_wait(wait: crate::turns::Wait, max: i32, loop_id: u64) {
+pub fn before_wait(wait: crate::determinism::turns::Wait, max: i32, loop_id: u64) {
     let engine = setup::engine();
     // The turn's held replies leave after one commit wait for all: here,
     // or, when another loop waits for the turn lock, once this turn has
     // ended and let the lock go (the loops' commit waits overlap).
-    let overlap = engine.is_some()
-        && crate::turn_lock::held()
-        && crate::turn_lock::others_wait()
-        && held_output::any();
+    let overlap =
+        engine.is_some() && turn_lock::held() && turn_lock::others_wait() && held_output::any();
     let mut deferred = false;
     if let (Some(engine), false) = (engine, overlap) {
-        if wait == crate::turns::Wait::Epoll && crate::clock::is_loop_thread() {
+        if wait == crate::determinism::turns::Wait::Epoll
+            && crate::determinism::clock::is_loop_thread()
+        {
             // What is committed leaves now; the rest waits no longer than
             // the loop's next turn: it leaves as that turn reads inputs or
             // ends (see `release_deferred`), or, should the loop have
@@ -132,11 +137,11 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32, loop_id: u64) {
     if let Some(engine) = engine {
         log_turn_time(engine);
     }
-    crate::turns::enter_wait(wait, max);
-    crate::clock::leave_turn();
+    crate::determinism::turns::enter_wait(wait, max);
+    crate::determinism::clock::leave_turn();
     let mut closing = false;
     if let Some(engine) = engine {
-        if engine.region.role() == Role::Leader && crate::turn_lock::held() && engine.turn_open() {
+        if engine.region.role() == Role::Leader && turn_lock::held() && engine.turn_open() {
             // The log must say where the turn ends before the loop blocks
             // (see `turn_time`). An epoll wait looks first (`closing_probe`):
             // under load the next turn's entries say it for free. Not when
@@ -144,7 +149,9 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32, loop_id: u64) {
             // input would keep the lock for good (memcached `-t 4` held one
             // worker's clients for seconds).
             match wait {
-                crate::turns::Wait::Epoll if !crate::turn_lock::others_wait() => closing = true,
+                crate::determinism::turns::Wait::Epoll if !turn_lock::others_wait() => {
+                    closing = true
+                }
                 _ => {
                     engine.close_turn();
                 }
@@ -154,7 +161,7 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32, loop_id: u64) {
     let _ = CLOSING.try_with(|c| c.set(closing));
     let mark = engine.map(|e| e.appended_mark());
     if !closing {
-        crate::turn_lock::end();
+        turn_lock::end();
     }
     if let Some(engine) = engine {
         // The turn's entries move now, with one wake-up per follower (the
@@ -167,7 +174,7 @@ pub fn before_wait(wait: crate::turns::Wait, max: i32, loop_id: u64) {
             held_output::release_all(&mut || engine.wait_output_upto(mark), &mut fail_held);
         }
     }
-    apply::on_loop(loop_id);
+    region_host::on_loop(loop_id);
 }
 
 thread_local! {
@@ -265,7 +272,7 @@ pub fn closing_probe(timeout: i32, probe: impl FnOnce() -> i32) -> Option<i32> {
         engine.close_turn();
         engine.post();
     }
-    crate::turn_lock::end();
+    turn_lock::end();
     (timeout == 0).then_some(0)
 }
 
@@ -274,7 +281,7 @@ pub fn closing_probe(timeout: i32, probe: impl FnOnce() -> i32) -> Option<i32> {
 /// the turn a `TICK` of that loop is handed over in, or (`delivers`) the
 /// one that reports the log's DATA.
 pub fn after_wait(loop_id: u64, delivers: bool) {
-    crate::turns::wait_returned();
+    crate::determinism::turns::wait_returned();
     let Some(engine) = setup::engine() else {
         return;
     };
@@ -283,14 +290,14 @@ pub fn after_wait(loop_id: u64, delivers: bool) {
         // A wait that returned without a `closing_probe` (an odd path of a
         // hook) lets no turn lock linger.
         if CLOSING.try_with(|c| c.replace(false)).unwrap_or(false) {
-            crate::turn_lock::end();
+            turn_lock::end();
         }
-        if crate::clock::is_loop_thread() {
-            crate::turn_lock::begin();
-            crate::clock::turn_starts(sys::realtime_us(), loop_id);
+        if crate::determinism::clock::is_loop_thread() {
+            turn_lock::begin();
+            crate::determinism::clock::turn_starts(sys::realtime_us(), loop_id);
         }
     } else {
-        apply::turn_returned(loop_id, delivers);
+        region_host::turn_returned(loop_id, delivers);
     }
 }
 
@@ -299,7 +306,7 @@ pub fn after_wait(loop_id: u64, delivers: bool) {
 /// timers at the same point of the log, and its output (a timeout's
 /// reply) waits for the tick's commit like any other.
 fn log_turn_time(engine: &Engine) {
-    let Some((time_us, loop_id)) = crate::clock::take_unlogged() else {
+    let Some((time_us, loop_id)) = crate::determinism::clock::take_unlogged() else {
         return;
     };
     if engine.region.role() != Role::Leader {
@@ -316,7 +323,7 @@ fn log_turn_time(engine: &Engine) {
 pub fn turn_clock_read() -> Option<u64> {
     let _reentry = crate::reentry::Reentry::enter()?;
     let engine = setup::engine()?;
-    let us = crate::turn_reads::read(engine)?;
+    let us = turn_reads::read(engine)?;
     release_deferred_at(engine, us);
     Some(us)
 }
@@ -377,7 +384,7 @@ pub fn before_input(fd: i32, want: usize, flags: i32) -> Before {
     };
     let state = slot.state();
     match slot.class() {
-        // The log's bytes, not the socket's (see `apply`).
+        // The log's bytes, not the socket's (see `region_host`).
         Class::Replay => Before::Serve {
             conn: slot.conn(),
             peek: flags & libc::MSG_PEEK != 0,
@@ -510,7 +517,7 @@ pub fn before_output(fd: i32, segments: &[&[u8]]) -> Option<Ret> {
     let engine = setup::engine()?;
     let holds = slot.state() & FAILED == 0
         && engine.region.role() == Role::Leader
-        && crate::clock::is_loop_thread();
+        && crate::determinism::clock::is_loop_thread();
     if holds {
         if let Some(r) = try_hold(engine, fd, slot, segments) {
             return Some(r);
@@ -591,7 +598,7 @@ pub fn replay_output(fd: i32, segments: &[&[u8]]) -> Option<usize> {
     if slot.class() != Class::Replay {
         return None;
     }
-    apply::on_output(slot.conn(), segments);
+    region_host::on_output(slot.conn(), segments);
     Some(segments.iter().map(|s| s.len()).sum())
 }
 
@@ -632,7 +639,7 @@ pub fn before_close(fd: i32) {
         return;
     };
     if slot.class() == Class::Replay {
-        apply::on_close(slot.conn());
+        region_host::on_close(slot.conn());
     }
     if slot.class() == Class::Client {
         if let Some(engine) = setup::engine() {
@@ -832,11 +839,11 @@ fn refuse_unattached(
 /// are allowed).
 fn passive_accept(engine: &Engine, role: Role, fd: i32, slot: &Slot) -> bool {
     let peer = sys::peer_addr(fd);
-    if peer.is_some_and(|p| apply::on_accept(fd, p)) {
+    if peer.is_some_and(|p| region_host::on_accept(fd, p)) {
         return true;
     }
     if role == Role::Backup && engine.config.backup_clients == BackupClients::Allow {
-        if !crate::loops::several_workers() {
+        if !crate::determinism::loops::several_workers() {
             slot.set_guest();
             log::debug!("fd {fd}: unreplicated client allowed on a backup");
             return true;
@@ -876,7 +883,7 @@ fn passive_accept(engine: &Engine, role: Role, fd: i32, slot: &Slot) -> bool {
 pub fn wait_timeout(tick: bool, timeout: i32) -> i32 {
     if tick {
         0
-    } else if crate::clock::stilled()
+    } else if crate::determinism::clock::stilled()
         && setup::engine().is_some_and(|e| e.region.role() != Role::Leader)
     {
         -1
