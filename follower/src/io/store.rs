@@ -189,13 +189,31 @@ fn u64_value(v: Option<Vec<u8>>) -> u64 {
         .unwrap_or(0)
 }
 
+/// A memtable's size: once full it is flushed to a table file while a new
+/// one takes the writes.
+const MEMTABLE_BYTES: usize = 32 << 20;
+
+/// Memtables a column family may hold, the one taking writes included:
+/// RocksDB stops every write while this many wait for their flush. Four:
+/// one being flushed while a second and third fill never stop the log.
+const MEMTABLES: i32 = 4;
+
 /// The write-ahead log's bound: past it RocksDB flushes the column families
 /// that hold the oldest WAL file back, so it can go. RocksDB's default is
 /// four times all memtables (about 1 GiB here), and the `meta` column
 /// family, written rarely, holds every WAL file back until then: measured,
 /// a 100 MB Redis at 4 M entries kept 1.1 GB per node with 240 MB of
-/// snapshots and a log a few hundred MB long.
-const WAL_LIMIT: u64 = 64 << 20;
+/// snapshots and a log a few hundred MB long. Four memtables' worth: the
+/// entries' own memtables are flushed long before, so the bound flushes
+/// `meta` alone. (At one memtable's worth, the bound fell due as each
+/// memtable filled: the entries' column family switched memtables twice in
+/// a row and RocksDB stopped all writes until the first flush ended, every
+/// acknowledgement held 100–250 ms every few seconds under load.)
+const WAL_LIMIT: u64 = 4 * MEMTABLE_BYTES as u64;
+
+// The rule the stall broke: the WAL bound must not fall due as one
+// memtable fills, and one extra switch must not stop the writes.
+const _: () = assert!(WAL_LIMIT >= 2 * MEMTABLE_BYTES as u64 && MEMTABLES >= 3);
 
 impl LogStore {
     /// Opens (creating if needed) the store at `dir`.
@@ -217,6 +235,8 @@ impl LogStore {
         // flushes and compactions CPU the servers need. A column family
         // takes its own options, not the DB's: each gets these.
         opts.set_compression_type(rocksdb::DBCompressionType::None);
+        opts.set_write_buffer_size(MEMTABLE_BYTES);
+        opts.set_max_write_buffer_number(MEMTABLES);
         let cfs = vec![
             ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, opts.clone()),
             ColumnFamilyDescriptor::new(META, opts.clone()),
