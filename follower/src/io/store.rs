@@ -149,11 +149,21 @@ pub struct Reclaim {
 }
 
 impl Reclaim {
-    /// Drops the files wholly inside the deleted range (cheap: no data is
-    /// rewritten), then compacts what is left of it (blocks for as long as
+    /// Syncs the write-ahead log (the deletion with it), drops the files
+    /// wholly inside the deleted range (cheap: no data is rewritten), then
+    /// compacts what is left of it (blocks for as long as
     /// that takes, beside RocksDB's own compactions rather than instead of
     /// them).
     pub fn run(self) {
+        // The deletion must be on disk before any file goes: dropping one
+        // is synced into RocksDB's manifest at once, while the deletion's
+        // write may sit in the page cache (memory-ack), and a power loss
+        // between the two would leave holes inside the log the node says
+        // it holds.
+        if let Err(e) = self.db.flush_wal(true) {
+            log::warn!("syncing the log before reclaiming its deleted prefix: {e}");
+            return;
+        }
         // RocksDB's range here includes its end: the last deleted key.
         let last = u64::from_be_bytes(self.end).saturating_sub(1);
         if last > 0 {
@@ -194,8 +204,9 @@ fn u64_value(v: Option<Vec<u8>>) -> u64 {
 const MEMTABLE_BYTES: usize = 32 << 20;
 
 /// Memtables a column family may hold, the one taking writes included:
-/// RocksDB stops every write while this many wait for their flush. Four:
-/// one being flushed while a second and third fill never stop the log.
+/// RocksDB stops every write while this many wait for their flush (and,
+/// above three, slows writes down once all but one wait). Four: a second
+/// and a third filling while one is flushed neither stop nor slow the log.
 const MEMTABLES: i32 = 4;
 
 /// The write-ahead log's bound: past it RocksDB flushes the column families
@@ -436,10 +447,11 @@ impl LogStore {
         batch.delete_range(key(0), key(cut));
         batch.put_cf(cf, K_BASE, Self::base_value(base));
         batch.put_cf(cf, K_COMMIT, self.commit()?.max(seq).to_le_bytes());
-        // As durable as an append, not more: should the machine lose this
-        // write, the entries come back whole with the old base (committed
-        // entries a snapshot also holds: harmless), and an fsync here held
-        // the store's lock, and with it every ack, for the disk's time.
+        // As durable as an append here, not more (an fsync here held the
+        // store's lock, and with it every ack, for the disk's time); the
+        // reclaim syncs it before it drops any file. Should the machine
+        // lose it before, the entries come back whole with the old base
+        // (committed entries a snapshot also holds: harmless).
         self.db.write_opt(batch, &self.appends)?;
         self.base = base;
         if self.last.seq == seq {
