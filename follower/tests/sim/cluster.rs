@@ -388,6 +388,7 @@ impl Cluster {
             session_timeout: self.session_timeout,
             request_timeout: 60,
             retry: 20,
+            snapshot_every: None,
         }
     }
 
@@ -697,6 +698,8 @@ impl Cluster {
                 self.node(id).stale = true;
             }
             Action::Note { .. } => {}
+            // Snapshots are off in this cluster (`snapshot_every: None`).
+            Action::TakeSnapshot | Action::Compact { .. } | Action::Install { .. } => {}
         }
     }
 
