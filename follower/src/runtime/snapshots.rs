@@ -644,9 +644,23 @@ impl Node {
             // starts after the image, fetched from peers.
             let mut store = self.store();
             if store.oldest() <= at.seq + 1 && at.seq <= store.last().seq {
-                let deleted = store.compact_through(at.seq)?;
-                drop(store);
-                deleted.reclaim_now();
+                // One that holds the image's own entry (its seq and view)
+                // holds its history below too: kept whole for peers that
+                // still fetch it there (the compaction rule deletes it once
+                // none does; deleted here, a node that was away could catch
+                // up from nobody: the simulation found it). Another may
+                // differ below from what committed: deleted.
+                let view = store
+                    .base_view_at(at.seq)
+                    .or_else(|| store.get(at.seq).ok().flatten().map(|e| e.header().view));
+                if view == Some(at.view) {
+                    let committed = store.commit()?.max(at.seq);
+                    store.set_commit(committed)?;
+                } else {
+                    let deleted = store.compact_through(at.seq)?;
+                    drop(store);
+                    deleted.reclaim_now();
+                }
             } else {
                 store.restart_after(LogEnd {
                     seq: at.seq,

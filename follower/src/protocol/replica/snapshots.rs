@@ -39,7 +39,11 @@ impl Replica {
         };
         let me = self.cfg.me;
         let members = &round.members;
-        if rules::taker(members, every) == Some(me) {
+        // Not while its server ran past the commit point (a deposed
+        // leader's, which consumed inputs before they committed): a new
+        // view may still drop them, and an image of them, installed
+        // elsewhere or restored here, would apply them again.
+        if rules::taker(members, every) == Some(me) && self.applied <= self.committed {
             self.out.push(Action::TakeSnapshot);
         }
         let point = rules::compaction_point(me, members);
@@ -54,6 +58,14 @@ impl Replica {
                     .find(|m| m.node == me)
                     .is_some_and(|m| point <= m.applied && point <= m.last),
                 "node {me}: compacting through {point}, past what its server applied or its log holds"
+            );
+            // The own member's applied point is its status's, shown no
+            // further than the commit point it knew then, and the commit
+            // point only moves up.
+            debug_assert!(
+                point <= self.committed,
+                "node {me}: compacting through {point}, past its commit point {}",
+                self.committed
             );
             self.out.push(Action::Compact { through: point });
         }
@@ -112,7 +124,11 @@ mod tests {
             snapshot_every: Some(EVERY),
             ..config(LeaderChoice::Static { leader: 1 })
         };
-        Replica::new(cfg, Restored::default(), 0).0
+        let restored = Restored {
+            committed: 5000,
+            ..Restored::default()
+        };
+        Replica::new(cfg, restored, 0).0
     }
 
     fn members() -> Vec<Member> {
@@ -131,6 +147,18 @@ mod tests {
             .collect()
     }
 
+    /// A step's snapshot decisions (the server applies meanwhile).
+    fn decided(a: Vec<Action>) -> Vec<Action> {
+        a.into_iter()
+            .filter(|a| {
+                matches!(
+                    a,
+                    Action::TakeSnapshot | Action::Compact { .. } | Action::Install { .. }
+                )
+            })
+            .collect()
+    }
+
     fn round(members: Vec<Member>, can_rebuild: bool) -> Event {
         Event::SnapshotRound(SnapshotRound {
             members,
@@ -143,13 +171,21 @@ mod tests {
         let mut r = backup(2);
         let mut c = members();
         assert_eq!(
-            r.step(1, round(c.clone(), true), &mut Log(5000)),
+            decided(r.step(1, round(c.clone(), true), &mut Log(5000))),
             vec![Action::TakeSnapshot]
         );
+        // Not while its server ran past the commit point (a deposed
+        // leader's).
+        r.step(1, Event::Applied { seq: 5001 }, &mut Log(5001));
+        assert_eq!(
+            decided(r.step(1, round(c.clone(), true), &mut Log(5001))),
+            vec![]
+        );
+        let mut r = backup(2);
         c[1].snapshot = 4000;
         c[2].snapshot = 3000;
         assert_eq!(
-            r.step(2, round(c.clone(), true), &mut Log(5000)),
+            decided(r.step(2, round(c.clone(), true), &mut Log(5000))),
             vec![Action::Compact { through: 3000 }],
             "node 3's turn now; a majority covers 3000"
         );
@@ -163,7 +199,7 @@ mod tests {
             committed: 100,
             ..c[2]
         };
-        let a = r.step(3, round(c.clone(), true), &mut Log(100));
+        let a = decided(r.step(3, round(c.clone(), true), &mut Log(100)));
         assert_eq!(a, vec![Action::Install { from: 2 }]);
     }
 
@@ -178,7 +214,7 @@ mod tests {
         c[2].applied = 100;
         let mut tries = vec![];
         for now in (0..40_000).step_by(1000) {
-            let a = r.step(now, round(c.clone(), true), &mut Log(100));
+            let a = decided(r.step(now, round(c.clone(), true), &mut Log(100)));
             if a.contains(&Action::Install { from: 2 }) {
                 tries.push(now);
                 r.step(now, Event::InstallFailed, &mut Log(100));
@@ -189,9 +225,9 @@ mod tests {
         let mut fine = members();
         fine[2].last = 100;
         fine[2].applied = 100;
-        r.step(40_000, round(fine, true), &mut Log(100));
+        decided(r.step(40_000, round(fine, true), &mut Log(100)));
         r.step(40_000, Event::InstallFailed, &mut Log(100));
-        let a = r.step(41_000, round(c, true), &mut Log(100));
+        let a = decided(r.step(41_000, round(c, true), &mut Log(100)));
         assert_eq!(a, vec![Action::Install { from: 2 }]);
     }
 
@@ -202,6 +238,9 @@ mod tests {
             ..config(LeaderChoice::Static { leader: 1 })
         };
         let mut r = Replica::new(cfg, Restored::default(), 0).0;
-        assert_eq!(r.step(1, round(members(), false), &mut Log(5000)), vec![]);
+        assert_eq!(
+            decided(r.step(1, round(members(), false), &mut Log(5000))),
+            vec![]
+        );
     }
 }
