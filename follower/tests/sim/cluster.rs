@@ -1001,6 +1001,20 @@ impl Cluster {
                         );
                     }
                     Message::Fetch { from, to: upto } => {
+                        // Below a compacted log's start: refused (the
+                        // runtime's "entries below seq N were compacted"),
+                        // which the asker hears as no answer.
+                        let base = self.nodes[to as usize - 1].storage.compacted.0;
+                        if base > 0 && from <= base {
+                            self.flights.push(Flight {
+                                at: self.now + 1,
+                                from: to,
+                                to: f.from,
+                                view: u64::MAX,
+                                payload: Payload::Control(Message::Refused, vec![]),
+                            });
+                            return;
+                        }
                         let log = &self.nodes[to as usize - 1].storage.log;
                         let es: Vec<Entry> = log
                             .iter()

@@ -184,6 +184,9 @@ pub struct Replica {
     caught_up_at_start: bool,
     /// When a failed install may be tried again.
     install: snapshots::InstallBackoff,
+    /// The node whose log could not serve this node's last adoption as
+    /// candidate (compacted below what it needed).
+    adopt_refused: Option<u64>,
     out: Vec<Action>,
 }
 
@@ -229,6 +232,7 @@ impl Replica {
             contact: Contact::default(),
             caught_up_at_start: false,
             install: snapshots::InstallBackoff::default(),
+            adopt_refused: None,
             out: Vec::new(),
         };
         r.out.push(Action::SaveViews {
