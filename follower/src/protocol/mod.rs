@@ -25,7 +25,8 @@
 //!   serving (only once a majority stops acknowledging).
 //! - [`stale`]: when a node's server no longer matches the log.
 //! - [`snapshot`]: who images its server next, how much log every node
-//!   deletes, when a node installs a peer's snapshot.
+//!   deletes, when a node installs a peer's snapshot (the replica applies
+//!   them on each [`Event::SnapshotRound`]).
 //! - [`replica`]: [`Replica`], which ties them together.
 //!
 //! # State a replica keeps
@@ -48,7 +49,9 @@
 //! (with the region words others write: acks, the served mark, the commit
 //! record), a control message or answer from a peer, a write a peer
 //! refused, the election's view of who is candidate and who leads, a view
-//! claimed for a candidacy, the server's progress, the server exiting.
+//! claimed for a candidacy, the server's progress, the server exiting, a
+//! round of the snapshot rules (the members' snapshot states), an
+//! installed image or a failed install.
 //!
 //! # Actions
 //!
@@ -56,8 +59,9 @@
 //! a commit record to a peer, apply up to a seq, truncate, append the
 //! view-start entry, send a control message (fetch and probe included),
 //! set the region's view, leader, role and writer start, open the
-//! hand-over to the server, go stale, claim a view, note something for
-//! the log.
+//! hand-over to the server, go stale, claim a view, take a snapshot,
+//! compact the log, install a peer's snapshot, note something for the
+//! log.
 
 pub mod catchup;
 pub mod commit;
@@ -270,6 +274,25 @@ pub enum Event {
         /// The snapshot's seq.
         seq: u64,
     },
+    /// A round of the snapshot rules: every member's snapshot state, as
+    /// the runtime gathered it just now (this node's own included).
+    /// Answered by [`Action::TakeSnapshot`], [`Action::Compact`] and
+    /// [`Action::Install`], in that order, as the rules say.
+    SnapshotRound(SnapshotRound),
+    /// Installing a peer's snapshot ([`Action::Install`]) failed: the next
+    /// try waits longer.
+    InstallFailed,
+}
+
+/// What a round of the snapshot rules decides on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRound {
+    /// Every member once, this node too (see [`snapshot::Member`]).
+    pub members: Vec<snapshot::Member>,
+    /// Whether this node's own log and snapshots can rebuild its server
+    /// (false: it deleted its log past its own newest snapshot and
+    /// restarted; only a peer's image will do).
+    pub can_rebuild: bool,
 }
 
 /// Something the replica wants done, in order.
@@ -388,6 +411,21 @@ pub enum Action {
     GoStale {
         /// Why.
         why: String,
+    },
+    /// This backup's turn to image its server: take a snapshot at its next
+    /// idle turn boundary.
+    TakeSnapshot,
+    /// Delete the stored log up to `through` (a majority's snapshots
+    /// cover it; nothing at or below it is needed by a live peer).
+    Compact {
+        /// The last seq deleted.
+        through: u64,
+    },
+    /// Install peer `from`'s newest snapshot in place of the server
+    /// (answered by [`Event::Installed`] or [`Event::InstallFailed`]).
+    Install {
+        /// The peer.
+        from: u64,
     },
     /// Something an operator reads in the log: why a view change failed,
     /// why leading stopped. Changes nothing.

@@ -41,7 +41,9 @@
 //!   its server from a peer's image instead (an image moves between nodes,
 //!   see `snapshot::relocate`).
 //! - [`install_source`]: a node whose log ends before the oldest entry a
-//!   peer keeps cannot catch up by entries, and a node whose own log and
+//!   peer keeps cannot catch up by entries (the leader, or with no leader
+//!   every peer that holds more: a view change, maybe with this node as
+//!   its candidate, would fetch from them in vain), and a node whose own log and
 //!   snapshots cannot rebuild its server (restarted after deleting past
 //!   its newest snapshot) has nothing to replay: either installs a
 //!   snapshot from an up-to-date peer, a backup rather than the leader
@@ -230,7 +232,16 @@ pub fn install_source(me: u64, last: u64, can_rebuild: bool, members: &[Member])
     // Entries come from the leader: while its log continues this node's,
     // and this node can replay them onto its server, fetching beats
     // replacing the server.
-    if can_rebuild && !peers().any(|m| m.leader && behind_compaction(last, m.oldest)) {
+    let behind_leader = peers().any(|m| m.leader && behind_compaction(last, m.oldest));
+    // With no leader (a view change runs, maybe with this node as its
+    // candidate), from any peer: none that holds more may still hold what
+    // follows this log's end (a node that was away while the others
+    // compacted; it would fetch in vain, a candidate forever).
+    let ahead = || peers().filter(|m| m.last > last);
+    let behind_all = !peers().any(|m| m.leader)
+        && ahead().next().is_some()
+        && ahead().all(|m| behind_compaction(last, m.oldest));
+    if can_rebuild && !behind_leader && !behind_all {
         return None;
     }
     peers()
@@ -429,6 +440,15 @@ mod tests {
         c[1].snapshot = 3000;
         c[1].oldest = 3001;
         assert_eq!(install_source(3, 100, true, &c), None);
+        // No leader: behind every log that holds more, it installs (a
+        // candidate that was away while the others compacted); one log
+        // that continues it will do instead.
+        c[0].leader = false;
+        c[0].backup = true;
+        assert_eq!(install_source(3, 100, true, &c), None);
+        c[0].snapshot = 2000;
+        c[0].oldest = 2001;
+        assert_eq!(install_source(3, 100, true, &c), Some(2), "the newest");
     }
 
     #[test]

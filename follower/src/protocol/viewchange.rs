@@ -79,6 +79,8 @@ pub struct Candidate {
     me: u64,
     members: Vec<u64>,
     promises: BTreeMap<u64, Promise>,
+    /// A node that could not serve this candidate's last adoption.
+    avoid: Option<u64>,
 }
 
 impl Candidate {
@@ -89,7 +91,15 @@ impl Candidate {
             me,
             members: members.to_vec(),
             promises: BTreeMap::new(),
+            avoid: None,
         }
+    }
+
+    /// `node` could not serve this candidate's last adoption (its log
+    /// did not reach back to what the candidate needed: compacted below
+    /// it): among equal logs another is fetched from first.
+    pub fn avoid(&mut self, node: Option<u64>) {
+        self.avoid = node;
     }
 
     /// The view being started.
@@ -110,7 +120,8 @@ impl Candidate {
     }
 
     /// The log to adopt, once a majority promised. Ties go to the
-    /// candidate (nothing to fetch), then to the lowest id.
+    /// candidate (nothing to fetch), then to a node not avoided (see
+    /// [`Candidate::avoid`]), then to the lowest id.
     pub fn decide(&self) -> Option<Adoption> {
         if !self.has_majority() {
             return None;
@@ -119,6 +130,7 @@ impl Candidate {
             rank(a)
                 .cmp(&rank(b))
                 .then_with(|| (a.node == self.me).cmp(&(b.node == self.me)))
+                .then_with(|| (Some(a.node) != self.avoid).cmp(&(Some(b.node) != self.avoid)))
                 .then_with(|| b.node.cmp(&a.node))
         })?;
         let committed = self
@@ -495,6 +507,12 @@ mod tests {
         c.promise(p(2, 1, 9, 5));
         c.promise(p(1, 1, 9, 5));
         c.promise(p(3, 1, 8, 5));
+        assert_eq!(c.decide().unwrap().source, 1);
+        // Node 1 could not serve the last adoption: node 2's equal log.
+        c.avoid(Some(1));
+        assert_eq!(c.decide().unwrap().source, 2);
+        // Only among equal logs.
+        c.avoid(Some(2));
         assert_eq!(c.decide().unwrap().source, 1);
     }
 

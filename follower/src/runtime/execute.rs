@@ -150,6 +150,11 @@ impl Node {
             Action::Announce { view } => self.zookeeper(ZkRequest::Announce { view }),
             Action::Yield => self.zookeeper(ZkRequest::Yield),
             Action::Note { what } => log::info!("node {}: {what}", self.me),
+            // Carried out by the snapshot rules' thread, which stepped the
+            // round that decided them (see `snapshots`).
+            Action::TakeSnapshot | Action::Compact { .. } | Action::Install { .. } => {
+                self.snapshots.order(action)
+            }
             Action::GoStale { why } => {
                 log::error!(
                     "node {}: {why}; this node serves nothing until its server and follower are restarted",

@@ -4,15 +4,19 @@
 //!   the apply thread resumes the restored server's stream after it.
 //! - Taking one happens on the apply thread ([`Node::snapshot_if_asked`]):
 //!   asked by an operator (`lockstep snapshot`, [`Node::request_snapshot`])
-//!   or by the snapshot rules' thread ([`Node::snapshot_loop`], when
-//!   `snapshot_every` says this backup is next). Between two feeds that
+//!   or by the replica (its [`Action::TakeSnapshot`], when `snapshot_every`
+//!   says this backup is next), carried out by the rules' thread
+//!   ([`Node::snapshot_loop`]). Between two feeds that
 //!   find the server idle at a turn boundary, the apply thread has the
 //!   image taken, writes `meta.json`, and feeds on; the leader never waits
 //!   for any of it.
-//! - The rules' thread also deletes the log a majority's snapshots cover,
-//!   and installs a peer's snapshot when this node's log ends before what
-//!   its peers keep ([`transfer`]); the peer side is served by
-//!   `control_server`.
+//! - The rules' thread decides nothing itself: once a second it gathers
+//!   every member's snapshot state (the peers' from their status), steps
+//!   the replica with it ([`Event::SnapshotRound`]), and carries out what
+//!   the replica decided: take a snapshot, delete the log a majority's
+//!   snapshots cover ([`Action::Compact`]), install a peer's snapshot when
+//!   this node's log ends before what its peers keep ([`Action::Install`],
+//!   through [`transfer`]; the peer side is served by `control_server`).
 //!
 //! Nothing is taken, compacted or installed without an image taker (one
 //! line at start says why there is none) or with `snapshot = "off"`: the
@@ -31,7 +35,7 @@ use lockstep_common::region::{Region, Role};
 use crate::io::feed::Feeder;
 use crate::io::store::{LogEnd, LogStore};
 use crate::protocol::snapshot::{self as rules, Member};
-use crate::protocol::Event;
+use crate::protocol::{Action, Event, SnapshotRound};
 use crate::snapshot::catalog::{Catalog, Snapshot};
 use crate::snapshot::transfer::{self, ChunkSource};
 use crate::snapshot::{build_id, criu, sum_files, write_meta, Meta, Position, ServerImage};
@@ -39,10 +43,9 @@ use crate::snapshot::{build_id, criu, sum_files, write_meta, Meta, Position, Ser
 use super::carried::Carried;
 use super::Node;
 
-/// How often the rules run.
+/// How often the rules run (the replica's pause after a failed install,
+/// `INSTALL_RETRY_MS`, is one round).
 const PERIOD: Duration = Duration::from_secs(1);
-/// The longest wait between two tries of a failing install.
-const INSTALL_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a peer's status may take.
 const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a trigger waits for its snapshot.
@@ -136,6 +139,10 @@ pub struct Snapshots {
     /// (it deleted its log past its own newest snapshot, as a leader does,
     /// and restarted): it feeds nothing until a peer's image is installed.
     needs_image: AtomicBool,
+    /// The replica's snapshot decisions of the latest round, for the
+    /// rules' thread to carry out (not under the replica's lock: they take
+    /// a while, and taking one asks the replica's role).
+    orders: Mutex<Vec<Action>>,
     state: Mutex<SnapshotState>,
 }
 
@@ -168,6 +175,7 @@ impl Snapshots {
             resume: AtomicBool::new(restored),
             installing: AtomicBool::new(false),
             needs_image: AtomicBool::new(needs_image),
+            orders: Mutex::new(Vec::new()),
             state: Mutex::new(SnapshotState {
                 newest,
                 image_bytes,
@@ -192,6 +200,18 @@ impl Snapshots {
     /// Whether the server can only be rebuilt from a peer's image.
     pub(super) fn needs_image(&self) -> bool {
         self.needs_image.load(Ordering::Acquire)
+    }
+
+    /// Queues a snapshot decision of the replica for the rules' thread.
+    pub(super) fn order(&self, action: Action) {
+        self.orders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(action);
+    }
+
+    fn take_orders(&self) -> Vec<Action> {
+        std::mem::take(&mut *self.orders.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn pending(&self) -> Vec<mpsc::Sender<Result<u64, String>>> {
@@ -470,21 +490,17 @@ impl Node {
         Ok(seq)
     }
 
-    /// Runs the snapshot rules every [`PERIOD`] until the node stops: take
-    /// (this backup's turn), compact, install.
+    /// Runs a round of the snapshot rules every [`PERIOD`] until the node
+    /// stops: gathers the members' states, steps the replica with them
+    /// (which decides: take on this backup's turn, compact, install) and
+    /// carries out what it decided, in order.
     pub(super) fn snapshot_loop(&self) {
         if self.config.snapshot == SnapshotMode::Off || self.snapshots.image.is_err() {
             return;
         }
-        let every = self.config.snapshot_every;
         // A node that cannot rebuild its server without a peer's image
         // asks for one at once.
         let mut first = self.snapshots.needs_image();
-        // After a failed install the next waits longer, up to
-        // INSTALL_BACKOFF_MAX (a restore that cannot work would otherwise
-        // be tried every round).
-        let mut install_wait = PERIOD;
-        let mut next_install = Instant::now();
         while !self.stopping() {
             if !std::mem::take(&mut first) {
                 std::thread::sleep(PERIOD);
@@ -492,37 +508,40 @@ impl Node {
             let members = self.members();
             self.snapshot_state().members_image_bytes =
                 members.iter().map(|m| m.image_bytes).max().unwrap_or(0);
-            if rules::taker(&members, every) == Some(self.me) {
-                match self.request_snapshot() {
-                    Ok(_) => {}
-                    // The apply thread recorded (and said) an imaging
-                    // failure; a wait that found no idle moment is one too.
-                    Err(e) if e.starts_with("no snapshot within") => self.snapshot_failed(&e),
-                    Err(e) => log::info!("node {}: no snapshot: {e}", self.me),
+            let round = SnapshotRound {
+                members,
+                can_rebuild: !self.snapshots.needs_image(),
+            };
+            self.step(Event::SnapshotRound(round), Carried::Nothing);
+            for order in self.snapshots.take_orders() {
+                self.carry_out_snapshot(order);
+            }
+        }
+    }
+
+    /// Carries out one of the replica's snapshot decisions (on the rules'
+    /// thread: taking and installing take a while).
+    fn carry_out_snapshot(&self, order: Action) {
+        match order {
+            Action::TakeSnapshot => match self.request_snapshot() {
+                Ok(_) => {}
+                // The apply thread recorded (and said) an imaging
+                // failure; a wait that found no idle moment is one too.
+                Err(e) if e.starts_with("no snapshot within") => self.snapshot_failed(&e),
+                Err(e) => log::info!("node {}: no snapshot: {e}", self.me),
+            },
+            Action::Compact { through } => self.compact(through),
+            // Said once, and shown in the status while it lasts, as a
+            // failed snapshot is: the replica has it tried again, less and
+            // less often.
+            Action::Install { from } => match self.install_from(from) {
+                Ok(()) => self.snapshot_worked(),
+                Err(e) => {
+                    self.step(Event::InstallFailed, Carried::Nothing);
+                    self.snapshot_failed(&format!("installing node {from}'s snapshot: {e:#}"))
                 }
-            }
-            self.compact(&members);
-            let last = self.store().last().seq;
-            let source =
-                rules::install_source(self.me, last, !self.snapshots.needs_image(), &members);
-            if source.is_none() {
-                install_wait = PERIOD;
-            }
-            if let Some(peer) = source.filter(|_| Instant::now() >= next_install) {
-                // Said once, and shown in the status while it lasts, as a
-                // failed snapshot is: it is tried again, less and less often.
-                match self.install_from(peer) {
-                    Ok(()) => {
-                        install_wait = PERIOD;
-                        self.snapshot_worked()
-                    }
-                    Err(e) => {
-                        next_install = Instant::now() + install_wait;
-                        install_wait = (install_wait * 2).min(INSTALL_BACKOFF_MAX);
-                        self.snapshot_failed(&format!("installing node {peer}'s snapshot: {e:#}"))
-                    }
-                }
-            }
+            },
+            other => log::warn!("node {}: not a snapshot action: {other:?}", self.me),
         }
     }
 
@@ -555,9 +574,8 @@ impl Node {
             .collect()
     }
 
-    /// Deletes the log up to what the rules allow.
-    fn compact(&self, members: &[Member]) {
-        let point = rules::compaction_point(self.me, members);
+    /// Deletes the log up to `point` (the rules' compaction point).
+    fn compact(&self, point: u64) {
         let deleted = {
             let mut store = self.store();
             if point < store.oldest() {
@@ -626,9 +644,23 @@ impl Node {
             // starts after the image, fetched from peers.
             let mut store = self.store();
             if store.oldest() <= at.seq + 1 && at.seq <= store.last().seq {
-                let deleted = store.compact_through(at.seq)?;
-                drop(store);
-                deleted.reclaim_now();
+                // One that holds the image's own entry (its seq and view)
+                // holds its history below too: kept whole for peers that
+                // still fetch it there (the compaction rule deletes it once
+                // none does; deleted here, a node that was away could catch
+                // up from nobody: the simulation found it). Another may
+                // differ below from what committed: deleted.
+                let view = store
+                    .base_view_at(at.seq)
+                    .or_else(|| store.get(at.seq).ok().flatten().map(|e| e.header().view));
+                if view == Some(at.view) {
+                    let committed = store.commit()?.max(at.seq);
+                    store.set_commit(committed)?;
+                } else {
+                    let deleted = store.compact_through(at.seq)?;
+                    drop(store);
+                    deleted.reclaim_now();
+                }
             } else {
                 store.restart_after(LogEnd {
                     seq: at.seq,

@@ -140,6 +140,9 @@ impl Node {
             session_timeout: config.election.session_timeout_ms,
             request_timeout: REQUEST_PATIENCE.as_millis() as Millis,
             retry: RETRY.as_millis() as Millis,
+            // The snapshot rules' thread runs only then (see `snapshots`).
+            snapshot_every: (config.snapshot != SnapshotMode::Off && image.is_ok())
+                .then_some(config.snapshot_every),
         };
         // Static: the configured leader leads; it opens a new view first
         // (on the replica's ticks), until then it is nobody's leader.

@@ -19,11 +19,15 @@
 //! (it may lose them), and the followers' writes and control messages
 //! after a delay, and may drop, duplicate (and so reorder) those or cut
 //! links. ZooKeeper is an oracle: the lowest live, connected, non-stale
-//! node is the candidate; views are claimed from one counter.
+//! node is the candidate; views are claimed from one counter. With
+//! `snapshot_every`, nodes image their servers, delete their logs' prefix
+//! and install each other's images as their replicas decide (`images`);
+//! a stored log then starts after its deleted part.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
+use lockstep_common::config::SnapshotEvery;
 use lockstep_common::entry::{self, EntryHeader, Kind};
 use lockstep_common::leader_writer::{AppendError, AppendHooks, LeaderWriter};
 use lockstep_common::region::{self as words, Region as Memory, RegionSpec};
@@ -36,6 +40,10 @@ use lockstep_follower::protocol::{
 };
 
 use crate::rng::Rng;
+
+mod images;
+
+pub use images::{SnapshotCounts, ROUND_MS};
 
 /// Ring bytes per node: 128 entries (every entry takes 128 bytes), so
 /// that long runs wrap and the writer's flow control takes part.
@@ -72,7 +80,14 @@ impl Entry {
 /// Durable state (RocksDB).
 #[derive(Clone, Debug, Default)]
 pub struct Storage {
+    /// The entries after `compacted`, in order.
     pub log: Vec<Entry>,
+    /// Where the log starts (the store's `LogEnd` below its first entry):
+    /// the last deleted entry's seq, view and end position ((0, 0, 0):
+    /// nothing deleted). A log restarted after an installed image starts
+    /// at the image's seq and view, at position 0, as the store's
+    /// `restart_after` does.
+    pub compacted: (u64, u64, u64),
     pub view: u64,
     pub log_view: u64,
     /// Saved lazily (on view start, and now and then).
@@ -83,7 +98,54 @@ impl Storage {
     /// Ring position just past the stored log (the runtime's
     /// `store.last().end_pos`).
     pub fn end(&self) -> u64 {
-        self.log.last().map_or(0, |e| e.end)
+        self.log.last().map_or(self.compacted.2, |e| e.end)
+    }
+
+    /// The last stored seq and its view (the store's `last()`: the log's
+    /// start when it holds no entry).
+    pub fn last(&self) -> (u64, u64) {
+        self.log
+            .last()
+            .map_or((self.compacted.0, self.compacted.1), |e| (e.seq, e.view))
+    }
+
+    /// Stored entry `seq` (None: never stored, cut, or deleted).
+    pub fn get(&self, seq: u64) -> Option<&Entry> {
+        let i = seq.checked_sub(self.compacted.0 + 1)?;
+        self.log.get(i as usize)
+    }
+
+    /// Cuts the log after `after`, never into its deleted part (only
+    /// committed entries are deleted, and none of them is ever cut).
+    fn truncate_after(&mut self, after: u64) {
+        assert!(
+            after >= self.compacted.0,
+            "cutting the log after {after}, inside its deleted part (up to {})",
+            self.compacted.0
+        );
+        self.log.truncate((after - self.compacted.0) as usize);
+    }
+
+    /// Deletes the entries up to `through` (the store's `compact_through`:
+    /// the saved commit point is at least `through` then).
+    pub fn compact_through(&mut self, through: u64) {
+        self.committed = self.committed.max(through);
+        let n = through.saturating_sub(self.compacted.0) as usize;
+        if n == 0 {
+            return;
+        }
+        let n = n.min(self.log.len());
+        if let Some(e) = self.log.drain(..n).next_back() {
+            self.compacted = (e.seq, e.view, e.end);
+        }
+    }
+
+    /// Drops the log: it starts after `seq` of `view` (the store's
+    /// `restart_after`, after an installed image).
+    pub fn restart_after(&mut self, seq: u64, view: u64) {
+        self.committed = self.committed.max(seq);
+        self.log.clear();
+        self.compacted = (seq, view, 0);
     }
 }
 
@@ -125,6 +187,8 @@ pub struct Node {
     pub server: Vec<(u64, u64, u64)>,
     pub server_alive: bool,
     pub stale: bool,
+    /// Its images (see `images`).
+    pub snapshots: images::Snapshots,
     pending: Vec<Entry>,
     /// What the safety checks already covered (they run after every step,
     /// so each looks only at what changed since):
@@ -157,16 +221,16 @@ struct Host<'a> {
 
 impl lockstep_follower::protocol::Host for Host<'_> {
     fn last(&self) -> (u64, u64) {
-        self.storage
-            .log
-            .last()
-            .map(|e| (e.seq, e.view))
-            .unwrap_or((0, 0))
+        self.storage.last()
     }
     fn view_at(&self, seq: u64) -> Option<u64> {
-        (seq >= 1)
-            .then(|| self.storage.log.get(seq as usize - 1).map(|e| e.view))
-            .flatten()
+        // The entry a compacted log starts after is known by its view (the
+        // store's `base_view_at`).
+        let (base, view) = (self.storage.compacted.0, self.storage.compacted.1);
+        if seq != 0 && seq == base {
+            return Some(view);
+        }
+        self.storage.get(seq).map(|e| e.view)
     }
     fn fence_handover(&mut self) -> u64 {
         self.region.fenced = true;
@@ -260,6 +324,10 @@ pub struct Cluster {
     /// Client inputs refused because the ring was full (a majority had
     /// not acked what the writer would overwrite).
     pub refused_full: u64,
+    /// How much log between two snapshots (None: no snapshots).
+    pub snapshot_every: Option<SnapshotEvery>,
+    /// What the snapshots did so far.
+    pub snapshot_counts: SnapshotCounts,
     /// The ring readers' buffer (kept: one allocation).
     read_buf: Vec<u8>,
 }
@@ -331,8 +399,19 @@ fn link(a: u64, b: u64) -> (u64, u64) {
 }
 
 impl Cluster {
-    /// `n` nodes, fresh, with `election`.
+    /// `n` nodes, fresh, with `election`, without snapshots.
     pub fn new(n: u64, election: LeaderChoice, seed: u64) -> Cluster {
+        Cluster::with_snapshots(n, election, seed, None)
+    }
+
+    /// `n` nodes, fresh, with `election`, taking snapshots as `every`
+    /// says (None: none).
+    pub fn with_snapshots(
+        n: u64,
+        election: LeaderChoice,
+        seed: u64,
+        snapshot_every: Option<SnapshotEvery>,
+    ) -> Cluster {
         let mut c = Cluster {
             now: 0,
             nodes: Vec::new(),
@@ -354,6 +433,8 @@ impl Cluster {
             tracing: std::env::var("LOCKSTEP_SIM_TRACE").is_ok(),
             links: BTreeMap::new(),
             refused_full: 0,
+            snapshot_every,
+            snapshot_counts: SnapshotCounts::default(),
             read_buf: Vec::new(),
         };
         let ids: Vec<u64> = (1..=n).collect();
@@ -370,6 +451,7 @@ impl Cluster {
                 server: Vec::new(),
                 server_alive: true,
                 stale: false,
+                snapshots: images::Snapshots::default(),
                 pending: Vec::new(),
                 checked: Checked::default(),
             });
@@ -388,6 +470,7 @@ impl Cluster {
             session_timeout: self.session_timeout,
             request_timeout: 60,
             retry: 20,
+            snapshot_every: self.snapshot_every,
         }
     }
 
@@ -423,6 +506,7 @@ impl Cluster {
         self.znodes += 1;
         self.sessions.insert(id, (self.znodes, now));
         self.carry_out(id, actions);
+        self.restore(id);
     }
 
     /// Kills node `id`'s follower and server; its storage loses what was
@@ -432,7 +516,9 @@ impl Cluster {
         n.replica = None;
         n.server_alive = false;
         if lose_unsaved {
-            n.storage.committed = 0;
+            // Compaction and an install save it durably, at least where
+            // the log starts.
+            n.storage.committed = n.storage.compacted.0;
         }
         self.sessions.remove(&id);
         if self.zk_leader.map(|(_, l)| l) == Some(id) {
@@ -539,7 +625,7 @@ impl Cluster {
                 let n = self.node(id);
                 let pending = std::mem::take(&mut n.pending);
                 for e in pending {
-                    if e.seq <= last && e.seq == n.storage.log.len() as u64 + 1 {
+                    if e.seq <= last && e.seq == n.storage.last().0 + 1 {
                         n.storage.log.push(e);
                     }
                 }
@@ -550,7 +636,7 @@ impl Cluster {
             Action::Truncate { after } => {
                 let n = self.node(id);
                 n.reader = None;
-                n.storage.log.truncate(after as usize);
+                n.storage.truncate_after(after);
                 n.checked.agree = n.checked.agree.min(after);
                 n.checked.recorded = n.checked.recorded.min(after);
             }
@@ -560,7 +646,7 @@ impl Cluster {
                 last_committed,
             } => {
                 let n = self.node(id);
-                assert_eq!(n.storage.log.len() as u64 + 1, seq, "view entry in order");
+                assert_eq!(n.storage.last().0 + 1, seq, "view entry in order");
                 // Stored at the log's end (never in a ring): the new view's
                 // writer goes on after it.
                 let pos = n.storage.end();
@@ -600,13 +686,13 @@ impl Cluster {
             }
             Action::ApplyUpTo { seq } => {
                 let n = self.node(id);
-                if !n.server_alive {
+                if !n.server_alive || !n.snapshots.lets_apply() {
                     return;
                 }
                 let from = n.replica.as_ref().map(|r| r.applied()).unwrap_or(0);
                 let mut done = from;
                 for s in from + 1..=seq {
-                    let Some(e) = n.storage.log.get(s as usize - 1).copied() else {
+                    let Some(e) = n.storage.get(s).copied() else {
                         break;
                     };
                     if e.value != 0 {
@@ -697,6 +783,9 @@ impl Cluster {
                 self.node(id).stale = true;
             }
             Action::Note { .. } => {}
+            Action::TakeSnapshot => self.take_snapshot(id),
+            Action::Compact { through } => self.compact(id, through),
+            Action::Install { from } => self.install(id, from),
         }
     }
 
@@ -713,8 +802,10 @@ impl Cluster {
     fn record_commit(&mut self, id: u64, seq: u64) {
         let n = &self.nodes[id as usize - 1];
         let mut bad = None;
-        for s in n.checked.recorded + 1..=seq {
-            let Some(e) = n.storage.log.get(s as usize - 1) else {
+        // Deleted entries were committed (a majority's images cover them),
+        // and checked when they were.
+        for s in n.checked.recorded.max(n.storage.compacted.0) + 1..=seq {
+            let Some(e) = n.storage.get(s) else {
                 bad = Some(format!("node {id} commits seq {s} it does not hold"));
                 break;
             };
@@ -901,11 +992,7 @@ impl Cluster {
                 }
                 match msg {
                     Message::Peek { seq } => {
-                        let view = self.nodes[to as usize - 1]
-                            .storage
-                            .log
-                            .get((seq as usize).wrapping_sub(1))
-                            .map(|e| e.view);
+                        let view = self.nodes[to as usize - 1].storage.get(seq).map(|e| e.view);
                         self.send(
                             to,
                             f.from,
@@ -914,6 +1001,20 @@ impl Cluster {
                         );
                     }
                     Message::Fetch { from, to: upto } => {
+                        // Below a compacted log's start: refused (the
+                        // runtime's "entries below seq N were compacted"),
+                        // which the asker hears as no answer.
+                        let base = self.nodes[to as usize - 1].storage.compacted.0;
+                        if base > 0 && from <= base {
+                            self.flights.push(Flight {
+                                at: self.now + 1,
+                                from: to,
+                                to: f.from,
+                                view: u64::MAX,
+                                payload: Payload::Control(Message::Refused, vec![]),
+                            });
+                            return;
+                        }
                         let log = &self.nodes[to as usize - 1].storage.log;
                         let es: Vec<Entry> = log
                             .iter()
@@ -1007,7 +1108,7 @@ impl Cluster {
     fn poll(&mut self, id: u64) {
         let mut buf = std::mem::take(&mut self.read_buf);
         let n = &mut self.nodes[id as usize - 1];
-        let (seq, end) = n.storage.log.last().map_or((0, 0), |e| (e.seq, e.end));
+        let (seq, end) = (n.storage.last().0, n.storage.end());
         let reader = n
             .reader
             .get_or_insert_with(|| RingReader::new(RING_SIZE, end, seq + 1, MAX_ENTRY as u32));
@@ -1208,6 +1309,16 @@ impl Cluster {
                 LeaderChoice::Static { leader } => self.static_round(leader),
             }
         }
+        if self.snapshot_every.is_some() {
+            self.finish_images();
+            if now.is_multiple_of(ROUND_MS) {
+                for &id in &ids {
+                    if self.up(id) {
+                        self.snapshot_round(id);
+                    }
+                }
+            }
+        }
         if now.is_multiple_of(200) {
             // The lazy save of the commit point.
             for n in &mut self.nodes {
@@ -1235,10 +1346,16 @@ impl Cluster {
         // hold it to that.)
         for n in &mut self.nodes {
             let Some(r) = &n.replica else { continue };
-            let log = &n.storage.log;
-            let reach = log.len().min(committed.len());
-            let mut agree = n.checked.agree as usize;
-            while agree < reach && committed[agree] == (log[agree].view, log[agree].value) {
+            let storage = &n.storage;
+            let reach = (storage.last().0 as usize).min(committed.len());
+            // Deleted entries are covered by a majority's images (checked
+            // when deleted), not compared here.
+            let mut agree = n.checked.agree.max(storage.compacted.0) as usize;
+            while agree < reach
+                && storage
+                    .get(agree as u64 + 1)
+                    .is_some_and(|e| committed[agree] == (e.view, e.value))
+            {
                 agree += 1;
             }
             n.checked.agree = agree as u64;
@@ -1249,7 +1366,7 @@ impl Cluster {
                 n.id,
                 agree + 1,
                 committed.get(agree),
-                log.get(agree)
+                storage.get(agree as u64 + 1)
             );
             if r.serving() && r.promised() >= newest {
                 assert!(

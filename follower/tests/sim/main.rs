@@ -2,6 +2,10 @@
 //! over a deterministic network with drops, delays, duplicates (and so
 //! reordering), partitions, crash-restarts with storage kept (the lazily
 //! saved commit point lost), servers that die; seeded and reproducible.
+//! Every other seed takes snapshots through all of it (`cluster::images`):
+//! the replicas' snapshot rounds decide who images its server, how far
+//! each log is deleted and who installs a peer's image, and the cluster
+//! carries that out on model servers and logs.
 //! The leader is the real `LeaderWriter` appending into real rings (small
 //! ones: long runs wrap, and flow control refuses inputs while a majority
 //! has not acked the space they would reuse); followers read them with
@@ -24,16 +28,26 @@ mod rng;
 mod scenarios;
 mod snapshots;
 
-use cluster::{Cluster, Faults};
+use cluster::{Cluster, Faults, SnapshotCounts};
+use lockstep_common::config::SnapshotEvery;
 use lockstep_follower::protocol::LeaderChoice;
+
+/// Snapshots in the seeds that take them: every 10 entries (a run
+/// commits one or two hundred), the image rule off (log bytes are not
+/// simulated).
+const SNAPSHOT_EVERY: SnapshotEvery = SnapshotEvery {
+    entries: 10,
+    bytes: 0,
+    image_percent: 0,
+};
 
 /// How long, once faults stop, a leader may take to commit a new input.
 const LIVENESS_BOUND_MS: u64 = 3000;
 
 /// One seeded run: random faults for a while, then healing and a check
 /// that the cluster commits again. Returns how many client inputs the
-/// leader's writer refused for a full ring.
-pub fn run_seed(seed: u64) -> u64 {
+/// leader's writer refused for a full ring, and what its snapshots did.
+pub fn run_seed(seed: u64) -> (u64, SnapshotCounts) {
     let mut rng = rng::Rng::new(seed ^ 0x5eed);
     let n = if rng.percent(70) { 3 } else { 5 };
     let election = if rng.percent(50) {
@@ -41,7 +55,10 @@ pub fn run_seed(seed: u64) -> u64 {
     } else {
         LeaderChoice::Static { leader: 1 }
     };
-    let mut c = Cluster::new(n, election, seed);
+    // Every other seed takes snapshots, compacts and installs them
+    // through the faults (by the seed, so that the others run as before).
+    let every = seed.is_multiple_of(2).then_some(SNAPSHOT_EVERY);
+    let mut c = Cluster::with_snapshots(n, election, seed, every);
     c.faults = Faults {
         drop: rng.below(10),
         duplicate: rng.below(10),
@@ -88,7 +105,7 @@ pub fn run_seed(seed: u64) -> u64 {
         c.run(10, 2);
         waited += 10;
         if c.serving().is_some() && c.commit_point() > before {
-            return c.refused_full;
+            return (c.refused_full, c.snapshot_counts);
         }
     }
     panic!(
@@ -110,11 +127,16 @@ fn random_runs() {
     let first = env_u64("LOCKSTEP_SIM_FIRST", 1);
     let start = std::time::Instant::now();
     let (mut refused, mut refusing) = (0, 0);
+    let mut snaps = SnapshotCounts::default();
     for seed in first..first + seeds {
         match std::panic::catch_unwind(|| run_seed(seed)) {
-            Ok(n) => {
+            Ok((n, s)) => {
                 refused += n;
                 refusing += u64::from(n > 0);
+                snaps.images += s.images;
+                snaps.compactions += s.compactions;
+                snaps.installs += s.installs;
+                snaps.restores += s.restores;
             }
             Err(e) => {
                 let msg = e
@@ -129,7 +151,7 @@ fn random_runs() {
         }
     }
     eprintln!(
-        "{seeds} seeds in {:?}; the ring was full for {refused} inputs in {refusing} seeds",
+        "{seeds} seeds in {:?}; the ring was full for {refused} inputs in {refusing} seeds; snapshots: {snaps:?}",
         start.elapsed()
     );
 }

@@ -1,6 +1,7 @@
 //! Named scenarios: the view changes of the VR paper and every failover
 //! bug found so far, each driven through the same simulated cluster.
 
+use lockstep_common::config::SnapshotEvery;
 use lockstep_follower::protocol::{LeaderChoice, Message, Role};
 
 use crate::cluster::Cluster;
@@ -322,4 +323,46 @@ fn zookeeper_lost_for_long_changes_no_view_and_commits_go_on() {
         view,
         "ZooKeeper's return started a view"
     );
+}
+
+/// Snapshots every 10 entries (the random runs' measure).
+const EVERY: SnapshotEvery = SnapshotEvery {
+    entries: 10,
+    bytes: 0,
+    image_percent: 0,
+};
+
+/// A node away while the others image and compact finds its log ending
+/// before theirs: it installs a peer's image, catches up by entries, and
+/// its server ends equal to the leader's. (The random runs cover the rest:
+/// the same while view changes run, the node as their candidate.)
+#[test]
+fn a_node_away_while_the_others_compact_installs_an_image() {
+    for e in [STATIC, ZK] {
+        let mut c = Cluster::with_snapshots(5, e, 7, Some(EVERY));
+        settle(&mut c);
+        c.run(100, 2);
+        c.crash(5, false);
+        c.run(600, 2);
+        let oldest = c.nodes[0].storage.compacted.0;
+        assert!(
+            oldest > 20,
+            "{e:?}: the leader deleted its log up to {oldest}"
+        );
+        c.start(5);
+        c.run(600, 2);
+        assert!(
+            c.snapshot_counts.installs >= 1,
+            "{e:?}: {:?}",
+            c.snapshot_counts
+        );
+        c.run(300, 1000);
+        let (leader, back) = (&c.nodes[0], &c.nodes[4]);
+        assert_eq!(
+            back.replica.as_ref().map(|r| r.applied()),
+            Some(c.commit_point()),
+            "{e:?}: node 5 applied all that committed"
+        );
+        assert_eq!(back.server, leader.server, "{e:?}");
+    }
 }

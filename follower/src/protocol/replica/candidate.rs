@@ -151,6 +151,7 @@ impl Replica {
         };
         self.note(format!("candidate for view {view}"));
         let mut cand = Candidate::new(view, self.cfg.me, &self.cfg.members);
+        cand.avoid(self.adopt_refused);
         cand.promise(own);
         let peers = self.send_to_peers(Message::Prepare {
             view,

@@ -86,7 +86,14 @@ impl Replica {
                         self.conclude_round(host);
                     }
                 }
-                CandPhase::Adopting { adopt, .. } if adopt.source == to => self.fail_candidacy(),
+                // (A peer whose log was compacted below what this node
+                // needs refuses the fetch: the next candidacy fetches from
+                // an equal log elsewhere, or it would ask there in vain
+                // for ever.)
+                CandPhase::Adopting { adopt, .. } if adopt.source == to => {
+                    self.adopt_refused = Some(to);
+                    self.fail_candidacy()
+                }
                 _ => {}
             },
             _ => {}

@@ -219,6 +219,12 @@ impl Replica {
                 let es: Vec<EntryMeta> =
                     es.into_iter().filter(|e| e.seq <= adopt.last_seq).collect();
                 if !consecutive(&es, got + 1) {
+                    // Its log starts past what this one needs (compacted):
+                    // the next candidacy fetches from an equal log
+                    // elsewhere, or it would ask here in vain for ever.
+                    if es.first().is_some_and(|e| e.seq > got + 1) {
+                        self.adopt_refused = Some(from);
+                    }
                     self.fail_candidacy();
                     return;
                 }

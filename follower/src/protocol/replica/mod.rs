@@ -10,7 +10,8 @@
 //! - `catch_up`: when a backup fetches from a peer instead;
 //! - `follow`: making this node's log the leader's;
 //! - `candidate`: a view change this node runs;
-//! - `apply`: what the server applied and may apply next.
+//! - `apply`: what the server applied and may apply next;
+//! - `snapshots`: a round of the snapshot rules (take, compact, install).
 
 use std::collections::BTreeSet;
 
@@ -21,13 +22,17 @@ use super::session::{self, CommitProgress, Contact};
 use super::stale::{self, ServerFate};
 use super::sync::{self, PrefixSearch, Probe};
 use super::viewchange::{self, Adoption, Candidate, Promise, ViewChangeState, Views};
-use super::{Action, EntryMeta, Event, Host, Message, Millis, Role, Session, Words};
+use super::{Action, EntryMeta, Event, Host, Message, Millis, Role, Session, SnapshotRound, Words};
+use lockstep_common::config::SnapshotEvery;
 
 mod apply;
 mod candidate;
 mod catch_up;
 mod follow;
 mod reads;
+mod snapshots;
+
+pub use snapshots::{INSTALL_BACKOFF_MAX_MS, INSTALL_RETRY_MS};
 
 /// How often a backup at rest repeats its last ack (see `Replica::ack_sent`):
 /// as often as a leader repeats its commit record.
@@ -68,6 +73,10 @@ pub struct ReplicaConfig {
     pub request_timeout: Millis,
     /// Pause after a failed view change attempt.
     pub retry: Millis,
+    /// How much log between two snapshots; None: this node takes,
+    /// compacts and installs nothing (`snapshot = "off"`, or it has no
+    /// image taker).
+    pub snapshot_every: Option<SnapshotEvery>,
 }
 
 /// What a replica restarts from (its durable meta keys).
@@ -173,6 +182,11 @@ pub struct Replica {
     /// As leader without a ZooKeeper session: which peers still answer.
     contact: Contact,
     caught_up_at_start: bool,
+    /// When a failed install may be tried again.
+    install: snapshots::InstallBackoff,
+    /// The node whose log could not serve this node's last adoption as
+    /// candidate (compacted below what it needed).
+    adopt_refused: Option<u64>,
     out: Vec<Action>,
 }
 
@@ -217,6 +231,8 @@ impl Replica {
             stuck: 0,
             contact: Contact::default(),
             caught_up_at_start: false,
+            install: snapshots::InstallBackoff::default(),
+            adopt_refused: None,
             out: Vec::new(),
         };
         r.out.push(Action::SaveViews {
@@ -327,7 +343,12 @@ impl Replica {
                 }
             }
             Event::Applied { seq } => self.on_applied(seq),
-            Event::Installed { seq } => self.on_installed(seq),
+            Event::Installed { seq } => {
+                self.install_worked();
+                self.on_installed(seq)
+            }
+            Event::SnapshotRound(round) => self.on_snapshot_round(round, &*host),
+            Event::InstallFailed => self.on_install_failed(),
             Event::ServerExited => {
                 if stale::server_exited(1, false, self.stale.is_some()) {
                     self.go_stale("its server exited".into());
@@ -583,7 +604,7 @@ mod tests {
         }
     }
 
-    fn config(election: LeaderChoice) -> ReplicaConfig {
+    pub(super) fn config(election: LeaderChoice) -> ReplicaConfig {
         ReplicaConfig {
             me: 1,
             members: vec![1, 2, 3],
@@ -591,6 +612,7 @@ mod tests {
             session_timeout: 1000,
             request_timeout: 500,
             retry: 200,
+            snapshot_every: None,
         }
     }
 
