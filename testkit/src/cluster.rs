@@ -446,6 +446,14 @@ impl TestCluster {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
+        // With its follower already gone there was no pid to ask for: the
+        // server in its PID namespace dies after its launcher, and a
+        // follower started before it has gone refuses the region ("a
+        // server is still attached"). Its lock on the region goes with it.
+        let since = Instant::now();
+        while self.server_attached(id) && since.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Brings node `id` back after it was killed: its follower, and a fresh

@@ -254,31 +254,39 @@ pub fn install_source(me: u64, last: u64, can_rebuild: bool, members: &[Member])
         .map(|m| m.node)
 }
 
+/// `n` live members, node 1 leading, each with 5000 entries applied,
+/// stored and committed and its whole log kept: the rules' unit tests'
+/// cluster.
+#[cfg(test)]
+pub(crate) fn test_cluster(n: u64) -> Vec<Member> {
+    (1..=n)
+        .map(|node| Member {
+            node,
+            live: true,
+            leader: node == 1,
+            backup: node != 1,
+            applied: 5000,
+            last: 5000,
+            committed: 5000,
+            oldest: 1,
+            ..Member::default()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cluster(n: u64) -> Vec<Member> {
+        test_cluster(n)
+    }
 
     const EVERY: SnapshotEvery = SnapshotEvery {
         entries: 1000,
         bytes: 0,
         image_percent: 100,
     };
-
-    fn cluster(n: u64) -> Vec<Member> {
-        (1..=n)
-            .map(|node| Member {
-                node,
-                live: true,
-                leader: node == 1,
-                backup: node != 1,
-                applied: 5000,
-                last: 5000,
-                committed: 5000,
-                oldest: 1,
-                ..Member::default()
-            })
-            .collect()
-    }
 
     #[test]
     fn one_backup_of_three_at_a_time_never_the_leader() {

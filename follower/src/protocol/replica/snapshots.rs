@@ -132,19 +132,7 @@ mod tests {
     }
 
     fn members() -> Vec<Member> {
-        (1..=3)
-            .map(|node| Member {
-                node,
-                live: true,
-                leader: node == 1,
-                backup: node != 1,
-                applied: 5000,
-                last: 5000,
-                committed: 5000,
-                oldest: 1,
-                ..Member::default()
-            })
-            .collect()
+        crate::protocol::snapshot::test_cluster(3)
     }
 
     /// A step's snapshot decisions (the server applies meanwhile).
