@@ -39,6 +39,12 @@ pub enum CommandError {
     /// An argument longer than [`MAX_LEN`], or a negative length.
     #[error("invalid bulk length")]
     BulkLength,
+    /// A `*` count line still unfinished past [`MAX_HEADER`] bytes.
+    #[error("too big mbulk count string")]
+    CountTooBig,
+    /// A `$` length line still unfinished past [`MAX_HEADER`] bytes.
+    #[error("too big bulk count string")]
+    LengthTooBig,
 }
 
 /// The most arguments a command may have.
@@ -46,6 +52,11 @@ pub const MAX_ARGS: usize = 1024;
 
 /// The longest argument, and the longest unfinished inline line.
 pub const MAX_LEN: usize = 1 << 20;
+
+/// The longest unfinished `*` or `$` line: a peer that never ends one
+/// would otherwise have it buffered, and scanned again at every read,
+/// without bound.
+pub const MAX_HEADER: usize = 64 << 10;
 
 /// A parsed command's arguments and the bytes of `buf` it used.
 pub type Parsed = (Vec<Vec<u8>>, usize);
@@ -83,7 +94,11 @@ pub fn parse_command(buf: &[u8]) -> Result<Option<Parsed>, CommandError> {
         return Ok(Some((args, end + 1)));
     }
     let Some((head, mut at)) = line(buf, 1) else {
-        return Ok(None);
+        return if buf.len() > MAX_HEADER {
+            Err(CommandError::CountTooBig)
+        } else {
+            Ok(None)
+        };
     };
     let n = number(head)?;
     if !(0..=MAX_ARGS as i64).contains(&n) {
@@ -98,7 +113,11 @@ pub fn parse_command(buf: &[u8]) -> Result<Option<Parsed>, CommandError> {
             return Err(CommandError::NotBulk(buf[at] as char));
         }
         let Some((len, next)) = line(buf, at + 1) else {
-            return Ok(None);
+            return if buf.len() - at > MAX_HEADER {
+                Err(CommandError::LengthTooBig)
+            } else {
+                Ok(None)
+            };
         };
         let len = number(len)?;
         if !(0..=MAX_LEN as i64).contains(&len) {
@@ -119,6 +138,24 @@ mod tests {
     use super::*;
     use crate::resp::{Proto, Value};
     use proptest::prelude::*;
+
+    #[test]
+    fn a_count_or_length_line_never_ended_is_refused_past_its_bound() {
+        // Short and unfinished: more bytes are needed.
+        assert_eq!(parse_command(b"*12"), Ok(None));
+        assert_eq!(parse_command(b"*1\r\n$12"), Ok(None));
+        // A peer that never ends the line is refused, not buffered.
+        let mut count = b"*".to_vec();
+        count.resize(MAX_HEADER + 2, b'1');
+        assert_eq!(parse_command(&count), Err(CommandError::CountTooBig));
+        let mut length = b"*1\r\n$".to_vec();
+        length.resize(MAX_HEADER + 8, b'1');
+        assert_eq!(parse_command(&length), Err(CommandError::LengthTooBig));
+        assert_eq!(
+            CommandError::CountTooBig.to_string(),
+            "too big mbulk count string"
+        );
+    }
 
     #[test]
     fn commands_encode_as_arrays_of_bulk_strings() {
