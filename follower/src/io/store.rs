@@ -151,9 +151,8 @@ pub struct Reclaim {
 impl Reclaim {
     /// Syncs the write-ahead log (the deletion with it), drops the files
     /// wholly inside the deleted range (cheap: no data is rewritten), then
-    /// compacts what is left of it (blocks for as long as
-    /// that takes, beside RocksDB's own compactions rather than instead of
-    /// them).
+    /// compacts what is left of it (blocks for as long as that takes,
+    /// beside RocksDB's own compactions rather than instead of them).
     pub fn run(self) {
         // The deletion must be on disk before any file goes: dropping one
         // is synced into RocksDB's manifest at once, while the deletion's
@@ -928,7 +927,7 @@ mod tests {
     }
 
     #[test]
-    fn a_compactions_disk_space_comes_back_while_the_store_takes_appends() {
+    fn a_compactions_reclaim_runs_beside_appends_and_keeps_every_live_entry() {
         let d = tmpdir("reclaim");
         let payload = vec![0x5a; 4000];
         let mut s = LogStore::open(&d, Durability::MemoryAck).unwrap();
